@@ -1,0 +1,76 @@
+"""The contract every backend implements; a backend is one folder `kernels/<name>/` exposing `BACKEND`.
+
+Call order, as dispatch and the tuner use it:
+  1. `available(device)`      -> None when the backend can run on this device, else a one-line reason.
+  2. `check(problem)`         -> raises Unsupported when the backend declines the problem.
+  3. `search_space(problem, device)` (tuner) or `heuristic(problem, device)` (dispatch miss).
+  4. `build(problem, config)` -> a JAX-callable f(lhs, rhs, group_sizes) -> out; pure, jit-able.
+  5. `timer()` (tuner)        -> how this backend's kernels are timed.
+
+Backends hold no mutable state; every method may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import hashlib
+import importlib.resources
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from moetune.kernels.config import KernelConfig
+from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.problem import Problem
+from moetune.kernels.timing import Timer, WallTimer
+
+if TYPE_CHECKING:
+    from moetune.search_spaces.space import SearchSpace
+
+KernelFn = Callable[[Any, Any, Any], Any]
+
+
+class Backend(abc.ABC):
+    name: ClassVar[str]
+    config_cls: ClassVar[type[KernelConfig]]
+    # Among available backends, the default is the one with the highest priority.
+    priority: ClassVar[int] = 0
+    # Backends that compile without the target device may be compiled on CPU-only nodes.
+    compiles_without_device: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def available(self, device: DeviceFingerprint) -> str | None:
+        """None if this backend runs on `device`, otherwise why not."""
+
+    def check(self, problem: Problem) -> None:
+        """Raise Unsupported if the backend cannot compute `problem` at all."""
+
+    @abc.abstractmethod
+    def search_space(self, problem: Problem, device: DeviceFingerprint) -> SearchSpace:
+        """Domains and constraints of this backend's tunables for `problem` on `device`."""
+
+    @abc.abstractmethod
+    def heuristic(self, problem: Problem, device: DeviceFingerprint) -> KernelConfig:
+        """A good config without tuning: what dispatch uses when nothing tuned is found."""
+
+    @abc.abstractmethod
+    def build(self, problem: Problem, config: KernelConfig) -> KernelFn:
+        """A JAX-callable computing `problem` with `config`; raises ConfigInvalid/Unsupported early."""
+
+    def timer(self) -> Timer:
+        return WallTimer()
+
+    def source_hash(self) -> str:
+        """Hash of the backend's own source folder: a change makes every stored winner stale."""
+        return _package_hash(type(self).__module__.rsplit(".", 1)[0] if "." in type(self).__module__ else "")
+
+
+@functools.cache
+def _package_hash(package: str) -> str:
+    digest = hashlib.sha256()
+    root = importlib.resources.files(package)
+    for entry in sorted(root.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".py"):
+            digest.update(entry.name.encode())
+            digest.update(entry.read_bytes())
+    return digest.hexdigest()[:16]

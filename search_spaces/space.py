@@ -1,0 +1,72 @@
+"""A backend's search space: parameter domains plus named constraints, pure and CPU-testable.
+
+A constraint is a plain function (problem, config, device) -> None or a short reason. The pruner, the
+kernel's own entry-point check and the tests all call the same functions, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from moetune.kernels.config import KernelConfig
+from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.errors import ConfigInvalid
+from moetune.kernels.problem import Problem
+
+Constraint = Callable[[Problem, Any, DeviceFingerprint], str | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pruned:
+    params: dict[str, Any]
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSpace:
+    config_cls: type[KernelConfig]
+    domains: Mapping[str, tuple[Any, ...]]
+    constraints: tuple[Constraint, ...] = ()
+
+    @property
+    def size(self) -> int:
+        total = 1
+        for values in self.domains.values():
+            total *= len(values)
+        return total
+
+    def points(self) -> Iterator[dict[str, Any]]:
+        names = list(self.domains)
+        for values in itertools.product(*(self.domains[n] for n in names)):
+            yield dict(zip(names, values, strict=True))
+
+    def make(self, params: Mapping[str, Any], problem: Problem, device: DeviceFingerprint) -> KernelConfig:
+        """Build the config for `params` and check it; raises ConfigInvalid with the reason."""
+        config = self.config_cls.from_dict(dict(params))
+        reason = self.violation(problem, config, device)
+        if reason is not None:
+            raise ConfigInvalid(reason)
+        return config
+
+    def violation(self, problem: Problem, config: KernelConfig, device: DeviceFingerprint) -> str | None:
+        for constraint in self.constraints:
+            reason = constraint(problem, config, device)
+            if reason is not None:
+                return reason
+        return None
+
+    def enumerate(
+        self, problem: Problem, device: DeviceFingerprint
+    ) -> tuple[list[KernelConfig], list[Pruned]]:
+        """Every valid config, deduplicated and in domain order, and every pruned point with its reason."""
+        valid: dict[KernelConfig, None] = {}
+        pruned: list[Pruned] = []
+        for params in self.points():
+            try:
+                valid.setdefault(self.make(params, problem, device))
+            except ConfigInvalid as e:
+                pruned.append(Pruned(params, str(e)))
+        return list(valid), pruned

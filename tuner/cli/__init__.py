@@ -1,0 +1,23 @@
+"""The `moetune` command line: one Typer app; each command group lives in its own module."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="moetune",
+    help="Autotune MoE grouped-GEMM kernels per GPU model and serve the winners to JAX.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _load_commands() -> None:
+    # Imported for their side effect of adding commands to `app`.
+    from moetune.tuner.cli import db_commands, doctor  # noqa: F401
+
+
+def main() -> None:
+    _load_commands()
+    app()

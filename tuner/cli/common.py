@@ -1,0 +1,45 @@
+"""Helpers shared by CLI commands: one-line failures with exit code 2, table-or-JSON output."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+err_console = Console(stderr=True)
+
+EXIT_BAD_INPUT = 2
+
+
+def fail(message: str) -> NoReturn:
+    """Print one line on stderr and exit 2: the convention for every bad input."""
+    err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def emit(rows: list[dict[str, Any]], *, as_json: bool, title: str | None = None) -> None:
+    """Print rows as a rich table, or as a JSON list on stdout for scripts."""
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1, sort_keys=True, default=str))
+        return
+    if not rows:
+        console.print("(no rows)")
+        return
+    table = Table(title=title)
+    for column in rows[0]:
+        table.add_column(str(column))
+    for row in rows:
+        table.add_row(*(_cell(v) for v in row.values()))
+    console.print(table)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    return "" if value is None else str(value)
