@@ -42,7 +42,7 @@ class Backend(abc.ABC):
     def available(self, device: DeviceFingerprint) -> str | None:
         """None if this backend runs on `device`, otherwise why not."""
 
-    def check(self, problem: Problem) -> None:
+    def check(self, problem: Problem) -> None:  # noqa: B027 - optional hook, accepting everything by default
         """Raise Unsupported if the backend cannot compute `problem` at all."""
 
     @abc.abstractmethod
