@@ -1,0 +1,1 @@
+"""Alembic migrations of moetune's schema; run them with `moetune db upgrade` (moetune.db.schema)."""

@@ -1,0 +1,90 @@
+"""Fixtures shared across test folders: database URLs and a fake backend.
+
+PostgreSQL tests run against MOETUNE_TEST_POSTGRES_URL (.ci/run starts a server and sets it); each test
+gets a schema of its own, selected through search_path, and dropped afterwards. Without the variable
+they skip, except under CI=true, where a missing server is a failure rather than a silent skip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import types
+import uuid
+
+import pytest
+
+POSTGRES_ENV = "MOETUNE_TEST_POSTGRES_URL"
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'moetune.db'}"
+
+
+@pytest.fixture
+def postgres_url():
+    base = os.environ.get(POSTGRES_ENV)
+    if not base:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{POSTGRES_ENV} is not set; .ci/run starts PostgreSQL and sets it")
+        pytest.skip(f"{POSTGRES_ENV} is not set")
+    import sqlalchemy as sa
+
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    url = sa.make_url(base).update_query_dict({"options": f"-csearch_path={schema}"})
+    yield url.render_as_string(hide_password=False)
+    with admin.connect() as connection:
+        connection.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request):
+    """Each test using it runs once on SQLite and once on PostgreSQL."""
+    return request.getfixturevalue(f"{request.param}_url")
+
+
+@pytest.fixture
+def fake_backend(monkeypatch):
+    """A registered backend named "fake" whose Config has block_m (multiple of 8) and block_n."""
+    from moetune.kernels import registry
+    from moetune.kernels.backend import Backend
+    from moetune.kernels.config import KernelConfig
+    from moetune.kernels.errors import ConfigInvalid
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class FakeConfig(KernelConfig):
+        block_m: int = 64
+        block_n: int = 128
+
+        def validate(self) -> None:
+            if self.block_m % 8:
+                raise ConfigInvalid(f"block_m={self.block_m} is not a multiple of 8")
+
+    class FakeBackend(Backend):
+        name = "fake"
+        config_cls = FakeConfig
+
+        def available(self, device):
+            return None
+
+        def search_space(self, problem, device):
+            raise NotImplementedError
+
+        def heuristic(self, problem, device):
+            return FakeConfig()
+
+        def build(self, problem, config):
+            raise NotImplementedError
+
+    module = types.ModuleType("moetune_test_fake_backend")
+    module.BACKEND = FakeBackend()
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    registry.register("fake", module.__name__)
+    yield module.BACKEND
+    registry.unregister("fake")

@@ -1,0 +1,161 @@
+"""Migrations: from empty to head, down to base and up again, old data carried forward, mismatches named."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import sqlalchemy as sa
+from db_factories import GATE_UP, H200, trial
+
+from moetune.db import open_store, schema
+from moetune.db.errors import SchemaMismatch
+from moetune.db.models import TABLE_NAMES, Base
+
+FIRST = "v0.1.0.a"
+
+
+def _tables(url: str) -> set[str]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return set(sa.inspect(connection).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def _set_revision(url: str, revision: str) -> None:
+    engine = sa.create_engine(url)
+    with engine.begin() as connection:
+        connection.execute(sa.text(f"UPDATE {schema.VERSION_TABLE} SET version_num = :r"), {"r": revision})
+    engine.dispose()
+
+
+def test_fresh_database_is_migrated_to_head_on_first_use(db_url):
+    with open_store(db_url) as store:
+        assert store.revision() == schema.head()
+        assert store.schema_state().status == "current"
+    assert TABLE_NAMES <= _tables(db_url)
+
+
+def test_downgrade_to_base_and_upgrade_again(db_url):
+    with open_store(db_url) as store:
+        store.record_trial(trial())
+        store.downgrade("base")
+        assert store.revision() is None
+        assert not (TABLE_NAMES & _tables(db_url))
+        store.upgrade()
+        assert store.revision() == schema.head()
+        assert store.trials() == []
+
+
+def test_old_revision_with_data_is_upgraded_to_head(db_url):
+    with open_store(db_url, check_schema=False) as store:
+        store.upgrade(FIRST)
+        assert store.schema_state().status == "outdated"
+        assert "winners" not in _tables(db_url)
+        # Writing through the store is refused, with the command that fixes it.
+        with pytest.raises(SchemaMismatch, match="run `moetune db upgrade`"):
+            store.ensure_schema()
+        trial_id = store.record_trial(trial())  # trials exist at the first revision already
+        store.upgrade()
+        assert store.revision() == schema.head()
+    with open_store(db_url) as store:
+        (row,) = store.trials()
+        assert row.id == trial_id and row.problem == GATE_UP
+        store.promote(trial_id)
+        assert store.current_winner(fingerprint_hash=H200.hash, backend="fake", problem_key=GATE_UP.key)
+
+
+def test_older_revision_names_the_upgrade_command(db_url):
+    with open_store(db_url, check_schema=False) as store:
+        store.upgrade(FIRST)
+    with pytest.raises(SchemaMismatch) as info:
+        open_store(db_url)
+    assert f"revision {FIRST}" in str(info.value) and "moetune db upgrade" in str(info.value)
+
+
+def test_unknown_revision_says_to_upgrade_moetune(db_url):
+    open_store(db_url).close()
+    _set_revision(db_url, "v9.9.9.z")
+    with pytest.raises(SchemaMismatch, match="v9.9.9.z.*upgrade moetune"):
+        open_store(db_url)
+    with open_store(db_url, check_schema=False) as store:
+        assert store.schema_state().status == "newer"
+        with pytest.raises(SchemaMismatch, match="upgrade moetune"):
+            store.upgrade()
+        with pytest.raises(SchemaMismatch, match="upgrade moetune"):
+            store.downgrade("base")
+    assert TABLE_NAMES <= _tables(db_url)
+
+
+def test_moetune_tables_without_a_revision_are_refused(db_url):
+    open_store(db_url).close()
+    engine = sa.create_engine(db_url)
+    with engine.begin() as connection:
+        connection.execute(sa.text(f"DROP TABLE {schema.VERSION_TABLE}"))
+    engine.dispose()
+    with pytest.raises(SchemaMismatch, match="not created by moetune"):
+        open_store(db_url)
+
+
+def test_unknown_downgrade_target_is_one_line(db_url):
+    with open_store(db_url) as store:
+        with pytest.raises(SchemaMismatch, match="nosuchrev") as info:
+            store.downgrade("nosuchrev")
+        assert "\n" not in str(info.value)
+        assert store.revision() == schema.head()
+
+
+def test_other_applications_tables_do_not_block_a_fresh_database(sqlite_url):
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+        connection.execute(sa.text("INSERT INTO alembic_version VALUES ('someone-elses')"))
+    engine.dispose()
+    with open_store(sqlite_url) as store:
+        assert store.revision() == schema.head()
+    assert "alembic_version" in _tables(sqlite_url)
+
+
+def test_migrated_schema_matches_the_models(db_url):
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    open_store(db_url).close()
+    engine = sa.create_engine(db_url)
+    with engine.connect() as connection:
+        context = MigrationContext.configure(
+            connection, opts={"version_table": schema.VERSION_TABLE, "compare_type": True}
+        )
+        diffs = [d for d in compare_metadata(context, Base.metadata) if d[0] != "remove_table"]
+    engine.dispose()
+    assert diffs == []
+
+
+def test_migrations_run_from_any_working_directory(tmp_path):
+    """Alembic is configured from the package directory, so the cwd does not matter."""
+    url = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    code = f"from moetune.db import open_store; print(open_store({url!r}).revision())"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=True,
+        env=os.environ.copy(),
+    )
+    assert out.stdout.strip() == schema.head()
+
+
+def test_migrations_are_packages_with_their_data():
+    """versions/ and migrations/ are packages (setup.py's find_packages ships them) with their data files."""
+    import importlib.resources
+
+    migrations = importlib.resources.files("moetune.db.migrations")
+    for name in ("alembic.ini", "script.py.mako", "env.py", "versions/__init__.py"):
+        assert (migrations / name).is_file(), name
+    versions = [p.name for p in (migrations / "versions").iterdir() if p.name.startswith("v")]
+    assert len(versions) >= 2 and schema.head() != FIRST

@@ -1,0 +1,380 @@
+"""The database commands through the real CLI app: results, and one-line exit-2 failures writing nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+# The commands register themselves on the shared app when their modules are imported.
+import moetune.tuner.cli.db_commands  # noqa: F401
+import moetune.tuner.cli.doctor  # noqa: F401
+from moetune.db import open_store, schema
+from moetune.db.models import TABLE_NAMES
+from moetune.db.records import TrialRecord
+from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.problem import Problem
+from moetune.tuner.cli import app
+
+GPU = DeviceFingerprint(
+    "NVIDIA H200", "gpu", 132, 150_000_000_000, "9.0", "580.65", "13.0", "0.11.2", "0.11.2"
+)
+PROBLEM = Problem("grouped_matmul", m=4096, k=4096, n=28672, g=8)
+SECRET = "s3cr3t-pw"
+
+
+@pytest.fixture(autouse=True)
+def no_default_database(monkeypatch, tmp_path):
+    monkeypatch.delenv("MOETUNE_DB", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def ok(*args: str):
+    result = cli(*args)
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result
+
+
+def bad(*args: str, expect: str):
+    """Exit code 2 with exactly one line on stderr that contains `expect`."""
+    result = cli(*args)
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert expect in lines[0], lines[0]
+    return lines[0]
+
+
+def record(store, *, block_m=64, status="ok", problem=PROBLEM, backend="fake", median_s=1e-3):
+    config = {"block_m": block_m, "block_n": 128}
+    return store.record_trial(
+        TrialRecord(
+            sweep_id=None,
+            device=GPU,
+            backend=backend,
+            family="sm90",
+            source_hash="src1",
+            problem=problem,
+            config=config,
+            status=status,
+            samples_s=(median_s,) if status == "ok" else (),
+            median_s=median_s if status == "ok" else None,
+            error="" if status == "ok" else "ResourceExceeded: too much shared memory",
+        )
+    )
+
+
+def tuned(url: str) -> None:
+    """Two winners on one problem (so rollback has history), one on another, and a crashed trial."""
+    with open_store(url) as store:
+        store.promote(record(store, block_m=64))
+        store.promote(record(store, block_m=128))
+        store.promote(record(store, block_m=16, problem=PROBLEM.with_m(64)))
+        record(store, status="crashed")
+
+
+def snapshot(url: str) -> dict[str, list]:
+    """Every row of every moetune table: 'nothing written' means this does not change."""
+    engine = sa.create_engine(url)
+    with engine.connect() as connection:
+        names = TABLE_NAMES & set(sa.inspect(connection).get_table_names())
+        rows = {
+            t: sorted(map(tuple, connection.execute(sa.text(f"SELECT * FROM {t}"))), key=repr) for t in names
+        }
+        rows[schema.VERSION_TABLE] = list(
+            map(tuple, connection.execute(sa.text(f"SELECT * FROM {schema.VERSION_TABLE}")))
+        )
+    engine.dispose()
+    return rows
+
+
+# --- schema ---------------------------------------------------------------------------------------
+
+
+def test_db_current_and_upgrade(db_url, tmp_path):
+    missing = f"sqlite:///{tmp_path / 'new.db'}"
+    assert "not created yet" in ok("db", "current", "--db", missing).stdout
+    assert not (tmp_path / "new.db").exists()
+    assert "-> " + schema.head() in ok("db", "upgrade", "--db", db_url).stdout
+    assert "already at schema revision" in ok("db", "upgrade", "--db", db_url).stdout
+    (row,) = json.loads(ok("db", "current", "--db", db_url, "--json").stdout)
+    assert (row["revision"], row["status"]) == (schema.head(), "current")
+
+
+def test_db_downgrade_needs_yes(db_url):
+    tuned(db_url)
+    before = snapshot(db_url)
+    bad("db", "downgrade", "base", "--db", db_url, expect="add --yes")
+    assert snapshot(db_url) == before
+    ok("db", "downgrade", "base", "--db", db_url, "--yes")
+    assert json.loads(ok("db", "current", "--db", db_url, "--json").stdout)[0]["status"] == "empty"
+    ok("db", "upgrade", "--db", db_url)
+
+
+def test_env_variable_is_the_default_database(monkeypatch, tmp_path):
+    url = f"sqlite:///{tmp_path / 'env.db'}"
+    tuned(url)
+    monkeypatch.setenv("MOETUNE_DB", url)
+    assert len(json.loads(ok("trials", "--json").stdout)) == 4
+
+
+# --- queries --------------------------------------------------------------------------------------
+
+
+def test_trials_with_filters(db_url):
+    tuned(db_url)
+    rows = json.loads(ok("trials", "--db", db_url, "--json").stdout)
+    assert len(rows) == 4 and rows[0]["id"] > rows[-1]["id"]
+    (crashed,) = json.loads(ok("trials", "--db", db_url, "--status", "crashed", "--json").stdout)
+    assert crashed["error"].startswith("ResourceExceeded") and crashed["samples_s"] == []
+    by_problem = json.loads(
+        ok("trials", "--db", db_url, "--problem", PROBLEM.with_m(64).key, "--json").stdout
+    )
+    assert [r["config"]["block_m"] for r in by_problem] == [16]
+    assert (
+        len(json.loads(ok("trials", "--db", db_url, "--gpu", "NVIDIA H200", "--limit", "2", "--json").stdout))
+        == 2
+    )
+    assert (
+        len(json.loads(ok("trials", "--db", db_url, "--backend", "fake", "--limit", "0", "--json").stdout))
+        == 4
+    )
+    table = ok("trials", "--db", db_url).stdout
+    assert "4 trials" in table and "crash" in table
+
+
+def test_best_filters_by_problem_fields(db_url):
+    tuned(db_url)
+    rows = json.loads(ok("best", "--db", db_url, "--json").stdout)
+    assert sorted((r["problem"]["m"], r["config"]["block_m"]) for r in rows) == [(64, 16), (4096, 128)]
+    (row,) = json.loads(
+        ok("best", "--db", db_url, "--gpu", "NVIDIA H200", "--m", "4096", "--k", "4096", "--json").stdout
+    )
+    assert (
+        row["problem"]["key"] == PROBLEM.key
+        and row["fingerprint_hash"] == GPU.hash
+        and row["state"] == "active"
+    )
+    assert json.loads(ok("best", "--db", db_url, "--n", "1", "--json").stdout) == []
+    history = json.loads(ok("best", "--db", db_url, "--m", "4096", "--history", "--json").stdout)
+    assert [r["state"] for r in history] == ["active", "superseded"]
+    table = ok("best", "--db", db_url, "--backend", "fake").stdout
+    assert "2 winners" in table and "H200" in table and "fake" in table
+
+
+def test_misses_listing(sqlite_url):
+    with open_store(sqlite_url) as store:
+        for _ in range(2):
+            store.record_miss(device=GPU, backend="fake", problem=PROBLEM)
+    (row,) = json.loads(ok("misses", "--db", sqlite_url, "--json").stdout)
+    assert (row["problem"], row["count"]) == (PROBLEM.key, 2)
+
+
+# --- packs and rollback ---------------------------------------------------------------------------
+
+
+def test_export_import_round_trip(db_url, tmp_path, fake_backend):
+    source = f"sqlite:///{tmp_path / 'source.db'}"
+    tuned(source)
+    pack = tmp_path / "h200.json"
+    out = ok("export", "--gpu", "NVIDIA H200", "--backend", "fake", "-o", str(pack), "--db", source).stdout
+    assert "exported 2 winners" in out
+    assert json.loads(pack.read_text())["schema"] == "moetune.pack"
+    assert "imported 2 winners" in ok("import", str(pack), "--db", db_url).stdout
+    assert "imported 0 winners" in ok("import", str(pack), "--db", db_url).stdout
+    original = json.loads(ok("best", "--db", source, "--json").stdout)
+    copied = json.loads(ok("best", "--db", db_url, "--json").stdout)
+    assert [(r["problem"], r["config"], r["median_s"]) for r in copied] == [
+        (r["problem"], r["config"], r["median_s"]) for r in original
+    ]
+
+
+def test_export_default_file_name(sqlite_url, tmp_path, monkeypatch):
+    tuned(sqlite_url)
+    monkeypatch.chdir(tmp_path)
+    ok("export", "--gpu", "NVIDIA H200", "--backend", "fake", "--db", sqlite_url)
+    assert (tmp_path / "nvidia_h200__fake.json").is_file()
+
+
+def test_rollback_restores_the_previous_winner(db_url):
+    tuned(db_url)
+    out = ok(
+        "rollback", "--gpu", "NVIDIA H200", "--backend", "fake", "--problem", PROBLEM.key, "--db", db_url
+    ).stdout
+    assert "restored winner" in out
+    (row,) = json.loads(ok("best", "--db", db_url, "--m", "4096", "--json").stdout)
+    assert row["config"]["block_m"] == 64
+    before = snapshot(db_url)
+    bad(
+        "rollback", "--fingerprint", GPU.hash, "--backend", "fake", "--problem", PROBLEM.key, "--db", db_url,
+        expect="nothing to roll back to",
+    )  # fmt: skip
+    assert snapshot(db_url) == before
+
+
+# --- doctor ---------------------------------------------------------------------------------------
+
+
+def test_doctor_reports_without_creating_the_database(tmp_path):
+    from moetune.kernels.device import current_fingerprint
+
+    url = f"sqlite:///{tmp_path / 'doctor.db'}"
+    report = json.loads(ok("doctor", "--db", url, "--json").stdout)
+    assert report["fingerprint_hash"] == current_fingerprint().hash
+    assert report["database"]["status"] == "missing" and not (tmp_path / "doctor.db").exists()
+    assert set(report["versions"]) >= {"python", "jax", "jaxlib", "ray", "optuna", "sqlalchemy"}
+    assert report["ray"].startswith("importable")
+    assert isinstance(report["backends"], dict)  # other backends come and go; each has a verdict
+    assert "fingerprint hash" in ok("doctor", "--db", url).stdout
+
+
+def test_doctor_masks_the_password(postgres_url):
+    open_store(postgres_url).close()
+    url = sa.make_url(postgres_url)
+    result = ok("doctor", "--db", postgres_url, "--json")
+    report = json.loads(result.stdout)
+    assert report["database"]["revision"] == schema.head()
+    assert report["database"]["url"] == url.render_as_string(hide_password=True)
+    assert not url.password or f":{url.password}@" not in result.output
+
+
+# --- bad input: one line, exit 2, nothing written -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["trials", "--db", "definitely not a url"], "not a database URL"),
+        (["best", "--db", "nosuch://x/y"], "unsupported database URL scheme"),
+        (["trials", "--db", "sqlite:////nonexistent-dir/x.db"], "unable to open database file"),
+        (["db", "upgrade", "--db", f"postgresql+psycopg://moetune:{SECRET}@127.0.0.1:1/x"], "127.0.0.1"),
+        (["doctor", "--db", f"postgresql+psycopg://moetune:{SECRET}@127.0.0.1:1/x"], "connection"),
+    ],
+)
+def test_unusable_database_urls(args, expect):
+    line = bad(*args, expect=expect)
+    assert SECRET not in line
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["trials", "--status", "bogus"], "--status 'bogus' is not one of ok,"),
+        (["trials", "--limit", "-1"], "--limit -1"),
+        (["rollback", "--backend", "fake", "--problem", "x"], "exactly one of --gpu or --fingerprint"),
+    ],
+)
+def test_bad_options_are_refused_before_the_database_is_created(args, expect, tmp_path):
+    bad(*args, "--db", f"sqlite:///{tmp_path / 'never.db'}", expect=expect)
+    assert not (tmp_path / "never.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["trials", "--gpu", "NVIDIA B200"], "no gpu 'NVIDIA B200' in the database; known: 'NVIDIA H200'"),
+        (["trials", "--backend", "nope"], "no backend 'nope'"),
+        (["trials", "--sweep", "999"], "no sweep with id 999"),
+        (["trials", "--problem", "grouped_matmul/m=1/v1"], "no problem"),
+        (["best", "--gpu", "H200"], "no gpu 'H200'"),
+        (
+            ["export", "--gpu", "NVIDIA B200", "--backend", "fake", "-o", "OUT"],
+            "no winners for gpu='NVIDIA B200'",
+        ),
+        (
+            ["rollback", "--gpu", "NVIDIA H200", "--backend", "fake", "--problem", "nokey"],
+            "no problem with key",
+        ),
+    ],
+)
+def test_unknown_filter_values(db_url, tmp_path, args, expect):
+    tuned(db_url)
+    before = snapshot(db_url)
+    out = tmp_path / "out.json"
+    bad(*[str(out) if a == "OUT" else a for a in args], "--db", db_url, expect=expect)
+    assert snapshot(db_url) == before
+    assert not out.exists()
+
+
+def _set_revision(url: str, revision: str) -> None:
+    engine = sa.create_engine(url)
+    with engine.begin() as connection:
+        connection.execute(sa.text(f"UPDATE {schema.VERSION_TABLE} SET version_num = :r"), {"r": revision})
+    engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("revision", "expect"),
+    [("v9.9.9.z", "upgrade moetune"), ("v0.1.0.a", "run `moetune db upgrade`")],
+)
+@pytest.mark.parametrize("command", [["trials"], ["best"], ["misses"]])
+def test_schema_mismatch(db_url, revision, expect, command):
+    tuned(db_url)
+    _set_revision(db_url, revision)
+    before = snapshot(db_url)
+    bad(*command, "--db", db_url, expect=expect)
+    assert snapshot(db_url) == before
+
+
+def test_db_upgrade_refuses_a_newer_schema(sqlite_url):
+    tuned(sqlite_url)
+    _set_revision(sqlite_url, "v9.9.9.z")
+    before = snapshot(sqlite_url)
+    bad("db", "upgrade", "--db", sqlite_url, expect="upgrade moetune")
+    assert snapshot(sqlite_url) == before
+
+
+def _valid_pack(url: str, tmp_path) -> dict:
+    tuned(url)
+    path = tmp_path / "good.json"
+    ok("export", "--gpu", "NVIDIA H200", "--backend", "fake", "-o", str(path), "--db", url)
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "expect"),
+    [
+        (lambda d: "{ this is not json", "cannot read pack"),
+        (lambda d: json.dumps({"hello": "world"}), "not a moetune config pack"),
+        (lambda d: json.dumps(d | {"schema_version": 99}), "schema_version=99"),
+        (lambda d: json.dumps(d | {"device": {"device_kind": "x"}}), "bad device fingerprint"),
+        (lambda d: json.dumps(d | {"backend": "nosuchbackend"}), "backend 'nosuchbackend'"),
+        (
+            lambda d: json.dumps(
+                d | {"entries": [d["entries"][0], {**d["entries"][1], "config": {"block_m": 7}}]}
+            ),
+            "entry 1",
+        ),
+    ],
+)
+def test_bad_pack_imports_nothing(db_url, tmp_path, fake_backend, corrupt, expect):
+    data = _valid_pack(db_url, tmp_path)
+    # Import into a database that has other winners: a bad pack must change none of them.
+    with open_store(db_url) as store:
+        store.rollback(backend="fake", problem_key=PROBLEM.key, device_kind="NVIDIA H200")
+    before = snapshot(db_url)
+    path = tmp_path / "bad.json"
+    path.write_text(corrupt(data))
+    bad("import", str(path), "--db", db_url, expect=expect)
+    assert snapshot(db_url) == before
+
+
+def test_bad_pack_does_not_create_a_database(tmp_path, fake_backend):
+    path = tmp_path / "bad.json"
+    path.write_text("[]")
+    bad("import", str(path), "--db", f"sqlite:///{tmp_path / 'never.db'}", expect="not a moetune config pack")
+    assert not (tmp_path / "never.db").exists()
+    bad(
+        "import",
+        str(tmp_path / "missing.json"),
+        "--db",
+        f"sqlite:///{tmp_path / 'never.db'}",
+        expect="cannot read",
+    )
+    assert not (tmp_path / "never.db").exists()

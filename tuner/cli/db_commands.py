@@ -1,0 +1,379 @@
+"""Database commands: `moetune db upgrade|current|downgrade`, `trials`, `best`, `misses`, `export`,
+`import`, `rollback`.
+
+Every command takes `--db URL` (default: $MOETUNE_DB, else SQLite in the user data directory). Bad
+input gets one line on stderr and exit code 2, and is caught before anything is written: filter values
+are checked against what the database knows, and a pack is validated completely before the import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from moetune.kernels.errors import MoetuneError
+from moetune.tuner.cli import app
+from moetune.tuner.cli.common import console, emit, fail
+
+if TYPE_CHECKING:
+    from moetune.db import Store
+    from moetune.db.records import TrialRow, WinnerRow
+
+DbOption = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        help="Database URL, e.g. postgresql+psycopg://user@host/db (default: $MOETUNE_DB, else SQLite "
+        "in the user data directory).",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+GpuOption = Annotated[
+    str | None, typer.Option("--gpu", help="GPU model (jax device_kind), e.g. 'NVIDIA H200'.")
+]
+BackendOption = Annotated[str | None, typer.Option("--backend", help="Backend name, e.g. mosaic_gpu.")]
+
+db_app = typer.Typer(help="The database schema: upgrade, show the revision, downgrade.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+@contextlib.contextmanager
+def opened_store(db: str | None, *, check_schema: bool = True) -> Iterator[Store]:
+    """The store for --db; any moetune error (database, schema, pack) ends the command via fail()."""
+    from moetune.db import open_store
+
+    try:
+        store = open_store(db, check_schema=check_schema)
+    except MoetuneError as e:
+        fail(str(e))
+    try:
+        yield store
+    except MoetuneError as e:
+        fail(str(e))
+    finally:
+        store.close()
+
+
+def say(message: str) -> None:
+    """One plain line on stdout (no rich markup: URLs and configs may hold brackets)."""
+    console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def _check_known(name: str, value: str | None, known: list[str]) -> None:
+    if value is not None and value not in known:
+        fail(f"no {name} {value!r} in the database; known: {', '.join(map(repr, known)) or 'none'}")
+
+
+# --- schema ---------------------------------------------------------------------------------------
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    db: DbOption = None,
+    revision: Annotated[str, typer.Option("--revision", help="Target revision.")] = "head",
+) -> None:
+    """Migrate the database schema to the newest revision (creates a new database)."""
+    with opened_store(db, check_schema=False) as store:
+        before = store.schema_state()
+        store.upgrade(revision)
+        after = store.revision()
+    if before.revision == after:
+        say(f"{store.url}: already at schema revision {after}")
+    else:
+        say(f"{store.url}: schema revision {before.revision or '(none)'} -> {after}")
+
+
+@db_app.command("current")
+def db_current(db: DbOption = None, as_json: JsonOption = False) -> None:
+    """Show the database's schema revision and whether this moetune can use it."""
+    with opened_store(db, check_schema=False) as store:
+        state = store.schema_state()
+    note = (
+        state.problem()
+        or {
+            "missing": "not created yet; created on first use",
+            "empty": "no moetune tables yet; created on first use",
+            "current": "up to date",
+        }[state.status]
+    )
+    if as_json:
+        row = {"url": state.url, "revision": state.revision, "head": state.head, "status": state.status}
+        emit([row | {"note": note}], as_json=True)
+    else:
+        say(f"{state.url}: schema revision {state.revision or '(none)'}, head {state.head}: {note}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision; 'base' removes every moetune table.")],
+    db: DbOption = None,
+    yes: Annotated[
+        bool, typer.Option("--yes", help="Confirm: tables of later revisions and their data are dropped.")
+    ] = False,
+) -> None:
+    """Migrate the database schema back to an older revision (drops data of later revisions)."""
+    if not yes:
+        fail(f"downgrading to {revision} drops the tables of later revisions with their data; add --yes")
+    with opened_store(db, check_schema=False) as store:
+        store.downgrade(revision)
+        after = store.revision()
+    say(f"{store.url}: schema revision now {after or '(none)'}")
+
+
+# --- queries --------------------------------------------------------------------------------------
+
+
+def _trial_dict(row: TrialRow) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "sweep_id": row.sweep_id,
+        "device_kind": row.device_kind,
+        "fingerprint_hash": row.fingerprint_hash,
+        "backend": row.backend,
+        "source_hash": row.source_hash,
+        "problem": row.problem.key,
+        "config": row.config,
+        "status": row.status,
+        "median_s": row.median_s,
+        "samples_s": list(row.samples_s),
+        "compile_s": row.compile_s,
+        "verify_error": row.verify_error,
+        "error": row.error,
+        "host": row.host,
+        "worker": row.worker,
+        "routing": row.routing,
+        "started_at": row.started_at,
+        "finished_at": row.finished_at,
+    }
+
+
+def _trial_cells(row: TrialRow) -> dict[str, Any]:
+    p = row.problem
+    return {
+        "id": row.id,
+        "sweep": row.sweep_id,
+        "gpu": row.device_kind,
+        "backend": row.backend,
+        "m,k,n,g": f"{p.m},{p.k},{p.n},{p.g}",
+        "config": row.config,
+        "status": row.status,
+        "median_us": None if row.median_s is None else row.median_s * 1e6,
+        "error": row.error.splitlines()[0][:60] if row.error else "",
+    }
+
+
+@app.command("trials")
+def trials_command(
+    db: DbOption = None,
+    sweep: Annotated[int | None, typer.Option("--sweep", help="Sweep id.")] = None,
+    backend: BackendOption = None,
+    status: Annotated[
+        str | None, typer.Option("--status", help="ok, compile_error, wrong_result, ...")
+    ] = None,
+    gpu: GpuOption = None,
+    problem: Annotated[
+        str | None, typer.Option("--problem", help="Problem key (see `moetune best`).")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", help="Newest N trials; 0 for all.")] = 100,
+    as_json: JsonOption = False,
+) -> None:
+    """List recorded trials, newest first."""
+    from moetune.db.records import TRIAL_STATUSES
+
+    if status is not None and status not in TRIAL_STATUSES:
+        fail(f"--status {status!r} is not one of {', '.join(TRIAL_STATUSES)}")
+    if limit < 0:
+        fail(f"--limit {limit} must be 0 (all) or more")
+    with opened_store(db) as store:
+        if sweep is not None:
+            store.get_sweep(sweep)  # RecordNotFound names the id
+        _check_known("backend", backend, store.backends())
+        _check_known("gpu", gpu, store.device_kinds())
+        if problem is not None and not store.has_problem(problem):
+            fail(f"no problem {problem!r} in the database")
+        rows = store.trials(
+            sweep_id=sweep,
+            backend=backend,
+            status=status,
+            device_kind=gpu,
+            problem_key=problem,
+            limit=limit or None,
+        )
+    if as_json:
+        emit([_trial_dict(r) for r in rows], as_json=True)
+    else:
+        emit([_trial_cells(r) for r in rows], as_json=False, title=f"{len(rows)} trials (newest first)")
+
+
+def _winner_dict(row: WinnerRow) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "trial_id": row.trial_id,
+        "device_kind": row.device_kind,
+        "fingerprint_hash": row.fingerprint_hash,
+        "backend": row.backend,
+        "source_hash": row.source_hash,
+        "problem": row.problem.to_dict() | {"key": row.problem.key},
+        "config": row.config,
+        "median_s": row.median_s,
+        "promoted_at": row.promoted_at,
+        "state": row.state,
+        "reason": row.reason,
+    }
+
+
+def _winner_cells(row: WinnerRow, *, history: bool) -> dict[str, Any]:
+    p = row.problem
+    cells = {
+        "gpu": row.device_kind,
+        "backend": row.backend,
+        "m": p.m,
+        "k,n,g": f"{p.k},{p.n},{p.g}",
+        "dtypes": ",".join(dict.fromkeys((p.lhs_dtype, p.rhs_dtype, p.out_dtype)))
+        + (",t" if p.transpose_rhs else ""),
+        "config": row.config,
+        "median_us": None if row.median_s is None else row.median_s * 1e6,
+    }
+    if history:
+        cells["state"] = row.state
+    return cells
+
+
+@app.command("best")
+def best(
+    db: DbOption = None,
+    gpu: GpuOption = None,
+    backend: BackendOption = None,
+    m: Annotated[int | None, typer.Option("--m", help="Token rows (M).")] = None,
+    k: Annotated[int | None, typer.Option("--k", help="Contraction size (K).")] = None,
+    n: Annotated[int | None, typer.Option("--n", help="Output columns (N).")] = None,
+    g: Annotated[int | None, typer.Option("--g", help="Experts (G).")] = None,
+    history: Annotated[
+        bool, typer.Option("--history", help="Include superseded and rolled-back winners.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Show the tuned winners (best configs) per GPU model, backend and problem."""
+    with opened_store(db) as store:
+        _check_known("gpu", gpu, store.device_kinds())
+        _check_known("backend", backend, store.backends())
+        rows = store.winners(device_kind=gpu, backend=backend, m=m, k=k, n=n, g=g, active_only=not history)
+    if as_json:
+        emit([_winner_dict(r) for r in rows], as_json=True)
+    else:
+        emit([_winner_cells(r, history=history) for r in rows], as_json=False, title=f"{len(rows)} winners")
+
+
+@app.command("misses")
+def misses_command(
+    db: DbOption = None, gpu: GpuOption = None, backend: BackendOption = None, as_json: JsonOption = False
+) -> None:
+    """Show dispatch lookups that found no winner, most frequent first (what to tune next)."""
+    with opened_store(db) as store:
+        _check_known("gpu", gpu, store.device_kinds())
+        rows = store.misses(device_kind=gpu, backend=backend)
+    emit(
+        [
+            {
+                "gpu": r.device_kind,
+                "backend": r.backend,
+                "problem": r.problem.key,
+                "count": r.count,
+                "last_seen": r.last_seen,
+            }
+            for r in rows
+        ],
+        as_json=as_json,
+    )
+
+
+# --- config packs and rollback --------------------------------------------------------------------
+
+
+@app.command("export")
+def export(
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU model (jax device_kind), e.g. 'NVIDIA H200'.")],
+    backend: Annotated[str, typer.Option("--backend", help="Backend name.")],
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Pack file (default: <gpu>__<backend>.json).")
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """Write the active winners of one GPU model and backend to a config pack (versioned JSON)."""
+    from moetune.kernels import packs
+
+    target = output or Path(packs.file_name(gpu, backend))
+    with opened_store(db) as store:
+        pack = store.export_pack(device_kind=gpu, backend=backend)
+        total = len(store.winners(device_kind=gpu, backend=backend))
+    _write_atomically(target, pack.dumps() + "\n")
+    say(
+        f"exported {len(pack.entries)} winners for {gpu} / {backend} (fingerprint {pack.device.hash}, "
+        f"kernel source {pack.kernel_source_hash}) to {target}"
+    )
+    if total > len(pack.entries):
+        say(f"left out {total - len(pack.entries)} winners tuned under other fingerprints or kernel sources")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Readers never see half a pack, and a failed write leaves no file behind."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        fail(f"cannot write {path}: {e.strerror or e}")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        fail(f"cannot write {path}: {e.strerror or e}")
+
+
+@app.command("import")
+def import_command(
+    file: Annotated[Path, typer.Argument(help="Config pack file (JSON) from `moetune export`.")],
+    db: DbOption = None,
+) -> None:
+    """Import a config pack: its winners become the active ones (the previous winners stay as history)."""
+    from moetune.db.pack_io import check_pack
+    from moetune.kernels import packs
+
+    try:
+        pack = check_pack(packs.load(file), str(file))  # all of it, before the database is touched
+    except MoetuneError as e:
+        fail(str(e))
+    with opened_store(db) as store:
+        imported = store.import_pack(pack, source=str(file))
+    say(
+        f"imported {imported} winners for {pack.device.device_kind} / {pack.backend} from {file} "
+        f"({len(pack.entries) - imported} already current)"
+    )
+
+
+@app.command("rollback")
+def rollback(
+    backend: Annotated[str, typer.Option("--backend", help="Backend name.")],
+    problem: Annotated[str, typer.Option("--problem", help="Problem key (`moetune best --json` shows it).")],
+    gpu: GpuOption = None,
+    fingerprint: Annotated[str | None, typer.Option("--fingerprint", help="Device fingerprint hash.")] = None,
+    db: DbOption = None,
+) -> None:
+    """Withdraw the active winner of a problem and restore the one it replaced."""
+    if (gpu is None) == (fingerprint is None):
+        fail("give exactly one of --gpu or --fingerprint")
+    with opened_store(db) as store:
+        restored = store.rollback(
+            backend=backend, problem_key=problem, fingerprint_hash=fingerprint, device_kind=gpu
+        )
+    say(
+        f"restored winner {restored.id} (trial {restored.trial_id}, config {restored.config}, promoted "
+        f"{restored.promoted_at:%Y-%m-%d %H:%M}) for {restored.device_kind} / {backend} / {problem}"
+    )
