@@ -1,0 +1,24 @@
+"""moetune.kernels: tuned MoE grouped GEMM for JAX, looked up per device at trace time.
+
+    from moetune.kernels import grouped_matmul
+    out = grouped_matmul(lhs, rhs, group_sizes)   # lhs [M, K], rhs [G, K, N], group_sizes [G] int32
+
+Importing this package loads jax and the standard library only.
+"""
+
+from moetune.kernels.api import Explanation, explain, grouped_matmul, problem_of
+from moetune.kernels.lookup import LOOKUP, Resolution, Winner
+from moetune.kernels.moe import moe_mlp
+from moetune.kernels.moe_reference import moe_mlp_reference
+
+__all__ = [
+    "LOOKUP",
+    "Explanation",
+    "Resolution",
+    "Winner",
+    "explain",
+    "grouped_matmul",
+    "moe_mlp",
+    "moe_mlp_reference",
+    "problem_of",
+]

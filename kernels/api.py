@@ -1,0 +1,302 @@
+"""The public kernel API: `grouped_matmul` (trace-time dispatch) and `explain` (the same decision, told).
+
+At trace time a call turns its static shapes into a Problem, picks a backend (explicit argument >
+$MOETUNE_BACKEND > the highest-priority backend available on the device), asks the winner lookup for that
+backend's config and builds the kernel. A backend that declines (not available, or Unsupported from check
+or build) passes the call to the next available backend by priority, ending with xla; when every backend
+declines, one ExceptionGroup carries every reason. The jitted program holds only the kernel: the lookup
+runs in Python while tracing, so a function jax has already traced keeps the config it was traced with
+(new winners reach it after the trace is redone, e.g. in a new process).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moetune.kernels import registry
+from moetune.kernels.backend import Backend, KernelFn
+from moetune.kernels.config import KernelConfig
+from moetune.kernels.device import DeviceFingerprint, current_fingerprint
+from moetune.kernels.errors import ConfigInvalid, UnknownBackend, Unsupported
+from moetune.kernels.lookup import LOOKUP, Resolution
+from moetune.kernels.problem import Problem
+
+log = logging.getLogger(__name__)
+
+OP = "grouped_matmul"
+ENV_BACKEND = "MOETUNE_BACKEND"
+# Runs everywhere, so it closes every fallback chain.
+LAST_RESORT_BACKEND = "xla"
+DEFAULT_REASON = "highest-priority backend available on this device"
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """Which backend and config a call gets, and why.
+
+    `backend_reason` says why the first backend was asked; `declined` lists "name: reason" for every
+    backend that declined before `backend` accepted.
+    """
+
+    problem: Problem
+    device: DeviceFingerprint
+    backend: str
+    backend_reason: str
+    config: KernelConfig
+    source: str
+    from_m: int | None
+    stale: tuple[str, ...]
+    declined: tuple[str, ...]
+    median_s: float | None = None  # the winner's tuned time, when it came from a tuned winner
+
+    @property
+    def resolution(self) -> Resolution:
+        return Resolution(self.backend, self.config, self.source, self.from_m, self.stale, self.median_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "problem": self.problem.key,
+            "device_kind": self.device.device_kind,
+            "fingerprint": self.device.hash,
+            "backend": self.backend,
+            "backend_reason": self.backend_reason,
+            "config": self.config.to_dict(),
+            "source": self.source,
+            "from_m": self.from_m,
+            "stale": list(self.stale),
+            "declined": list(self.declined),
+            "median_s": self.median_s,
+        }
+
+    def __str__(self) -> str:
+        source = self.source if self.from_m is None else f"{self.source} (from m={self.from_m})"
+        if self.median_s is not None:
+            source += f", tuned at {self.median_s * 1e3:.4g} ms"
+        lines = [
+            f"problem:  {self.problem.key}",
+            f"device:   {self.device.device_kind} (fingerprint {self.device.hash})",
+            f"backend:  {self.backend} ({self.backend_reason})",
+            f"config:   {self.config}",
+            f"source:   {source}",
+            f"stale:    {'yes: ' + '; '.join(self.stale) if self.stale else 'no'}",
+        ]
+        lines += [f"declined: {reason}" for reason in self.declined]
+        return "\n".join(lines)
+
+
+def grouped_matmul(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    transpose_rhs: bool = False,
+    preferred_element_type: Any = None,
+    backend: str | None = None,
+    config: KernelConfig | None = None,
+) -> jax.Array:
+    """out[M, N]: each contiguous group of lhs[M, K]'s rows times its expert's rhs[G, K, N], as
+    jax.lax.ragged_dot computes it (rows past sum(group_sizes) are zero; rhs is [G, N, K] when
+    `transpose_rhs`).
+
+    `backend` and `config` override the choice and the lookup; the config's type names its backend. Works
+    under jax.jit and inside shard_map, where the per-shard shapes make the key.
+    """
+    lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+    problem = problem_of(
+        lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, preferred_element_type=preferred_element_type
+    )
+    device = current_fingerprint()
+    explanation, kernel = _dispatch(problem, backend=backend, config=config, device=device)
+    LOOKUP.note_use(problem, explanation.resolution, device)
+    log.debug("%s -> %s %s (%s)", problem.key, explanation.backend, explanation.config, explanation.source)
+    if group_sizes.dtype != jnp.int32:
+        group_sizes = group_sizes.astype(jnp.int32)
+    return kernel(lhs, rhs, group_sizes)
+
+
+def explain(
+    problem_or_lhs: Problem | Any,
+    rhs: Any = None,
+    group_sizes: Any = None,
+    *,
+    transpose_rhs: bool = False,
+    preferred_element_type: Any = None,
+    backend: str | None = None,
+    config: KernelConfig | None = None,
+    device: DeviceFingerprint | None = None,
+) -> Explanation:
+    """What `grouped_matmul` would run for a Problem, or for arrays / jax.ShapeDtypeStructs lhs and rhs.
+
+    Records nothing: a query is not a miss.
+    """
+    if isinstance(problem_or_lhs, Problem):
+        problem = problem_or_lhs
+    else:
+        if rhs is None:
+            raise ValueError("explain needs a Problem, or lhs and rhs (arrays or jax.ShapeDtypeStruct)")
+        problem = problem_of(
+            problem_or_lhs,
+            rhs,
+            group_sizes,
+            transpose_rhs=transpose_rhs,
+            preferred_element_type=preferred_element_type,
+        )
+    explanation, _ = _dispatch(
+        problem, backend=backend, config=config, device=device or current_fingerprint()
+    )
+    return explanation
+
+
+def problem_of(
+    lhs: Any,
+    rhs: Any,
+    group_sizes: Any = None,
+    *,
+    transpose_rhs: bool = False,
+    preferred_element_type: Any = None,
+) -> Problem:
+    """The static key of a call; raises ValueError naming the first shape that does not fit."""
+    if len(lhs.shape) != 2:
+        raise ValueError(f"lhs must be [M, K]; got shape {tuple(lhs.shape)}")
+    if len(rhs.shape) != 3:
+        raise ValueError(
+            f"rhs must be [G, {'N, K' if transpose_rhs else 'K, N'}]; got shape {tuple(rhs.shape)}"
+        )
+    m, k = lhs.shape
+    g = rhs.shape[0]
+    rhs_k, n = (rhs.shape[2], rhs.shape[1]) if transpose_rhs else (rhs.shape[1], rhs.shape[2])
+    if rhs_k != k:
+        layout = "[G, N, K]" if transpose_rhs else "[G, K, N]"
+        raise ValueError(f"lhs has K={k} but rhs {layout} has K={rhs_k} (shape {tuple(rhs.shape)})")
+    if group_sizes is not None:
+        if tuple(group_sizes.shape) != (g,):
+            raise ValueError(f"group_sizes must have shape ({g},) for G={g}; got {tuple(group_sizes.shape)}")
+        if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+            raise ValueError(f"group_sizes must be integers (int32); got dtype {group_sizes.dtype}")
+    out_dtype = preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype)
+    return Problem(
+        op=OP,
+        m=int(m),
+        k=int(k),
+        n=int(n),
+        g=int(g),
+        lhs_dtype=np.dtype(lhs.dtype).name,
+        rhs_dtype=np.dtype(rhs.dtype).name,
+        out_dtype=np.dtype(out_dtype).name,
+        transpose_rhs=transpose_rhs,
+    )
+
+
+def _dispatch(
+    problem: Problem, *, backend: str | None, config: KernelConfig | None, device: DeviceFingerprint
+) -> tuple[Explanation, KernelFn]:
+    chain, reason = _backend_chain(backend, config, device)
+    declined: list[Unsupported] = []
+    for candidate in chain:
+        unavailable = candidate.available(device)
+        if unavailable is not None:
+            declined.append(Unsupported(f"{candidate.name}: {unavailable}"))
+            continue
+        try:
+            candidate.check(problem)
+            kernel, resolution = _build(
+                problem, candidate, _resolve(problem, candidate, config, device), device
+            )
+        except Unsupported as e:
+            declined.append(Unsupported(f"{candidate.name}: {e}"))
+            continue
+        if declined:
+            # A backend the user asked for is worth a warning; the default declining is routine.
+            LOOKUP.warn_once(
+                "fallback",
+                f"{device.hash}:{problem.key}:{candidate.name}",
+                f"moetune: {problem.key} runs on {candidate.name}: " + "; ".join(map(str, declined)),
+                level=logging.INFO if reason == DEFAULT_REASON else logging.WARNING,
+            )
+        explanation = Explanation(
+            problem=problem,
+            device=device,
+            backend=candidate.name,
+            backend_reason=reason,
+            config=resolution.config,
+            source=resolution.source,
+            from_m=resolution.from_m,
+            stale=resolution.stale,
+            declined=tuple(map(str, declined)),
+            median_s=resolution.median_s,
+        )
+        return explanation, kernel
+    raise ExceptionGroup(f"no backend can compute {problem.key} on {device.device_kind}", declined)
+
+
+def _resolve(
+    problem: Problem, backend: Backend, config: KernelConfig | None, device: DeviceFingerprint
+) -> Resolution:
+    if config is not None and type(config) is backend.config_cls:
+        return Resolution(backend.name, config, "explicit config")
+    return LOOKUP.resolve(problem, backend, device)
+
+
+def _build(
+    problem: Problem, backend: Backend, resolution: Resolution, device: DeviceFingerprint
+) -> tuple[KernelFn, Resolution]:
+    try:
+        return backend.build(problem, resolution.config), resolution
+    except ConfigInvalid as e:
+        if resolution.source in ("explicit config", "heuristic"):
+            raise
+        # A stored winner the running kernel no longer accepts (its rules changed since tuning).
+        LOOKUP.warn_once(
+            "rejected-winner",
+            f"{backend.name}:{problem.key}",
+            f"moetune: {backend.name} rejects its {resolution.source} config for {problem.key} ({e}); "
+            "using the heuristic",
+        )
+    heuristic = Resolution(backend.name, backend.heuristic(problem, device), "heuristic")
+    return backend.build(problem, heuristic.config), heuristic
+
+
+def _backend_chain(
+    name: str | None, config: KernelConfig | None, device: DeviceFingerprint
+) -> tuple[list[Backend], str]:
+    """The backends to ask, in order, and why the first one leads."""
+    if name is not None:
+        first, reason = registry.get(name), "backend argument"
+        if config is not None and type(config) is not first.config_cls:
+            raise ConfigInvalid(f"config {type(config).__qualname__} is not a config of backend {name!r}")
+    elif config is not None:
+        first, reason = _backend_of(config, device), f"backend of the {type(config).__qualname__} argument"
+    elif os.environ.get(ENV_BACKEND):
+        first, reason = registry.get(os.environ[ENV_BACKEND]), f"{ENV_BACKEND}={os.environ[ENV_BACKEND]}"
+    else:
+        roster = LOOKUP.backends(device)
+        if not roster:
+            raise UnknownBackend(f"no backend is available on {device.device_kind}")
+        first, reason = roster[0], DEFAULT_REASON
+    others = [b for b in LOOKUP.backends(device) if b.name not in (first.name, LAST_RESORT_BACKEND)]
+    chain = [first, *others]
+    if first.name != LAST_RESORT_BACKEND:
+        chain.append(registry.get(LAST_RESORT_BACKEND))
+    return chain, reason
+
+
+def _backend_of(config: KernelConfig, device: DeviceFingerprint) -> Backend:
+    for backend in LOOKUP.backends(device):
+        if type(config) is backend.config_cls:
+            return backend
+    # The config may belong to a backend that is not available here; it then declines in _dispatch.
+    for name in registry.names():
+        try:
+            backend = registry.get(name)
+        except UnknownBackend:
+            continue
+        if type(config) is backend.config_cls:
+            return backend
+    raise ConfigInvalid(f"{type(config).__qualname__} is not the Config of any registered backend")

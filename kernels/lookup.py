@@ -1,0 +1,432 @@
+"""The winner lookup: which tuned config a (problem, backend) gets on the running device, and why.
+
+Order (DESIGN.md): an exact winner -> the winner of the nearest tuned M for the same shape_key (distance
+|log m - log m'|; ties go to the larger M) -> the backend's heuristic default. Winners come from, in
+precedence order: test overlays, the database (read once per process), the config packs shipped in
+configs/tuned/. Precedence decides between winners for the same M; the nearest M is chosen first.
+
+A winner whose device fingerprint or kernel source hash differs from the running ones is stale: it is
+still used (a warm start beats a heuristic) and flagged, with a warning logged once.
+
+Each miss (nearest or heuristic) is logged once per process and counted once per process in the
+database's misses table, when a database is configured; a database failure is logged, never raised.
+
+`LOOKUP` is the one mutable object: tables load lazily per (sources, device fingerprint, backend), the
+roster of available backends per device, and `clear()` drops them all. Overlays (`overlay`, `using_db`,
+`using_packs`) live in a context variable, so a test's overlay never leaks into another thread or test.
+The database loads only when one is configured ($MOETUNE_DB, or the default SQLite file exists), and
+moetune.db with SQLAlchemy is imported only then.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import contextvars
+import dataclasses
+import importlib.resources
+import logging
+import math
+import os
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from moetune.kernels import packs, registry
+from moetune.kernels.backend import Backend
+from moetune.kernels.config import KernelConfig
+from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.errors import ConfigInvalid, PackInvalid
+from moetune.kernels.problem import Problem
+
+log = logging.getLogger(__name__)
+
+ENV_DB = "MOETUNE_DB"
+PACKS_PACKAGE = "moetune.configs"
+PACKS_FOLDER = "tuned"
+# Lower rank wins between winners for the same problem.
+_ORIGIN_RANK = {"overlay": 0, "db": 1, "pack": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Winner:
+    """One tuned (problem, backend) -> config, from wherever it was stored.
+
+    A hash left None was not recorded and is not compared (overlays built by hand in tests).
+    """
+
+    backend: str
+    problem: Problem
+    config: Mapping[str, Any]
+    origin: str = "overlay"
+    fingerprint_hash: str | None = None
+    source_hash: str | None = None
+    median_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.origin not in _ORIGIN_RANK:
+            raise ConfigInvalid(f"winner origin={self.origin!r} is not one of {', '.join(_ORIGIN_RANK)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """The config one backend uses for one problem, and where it came from.
+
+    source: "explicit config", "heuristic", or "<origin> exact" / "<origin> nearest" with origin one of
+    overlay, db, pack; `from_m` is the tuned M a nearest winner came from; `stale` lists why the winner
+    does not match the running device or kernel source (empty when it does).
+    """
+
+    backend: str
+    config: KernelConfig
+    source: str
+    from_m: int | None = None
+    stale: tuple[str, ...] = ()
+    median_s: float | None = None
+
+    @property
+    def exact(self) -> bool:
+        return self.source.endswith(" exact") or self.source == "explicit config"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    winner: Winner
+    config: KernelConfig
+    stale: tuple[str, ...]
+
+    @property
+    def rank(self) -> tuple[int, bool]:
+        return _ORIGIN_RANK[self.winner.origin], bool(self.stale)
+
+    def resolution(self, kind: str, from_m: int | None = None) -> Resolution:
+        return Resolution(
+            backend=self.winner.backend,
+            config=self.config,
+            source=f"{self.winner.origin} {kind}",
+            from_m=from_m,
+            stale=self.stale,
+            median_s=self.winner.median_s,
+        )
+
+
+class _Table:
+    """The winners of one backend on one device, indexed for exact and nearest-M lookups."""
+
+    def __init__(self, entries: Iterable[_Entry]) -> None:
+        self.exact: dict[str, _Entry] = {}
+        for entry in entries:
+            key = entry.winner.problem.key
+            if key not in self.exact or entry.rank < self.exact[key].rank:
+                self.exact[key] = entry
+        by_shape: dict[str, list[tuple[int, _Entry]]] = {}
+        for entry in self.exact.values():
+            by_shape.setdefault(entry.winner.problem.shape_key, []).append((entry.winner.problem.m, entry))
+        self.ms: dict[str, list[int]] = {}
+        self.by_shape: dict[str, list[_Entry]] = {}
+        for shape_key, items in by_shape.items():
+            items.sort(key=lambda item: item[0])
+            self.ms[shape_key] = [m for m, _ in items]
+            self.by_shape[shape_key] = [e for _, e in items]
+
+    def nearest(self, problem: Problem) -> _Entry | None:
+        ms = self.ms.get(problem.shape_key)
+        if not ms:
+            return None
+        # log is monotone, so the nearest M in log distance is one of the two sorted neighbours.
+        i = bisect.bisect_left(ms, problem.m)
+        candidates = [j for j in (i - 1, i) if 0 <= j < len(ms)]
+        best = min(candidates, key=lambda j: (abs(math.log(ms[j]) - math.log(problem.m)), -ms[j]))
+        return self.by_shape[problem.shape_key][best]
+
+
+_DEFAULT = object()  # "not overridden": the environment and the shipped packs decide
+_UNRESOLVED = object()  # the default database path, before it is first needed
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Sources:
+    """Where winners come from; compared by identity, so a table cached for one overlay serves only it."""
+
+    winners: tuple[Winner, ...] = ()
+    # A URL, None (no database) or _DEFAULT ($MOETUNE_DB, else the default file when it exists).
+    db: Any = _DEFAULT
+    # A folder, None (no packs) or _DEFAULT (the packs shipped in moetune.configs).
+    packs_dir: Any = _DEFAULT
+
+
+class WinnerLookup:
+    """Resolves (problem, backend, device) to a config; thread-safe; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._tables: dict[tuple[_Sources, str | None, str, str], _Table] = {}
+        self._stores: dict[str, Any] = {}
+        self._rosters: dict[tuple[str, str], tuple[Backend, ...]] = {}
+        self._logged: set[tuple[str, ...]] = set()
+        self._default_db_file: Any = _UNRESOLVED  # then the Path, or None without platformdirs
+        self._root = _Sources()
+        self._sources: contextvars.ContextVar[_Sources] = contextvars.ContextVar("moetune_winner_sources")
+
+    # -- configuration -------------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Forget every loaded table, open database and logged-once message (a new process, in effect)."""
+        with self._lock:
+            stores, self._stores = self._stores, {}
+            self._tables.clear()
+            self._rosters.clear()
+            self._logged.clear()
+            self._default_db_file = _UNRESOLVED
+        for store in stores.values():
+            if not isinstance(store, Exception):
+                store.close()
+
+    @contextlib.contextmanager
+    def overlay(
+        self, *, winners: Iterable[Winner] = (), db: Any = _DEFAULT, packs_dir: Any = _DEFAULT
+    ) -> Iterator[None]:
+        """Within the block: `winners` take precedence over everything; `db` (a URL, or None for no
+        database) and `packs_dir` (a folder, or None for no packs) replace the configured ones."""
+        outer = self._current()
+        sources = _Sources(
+            winners=(*winners, *outer.winners),
+            db=outer.db if db is _DEFAULT else db,
+            packs_dir=outer.packs_dir
+            if packs_dir is _DEFAULT
+            else (None if packs_dir is None else Path(packs_dir)),
+        )
+        token = self._sources.set(sources)
+        try:
+            yield
+        finally:
+            self._sources.reset(token)
+            with self._lock:
+                for key in [k for k in self._tables if k[0] is sources]:
+                    del self._tables[key]
+
+    def using_db(self, url: str | None) -> contextlib.AbstractContextManager[None]:
+        return self.overlay(db=url)
+
+    def using_packs(self, folder: str | Path | None) -> contextlib.AbstractContextManager[None]:
+        return self.overlay(packs_dir=folder)
+
+    def db_url(self) -> str | None:
+        """The database winners come from now, or None when none is configured."""
+        return self._db_url(self._current())
+
+    # -- lookups -------------------------------------------------------------------------------------
+
+    def backends(self, device: DeviceFingerprint) -> tuple[Backend, ...]:
+        """The backends available on `device`, highest priority first (ties: the order of
+        registry.default_backend). Cached: listing and importing every backend each trace costs ~1 ms."""
+        key = (device.hash, os.environ.get(registry.ENV_EXTRA, ""))
+        roster = self._rosters.get(key)
+        if roster is None:
+            usable = [
+                registry.get(name) for name, reason in registry.available(device).items() if reason is None
+            ]
+            roster = tuple(sorted(usable, key=lambda b: (b.priority, b.name), reverse=True))
+            with self._lock:
+                self._rosters[key] = roster
+        return roster
+
+    def resolve(self, problem: Problem, backend: Backend, device: DeviceFingerprint) -> Resolution:
+        """Exact winner, else nearest tuned M, else the heuristic. Logs nothing and records nothing."""
+        table = self._table(backend, device)
+        entry = table.exact.get(problem.key)
+        if entry is not None:
+            return entry.resolution("exact")
+        entry = table.nearest(problem)
+        if entry is not None:
+            return entry.resolution("nearest", from_m=entry.winner.problem.m)
+        return Resolution(backend.name, backend.heuristic(problem, device), "heuristic")
+
+    def note_use(self, problem: Problem, resolution: Resolution, device: DeviceFingerprint) -> None:
+        """What dispatch calls once it uses `resolution`: a miss is logged once and counted in the
+        database (once per process and problem); a stale winner is warned about once."""
+        if resolution.stale and self._first_time("stale", device.hash, resolution.backend, problem.key):
+            log.warning(
+                "moetune: using a stale %s winner for %s (%s); re-tune with `moetune tune`",
+                resolution.backend,
+                problem.key,
+                "; ".join(resolution.stale),
+            )
+        if resolution.exact or not self._first_time("miss", device.hash, resolution.backend, problem.key):
+            return
+        log.info(
+            "moetune: no tuned %s config for %s on %s; using the %s config %s",
+            resolution.backend,
+            problem.key,
+            device.device_kind,
+            resolution.source
+            if resolution.from_m is None
+            else f"{resolution.source} (m={resolution.from_m})",
+            resolution.config,
+        )
+        url = self._db_url(self._current())
+        if url is None:
+            return
+        try:
+            self._store(url).record_miss(device=device, backend=resolution.backend, problem=problem)
+        except Exception as e:  # the one edge where it is recorded: a database failure must not break a jit
+            self.warn_once("miss-failed", url, f"moetune: could not count a miss in the database: {e}")
+
+    # -- loading -------------------------------------------------------------------------------------
+
+    def _current(self) -> _Sources:
+        return self._sources.get(self._root)
+
+    def _first_time(self, *key: str) -> bool:
+        with self._lock:
+            if key in self._logged:
+                return False
+            self._logged.add(key)
+            return True
+
+    def warn_once(self, kind: str, subject: str, message: str, *, level: int = logging.WARNING) -> None:
+        """Log `message` the first time this process sees (kind, subject)."""
+        if self._first_time(kind, subject):
+            log.log(level, "%s", message)
+
+    def _db_url(self, sources: _Sources) -> str | None:
+        if sources.db is not _DEFAULT:
+            return sources.db
+        url = os.environ.get(ENV_DB)
+        if url:
+            return url
+        if self._default_db_file is _UNRESOLVED:
+            self._default_db_file = _default_db_path()
+        path = self._default_db_file
+        return f"sqlite:///{path}" if path is not None and path.is_file() else None
+
+    def _table(self, backend: Backend, device: DeviceFingerprint) -> _Table:
+        sources = self._current()
+        url = self._db_url(sources)
+        key = (sources, url, device.hash, backend.name)
+        table = self._tables.get(key)
+        if table is not None:
+            return table
+        with self._lock:
+            table = self._tables.get(key)
+            if table is None:
+                table = _Table(self._entries(sources, url, backend, device))
+                self._tables[key] = table
+            return table
+
+    def _entries(
+        self, sources: _Sources, url: str | None, backend: Backend, device: DeviceFingerprint
+    ) -> Iterator[_Entry]:
+        winners = [w for w in sources.winners if w.backend == backend.name]
+        if url is not None:
+            winners += self._db_winners(url, backend.name, device)
+        if sources.packs_dir is not None:
+            winners += self._pack_winners(sources.packs_dir, backend.name, device)
+        source_hash = backend.source_hash()
+        for winner in winners:
+            try:
+                config = backend.config_cls.from_dict(dict(winner.config))
+            except (ConfigInvalid, TypeError) as e:
+                self.warn_once(
+                    "bad-config",
+                    f"{winner.origin}:{winner.problem.key}",
+                    f"moetune: ignoring a {winner.origin} winner for {winner.problem.key}: {e}",
+                )
+                continue
+            yield _Entry(winner, config, _stale_reasons(winner, device, source_hash))
+
+    def _db_winners(self, url: str, backend: str, device: DeviceFingerprint) -> list[Winner]:
+        try:
+            rows = self._store(url).winners(device_kind=device.device_kind, backend=backend, active_only=True)
+        except Exception as e:  # the one edge where it is recorded: a database failure must not break a jit
+            self.warn_once("db-failed", url, f"moetune: not using the database for winners: {e}")
+            return []
+        return [
+            Winner(
+                backend=row.backend,
+                problem=row.problem,
+                config=row.config,
+                origin="db",
+                fingerprint_hash=row.fingerprint_hash,
+                source_hash=row.source_hash,
+                median_s=row.median_s,
+            )
+            for row in rows
+        ]
+
+    def _store(self, url: str) -> Any:
+        with self._lock:
+            if url not in self._stores:
+                from moetune.db import open_store
+
+                try:
+                    self._stores[url] = open_store(url)
+                except Exception as e:
+                    # Remembered, so a database that cannot open is tried once per process, not per call.
+                    self._stores[url] = e
+            store = self._stores[url]
+        if isinstance(store, Exception):
+            raise store
+        return store
+
+    def _pack_winners(self, folder: Any, backend: str, device: DeviceFingerprint) -> list[Winner]:
+        name = packs.file_name(device.device_kind, backend)
+        if folder is _DEFAULT:
+            resource = importlib.resources.files(PACKS_PACKAGE) / PACKS_FOLDER / name
+        else:
+            resource = Path(folder) / name
+        if not resource.is_file():
+            return []
+        try:
+            with importlib.resources.as_file(resource) as path:
+                pack = packs.load(path)
+        except PackInvalid as e:
+            self.warn_once("bad-pack", str(resource), f"moetune: ignoring config pack: {e}")
+            return []
+        if pack.backend != backend or pack.device.device_kind != device.device_kind:
+            self.warn_once(
+                "wrong-pack",
+                str(resource),
+                f"moetune: ignoring config pack {resource}: it holds {pack.backend} winners for "
+                f"{pack.device.device_kind!r}, not {backend} for {device.device_kind!r}",
+            )
+            return []
+        return [
+            Winner(
+                backend=backend,
+                problem=entry.problem,
+                config=entry.config,
+                origin="pack",
+                fingerprint_hash=pack.device.hash,
+                source_hash=pack.kernel_source_hash,
+                median_s=entry.median_s,
+            )
+            for entry in pack.entries
+        ]
+
+
+def _stale_reasons(winner: Winner, device: DeviceFingerprint, source_hash: str) -> tuple[str, ...]:
+    reasons = []
+    if winner.fingerprint_hash is not None and winner.fingerprint_hash != device.hash:
+        reasons.append(f"tuned on device fingerprint {winner.fingerprint_hash}, running {device.hash}")
+    if winner.source_hash is not None and winner.source_hash != source_hash:
+        reasons.append(f"tuned with kernel source {winner.source_hash}, running {source_hash}")
+    return tuple(reasons)
+
+
+def _default_db_path() -> Path | None:
+    # moetune.db.urls imports neither SQLAlchemy nor the store, so a jit without a database stays light.
+    from moetune.db import urls
+
+    try:
+        return urls.default_path()
+    except ImportError:  # e.g. a GPU image with jax but not the tuner's packages: no default database
+        return None
+
+
+LOOKUP = WinnerLookup()
+clear = LOOKUP.clear
+overlay = LOOKUP.overlay
+using_db = LOOKUP.using_db
+using_packs = LOOKUP.using_packs

@@ -1,0 +1,67 @@
+"""The reference every candidate is checked against: jax.lax.ragged_dot in float32, and the tolerances."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from moetune.kernels.errors import WrongResult
+from moetune.kernels.problem import dtype_name
+
+# Relative error ||out - ref|| / ||ref|| a result may have, by output dtype: a few units of the dtype's
+# rounding (bf16 keeps 8 mantissa bits, f16 11, f32 24), with room for a different summation order.
+_TOLERANCE = {"bfloat16": 1e-2, "float16": 1e-3, "float32": 1e-5}
+
+_TRANSPOSED = lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(((1,), (2,)), ((), ())),
+    lhs_ragged_dimensions=(0,),
+    rhs_group_dimensions=(0,),
+)
+
+
+def reference_grouped_matmul(
+    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_rhs: bool = False
+) -> jax.Array:
+    """jax.lax.ragged_dot of the float32-cast operands at full float32 precision; rhs is [G, N, K] when
+    `transpose_rhs`."""
+    lhs32, rhs32 = jnp.asarray(lhs, jnp.float32), jnp.asarray(rhs, jnp.float32)
+    sizes = jnp.asarray(group_sizes, jnp.int32)
+    if transpose_rhs:
+        return lax.ragged_dot_general(
+            lhs32,
+            rhs32,
+            sizes,
+            _TRANSPOSED,
+            precision=lax.Precision.HIGHEST,
+            preferred_element_type=jnp.float32,
+        )
+    return lax.ragged_dot(
+        lhs32, rhs32, sizes, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32
+    )
+
+
+def tolerance(dtype: Any) -> float:
+    """Largest relative error accepted for a result of `dtype` ('bf16', jnp.bfloat16, ...)."""
+    return _TOLERANCE[dtype_name(dtype)]
+
+
+def relative_error(out: Any, ref: Any) -> float:
+    """||out - ref|| / ||ref|| in float64; inf when `out` holds NaN or inf, so such a result never passes.
+
+    A zero reference (every group empty) gives 0.0 for an all-zero `out` and inf otherwise.
+    """
+    out64 = np.asarray(out, dtype=np.float64)
+    ref64 = np.asarray(ref, dtype=np.float64)
+    if out64.shape != ref64.shape:
+        raise WrongResult(f"output shape {out64.shape} != reference shape {ref64.shape}")
+    if not np.all(np.isfinite(out64)):
+        return float("inf")
+    diff = float(np.linalg.norm(out64 - ref64))
+    norm = float(np.linalg.norm(ref64))
+    if norm == 0.0:
+        return 0.0 if diff == 0.0 else float("inf")
+    return diff / norm

@@ -1,0 +1,92 @@
+"""`moetune explain` (tuner/cli/explain.py): the dispatch decision for a shape, as text and JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from click.testing import CliRunner
+
+import moetune.tuner.cli.explain  # noqa: F401 - registers the command
+from moetune.kernels.device import current_fingerprint
+from moetune.kernels.problem import Problem
+from moetune.kernels.xla import BACKEND, XlaConfig
+from moetune.tuner.cli import app
+
+# As a group, so `explain` is a subcommand whichever other commands are loaded.
+CLI = typer.main.get_group(app)
+SHAPE = ["--m", "100", "--k", "32", "--n", "16", "--g", "4"]
+
+
+def run(*args: str):
+    return CliRunner().invoke(CLI, ["explain", *SHAPE, *args])
+
+
+def test_text_output_without_winners():
+    result = run()
+    assert result.exit_code == 0, result.output
+    assert (
+        "problem:  grouped_matmul/m=100,k=32,n=16,g=4,lhs=bfloat16,rhs=bfloat16,out=bfloat16,t=0/v1"
+        in result.output
+    )
+    assert "backend:  xla (highest-priority backend available on this device)" in result.output
+    assert "source:   heuristic" in result.output
+
+
+def test_json_with_a_database_winner_nearby(sqlite_url):
+    from moetune.db import open_store
+    from moetune.db.records import TrialRecord
+
+    problem = Problem("grouped_matmul", m=128, k=32, n=16, g=4, transpose_rhs=True)
+    config = XlaConfig(strategy="segments")
+    with open_store(sqlite_url) as store:
+        trial = store.record_trial(
+            TrialRecord(
+                sweep_id=None,
+                device=current_fingerprint(),
+                backend="xla",
+                family="xla",
+                source_hash=BACKEND.source_hash(),
+                problem=problem,
+                config=config.to_dict(),
+                status="ok",
+                samples_s=(1e-3,),
+                median_s=1e-3,
+            )
+        )
+        store.promote(trial, reason="test")
+    result = run("--transpose-rhs", "--db", sqlite_url, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["problem"].endswith(",t=1/v1")
+    assert (data["source"], data["from_m"], data["config"], data["stale"]) == (
+        "db nearest",
+        128,
+        config.to_dict(),
+        [],
+    )
+    assert (data["backend"], data["median_s"]) == ("xla", 1e-3)
+    with open_store(sqlite_url) as store:
+        assert store.misses() == []  # explain is a query, not a miss
+
+
+def test_declined_backends_are_listed(probe_backends):
+    probe_backends("absent", priority=3, unavailable="needs a GPU")
+    result = run("--backend", "absent", "--dtype", "f32")
+    assert result.exit_code == 0, result.output
+    assert "declined: absent: needs a GPU" in result.output
+    assert "lhs=float32" in result.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dtype", "int8"], "dtype='int8' is not one of"),
+        (["--backend", "nope"], "unknown backend 'nope'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(args, message):
+    result = run(*args)
+    assert result.exit_code == 2
+    assert message in result.output

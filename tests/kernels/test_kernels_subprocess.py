@@ -1,0 +1,97 @@
+"""Checks that need a fresh interpreter: what `import moetune.kernels` loads, and shard_map on a CPU mesh
+(the fake device count can only be set before jax is imported)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+HEAVY = ("ray", "optuna", "sqlalchemy", "alembic")
+
+
+def run_python(code: str, tmp_path, **env: str) -> str:
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("MOETUNE_DB", "MOETUNE_BACKEND", "XLA_FLAGS")
+    }
+    environment.update(XDG_DATA_HOME=str(tmp_path / "xdg"), JAX_PLATFORMS="cpu", **env)
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout + result.stderr
+
+
+def test_import_and_a_call_without_a_database_load_no_heavy_package(tmp_path):
+    output = run_python(
+        f"""
+        import sys
+        import moetune.kernels
+        import moetune.kernels.xla, moetune.kernels.reference, moetune.search_spaces.xla
+        heavy = {HEAVY!r}
+        loaded = lambda: sorted({{m.split(".")[0] for m in sys.modules}} & set(heavy))
+        print("after import:", loaded())
+        import jax.numpy as jnp
+        sizes = jnp.array([3, 5], jnp.int32)
+        out = moetune.kernels.grouped_matmul(jnp.ones((8, 4)), jnp.ones((2, 4, 3)), sizes)
+        assert float(out.sum()) == 8 * 3 * 4
+        print("after a call:", loaded())
+        """,
+        tmp_path,
+    )
+    assert "after import: []" in output
+    assert "after a call: []" in output
+
+
+def test_shard_map_keys_on_per_shard_shapes_for_every_strategy(tmp_path):
+    output = run_python(
+        """
+        import logging
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        import moetune.kernels as mk
+        from moetune.kernels import lookup
+        from moetune.kernels.problem import Problem
+
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
+        logging.getLogger("moetune.kernels").setLevel(logging.DEBUG)
+        assert jax.device_count() == 2, jax.devices()
+        mesh = jax.make_mesh((2,), ("x",))
+        rng = np.random.default_rng(0)
+        lhs = jnp.asarray(rng.standard_normal((64, 16)), jnp.float32)
+        rhs = jnp.asarray(rng.standard_normal((4, 16, 8)), jnp.float32)
+        # Per shard: [5, 0, 20, 3] and [10, 10, 0, 12].
+        sizes = jnp.asarray([5, 0, 20, 3, 10, 10, 0, 12], jnp.int32)
+        specs = (P("x"), P(), P("x"))
+        args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip((lhs, rhs, sizes), specs)]
+        expected = jnp.concatenate([jax.lax.ragged_dot(lhs[:32], rhs, sizes[:4]),
+                                    jax.lax.ragged_dot(lhs[32:], rhs, sizes[4:])])
+
+        per_shard = Problem("grouped_matmul", m=32, k=16, n=8, g=4, lhs_dtype="float32", rhs_dtype="float32",
+                            out_dtype="float32")
+        configs = [{"strategy": "ragged_dot"}, {"strategy": "dense_masked"}, {"strategy": "segments"},
+                   {"strategy": "chunked", "chunk_m": 8, "items_per_step": 1},
+                   {"strategy": "chunked", "chunk_m": 16, "items_per_step": 64}]
+        for config in configs:
+            # A new function each time: jax caches traces per function, and the lookup runs while tracing.
+            f = jax.shard_map(lambda *a: mk.grouped_matmul(*a), mesh=mesh, in_specs=specs, out_specs=P("x"))
+            with lookup.overlay(winners=[mk.Winner("xla", per_shard, config)]):
+                out = jax.jit(f)(*args)
+            np.testing.assert_allclose(np.asarray(out), np.asarray(expected), rtol=1e-5, atol=1e-5)
+            print("shard_map ok:", config["strategy"])
+        """,
+        tmp_path,
+        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    )
+    for strategy in ("ragged_dot", "dense_masked", "segments", "chunked"):
+        assert f"shard_map ok: {strategy}" in output
+    assert "grouped_matmul/m=32,k=16,n=8,g=4" in output
+    assert "-> xla strategy=segments,chunk_m=128,items_per_step=8 (overlay exact)" in output
+    assert "-> xla strategy=chunked,chunk_m=8,items_per_step=1 (overlay exact)" in output
+    assert "m=64" not in output

@@ -1,0 +1,93 @@
+"""The float32 reference, the tolerances and the relative error every candidate is judged by."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from moetune.kernels.errors import WrongResult
+from moetune.kernels.reference import reference_grouped_matmul, relative_error, tolerance
+
+
+def _operands(dtype=jnp.bfloat16):
+    rng = np.random.default_rng(1)
+    lhs = jnp.asarray(rng.standard_normal((11, 16)), dtype)
+    rhs = jnp.asarray(rng.standard_normal((3, 16, 8)), dtype)
+    return lhs, rhs, jnp.asarray([4, 0, 5], jnp.int32)
+
+
+def test_reference_is_ragged_dot_in_float32():
+    lhs, rhs, sizes = _operands()
+    ref = reference_grouped_matmul(lhs, rhs, sizes)
+    assert ref.dtype == jnp.float32
+    expected = np.zeros((11, 8))
+    l64, r64 = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
+    expected[0:4] = l64[0:4] @ r64[0]
+    expected[4:9] = l64[4:9] @ r64[2]
+    np.testing.assert_allclose(np.asarray(ref), expected, rtol=1e-5, atol=1e-5)
+    assert not np.any(np.asarray(ref[9:]))
+
+
+def test_reference_transposed_weights():
+    lhs, rhs, sizes = _operands(jnp.float32)
+    ref = reference_grouped_matmul(lhs, rhs, sizes)
+    transposed = reference_grouped_matmul(lhs, jnp.swapaxes(rhs, 1, 2), sizes, transpose_rhs=True)
+    np.testing.assert_array_equal(np.asarray(ref), np.asarray(transposed))
+
+
+def test_reference_under_jit():
+    lhs, rhs, sizes = _operands()
+    jitted = jax.jit(reference_grouped_matmul, static_argnames="transpose_rhs")
+    np.testing.assert_array_equal(
+        np.asarray(jitted(lhs, rhs, sizes)), np.asarray(reference_grouped_matmul(lhs, rhs, sizes))
+    )
+
+
+@pytest.mark.parametrize(
+    "dtype, limit",
+    [
+        ("bf16", 1e-2),
+        (jnp.bfloat16, 1e-2),
+        ("float16", 1e-3),
+        (np.float16, 1e-3),
+        ("f32", 1e-5),
+        (jnp.float32, 1e-5),
+    ],
+)
+def test_tolerance_by_dtype(dtype, limit):
+    assert tolerance(dtype) == limit
+
+
+def test_bf16_rounding_passes_its_tolerance_and_fails_f32s():
+    lhs, rhs, sizes = _operands(jnp.float32)
+    ref = reference_grouped_matmul(lhs, rhs, sizes)
+    rounded = ref.astype(jnp.bfloat16)
+    assert relative_error(rounded, ref) < tolerance("bf16")
+    assert relative_error(rounded, ref) > tolerance("f32")
+
+
+def test_relative_error_values():
+    ref = np.array([[3.0, 4.0]])
+    assert relative_error(ref, ref) == 0.0
+    assert relative_error(np.array([[3.0, 4.5]]), ref) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_output_never_passes(bad):
+    ref = np.ones((2, 2))
+    out = ref.copy()
+    out[1, 1] = bad
+    assert relative_error(out, ref) == float("inf")
+
+
+def test_zero_reference():
+    zeros = np.zeros((3, 2))
+    assert relative_error(zeros, zeros) == 0.0
+    assert relative_error(zeros + 1e-30, zeros) == float("inf")
+
+
+def test_shape_mismatch_is_a_wrong_result():
+    with pytest.raises(WrongResult, match=r"output shape \(2, 3\) != reference shape \(3, 2\)"):
+        relative_error(np.zeros((2, 3)), np.zeros((3, 2)))

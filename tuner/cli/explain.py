@@ -1,0 +1,56 @@
+"""`moetune explain`: which backend and config a grouped_matmul call gets on this machine, and why."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import typer
+
+from moetune.kernels.errors import MoetuneError
+from moetune.tuner.cli import app
+from moetune.tuner.cli.common import fail
+
+
+@app.command()
+def explain(
+    m: int = typer.Option(..., "--m", help="Token rows (M) of the call."),
+    k: int = typer.Option(..., "--k", help="Contraction size (K)."),
+    n: int = typer.Option(..., "--n", help="Output columns (N)."),
+    g: int = typer.Option(..., "--g", help="Experts (G)."),
+    dtype: str = typer.Option("bf16", "--dtype", help="lhs and rhs dtype: bf16, f16 or f32."),
+    out_dtype: str | None = typer.Option(None, "--out-dtype", help="Output dtype (default: --dtype)."),
+    transpose_rhs: bool = typer.Option(False, "--transpose-rhs", help="Weights stored [G, N, K]."),
+    backend: str | None = typer.Option(None, "--backend", help="Ask this backend first."),
+    db: str | None = typer.Option(
+        None, "--db", help="Database URL (default: $MOETUNE_DB, else the default file if it exists)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Say which backend and config `moetune.kernels.grouped_matmul` picks for a shape, and why."""
+    from moetune.kernels import api
+    from moetune.kernels.lookup import LOOKUP
+    from moetune.kernels.problem import Problem
+
+    try:
+        problem = Problem(
+            op=api.OP,
+            m=m,
+            k=k,
+            n=n,
+            g=g,
+            lhs_dtype=dtype,
+            rhs_dtype=dtype,
+            out_dtype=out_dtype or dtype,
+            transpose_rhs=transpose_rhs,
+        )
+        with LOOKUP.using_db(db) if db else contextlib.nullcontext():
+            explanation = api.explain(problem, backend=backend)
+    except MoetuneError as e:
+        fail(str(e))
+    except ExceptionGroup as group:
+        fail(f"{group.message}: " + "; ".join(str(e) for e in group.exceptions))
+    if as_json:
+        typer.echo(json.dumps(explanation.to_dict(), indent=1, sort_keys=True))
+    else:
+        typer.echo(str(explanation))
