@@ -1,0 +1,98 @@
+"""The mosaic_gpu backend's tunables: one frozen, hashable value per kernel variant.
+
+Tile sizes are per consumer warpgroup. With `wg_split="m"` (or "n") two consumer warpgroups share one
+CTA and the CTA tile is twice `block_m` (or `block_n`); with "none" one warpgroup computes the whole
+tile. Rules that need the problem or the device (divisibility by K and N, shared memory, registers) are
+constraints in `moetune.search_spaces.mosaic_gpu`; only config-only rules live here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from moetune.kernels.config import KernelConfig
+from moetune.kernels.errors import ConfigInvalid
+
+GRID_MINOR_DIMS = ("m", "n")
+WG_SPLITS = ("none", "m", "n")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MosaicGpuConfig(KernelConfig):
+    """One variant of the Hopper grouped GEMM.
+
+    block_m, block_n, block_k: the tile one consumer warpgroup computes per pipeline step.
+    max_concurrent_steps: pipeline depth (shared-memory stages in flight).
+    grid_minor_dim, grid_tile_width: tile order for L2 reuse; tiles are visited in strips of
+        `grid_tile_width` along `grid_minor_dim`, snaking back and forth (plgpu.planar_snake).
+    persistent: one CTA per SM looping over tiles, or one CTA per tile.
+    warp_specialized: a producer warpgroup issues the copies while consumer warpgroups multiply.
+    wg_split: two consumer warpgroups along "m" or "n", or one ("none"); needs warp_specialized.
+    epi_tile_m, epi_tile_n: the block written per epilogue step (registers -> shared memory -> TMA).
+    split_k: the K range split over this many CTAs, partial sums in float32 added afterwards (decode).
+    """
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    max_concurrent_steps: int = 4
+    grid_minor_dim: str = "m"
+    grid_tile_width: int = 8
+    persistent: bool = True
+    warp_specialized: bool = True
+    wg_split: str = "n"
+    epi_tile_m: int = 64
+    epi_tile_n: int = 64
+    split_k: int = 1
+
+    def validate(self) -> None:
+        ints = ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_tile_width", "split_k")
+        for name in (*ints, "epi_tile_m", "epi_tile_n"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigInvalid(f"{name}={value!r} must be an integer")
+        for name in ("persistent", "warp_specialized"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigInvalid(f"{name}={getattr(self, name)!r} must be a bool")
+        # wgmma computes 64 rows per warpgroup instruction.
+        if self.block_m not in (64, 128, 192, 256):
+            raise ConfigInvalid(f"block_m={self.block_m} is not one of 64, 128, 192, 256")
+        # 64 columns of 16-bit data fill one 128-byte swizzle atom of the TMA copies.
+        if self.block_n % 64 or not 64 <= self.block_n <= 256:
+            raise ConfigInvalid(f"block_n={self.block_n} is not a multiple of 64 in [64, 256]")
+        if self.block_k % 32 or not 32 <= self.block_k <= 256:
+            raise ConfigInvalid(f"block_k={self.block_k} is not a multiple of 32 in [32, 256]")
+        if not 2 <= self.max_concurrent_steps <= 8:
+            raise ConfigInvalid(f"max_concurrent_steps={self.max_concurrent_steps} is not in [2, 8]")
+        if self.grid_minor_dim not in GRID_MINOR_DIMS:
+            raise ConfigInvalid(f"grid_minor_dim={self.grid_minor_dim!r} is not one of {GRID_MINOR_DIMS}")
+        if self.grid_tile_width < 1:
+            raise ConfigInvalid(f"grid_tile_width={self.grid_tile_width} must be >= 1")
+        if self.wg_split not in WG_SPLITS:
+            raise ConfigInvalid(f"wg_split={self.wg_split!r} is not one of {WG_SPLITS}")
+        if self.wg_split != "none" and not self.warp_specialized:
+            raise ConfigInvalid(f"wg_split={self.wg_split!r} needs warp_specialized=True")
+        if self.epi_tile_n % 32 or self.block_n % self.epi_tile_n:
+            raise ConfigInvalid(
+                f"epi_tile_n={self.epi_tile_n} must be a multiple of 32 dividing block_n={self.block_n}"
+            )
+        # Row slices of the wgmma accumulator are whole 64-row instruction tiles.
+        if self.epi_tile_m % 64 or self.block_m % self.epi_tile_m:
+            raise ConfigInvalid(
+                f"epi_tile_m={self.epi_tile_m} must be a multiple of 64 dividing block_m={self.block_m}"
+            )
+        if self.split_k < 1:
+            raise ConfigInvalid(f"split_k={self.split_k} must be >= 1")
+
+    @property
+    def consumers(self) -> int:
+        """Consumer (MMA) warpgroups per CTA."""
+        return 1 if self.wg_split == "none" else 2
+
+    @property
+    def cta_m(self) -> int:
+        return self.block_m * (2 if self.wg_split == "m" else 1)
+
+    @property
+    def cta_n(self) -> int:
+        return self.block_n * (2 if self.wg_split == "n" else 1)

@@ -1,0 +1,458 @@
+"""MoE grouped GEMM for Hopper (sm_90a) in Pallas Mosaic GPU: out[rows of g] = lhs[rows of g] @ rhs[g].
+
+Semantics are jax.lax.ragged_dot's: rows are grouped contiguously by expert, accumulation is float32,
+rows past sum(group_sizes) come out zero, and an expert with no rows reads none of its weights.
+
+Work is a grid of (row tile, column tile, K split) triples walked by `plgpu.nd_loop`, either one CTA per
+SM looping (persistent) or one CTA per triple. A row tile is one expert's rows inside one `cta_m` row
+block (tiling.py); each CTA streams [cta_m, block_k] slices of lhs and [block_k, cta_n] slices of that
+expert's weights through a TMA pipeline into wgmma, then writes the expert's rows of the block back
+through shared memory with TMA stores whose row counts are powers of two (a store cannot be told "only
+rows 3..9" at run time, so 7 rows leave as 4 + 2 + 1).
+
+Two pipelines: with warp specialization a producer warpgroup issues the copies and one or two consumer
+warpgroups multiply (split along M or N); without it one warpgroup does both, keeping one wgmma in flight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from moetune.kernels.mosaic_gpu import tiling
+from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig
+from moetune.kernels.problem import Problem, dtype_name
+
+# Registers per thread left to the producer warpgroup; the consumers share the rest (the value JAX's
+# Hopper matmul uses).
+PRODUCER_REGISTERS = 40
+WARPGROUP_AXIS = "wg"
+CTA_AXIS = "sm"
+
+
+@dataclasses.dataclass(frozen=True)
+class RowTile:
+    """The rows one row tile covers: rows [lo, hi) of expert `group`, all inside row block `block`.
+
+    `group` is G for the zero-filled rows past sum(group_sizes); `hi <= lo` means the tile is idle.
+    """
+
+    group: jax.Array
+    block: jax.Array
+    lo: jax.Array
+    hi: jax.Array
+
+
+def row_tile(group_sizes_ref: Any, t: jax.Array, *, g: int, m: int, cta_m: int) -> RowTile:
+    """Row tile number `t`, found by walking the groups in order (unrolled: G is small and static).
+
+    Example: group_sizes=[3, 0, 6], m=12, cta_m=4. Expert 0 owns rows 0-2, expert 1 none, expert 2 rows
+    3-8, the zero group rows 9-11. The tiles are (expert 0, block 0, rows 0-2), (expert 2, block 0, row
+    3), (expert 2, block 1, rows 4-7), (expert 2, block 2, row 8), (zero group, block 2, rows 9-11); tile
+    5, the last of cdiv(12, 4) + 3 = 6, is idle. Expert 1 gets no tile, so its weights are never read.
+    Sizes are clamped so that rows past M (sum(group_sizes) > M) are dropped, as ragged_dot drops them.
+    """
+    i32 = jnp.int32
+    end = i32(0)
+    tiles_before = i32(0)
+    group, block, g_start, g_end = i32(g + 1), i32(0), i32(0), i32(0)
+    for i in range(g + 1):
+        start = end
+        if i < g:
+            size = jnp.clip(group_sizes_ref[i], 0, m).astype(i32)
+            end = jnp.minimum(start + size, m)
+        else:
+            end = i32(m)
+        first_block = lax.div(start, i32(cta_m))
+        count = jnp.where(end > start, lax.div(end - 1, i32(cta_m)) - first_block + 1, 0)
+        mine = (t >= tiles_before) & (t < tiles_before + count)
+        group = jnp.where(mine, i32(i), group)
+        block = jnp.where(mine, first_block + (t - tiles_before), block)
+        g_start = jnp.where(mine, start, g_start)
+        g_end = jnp.where(mine, end, g_end)
+        tiles_before = tiles_before + count
+    block_start = block * cta_m
+    return RowTile(
+        group=group,
+        block=block,
+        lo=jnp.maximum(g_start, block_start),
+        hi=jnp.minimum(g_end, block_start + cta_m),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Everything the kernel body needs that is known at trace time."""
+
+    m: int
+    g: int
+    block_m: int
+    block_n: int
+    block_k: int
+    cta_m: int
+    cta_n: int
+    consumers: int
+    wg_split: str
+    warp_specialized: bool
+    k_steps: int
+    stages: int
+    row_tiles: int
+    col_tiles: int
+    split_k: int
+    epi_m: int
+    epi_n: int
+    grid_minor_dim: str
+    grid_tile_width: int
+    transpose_rhs: bool
+    in_dtype: Any
+    store_dtype: Any
+
+    @property
+    def tiles(self) -> int:
+        return self.row_tiles * self.col_tiles * self.split_k
+
+    @property
+    def ladder(self) -> tuple[int, ...]:
+        """Store sizes, largest first: the powers of two up to min(epi_m, m)."""
+        top = 1 << (min(self.epi_m, self.m).bit_length() - 1)
+        return tuple(top >> i for i in range(top.bit_length()))
+
+
+def _operand_transforms(s: _Static) -> tuple:
+    swizzle = plgpu.find_swizzle(s.block_k * jnp.dtype(s.in_dtype).itemsize * 8, "lhs")
+    elems = swizzle // jnp.dtype(s.in_dtype).itemsize
+    return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
+
+
+def _out_smem(s: _Static, warpgroups: int) -> Any:
+    """Two epilogue slots per consumer warpgroup. Tiling rows by 1 keeps any row a valid TMA start while
+    the swizzle keeps the register -> shared memory stores free of bank conflicts."""
+    item = jnp.dtype(s.store_dtype).itemsize
+    swizzle = plgpu.find_swizzle(s.epi_n * item * 8, "out")
+    transforms = (plgpu.TilingTransform((1, swizzle // item)), plgpu.SwizzleTransform(swizzle))
+    return plgpu.SMEM((warpgroups, 2, s.epi_m, s.epi_n), s.store_dtype, transforms=transforms)
+
+
+def _in_specs(s: _Static, block: jax.Array, col: jax.Array, k0: jax.Array, delay_release: int) -> list:
+    transforms = _operand_transforms(s)
+    lhs = plgpu.BlockSpec(
+        (s.cta_m, s.block_k), lambda kk: (block, k0 + kk), transforms=transforms, delay_release=delay_release
+    )
+    if s.transpose_rhs:
+        rhs = plgpu.BlockSpec(
+            (s.cta_n, s.block_k),
+            lambda kk: (col, k0 + kk),
+            transforms=transforms,
+            delay_release=delay_release,
+        )
+    else:
+        rhs = plgpu.BlockSpec(
+            (s.block_k, s.cta_n),
+            lambda kk: (k0 + kk, col),
+            transforms=transforms,
+            delay_release=delay_release,
+        )
+    return [lhs, rhs]
+
+
+@dataclasses.dataclass(frozen=True)
+class _TileCoords:
+    row: jax.Array
+    col: jax.Array
+    split: jax.Array
+
+
+def _tile_coords(lin: jax.Array, s: _Static) -> _TileCoords:
+    """Linear work index -> (row tile, column tile, K split); the split is slowest so that each split's
+    tiles follow the L2-friendly snake order."""
+    per_split = s.row_tiles * s.col_tiles
+    if s.split_k > 1:
+        split = lax.div(lin, jnp.int32(per_split))
+        lin = lin - split * per_split
+    else:
+        split = jnp.int32(0)
+    minor = 0 if s.grid_minor_dim == "m" else 1
+    row, col = plgpu.planar_snake(lin, (s.row_tiles, s.col_tiles), minor, s.grid_tile_width)
+    return _TileCoords(row=row, col=col, split=split)
+
+
+def _store_rows(
+    acc: jax.Array | None, out_ref: Any, smem: Any, *, row0: Any, lo: Any, hi: Any, col0: Any, s: _Static
+) -> None:
+    """Write rows [lo, hi) of a [block_m, block_n] result whose first row is global row `row0`.
+
+    `acc` None writes zeros. The result leaves in [epi_m, epi_n] chunks through two shared-memory
+    slots. Every chunk commits exactly one bulk group (empty when it holds none of the rows), so "at most
+    one group in flight" always means the slot about to be overwritten has been read out.
+    """
+    first = jnp.clip(lo - row0, 0, s.block_m)
+    end = jnp.clip(hi - row0, 0, s.block_m)
+
+    @pl.when(end > first)
+    def _store():
+        chunk = 0
+        for r in range(0, s.block_m, s.epi_m):
+            lo_in = jnp.clip(first, r, r + s.epi_m)
+            count = jnp.clip(end, r, r + s.epi_m) - lo_in
+            for c in range(0, s.block_n, s.epi_n):
+                slot = chunk % 2
+                plgpu.wait_smem_to_gmem(0 if chunk == 0 else 1, wait_read_only=True)
+                if acc is None:
+                    values = jnp.zeros((s.epi_m, s.epi_n), s.store_dtype)
+                else:
+                    values = acc[r : r + s.epi_m, c : c + s.epi_n].astype(s.store_dtype)
+                smem[slot] = values
+                plgpu.commit_smem()
+                start = lo_in - r
+                for size in s.ladder:
+                    take = count & size
+
+                    @pl.when(take != 0)
+                    def _copy(start=start, size=size, slot=slot, r=r, c=c):
+                        plgpu.copy_smem_to_gmem(
+                            smem.at[slot, pl.ds(start, size)],
+                            out_ref.at[pl.ds(row0 + r + start, size), pl.ds(col0 + c, s.epi_n)],
+                            commit_group=False,
+                        )
+
+                    start = start + take
+                plgpu.commit_smem_to_gmem_group()
+                chunk += 1
+
+
+def _plain_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -> None:
+    """One warpgroup per CTA: it issues the copies and the wgmmas, one wgmma group left in flight."""
+    delay = 1 if s.stages > 1 else 0
+
+    def with_out_smem(o_smem):
+        smem = o_smem.at[0]
+
+        @plgpu.nd_loop((s.tiles,), collective_axes=CTA_AXIS)
+        def _tile(info):
+            t = _tile_coords(info.index[0], s)
+            rows = row_tile(gs_ref, t.row, g=s.g, m=s.m, cta_m=s.cta_m)
+            has_rows = rows.hi > rows.lo
+            out_view = out_ref.at[t.split] if s.split_k > 1 else out_ref
+            row0 = rows.block * s.cta_m
+            col0 = t.col * s.cta_n
+
+            @pl.when(has_rows & (rows.group < s.g))
+            def _compute():
+                def acc_scope(acc_ref):
+                    def step(_, a_smem, b_smem):
+                        plgpu.wgmma(acc_ref, a_smem, b_smem.T if s.transpose_rhs else b_smem)
+                        # The slot of step i-1 is refilled after step i: its wgmma must be done.
+                        plgpu.wgmma_wait(delay)
+
+                    plgpu.emit_pipeline(
+                        step,
+                        grid=(s.k_steps,),
+                        in_specs=_in_specs(s, rows.block, t.col, t.split * s.k_steps, delay),
+                        max_concurrent_steps=s.stages,
+                    )(lhs_ref, rhs_ref.at[rows.group])
+                    return acc_ref[...]
+
+                acc = pl.run_scoped(acc_scope, plgpu.ACC((s.cta_m, s.cta_n), jnp.float32))
+                _store_rows(acc, out_view, smem, row0=row0, lo=rows.lo, hi=rows.hi, col0=col0, s=s)
+
+            @pl.when(has_rows & (rows.group == s.g))
+            def _zero_fill():
+                _store_rows(None, out_view, smem, row0=row0, lo=rows.lo, hi=rows.hi, col0=col0, s=s)
+
+        plgpu.wait_smem_to_gmem(0)
+
+    pl.run_scoped(with_out_smem, _out_smem(s, 1))
+
+
+def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -> None:
+    """A producer warpgroup streams operands; `s.consumers` warpgroups multiply and write back."""
+    wg = lax.axis_index(WARPGROUP_AXIS)
+
+    def pipeline(block, col, k0, body, context):
+        return plgpu.emit_pipeline_warp_specialized(
+            body,
+            grid=(s.k_steps,),
+            memory_registers=PRODUCER_REGISTERS,
+            in_specs=_in_specs(s, block, col, k0, 0),
+            wg_axis=WARPGROUP_AXIS,
+            num_compute_wgs=s.consumers,
+            max_concurrent_steps=s.stages,
+            compute_context=context,
+        )
+
+    # Allocated once, outside the tile loop: a scoped allocation per tile would synchronise warpgroups.
+    zero = jnp.int32(0)
+    unused = lambda *_, **__: None  # noqa: E731 - the allocations do not depend on the body
+    allocations = pipeline(zero, zero, zero, unused, unused).get_allocations(lhs_ref, rhs_ref.at[0])
+
+    @functools.partial(
+        pl.run_scoped,
+        pipeline_allocs=allocations,
+        o_smem=_out_smem(s, s.consumers),
+        collective_axes=WARPGROUP_AXIS,
+    )
+    def _scope(pipeline_allocs, o_smem):
+        smem = o_smem.at[wg]
+
+        @plgpu.nd_loop((s.tiles,), collective_axes=CTA_AXIS)
+        def _tile(info):
+            t = _tile_coords(info.index[0], s)
+            rows = row_tile(gs_ref, t.row, g=s.g, m=s.m, cta_m=s.cta_m)
+            has_rows = rows.hi > rows.lo
+            out_view = out_ref.at[t.split] if s.split_k > 1 else out_ref
+            row0 = rows.block * s.cta_m + (wg * s.block_m if s.wg_split == "m" else 0)
+            col0 = t.col * s.cta_n + (wg * s.block_n if s.wg_split == "n" else 0)
+
+            @pl.when(has_rows & (rows.group < s.g))
+            def _compute():
+                def mma(_, a_smem, b_smem, acc_ref):
+                    if s.wg_split == "m":
+                        a_smem = a_smem.at[pl.ds(wg * s.block_m, s.block_m)]
+                    if s.transpose_rhs:
+                        if s.wg_split == "n":
+                            b_smem = b_smem.at[pl.ds(wg * s.block_n, s.block_n)]
+                        b_smem = b_smem.T
+                    elif s.wg_split == "n":
+                        b_smem = b_smem.at[:, pl.ds(wg * s.block_n, s.block_n)]
+                    plgpu.wgmma(acc_ref, a_smem, b_smem)
+                    # The slot is released when the body returns, so its wgmma must be done by then.
+                    plgpu.wgmma_wait(0)
+                    return acc_ref
+
+                def context(run_pipeline):
+                    @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((s.block_m, s.block_n), jnp.float32))
+                    def _acc(acc_ref):
+                        run_pipeline(acc_ref)
+                        _store_rows(
+                            acc_ref[...], out_view, smem, row0=row0, lo=rows.lo, hi=rows.hi, col0=col0, s=s
+                        )
+
+                pipeline(rows.block, t.col, t.split * s.k_steps, mma, context)(
+                    lhs_ref, rhs_ref.at[rows.group], allocations=pipeline_allocs
+                )
+
+            @pl.when(has_rows & (rows.group == s.g) & (wg < s.consumers))
+            def _zero_fill():
+                _store_rows(None, out_view, smem, row0=row0, lo=rows.lo, hi=rows.hi, col0=col0, s=s)
+
+        @pl.when(wg < s.consumers)
+        def _drain():
+            plgpu.wait_smem_to_gmem(0)
+
+
+def kernel_name(config: MosaicGpuConfig) -> str:
+    """Short config tag used as the kernel's name, so a profile shows which variant ran."""
+    c = config
+    parts = [
+        f"m{c.block_m}n{c.block_n}k{c.block_k}s{c.max_concurrent_steps}",
+        f"{c.grid_minor_dim}{c.grid_tile_width}",
+        "p" if c.persistent else "np",
+        f"ws{c.wg_split}" if c.warp_specialized else "plain",
+        f"e{c.epi_tile_m}x{c.epi_tile_n}",
+        f"sk{c.split_k}",
+    ]
+    return "moetune_gmm_" + "_".join(parts)
+
+
+def problem_of(lhs: Any, rhs: Any, group_sizes: Any, *, transpose_rhs: bool, out_dtype: Any) -> Problem:
+    """The Problem key of concrete (or abstract) operands; raises ValueError on inconsistent shapes."""
+    if lhs.ndim != 2 or rhs.ndim != 3:
+        raise ValueError(f"lhs must be [M, K] and rhs [G, K, N] (or [G, N, K]); got {lhs.shape}, {rhs.shape}")
+    m, k = lhs.shape
+    if transpose_rhs:
+        g, n, k2 = rhs.shape
+    else:
+        g, k2, n = rhs.shape
+    if k != k2:
+        raise ValueError(f"lhs K={k} != rhs K={k2} (transpose_rhs={transpose_rhs})")
+    if group_sizes.shape != (g,):
+        raise ValueError(f"group_sizes.shape={group_sizes.shape} must be ({g},)")
+    return Problem(
+        "grouped_matmul",
+        m=m,
+        k=k,
+        n=n,
+        g=g,
+        lhs_dtype=dtype_name(lhs.dtype),
+        rhs_dtype=dtype_name(rhs.dtype),
+        out_dtype=dtype_name(out_dtype),
+        transpose_rhs=transpose_rhs,
+    )
+
+
+def grouped_matmul(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    config: MosaicGpuConfig,
+    num_sms: int,
+    transpose_rhs: bool = False,
+    out_dtype: Any = None,
+) -> jax.Array:
+    """ragged_dot(lhs [M, K], rhs [G, K, N] or [G, N, K], group_sizes [G]) -> [M, N] on Hopper.
+
+    `num_sms` sizes the persistent grid (from the device fingerprint). The config must satisfy the
+    search space's constraints (the backend's build checks them); violations surface here as errors from
+    Pallas.
+    """
+    out_dtype = jnp.dtype(out_dtype if out_dtype is not None else lhs.dtype)
+    problem = problem_of(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype)
+    if lhs.dtype != rhs.dtype or lhs.dtype not in (jnp.bfloat16, jnp.float16):
+        raise ValueError(f"lhs and rhs must both be bfloat16 or both float16; got {lhs.dtype}, {rhs.dtype}")
+    geo = tiling.geometry(problem, config)
+    s = _Static(
+        m=problem.m,
+        g=problem.g,
+        block_m=config.block_m,
+        block_n=config.block_n,
+        block_k=config.block_k,
+        cta_m=geo.cta_m,
+        cta_n=geo.cta_n,
+        consumers=geo.consumers,
+        wg_split=config.wg_split,
+        warp_specialized=config.warp_specialized,
+        k_steps=geo.k_steps,
+        stages=geo.stages,
+        row_tiles=geo.row_tiles,
+        col_tiles=geo.col_tiles,
+        split_k=config.split_k,
+        epi_m=config.epi_tile_m,
+        epi_n=config.epi_tile_n,
+        grid_minor_dim=config.grid_minor_dim,
+        grid_tile_width=config.grid_tile_width,
+        transpose_rhs=transpose_rhs,
+        in_dtype=lhs.dtype,
+        store_dtype=jnp.dtype(jnp.float32) if config.split_k > 1 else out_dtype,
+    )
+    if config.split_k > 1:
+        out_type = jax.ShapeDtypeStruct((config.split_k, problem.m, problem.n), jnp.float32)
+    else:
+        out_type = jax.ShapeDtypeStruct((problem.m, problem.n), out_dtype)
+    body = _warp_specialized_kernel if config.warp_specialized else _plain_kernel
+    num_ctas = min(num_sms, s.tiles) if config.persistent else s.tiles
+    kernel = plgpu.kernel(
+        functools.partial(body, s=s),
+        out_type=out_type,
+        grid=(num_ctas,),
+        grid_names=(CTA_AXIS,),
+        num_threads=s.consumers + 1 if config.warp_specialized else None,
+        thread_name=WARPGROUP_AXIS if config.warp_specialized else None,
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        kernel_name=kernel_name(config),
+    )
+    # TMA loads of the swizzled lhs tiles need M to be a multiple of 8 (or below 8); the padding rows
+    # are never stored.
+    if problem.m > 8 and problem.m % 8:
+        lhs = jnp.pad(lhs, ((0, 8 - problem.m % 8), (0, 0)))
+    out = kernel(group_sizes.astype(jnp.int32), lhs, rhs)
+    if config.split_k > 1:
+        out = out.sum(axis=0).astype(out_dtype)
+    return out

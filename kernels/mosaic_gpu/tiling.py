@@ -1,0 +1,88 @@
+"""Tile geometry of the Hopper grouped GEMM: pure arithmetic shared by the kernel and its search space.
+
+Rows are grouped contiguously by expert. The kernel walks "row tiles": every row block of `cta_m` rows
+that holds rows of an expert, counted once per expert it touches (a block cut by a group boundary is
+visited once for each side). Past sum(group_sizes) the rows form one more group that is written with
+zeros. With G experts plus that zero group there are at most G boundaries inside the M range, so
+cdiv(M, cta_m) + G row tiles always suffice; tiles past the real count do nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig
+from moetune.kernels.problem import Problem
+
+# Barriers and alignment padding beside the buffers (Mosaic reported 24-64 bytes for these kernels).
+SMEM_OVERHEAD_BYTES = 1024
+# A TMA copy's box is at most 256 elements along each dimension.
+TMA_BOX_MAX = 256
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def itemsize(dtype_name: str) -> int:
+    return np.dtype(dtype_name if dtype_name != "bfloat16" else "float16").itemsize
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TileGeometry:
+    cta_m: int
+    cta_n: int
+    consumers: int
+    k_steps: int  # pipeline steps per tile: K / (block_k * split_k)
+    stages: int  # pipeline depth actually allocated: min(max_concurrent_steps, k_steps)
+    row_tiles: int  # static bound on row tiles (see module docstring)
+    col_tiles: int
+    split_k: int
+    out_itemsize: int  # bytes of one element the kernel stores (float32 partial sums under split-K)
+
+    @property
+    def tiles(self) -> int:
+        return self.row_tiles * self.col_tiles * self.split_k
+
+
+def geometry(problem: Problem, config: MosaicGpuConfig) -> TileGeometry:
+    k_steps = max(1, problem.k // (config.block_k * config.split_k))
+    return TileGeometry(
+        cta_m=config.cta_m,
+        cta_n=config.cta_n,
+        consumers=config.consumers,
+        k_steps=k_steps,
+        stages=min(config.max_concurrent_steps, k_steps),
+        row_tiles=cdiv(problem.m, config.cta_m) + problem.g,
+        col_tiles=cdiv(problem.n, config.cta_n),
+        split_k=config.split_k,
+        out_itemsize=4 if config.split_k > 1 else itemsize(problem.out_dtype),
+    )
+
+
+def smem_bytes(problem: Problem, config: MosaicGpuConfig) -> int:
+    """Shared memory one CTA allocates: pipeline stages of both operands plus double-buffered epilogue
+    tiles per consumer warpgroup."""
+    geo = geometry(problem, config)
+    in_bytes = itemsize(problem.lhs_dtype)
+    stage = (geo.cta_m + geo.cta_n) * config.block_k * in_bytes
+    epilogue = geo.consumers * 2 * config.epi_tile_m * config.epi_tile_n * geo.out_itemsize
+    return geo.stages * stage + epilogue + SMEM_OVERHEAD_BYTES
+
+
+def accumulator_registers(config: MosaicGpuConfig) -> int:
+    """32-bit registers per thread the float32 accumulator takes (a warpgroup is 128 threads)."""
+    return config.block_m * config.block_n // 128
+
+
+def consumer_register_budget(config: MosaicGpuConfig, registers_per_sm: int) -> int:
+    """Registers per thread a consumer warpgroup may hold: what the producer (40) leaves, capped at 255.
+
+    Without warp specialization one warpgroup runs alone and may use up to 255.
+    """
+    if not config.warp_specialized:
+        return 255
+    per_thread = registers_per_sm // 128 - 40
+    return min(255, (per_thread // config.consumers) // 8 * 8)

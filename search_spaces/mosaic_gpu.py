@@ -1,0 +1,185 @@
+"""Search space of the mosaic_gpu backend: domains, named constraints and the heuristic default.
+
+Every constraint is a plain function (problem, config, device) -> None or a one-line reason. Two kinds:
+VALIDITY_CONSTRAINTS say whether the kernel can run the config at all (divisibility, TMA limits, shared
+memory, registers); the backend's build() refuses a config that breaks one, raising ResourceExceeded
+for the hardware limits in RESOURCE_CONSTRAINTS and ConfigInvalid otherwise. PRUNING_CONSTRAINTS only
+drop points that are correct but redundant or wasteful, so the search never times them; build() accepts
+those. The pruner, build() and the tests call these same functions. Hardware numbers come from
+kernels/mosaic_gpu/hardware.py by compute capability.
+"""
+
+from __future__ import annotations
+
+from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.errors import Unsupported
+from moetune.kernels.mosaic_gpu import hardware, tiling
+from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig
+from moetune.kernels.problem import Problem
+from moetune.search_spaces.space import Constraint, SearchSpace
+
+# Split-K pays for its float32 partial sums only while the output is small (decode).
+SPLIT_K_MAX_M = 512
+# Registers a consumer thread needs beside its accumulator (addresses, epilogue values); empirical.
+NON_ACCUMULATOR_REGISTERS = 40
+
+DOMAINS: dict[str, tuple] = {
+    "block_m": (64, 128),
+    "block_n": (64, 128, 256),
+    "block_k": (32, 64, 128),
+    "max_concurrent_steps": (2, 3, 4, 5, 6),
+    "grid_minor_dim": ("m", "n"),
+    "grid_tile_width": (1, 4, 8, 16),
+    "persistent": (True, False),
+    "warp_specialized": (True, False),
+    "wg_split": ("none", "m", "n"),
+    "epi_tile_m": (64, 128),
+    "epi_tile_n": (32, 64, 128),
+    "split_k": (1, 2, 4),
+}
+
+
+def k_divisible(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    if problem.k % (config.block_k * config.split_k):
+        return f"K={problem.k} is not a multiple of block_k * split_k = {config.block_k * config.split_k}"
+    return None
+
+
+def n_divisible(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    if problem.n % config.cta_n:
+        return f"N={problem.n} is not a multiple of the CTA tile's {config.cta_n} columns"
+    return None
+
+
+def tma_box_fits(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    if max(config.cta_m, config.cta_n) > tiling.TMA_BOX_MAX:
+        return f"CTA tile {config.cta_m}x{config.cta_n} exceeds the TMA box limit of {tiling.TMA_BOX_MAX}"
+    return None
+
+
+def epilogue_rows_aligned(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    # A TMA store may start at any row of the epilogue tile, so every row must start on 128 bytes.
+    row_bytes = config.epi_tile_n * tiling.geometry(problem, config).out_itemsize
+    if row_bytes % 128:
+        return f"epi_tile_n={config.epi_tile_n} gives {row_bytes}-byte rows; TMA stores need multiples of 128"
+    return None
+
+
+def _facts(device: DeviceFingerprint) -> hardware.ArchFacts | str:
+    try:
+        return hardware.facts(device.compute_capability)
+    except Unsupported as e:
+        return str(e)
+
+
+def accumulator_fits_registers(
+    problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint
+) -> str | None:
+    facts = _facts(device)
+    if isinstance(facts, str):
+        return facts
+    budget = tiling.consumer_register_budget(config, facts.registers_per_sm)
+    need = tiling.accumulator_registers(config) + NON_ACCUMULATOR_REGISTERS
+    if need > budget:
+        return f"a {config.block_m}x{config.block_n} accumulator needs ~{need} registers/thread > {budget}"
+    return None
+
+
+def smem_fits(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    facts = _facts(device)
+    if isinstance(facts, str):
+        return facts
+    limit = facts.smem_per_block
+    need = tiling.smem_bytes(problem, config)
+    if need > limit:
+        return f"needs {need} bytes of shared memory per CTA > {limit}"
+    return None
+
+
+def pipeline_depth_useful(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    steps = tiling.geometry(problem, config).k_steps
+    if config.max_concurrent_steps > max(2, steps):
+        return f"max_concurrent_steps={config.max_concurrent_steps} exceeds the {steps} K steps per tile"
+    return None
+
+
+def split_k_only_small_m(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    if config.split_k > 1 and problem.m > SPLIT_K_MAX_M:
+        return f"split_k={config.split_k} only pays for M <= {SPLIT_K_MAX_M}, not M={problem.m}"
+    return None
+
+
+def cta_rows_not_wasted(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    # 64 rows is the smallest wgmma tile; beyond that a CTA taller than twice M only multiplies padding.
+    if config.cta_m > max(64, 2 * problem.m):
+        return f"CTA tile of {config.cta_m} rows for M={problem.m} rows computes mostly padding"
+    return None
+
+
+VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (
+    k_divisible,
+    n_divisible,
+    tma_box_fits,
+    epilogue_rows_aligned,
+    accumulator_fits_registers,
+    smem_fits,
+)
+PRUNING_CONSTRAINTS: tuple[Constraint, ...] = (
+    split_k_only_small_m,
+    cta_rows_not_wasted,
+    pipeline_depth_useful,
+)
+CONSTRAINTS: tuple[Constraint, ...] = VALIDITY_CONSTRAINTS + PRUNING_CONSTRAINTS
+RESOURCE_CONSTRAINTS: frozenset[Constraint] = frozenset({accumulator_fits_registers, smem_fits, tma_box_fits})
+
+
+def check_problem(problem: Problem) -> None:
+    """Raise Unsupported when no config of this backend can compute `problem`."""
+    if problem.op != "grouped_matmul":
+        raise Unsupported(f"mosaic_gpu computes op=grouped_matmul, not op={problem.op!r}")
+    if problem.lhs_dtype != problem.rhs_dtype or problem.lhs_dtype not in ("bfloat16", "float16"):
+        raise Unsupported(
+            f"mosaic_gpu needs bfloat16 or float16 operands of one dtype, not "
+            f"lhs={problem.lhs_dtype} rhs={problem.rhs_dtype}"
+        )
+    if problem.k % 32:
+        raise Unsupported(f"K={problem.k} is not a multiple of 32 (the smallest block_k)")
+    if problem.n % 64:
+        raise Unsupported(f"N={problem.n} is not a multiple of 64 (the smallest block_n)")
+
+
+def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
+    check_problem(problem)
+    domains = dict(DOMAINS)
+    if problem.m > SPLIT_K_MAX_M:
+        domains["split_k"] = (1,)
+    return SearchSpace(MosaicGpuConfig, domains, CONSTRAINTS)
+
+
+# Preferred configs in order (H200 measurements in benchmarks/README.md); the heuristic takes the first
+# that the problem admits. Few rows per expert: stream weights through a 64x256 CTA tile, producer and
+# two consumers. Many rows: a 128x256 CTA tile, two consumers each 128x128.
+_MEMORY_BOUND = (
+    MosaicGpuConfig(block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n"),
+    MosaicGpuConfig(block_m=64, block_n=64, block_k=64, max_concurrent_steps=4, wg_split="n"),
+)
+_COMPUTE_BOUND = (
+    MosaicGpuConfig(block_m=128, block_n=128, block_k=128, max_concurrent_steps=2, wg_split="n"),
+    MosaicGpuConfig(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n"),
+    MosaicGpuConfig(block_m=64, block_n=256, block_k=64, max_concurrent_steps=4, wg_split="m"),
+)
+# Valid for every problem check_problem() accepts: K % 32 == 0, N % 64 == 0, 16-bit operands.
+_ALWAYS_VALID = MosaicGpuConfig(
+    block_m=64, block_n=64, block_k=32, max_concurrent_steps=2, warp_specialized=False, wg_split="none"
+)
+
+
+def heuristic(problem: Problem, device: DeviceFingerprint) -> MosaicGpuConfig:
+    """A good config without tuning, chosen without enumerating the space (dispatch calls this)."""
+    check_problem(problem)
+    rows_per_expert = problem.m / problem.g
+    preferred = _MEMORY_BOUND if rows_per_expert <= 64 else _COMPUTE_BOUND + _MEMORY_BOUND
+    for config in preferred:
+        if all(c(problem, config, device) is None for c in VALIDITY_CONSTRAINTS):
+            return config
+    return _ALWAYS_VALID

@@ -1,0 +1,181 @@
+"""The Hopper kernel on a CPU: row-tile arithmetic, Pallas's GPU interpreter, and lowering to Mosaic GPU.
+
+The interpreter runs the kernel's jaxpr (TMA copies, barriers, wgmma, both pipelines) on the CPU, so
+index arithmetic, the zero-filled tail and empty experts are checked without a GPU. Lowering through
+jax.export for the cuda platform runs Mosaic GPU's own passes (layout inference, TMA and shared-memory
+checks) short of PTX, so a config that cannot compile fails here first. Timing and the real hardware
+are tests/gpu's job.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
+
+from moetune.kernels.mosaic_gpu import kernel_sm90, tiling, timer  # noqa: E402
+from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C  # noqa: E402
+from moetune.kernels.reference import reference_grouped_matmul, relative_error  # noqa: E402
+
+PLAIN = dict(warp_specialized=False, wg_split="none")
+
+
+def _tiles(sizes, m, cta_m):
+    g = len(sizes)
+    ref = jnp.asarray(sizes, jnp.int32)
+    out = []
+    for t in range(-(-m // cta_m) + g):
+        r = kernel_sm90.row_tile(ref, jnp.int32(t), g=g, m=m, cta_m=cta_m)
+        out.append((int(r.group), int(r.block), int(r.lo), int(r.hi)))
+    return out
+
+
+def test_row_tiles_worked_example():
+    tiles = _tiles([3, 0, 6], m=12, cta_m=4)
+    real = [t for t in tiles if t[3] > t[2]]
+    assert real == [(0, 0, 0, 3), (2, 0, 3, 4), (2, 1, 4, 8), (2, 2, 8, 9), (3, 2, 9, 12)]
+    assert len(tiles) == 6
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_row_tiles_cover_every_row_once(seed):
+    rng = random.Random(seed)
+    g, cta_m = rng.choice([1, 3, 8]), rng.choice([64, 128])
+    m = rng.randint(1, 700)
+    sizes = [rng.choice([0, rng.randint(0, m)]) for _ in range(g)]
+    owner = np.full(m, -1)
+    ends = np.minimum(np.cumsum(sizes), m)
+    expected = np.searchsorted(ends, np.arange(m), side="right")  # g means "past the last expert"
+    for group, block, lo, hi in _tiles(sizes, m, cta_m):
+        if hi <= lo:
+            continue
+        assert block * cta_m <= lo < hi <= (block + 1) * cta_m
+        assert (owner[lo:hi] == -1).all(), "a row belongs to two tiles"
+        owner[lo:hi] = group
+    assert (owner == expected).all()
+
+
+def _interpret(config, m, k, n, sizes, transpose=False):
+    g = len(sizes)
+    key_l, key_r = jax.random.split(jax.random.key(m + n))
+    lhs = jax.random.normal(key_l, (m, k), jnp.bfloat16)
+    rhs = jax.random.normal(key_r, (g, n, k) if transpose else (g, k, n), jnp.bfloat16)
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
+        out = kernel_sm90.grouped_matmul(
+            lhs, rhs, group_sizes, config=config, num_sms=3, transpose_rhs=transpose
+        )
+    out = np.asarray(out.astype(jnp.float32))
+    ref = np.asarray(reference_grouped_matmul(lhs, rhs, group_sizes, transpose_rhs=transpose))
+    assert relative_error(out, ref) < 1e-2
+    assert not out[min(sum(sizes), m) :].any()
+
+
+def test_interpreted_plain_pipeline_with_split_k():
+    config = C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, epi_tile_n=32, split_k=2, **PLAIN)
+    _interpret(config, 70, 256, 128, [20, 0, 30, 15])
+
+
+def test_interpreted_warp_specialized_split_n_with_row_chunks():
+    config = C(block_m=128, block_n=64, block_k=64, max_concurrent_steps=2, wg_split="n", epi_tile_n=32)
+    _interpret(config, 300, 128, 256, [100, 7, 0, 150])
+
+
+def test_interpreted_warp_specialized_split_m_transposed_tiny_m():
+    config = C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, wg_split="m")
+    _interpret(config, 5, 128, 128, [2, 0, 3, 0], transpose=True)
+
+
+def _lower(config, m, k, n, g):
+    lhs = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct((g, k, n), jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((g,), jnp.int32)
+    fn = jax.jit(functools.partial(kernel_sm90.grouped_matmul, config=config, num_sms=132))
+    return jax.export.export(fn, platforms=["cuda"])(lhs, rhs, sizes)
+
+
+def test_lowers_for_hopper_mixtral_gate_up():
+    exported = _lower(C(block_m=128, block_n=128, block_k=128, max_concurrent_steps=2), 8192, 4096, 28672, 8)
+    assert "mosaic_gpu" in exported.mlir_module()
+
+
+def test_smem_model_is_not_below_what_mosaic_allocates(monkeypatch):
+    """With Mosaic's limit forced to 1 byte, its error reports the bytes the kernel really needs."""
+    from jax.experimental.mosaic.gpu import core as mosaic_core
+
+    config = C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=4, wg_split="m")
+    problem = kernel_sm90.problem_of(
+        jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16),
+        jax.ShapeDtypeStruct((8, 1024, 512), jnp.bfloat16),
+        jax.ShapeDtypeStruct((8,), jnp.int32),
+        transpose_rhs=False,
+        out_dtype=jnp.bfloat16,
+    )
+    monkeypatch.setattr(mosaic_core, "_SMEM_SIZE_BOUND", 1)
+    with pytest.raises(ValueError, match="exceeds available shared memory") as info:
+        _lower(config, 1024, 1024, 512, 8)
+    actual = int(str(info.value).split("smem_bytes=")[1].split()[0])
+    assert actual <= tiling.smem_bytes(problem, config) <= actual + tiling.SMEM_OVERHEAD_BYTES
+
+
+def test_kernel_name_tags_the_config():
+    name = kernel_sm90.kernel_name(C(wg_split="m", persistent=False, split_k=2, block_m=64))
+    assert name == "moetune_gmm_m64n128k64s4_m8_np_wsm_e64x64_sk2"
+
+
+def test_rotation_copies_small_sets_until_they_outgrow_the_cache():
+    arrays = (jnp.ones((256,), jnp.float32),)  # 1 KiB
+    sets = timer.rotation([arrays], min_bytes=4096)
+    assert len(sets) == 4
+    assert len({s[0].unsafe_buffer_pointer() for s in sets}) == 4
+    assert len(timer.rotation([arrays], min_bytes=10)) == 1
+
+
+class FakeCupti:
+    """Records one fake launch per call of the timed function, 2 ms each, like CUPTI's (name, ms) list."""
+
+    calls = 0
+    recording = False
+
+    def __init__(self):
+        FakeCupti.calls = 0
+
+    def start(self):
+        FakeCupti.recording = True
+
+    def stop(self):
+        FakeCupti.recording = False
+        return [("gmm", 2.0)] * FakeCupti.calls
+
+
+def test_cupti_timer_times_a_compiled_executable_without_tracing_it():
+    """The tuner hands the timer a jax.stages.Compiled, which cannot be traced again (a jit around it
+    fails with 'Cannot apply JAX transformations to a function lowered and compiled')."""
+    import jax
+
+    compiled = jax.jit(lambda x: x * 2).lower(jnp.ones((256,), jnp.float32)).compile()
+
+    def counted(*args):
+        FakeCupti.calls += FakeCupti.recording
+        return compiled(*args)
+
+    arrays = (jnp.ones((256,), jnp.float32),)  # 1 KiB: rotated over 4 copies to reach 4 KiB
+    samples = timer.CuptiTimer(min_rotation_bytes=4096, session=FakeCupti).time(counted, [arrays], runs=3)
+    assert FakeCupti.calls == 4 * timer.MIN_RUNS  # every set, every run (at least MIN_RUNS runs)
+    assert samples == pytest.approx([2e-3] * timer.MIN_RUNS)
+
+
+def test_cupti_timer_rejects_launch_counts_that_do_not_split_evenly():
+    class Odd(FakeCupti):
+        def stop(self):
+            return [("gmm", 1.0)] * 7
+
+    arrays = (jnp.ones((1024,), jnp.float32),)
+    with pytest.raises(RuntimeError, match="not a whole number"):
+        timer.CuptiTimer(min_rotation_bytes=0, session=Odd).time(lambda x: x + 1, [arrays], runs=10)

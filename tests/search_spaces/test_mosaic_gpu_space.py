@@ -1,0 +1,162 @@
+"""The mosaic_gpu search space: each named constraint, pruning counts and the heuristic default."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.errors import Unsupported
+from moetune.kernels.mosaic_gpu import hardware, tiling
+from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C
+from moetune.kernels.problem import Problem
+from moetune.search_spaces import mosaic_gpu as space
+
+HOPPER = DeviceFingerprint("NVIDIA H200", "gpu", 132, 0, "9.0", "", "", "", "")
+AMPERE = dataclasses.replace(HOPPER, device_kind="NVIDIA A100", compute_capability="8.0")
+GATE_UP = Problem("grouped_matmul", m=8192, k=4096, n=28672, g=8)
+DECODE = Problem("grouped_matmul", m=32, k=4096, n=28672, g=8)
+DEFAULT = C()  # 128x128 per consumer, split along N: a 128x256 CTA tile, 4 stages of 64
+
+
+def _reason(constraint, problem, config, device=HOPPER):
+    return constraint(problem, config, device)
+
+
+def test_k_divisible():
+    assert _reason(space.k_divisible, GATE_UP, DEFAULT) is None
+    odd_k = dataclasses.replace(GATE_UP, k=4096 + 32)
+    assert "K=4128 is not a multiple of block_k * split_k = 64" in _reason(space.k_divisible, odd_k, DEFAULT)
+    split = C(block_m=64, block_k=128, split_k=4, wg_split="n")
+    assert "= 512" in _reason(space.k_divisible, dataclasses.replace(GATE_UP, k=4096 + 128), split)
+
+
+def test_n_divisible_uses_the_cta_tile():
+    n_320 = dataclasses.replace(GATE_UP, n=320)
+    assert "CTA tile's 256 columns" in _reason(space.n_divisible, n_320, DEFAULT)
+    assert _reason(space.n_divisible, n_320, C(block_n=64, wg_split="none")) is None
+
+
+def test_tma_box_fits():
+    assert _reason(space.tma_box_fits, GATE_UP, C(block_m=64, block_n=256, wg_split="m")) is None
+    assert "TMA box" in _reason(space.tma_box_fits, GATE_UP, C(block_m=64, block_n=256, wg_split="n"))
+
+
+def test_epilogue_rows_aligned():
+    assert _reason(space.epilogue_rows_aligned, GATE_UP, C(epi_tile_n=64)) is None
+    assert "64-byte rows" in _reason(space.epilogue_rows_aligned, GATE_UP, C(epi_tile_n=32))
+    # Split-K stores float32 partial sums, so 32 columns already fill 128 bytes.
+    split = C(block_m=64, epi_tile_n=32, split_k=2)
+    assert _reason(space.epilogue_rows_aligned, DECODE, split) is None
+
+
+def test_accumulator_fits_registers():
+    assert _reason(space.accumulator_fits_registers, GATE_UP, DEFAULT) is None
+    big = C(block_m=128, block_n=256, wg_split="m")
+    assert "registers/thread" in _reason(space.accumulator_fits_registers, GATE_UP, big)
+    assert "no hardware facts" in _reason(space.accumulator_fits_registers, GATE_UP, DEFAULT, AMPERE)
+
+
+def test_smem_fits_reads_the_limit_from_the_architecture_table(monkeypatch):
+    assert _reason(space.smem_fits, GATE_UP, DEFAULT) is None
+    five_stages = dataclasses.replace(DEFAULT, max_concurrent_steps=5)
+    limit = hardware.ARCHS["9.0"].smem_per_block
+    assert f"> {limit}" in _reason(space.smem_fits, GATE_UP, five_stages)
+    smaller = dataclasses.replace(hardware.ARCHS["9.0"], smem_per_block=100 * 1024)
+    monkeypatch.setitem(hardware.ARCHS, "9.0", smaller)
+    assert f"> {100 * 1024}" in _reason(space.smem_fits, GATE_UP, DEFAULT)
+    assert "no hardware facts" in _reason(space.smem_fits, GATE_UP, DEFAULT, AMPERE)
+
+
+def test_smem_model_counts_stages_and_epilogue():
+    # 4 stages of (128 + 256) x 64 bf16, plus 2 consumers x 2 slots of 64 x 64 bf16.
+    expected = 4 * (128 + 256) * 64 * 2 + 2 * 2 * 64 * 64 * 2 + tiling.SMEM_OVERHEAD_BYTES
+    assert tiling.smem_bytes(GATE_UP, DEFAULT) == expected
+    # Fewer K steps than stages: only k_steps stages are allocated.
+    short_k = dataclasses.replace(GATE_UP, k=128)
+    assert tiling.geometry(short_k, DEFAULT).stages == 2
+
+
+def test_pruning_constraints():
+    assert _reason(space.pipeline_depth_useful, dataclasses.replace(GATE_UP, k=128), DEFAULT) is not None
+    assert _reason(space.pipeline_depth_useful, GATE_UP, DEFAULT) is None
+    split = C(block_m=64, split_k=2)
+    assert "only pays for M <= 512" in _reason(space.split_k_only_small_m, GATE_UP, split)
+    assert _reason(space.split_k_only_small_m, DECODE, split) is None
+    assert "mostly padding" in _reason(space.cta_rows_not_wasted, DECODE, DEFAULT)
+    assert _reason(space.cta_rows_not_wasted, DECODE, C(block_m=64)) is None
+
+
+def test_build_checks_only_validity():
+    assert set(space.VALIDITY_CONSTRAINTS).isdisjoint(space.PRUNING_CONSTRAINTS)
+    assert space.RESOURCE_CONSTRAINTS <= set(space.VALIDITY_CONSTRAINTS)
+    assert space.CONSTRAINTS == space.VALIDITY_CONSTRAINTS + space.PRUNING_CONSTRAINTS
+
+
+def test_pruning_counts_for_mixtral_gate_up():
+    search = space.space(GATE_UP, HOPPER)
+    assert search.domains["split_k"] == (1,)  # M > 512: split-K is not in the space
+    valid, pruned = search.enumerate(GATE_UP, HOPPER)
+    assert search.size == len(valid) + len(pruned)
+    # Pinned: a change to the domains or constraints shows up here and in the tuner's budget.
+    assert (search.size, len(valid)) == (51840, 7040)
+    for config in valid:
+        assert search.violation(GATE_UP, config, HOPPER) is None
+        assert tiling.smem_bytes(GATE_UP, config) <= hardware.ARCHS["9.0"].smem_per_block
+    assert all(p.reason for p in pruned)
+    assert DEFAULT in valid
+
+
+def test_decode_space_offers_split_k():
+    search = space.space(DECODE, HOPPER)
+    assert search.domains["split_k"] == (1, 2, 4)
+
+
+@pytest.mark.parametrize(
+    "problem, why",
+    [
+        (dataclasses.replace(GATE_UP, lhs_dtype="float32", rhs_dtype="float32"), "bfloat16 or float16"),
+        (dataclasses.replace(GATE_UP, rhs_dtype="float16"), "of one dtype"),
+        (dataclasses.replace(GATE_UP, k=4100), "K=4100"),
+        (dataclasses.replace(GATE_UP, n=100), "N=100"),
+        (dataclasses.replace(GATE_UP, op="attention"), "op='attention'"),
+    ],
+)
+def test_unservable_problems_are_unsupported(problem, why):
+    with pytest.raises(Unsupported, match=why):
+        space.space(problem, HOPPER)
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        GATE_UP,
+        DECODE,
+        Problem("grouped_matmul", m=2, k=14336, n=4096, g=8),
+        Problem("grouped_matmul", m=5000, k=7168, n=2048, g=256),
+        Problem("grouped_matmul", m=100, k=96, n=64, g=4, out_dtype="float32"),
+        Problem(
+            "grouped_matmul",
+            m=300,
+            k=2048,
+            n=1408,
+            g=64,
+            lhs_dtype="f16",
+            rhs_dtype="f16",
+            transpose_rhs=True,
+        ),
+    ],
+)
+def test_heuristic_is_valid_and_fast(problem):
+    start = time.perf_counter()
+    config = space.heuristic(problem, HOPPER)
+    assert time.perf_counter() - start < 0.5  # dispatch calls it: it must not enumerate the space
+    assert all(c(problem, config, HOPPER) is None for c in space.VALIDITY_CONSTRAINTS)
+
+
+def test_heuristic_picks_by_rows_per_expert():
+    assert space.heuristic(DECODE, HOPPER).block_m == 64
+    assert space.heuristic(GATE_UP, HOPPER).cta_m == 128
+    assert space.heuristic(GATE_UP, HOPPER).cta_n == 256
