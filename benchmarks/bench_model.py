@@ -1,0 +1,78 @@
+"""Model benchmark without the CLI's dependencies: runs where only jax and numpy are installed (the GPU
+machine). The same measurement as `moetune bench model`; see moetune/tuner/models/bench.py.
+
+    python3 benchmarks/bench_model.py --model mixtral_8x7b --batch 1 --prompt 2048 --gen 128 --out model.json
+
+Exit status: 0 when every path ran and matched the dense path, 1 otherwise (the JSON is written either way),
+2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+# Before jax loads: XLA's allocator takes 75% of GPU memory by default, which leaves too little beside
+# Mixtral-8x7B's ~87 GiB of weights for the dense path's all-expert activations. An explicit value wins.
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
+
+from moetune.kernels.errors import MoetuneError  # noqa: E402 - after the allocator setting
+from moetune.tuner.models.bench import (  # noqa: E402
+    DEFAULT_MOE_TOKENS,
+    DEFAULT_PATHS,
+    run_model_bench,
+    summary_lines,
+)
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="mixtral_8x7b", help="model preset (mixtral_8x7b, tiny)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompt", type=int, default=2048, help="prompt tokens per sequence")
+    parser.add_argument("--gen", type=int, default=128, help="generated tokens per sequence")
+    parser.add_argument("--paths", default=",".join(DEFAULT_PATHS), help="MoE paths, comma-separated")
+    parser.add_argument("--layers", type=int, default=None, help="layers to run (default: the preset's)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON result file")
+    parser.add_argument(
+        "--moe-tokens",
+        type=_int_list,
+        default=list(DEFAULT_MOE_TOKENS),
+        help="token counts at which one MoE layer is timed alone",
+    )
+    parser.add_argument("--runs", type=int, default=3, help="timed runs per measurement")
+    parser.add_argument("--no-db", action="store_true", help="winners from config packs only, no database")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    try:
+        result = run_model_bench(
+            args.model,
+            args.batch,
+            args.prompt,
+            args.gen,
+            [p.strip() for p in args.paths.split(",") if p.strip()],
+            args.layers,
+            args.out,
+            moe_tokens=args.moe_tokens,
+            runs=args.runs,
+            use_db=not args.no_db,
+            command="python3 benchmarks/bench_model.py " + " ".join(argv),
+        )
+    except MoetuneError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(summary_lines(result)), flush=True)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,64 @@
+"""The routed MoE layer on a Hopper GPU at Mixtral-8x7B's expert shapes, against the float32 dense reference.
+
+Skipped without one (tests/gpu/conftest.py). On the GPU machine: python3 -m pytest tests/gpu/test_moe_gpu.py
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from moetune.kernels.api import explain
+from moetune.kernels.lookup import LOOKUP
+from moetune.kernels.moe import moe_mlp, moe_mlp_using, moe_problems
+from moetune.kernels.moe_reference import moe_mlp_reference
+
+pytestmark = pytest.mark.gpu
+
+HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 4096, 14336, 8, 2
+
+
+@pytest.fixture(autouse=True)
+def packs_only():
+    # The GPU machine has no database; winners come from the shipped config packs.
+    with LOOKUP.using_db(None):
+        yield
+
+
+@pytest.fixture(scope="module")
+def weights():
+    k1, k2 = jax.random.split(jax.random.key(0))
+    w_gate_up = jax.random.normal(k1, (EXPERTS, HIDDEN, 2 * INTERMEDIATE), jnp.bfloat16) * HIDDEN**-0.5
+    w_down = jax.random.normal(k2, (EXPERTS, INTERMEDIATE, HIDDEN), jnp.bfloat16) * INTERMEDIATE**-0.5
+    return w_gate_up, w_down
+
+
+def _rel_l2(value, reference) -> float:
+    value, reference = np.asarray(value, np.float64), np.asarray(reference, np.float64)
+    return float(np.linalg.norm(value - reference) / np.linalg.norm(reference))
+
+
+@pytest.mark.parametrize("tokens, renormalize", [(1, True), (7, False), (256, True), (4096, True)])
+def test_moe_mlp_matches_float32_reference(weights, tokens, renormalize):
+    w_gate_up, w_down = weights
+    k1, k2 = jax.random.split(jax.random.key(tokens))
+    x = jax.random.normal(k1, (tokens, HIDDEN), jnp.bfloat16)
+    logits = jax.random.normal(k2, (tokens, EXPERTS), jnp.float32)
+    routed = jax.jit(lambda *a: moe_mlp(*a, top_k=TOP_K, renormalize=renormalize))
+    ragged = jax.jit(lambda *a: moe_mlp_using(jax.lax.ragged_dot, *a, top_k=TOP_K, renormalize=renormalize))
+    reference = jax.jit(lambda *a: moe_mlp_reference(*a, top_k=TOP_K, renormalize=renormalize))
+    out = routed(x, logits, w_gate_up, w_down)
+    f32 = reference(*(a.astype(jnp.float32) for a in (x, logits, w_gate_up, w_down)))
+    assert out.dtype == jnp.bfloat16 and bool(jnp.all(jnp.isfinite(out)))
+    assert _rel_l2(out, f32) < 2e-2
+    assert _rel_l2(out, ragged(x, logits, w_gate_up, w_down)) < 2e-2
+
+
+def test_hopper_dispatches_both_gemms_to_a_gpu_kernel():
+    # tests/gpu/conftest.py runs this only on a Hopper GPU, where mosaic_gpu must take both GEMMs.
+    for tokens in (1, 4096):
+        for problem in moe_problems(tokens, HIDDEN, INTERMEDIATE, EXPERTS, TOP_K):
+            chosen = explain(problem)
+            assert chosen.backend != "xla", str(chosen)

@@ -1,0 +1,129 @@
+"""The routed MoE layer (moetune.kernels.moe) against the dense reference, on the CPU's xla backend."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from moetune.kernels import moe as moe_module
+from moetune.kernels.api import problem_of
+from moetune.kernels.errors import ConfigInvalid, Unsupported
+from moetune.kernels.moe import moe_mlp, moe_problems, route, sort_by_expert
+from moetune.kernels.moe_reference import combine_matrix, moe_mlp_reference
+
+# Jitted: the reference run op by op costs more compile time than the whole layer.
+reference = jax.jit(moe_mlp_reference, static_argnames=("top_k", "renormalize", "activation"))
+routed = jax.jit(moe_mlp, static_argnames=("top_k", "renormalize", "activation", "backend"))
+
+
+def _inputs(tokens, hidden, intermediate, experts, *, seed=0, dtype=jnp.float32):
+    k = jax.random.split(jax.random.key(seed), 4)
+    x = jax.random.normal(k[0], (tokens, hidden), jnp.float32)
+    logits = jax.random.normal(k[1], (tokens, experts), jnp.float32)
+    w_gate_up = jax.random.normal(k[2], (experts, hidden, 2 * intermediate)) / np.sqrt(hidden)
+    w_down = jax.random.normal(k[3], (experts, intermediate, hidden)) / np.sqrt(intermediate)
+    return x.astype(dtype), logits, w_gate_up.astype(dtype), w_down.astype(dtype)
+
+
+def _rel_l2(value, reference):
+    value, reference = np.asarray(value, np.float64), np.asarray(reference, np.float64)
+    return np.linalg.norm(value - reference) / np.linalg.norm(reference)
+
+
+@pytest.mark.parametrize(
+    "tokens, experts, top_k, renormalize",
+    [
+        (1, 8, 2, True),  # decode: one token, most experts empty
+        (37, 8, 2, False),  # odd token count, full-softmax weights (Qwen-MoE style)
+        (64, 4, 1, True),  # top-1 (Switch style): renormalised weights are all 1
+        (96, 16, 4, False),  # more experts, wider top-k
+        (5, 8, 8, True),  # every expert for every token
+    ],
+)
+def test_moe_mlp_matches_reference(tokens, experts, top_k, renormalize):
+    x, logits, w_gate_up, w_down = _inputs(tokens, 32, 48, experts, seed=tokens)
+    out = routed(x, logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize)
+    expected = reference(x, logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize)
+    assert out.shape == (tokens, 32) and out.dtype == jnp.float32
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5)
+
+
+def test_empty_experts_get_no_rows_and_the_result_still_matches():
+    x, logits, w_gate_up, w_down = _inputs(40, 32, 48, 8, seed=3)
+    # Only experts 1, 5 and 6 can win: the others are pushed far below.
+    logits = logits + jnp.where(jnp.isin(jnp.arange(8), jnp.array([1, 5, 6])), 0.0, -30.0)
+    rows = sort_by_expert(route(logits, 2, True).expert_ids, 8)
+    sizes = np.asarray(rows.group_sizes)
+    assert sizes.sum() == 80 and set(np.flatnonzero(sizes == 0)) == {0, 2, 3, 4, 7}
+    out = moe_mlp(x, logits, w_gate_up, w_down, top_k=2)
+    np.testing.assert_allclose(
+        out, moe_mlp_reference(x, logits, w_gate_up, w_down, top_k=2), rtol=2e-5, atol=2e-5
+    )
+
+
+def test_bf16_layer_is_within_bf16_rounding_of_the_float32_reference():
+    x, logits, w_gate_up, w_down = _inputs(128, 64, 96, 8, seed=7, dtype=jnp.bfloat16)
+    out = routed(x, logits, w_gate_up, w_down, top_k=2)
+    expected = reference(*[a.astype(jnp.float32) for a in (x, logits, w_gate_up, w_down)], top_k=2)
+    assert out.dtype == jnp.bfloat16
+    # bf16 keeps 8 bits of mantissa (relative rounding 2^-9); three rounded stages stay well inside 2e-2.
+    assert _rel_l2(out, expected) < 2e-2
+
+
+def test_geglu_activation_matches_reference():
+    x, logits, w_gate_up, w_down = _inputs(24, 32, 48, 4, seed=11)
+    out = routed(x, logits, w_gate_up, w_down, top_k=2, activation="geglu")
+    expected = reference(x, logits, w_gate_up, w_down, top_k=2, activation="geglu")
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5)
+    swiglu = reference(x, logits, w_gate_up, w_down, top_k=2)
+    assert _rel_l2(out, swiglu) > 1e-2  # the activation is really applied
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_routing_weights_equal_the_reference_combine_matrix(renormalize):
+    logits = jax.random.normal(jax.random.key(5), (50, 8))
+    routing = route(logits, 3, renormalize)
+    dense = np.zeros((50, 8), np.float32)
+    np.put_along_axis(dense, np.asarray(routing.expert_ids), np.asarray(routing.weights), axis=1)
+    np.testing.assert_allclose(dense, combine_matrix(logits, 3, renormalize), rtol=1e-6, atol=1e-7)
+    sums = np.asarray(routing.weights).sum(axis=1)
+    if renormalize:
+        np.testing.assert_allclose(sums, 1.0, rtol=1e-6)
+    else:
+        assert np.all(sums < 1.0)
+
+
+def test_sort_by_expert_worked_example():
+    rows = sort_by_expert(jnp.array([[2, 0], [1, 2], [0, 1]], jnp.int32), 3)
+    assert rows.row_token.tolist() == [0, 2, 1, 2, 0, 1]
+    assert rows.slot_row.tolist() == [4, 0, 2, 5, 1, 3]
+    assert rows.group_sizes.tolist() == [2, 2, 2]
+
+
+def test_both_gemms_dispatch_the_problems_moe_problems_lists(monkeypatch):
+    seen = []
+    real = moe_module.grouped_matmul
+
+    def recording(lhs, rhs, group_sizes, **kwargs):
+        seen.append(problem_of(lhs, rhs, group_sizes))
+        return real(lhs, rhs, group_sizes, **kwargs)
+
+    monkeypatch.setattr(moe_module, "grouped_matmul", recording)
+    x, logits, w_gate_up, w_down = _inputs(24, 32, 48, 4, dtype=jnp.bfloat16)
+    jax.jit(lambda *a: moe_mlp(*a, top_k=2)).lower(x, logits, w_gate_up, w_down)
+    assert tuple(seen) == moe_problems(24, 32, 48, 4, 2, "bfloat16")
+    assert seen[0].key == "grouped_matmul/m=48,k=32,n=96,g=4,lhs=bfloat16,rhs=bfloat16,out=bfloat16,t=0/v1"
+
+
+def test_bad_arguments_raise_one_typed_error_naming_the_values():
+    x, logits, w_gate_up, w_down = _inputs(8, 32, 48, 4)
+    with pytest.raises(ConfigInvalid, match=r"top_k=5 must be an integer in \[1, E=4\]"):
+        moe_mlp(x, logits, w_gate_up, w_down, top_k=5)
+    with pytest.raises(ConfigInvalid, match="router_logits must be"):
+        moe_mlp(x, logits[:4], w_gate_up, w_down, top_k=2)
+    with pytest.raises(ConfigInvalid, match="w_down must be"):
+        moe_mlp(x, logits, w_gate_up, w_down[:, :40], top_k=2)
+    with pytest.raises(Unsupported, match="activation='relu'"):
+        moe_mlp(x, logits, w_gate_up, w_down, top_k=2, activation="relu")

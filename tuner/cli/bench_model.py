@@ -1,0 +1,99 @@
+"""`moetune bench model`: prefill/decode throughput and MoE-layer time of a MoE model, per MoE path.
+
+`bench_model_command` is a Typer command function not yet attached to any app: the `moetune bench`
+group registers it, e.g. `bench_app.command("model")(bench_model_command)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from moetune.kernels.errors import MoetuneError
+from moetune.tuner.cli.common import console, fail
+
+
+def bench_model(
+    model: str,
+    batch: int,
+    prompt: int,
+    gen: int,
+    paths: list[str],
+    layers: int | None,
+    out: Path | None,
+    *,
+    moe_tokens: tuple[int, ...] = (4096, 1),
+    runs: int = 3,
+    use_db: bool = True,
+) -> dict[str, Any]:
+    """Run the benchmark (moetune.tuner.models.bench), print its summary, and return the result."""
+    # Before jax's GPU backend starts: its default 75% of memory leaves too little beside Mixtral-8x7B's
+    # ~87 GiB of weights for the dense path's activations. An explicit setting wins.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
+    from moetune.tuner.models.bench import run_model_bench, summary_lines
+
+    result = run_model_bench(
+        model,
+        batch,
+        prompt,
+        gen,
+        paths,
+        layers,
+        out,
+        moe_tokens=moe_tokens,
+        runs=runs,
+        use_db=use_db,
+        command="moetune bench model " + " ".join(_argv_tail()),
+    )
+    for line in summary_lines(result):
+        console.print(line, markup=False, highlight=False)
+    return result
+
+
+def _argv_tail() -> list[str]:
+    return sys.argv[sys.argv.index("model") + 1 :] if "model" in sys.argv else sys.argv[1:]
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        fail(f"{option}={text!r} must be comma-separated integers")
+
+
+def bench_model_command(
+    model: Annotated[str, typer.Option(help="Model preset: mixtral_8x7b or tiny.")] = "mixtral_8x7b",
+    batch: Annotated[int, typer.Option(help="Sequences per step.")] = 1,
+    prompt: Annotated[int, typer.Option(help="Prompt tokens per sequence (prefill).")] = 2048,
+    gen: Annotated[int, typer.Option(help="Generated tokens per sequence (decode steps).")] = 128,
+    paths: Annotated[str, typer.Option(help="MoE paths, comma-separated.")] = "dense,moetune,ragged",
+    layers: Annotated[int | None, typer.Option(help="Run this many layers (default: the preset's).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the JSON result here.")] = None,
+    moe_tokens: Annotated[
+        str, typer.Option(help="Token counts at which one MoE layer is timed alone (plus the model's).")
+    ] = "4096,1",
+    runs: Annotated[int, typer.Option(help="Timed runs per measurement, after one warm-up.")] = 3,
+    no_db: Annotated[
+        bool,
+        typer.Option("--no-db", help="Look winners up in the shipped config packs only, not in a database."),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Also print the JSON result.")] = False,
+) -> None:
+    """Prefill and decode tokens/s and the MoE time per layer for the dense, ragged and moetune paths."""
+    path_list = [p.strip() for p in paths.split(",") if p.strip()]
+    tokens = _ints(moe_tokens, "--moe-tokens")
+    try:
+        result = bench_model(
+            model, batch, prompt, gen, path_list, layers, out, moe_tokens=tokens, runs=runs, use_db=not no_db
+        )
+    except MoetuneError as e:
+        fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(result, indent=1, sort_keys=True))
+    if not result["ok"]:
+        raise typer.Exit(1)

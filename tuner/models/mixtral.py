@@ -1,0 +1,209 @@
+"""A Mixtral-style decoder in JAX: RMSNorm, grouped-query attention with RoPE and a KV cache, MoE MLP.
+
+Entry points (all jitted; `config` and `moe_path` are static, the cache is donated and updated in place):
+  forward_full(params, tokens)                    -> logits [B, S, V] of every position, no cache
+  prefill(params, tokens, cache)                  -> (logits of the last position [B, V], cache)
+  decode_step(params, tokens, cache, pos)         -> (logits [B, V], cache); tokens [B] sit at `pos`
+  decode_loop(params, tokens, cache, pos, steps)  -> (greedy tokens [B, steps], cache), one fori_loop
+
+Layers are a Python loop, unrolled into the program, rather than a scan over stacked [L, ...] weights:
+inside a loop, a layer's weights would be a dynamic slice of the stacked array, which XLA on GPU may copy
+to a buffer of its own before a GEMM reads it; a copy of all the expert weights per step would cost more
+than the decode step itself (it reads only the top-k experts). Unrolling costs compile time instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from moetune.tuner.models.config import ModelConfig
+from moetune.tuner.models.moe_paths import moe_path as moe_fn
+from moetune.tuner.models.weights import LayerParams, ModelParams
+
+Array = Any
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """Per-layer keys and values, each [B, kv_heads, max_len, head_dim]; positions >= the fill are junk.
+
+    Heads before positions, so that attention's dots read the cache in place (batch dims b, g lead),
+    without a transposed copy of the whole cache in every decode step.
+    """
+
+    keys: tuple[Array, ...]
+    values: tuple[Array, ...]
+
+    @classmethod
+    def empty(cls, config: ModelConfig, batch: int, max_len: int) -> KVCache:
+        shape = (batch, config.kv_heads, max_len, config.head_dim)
+        zeros = lambda: jnp.zeros(shape, jnp.dtype(config.dtype))
+        return cls(
+            keys=tuple(zeros() for _ in range(config.layers)),
+            values=tuple(zeros() for _ in range(config.layers)),
+        )
+
+
+def rms_norm(x: Array, weight: Array, eps: float) -> Array:
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (normed * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x: Array, positions: Array, theta: float) -> Array:
+    """Rotary embedding, half-split convention (as Mixtral's checkpoints): x [B, S, N, D], positions [S]."""
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]  # [S, D/2]
+    cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def _attend(config: ModelConfig, q: Array, k: Array, v: Array, mask: Array) -> Array:
+    """q [B, Sq, heads, D], k and v [B, kv_heads, Skv, D], mask [Sq, Skv] -> [B, Sq, heads * D].
+
+    Query head h reads kv head h // (heads / kv_heads), as in Mixtral.
+    """
+    batch, q_len = q.shape[:2]
+    group = config.heads // config.kv_heads
+    q = q.reshape(batch, q_len, config.kv_heads, group, config.head_dim)
+    scores = jnp.einsum("bqgrd,bgkd->bgrqk", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask, scores * config.head_dim**-0.5, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bgrqk,bgkd->bqgrd", probs, v)
+    return out.reshape(batch, q_len, config.heads * config.head_dim)
+
+
+def _attention(
+    config: ModelConfig,
+    p: LayerParams,
+    x: Array,
+    positions: Array,
+    layer_cache: tuple[Array, Array] | None,
+) -> tuple[Array, tuple[Array, Array]]:
+    """Attention sub-block output [B, S, H] and this layer's (keys, values).
+
+    Without a cache the S tokens attend causally among themselves and their own keys and values are
+    returned. With one, they are written at `positions[0]` and the tokens attend to every cached position
+    up to their own; the updated cache arrays are returned.
+    """
+    batch, seq = x.shape[:2]
+    h = rms_norm(x, p.attn_norm, config.norm_eps)
+    q = (h @ p.wq).reshape(batch, seq, config.heads, config.head_dim)
+    k = (h @ p.wk).reshape(batch, seq, config.kv_heads, config.head_dim)
+    v = (h @ p.wv).reshape(batch, seq, config.kv_heads, config.head_dim)
+    q, k = rope(q, positions, config.rope_theta), rope(k, positions, config.rope_theta)
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # the cache's [B, kv_heads, S, D]
+    if layer_cache is None:
+        mask = positions[:, None] >= positions[None, :]
+    else:
+        start = positions[0]
+        k = jax.lax.dynamic_update_slice(layer_cache[0], k, (0, 0, start, 0))
+        v = jax.lax.dynamic_update_slice(layer_cache[1], v, (0, 0, start, 0))
+        mask = jnp.arange(k.shape[2])[None, :] <= positions[:, None]
+    return _attend(config, q, k, v, mask) @ p.wo, (k, v)
+
+
+def _moe_block(config: ModelConfig, p: LayerParams, x: Array, moe_path: str) -> Array:
+    batch, seq, hidden = x.shape
+    h = rms_norm(x, p.moe_norm, config.norm_eps).reshape(batch * seq, hidden)
+    router_logits = jnp.dot(h, p.router, preferred_element_type=jnp.float32)
+    out = moe_fn(moe_path)(h, router_logits, p.w_gate_up, p.w_down, top_k=config.top_k)
+    return out.reshape(batch, seq, hidden)
+
+
+def _decoder(
+    config: ModelConfig,
+    params: ModelParams,
+    tokens: Array,
+    positions: Array,
+    cache: KVCache | None,
+    moe_path: str,
+) -> tuple[Array, list[tuple[Array, Array]]]:
+    """Final-normed hidden states [B, S, H] and every layer's (keys, values)."""
+    x = jnp.take(params.embed, tokens, axis=0, mode="clip")
+    kv = []
+    for i, p in enumerate(params.layers):  # unrolled: see the module docstring
+        layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
+        attn, layer_kv = _attention(config, p, x, positions, layer_cache)
+        x = x + attn
+        x = x + _moe_block(config, p, x, moe_path)
+        kv.append(layer_kv)
+    return rms_norm(x, params.final_norm, config.norm_eps), kv
+
+
+def _logits(params: ModelParams, hidden: Array) -> Array:
+    return jnp.dot(hidden, params.lm_head, preferred_element_type=jnp.float32)
+
+
+_static = ("config", "moe_path")
+
+
+@functools.partial(jax.jit, static_argnames=_static)
+def forward_full(params: ModelParams, tokens: Array, *, config: ModelConfig, moe_path: str) -> Array:
+    """Logits [B, S, V] of every position, recomputing the whole sequence (the cache-free reference)."""
+    hidden, _ = _decoder(config, params, tokens, jnp.arange(tokens.shape[1]), None, moe_path)
+    return _logits(params, hidden)
+
+
+@functools.partial(jax.jit, static_argnames=_static, donate_argnames=("cache",))
+def prefill(
+    params: ModelParams, tokens: Array, cache: KVCache, *, config: ModelConfig, moe_path: str
+) -> tuple[Array, KVCache]:
+    """Run the prompt tokens [B, S] from position 0; fill the cache's first S positions."""
+    hidden, kv = _decoder(config, params, tokens, jnp.arange(tokens.shape[1]), None, moe_path)
+    write = lambda buf, new: jax.lax.dynamic_update_slice(buf, new, (0, 0, 0, 0))
+    cache = KVCache(
+        keys=tuple(write(buf, k) for buf, (k, _) in zip(cache.keys, kv, strict=True)),
+        values=tuple(write(buf, v) for buf, (_, v) in zip(cache.values, kv, strict=True)),
+    )
+    return _logits(params, hidden[:, -1]), cache
+
+
+def _step(config: ModelConfig, params: ModelParams, tokens: Array, cache: KVCache, pos: Array, moe_path: str):
+    hidden, kv = _decoder(config, params, tokens[:, None], pos[None], cache, moe_path)
+    cache = KVCache(keys=tuple(k for k, _ in kv), values=tuple(v for _, v in kv))
+    return _logits(params, hidden[:, 0]), cache
+
+
+@functools.partial(jax.jit, static_argnames=_static, donate_argnames=("cache",))
+def decode_step(
+    params: ModelParams, tokens: Array, cache: KVCache, pos: Array, *, config: ModelConfig, moe_path: str
+) -> tuple[Array, KVCache]:
+    """One token per sequence (tokens [B]) at position `pos`; returns its logits [B, V] and the cache."""
+    return _step(config, params, tokens, cache, jnp.asarray(pos, jnp.int32), moe_path)
+
+
+@functools.partial(jax.jit, static_argnames=(*_static, "steps"), donate_argnames=("cache",))
+def decode_loop(
+    params: ModelParams,
+    tokens: Array,
+    cache: KVCache,
+    pos: Array,
+    *,
+    steps: int,
+    config: ModelConfig,
+    moe_path: str,
+) -> tuple[Array, KVCache]:
+    """Greedy decoding: `tokens` [B] sit at `pos`; step i feeds position pos + i and emits its argmax.
+
+    Returns the emitted tokens [B, steps] (for positions pos + 1 ... pos + steps) and the cache.
+    """
+    pos = jnp.asarray(pos, jnp.int32)
+    out = jnp.zeros((tokens.shape[0], steps), jnp.int32)
+
+    def body(i, carry):
+        current, cache, out = carry
+        logits, cache = _step(config, params, current, cache, pos + i, moe_path)
+        following = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return following, cache, out.at[:, i].set(following)
+
+    _, cache, out = jax.lax.fori_loop(0, steps, body, (tokens.astype(jnp.int32), cache, out))
+    return out, cache
