@@ -6,6 +6,9 @@ Call order, as dispatch and the tuner use it:
   3. `search_space(problem, device)` (tuner) or `heuristic(problem, device)` (dispatch miss).
   4. `build(problem, config)` -> a JAX-callable f(lhs, rhs, group_sizes) -> out; pure, jit-able.
   5. `timer()` (tuner)        -> how this backend's kernels are timed.
+  Optional, for backends that compile without the device (`compile_targets` non-empty):
+  `compile_only(problem, config, target)` -> StaticCompile: compile for a named target (e.g. "gfx942")
+  on a CPU-only machine and say whether the binary is worth timing (`moetune tune --compile-only`).
 
 Backends hold no mutable state; every method may be called from any thread.
 """
@@ -13,6 +16,7 @@ Backends hold no mutable state; every method may be called from any thread.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import functools
 import hashlib
 import importlib.resources
@@ -21,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.errors import Unsupported
 from moetune.kernels.problem import Problem
 from moetune.kernels.timing import Timer, WallTimer
 
@@ -30,6 +35,20 @@ if TYPE_CHECKING:
 KernelFn = Callable[[Any, Any, Any], Any]
 
 
+@dataclasses.dataclass(frozen=True)
+class StaticCompile:
+    """One candidate compiled without its device: what a compile-only trial records.
+
+    `pruned` is the reason the binary is not worth timing (it spills, overflows LDS, ...), or None.
+    Candidates with equal `binary_hash` are one kernel: time the first, reuse its timing for the rest.
+    """
+
+    binary_hash: str
+    metrics: dict[str, Any]
+    compile_s: float
+    pruned: str | None = None
+
+
 class Backend(abc.ABC):
     name: ClassVar[str]
     config_cls: ClassVar[type[KernelConfig]]
@@ -37,6 +56,8 @@ class Backend(abc.ABC):
     priority: ClassVar[int] = 0
     # Backends that compile without the target device may be compiled on CPU-only nodes.
     compiles_without_device: ClassVar[bool] = False
+    # Targets compile_only accepts (e.g. ("gfx942", "gfx950")); empty: no compile-only mode.
+    compile_targets: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def available(self, device: DeviceFingerprint) -> str | None:
@@ -59,6 +80,10 @@ class Backend(abc.ABC):
 
     def timer(self) -> Timer:
         return WallTimer()
+
+    def compile_only(self, problem: Problem, config: KernelConfig, target: str) -> StaticCompile:
+        """Compile for `target` without its device; raises ConfigInvalid, or the backend's compile error."""
+        raise Unsupported(f"backend {self.name} has no compile-only mode")
 
     def source_hash(self) -> str:
         """Hash of the backend's own source folder: a change makes every stored winner stale."""

@@ -1,0 +1,137 @@
+"""The `flydsl` backend: moetune's own FlyDSL grouped-GEMM kernel for AMD CDNA3/CDNA4 GPUs.
+
+Compiles on any Linux machine with the FlyDSL toolchain (toolchain.py), runs only on ROCm devices whose
+arch is gfx942 or gfx950 and whose jaxlib carries the ROCm kernel-call launcher (ffi.py). On CPU and
+NVIDIA devices `available` returns the reason, so dispatch never picks it there.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from moetune.kernels.backend import Backend, KernelFn, StaticCompile
+from moetune.kernels.config import KernelConfig
+from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.errors import ConfigInvalid, Unsupported
+from moetune.kernels.flydsl import toolchain
+from moetune.kernels.flydsl.config import FlyDSLConfig
+from moetune.kernels.flydsl.plan import ARCHS, OUT_DTYPES, operand_dtypes
+from moetune.kernels.problem import Problem
+
+OP = "grouped_matmul"
+
+
+def device_arch(device: DeviceFingerprint) -> str | None:
+    """'gfx942' for a ROCm device (features such as ':sramecc+:xnack-' dropped), else None."""
+    capability = device.compute_capability.split(":", 1)[0]
+    if device.platform in ("rocm", "gpu") and capability.startswith("gfx"):
+        return capability
+    return None
+
+
+def target_device(arch: str) -> DeviceFingerprint:
+    """A stand-in fingerprint for compile-only sweeps of `arch` on a machine without that GPU.
+
+    Search spaces and heuristics read only the arch from it; it is never a timing fingerprint.
+    """
+    if arch not in ARCHS:
+        raise ConfigInvalid(f"arch={arch!r} is not one of {', '.join(ARCHS)}")
+    return DeviceFingerprint(
+        device_kind=f"AMD {arch} (compile-only)",
+        platform="rocm",
+        core_count=0,
+        memory_bytes=0,
+        compute_capability=arch,
+        driver="",
+        runtime="",
+        jax_version="",
+        jaxlib_version="",
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(problem: Problem, config: FlyDSLConfig, arch: str):
+    from moetune.kernels.flydsl.compile import compile_one
+
+    return compile_one(problem, config, arch)
+
+
+class FlyDSLBackend(Backend):
+    name = "flydsl"
+    config_cls = FlyDSLConfig
+    # Above xla wherever it can run at all; only ROCm devices get that far.
+    priority = 20
+    compiles_without_device = True
+    compile_targets = tuple(ARCHS)
+
+    def available(self, device: DeviceFingerprint) -> str | None:
+        arch = device_arch(device)
+        if arch is None:
+            return (
+                f"flydsl needs an AMD GPU under ROCm; this device is {device.platform} {device.device_kind!r}"
+            )
+        if arch not in ARCHS:
+            return f"flydsl compiles for {', '.join(ARCHS)}; this device is {arch}"
+        from moetune.kernels.flydsl import ffi
+
+        reason = ffi.launcher_available()
+        if reason is not None:
+            return reason
+        try:
+            toolchain.toolchain()
+        except Unsupported as e:
+            return str(e)
+        return None
+
+    def check(self, problem: Problem) -> None:
+        if problem.op != OP:
+            raise Unsupported(f"flydsl computes op={OP}, not op={problem.op!r}")
+        if problem.lhs_dtype != problem.rhs_dtype:
+            raise Unsupported(
+                f"flydsl needs equal operand dtypes, not {problem.lhs_dtype} x {problem.rhs_dtype}"
+            )
+        if all(problem.lhs_dtype not in operand_dtypes(arch) for arch in ARCHS):
+            raise Unsupported(f"flydsl takes bf16, f16 or fp8 e4m3 operands, not {problem.lhs_dtype}")
+        if problem.out_dtype not in OUT_DTYPES:
+            raise Unsupported(f"flydsl writes {' or '.join(OUT_DTYPES)}, not {problem.out_dtype}")
+
+    def search_space(self, problem: Problem, device: DeviceFingerprint):
+        from moetune.search_spaces import flydsl as flydsl_space
+
+        return flydsl_space.space(problem, device)
+
+    def heuristic(self, problem: Problem, device: DeviceFingerprint) -> FlyDSLConfig:
+        from moetune.search_spaces import flydsl as flydsl_space
+
+        return flydsl_space.heuristic(problem, device)
+
+    def build(self, problem: Problem, config: KernelConfig) -> KernelFn:
+        from moetune.kernels.device import current_fingerprint
+        from moetune.kernels.flydsl import ffi
+
+        self.check(problem)
+        if not isinstance(config, FlyDSLConfig):
+            raise ConfigInvalid(f"flydsl needs a FlyDSLConfig, not {type(config).__qualname__}")
+        arch = device_arch(current_fingerprint())
+        if arch not in ARCHS:
+            raise Unsupported(f"flydsl builds only on a gfx942/gfx950 device, not {arch or 'this device'}")
+        result = _compiled(problem, config, arch)
+        spec = ffi.LaunchSpec(
+            kernel_name=result.kernel_name,
+            hsaco_path=result.hsaco_path,
+            grid=result.grid,
+            block=result.block,
+            out_shape=(problem.m, problem.n),
+            out_dtype=problem.out_dtype,
+        )
+        return ffi.kernel_fn(spec)
+
+    def compile_only(self, problem: Problem, config: KernelConfig, target: str) -> StaticCompile:
+        from moetune.kernels.flydsl.compile import compile_one, prune_reason
+
+        self.check(problem)
+        if not isinstance(config, FlyDSLConfig):
+            raise ConfigInvalid(f"flydsl needs a FlyDSLConfig, not {type(config).__qualname__}")
+        result = compile_one(problem, config, target)
+        metrics = {k: v for k, v in result.metrics.to_dict().items() if k != "args"}
+        return StaticCompile(result.binary_hash, metrics, result.compile_s, prune_reason(result, config))
