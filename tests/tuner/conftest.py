@@ -1,0 +1,73 @@
+"""Fixtures of the tuner tests: a store per test (SQLite, and PostgreSQL when configured), simulated and
+fault-injecting backends, and one real Ray cluster shared by the whole session (starting Ray costs
+seconds on a small machine)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from moetune.db import open_store
+from moetune.kernels import registry
+
+# The helper backends are imported by their full name (tests.tuner.faulty_backend): here through pytest's
+# `pythonpath` option (pyproject.toml), in Ray workers through PYTHONPATH (the ray_cluster fixture).
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def no_default_database(monkeypatch, tmp_path):
+    """No test may touch the user's real database through $MOETUNE_DB or the default path."""
+    monkeypatch.delenv("MOETUNE_DB", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+
+
+@pytest.fixture
+def store(db_url):
+    with open_store(db_url) as s:
+        yield s
+
+
+def _register(name: str, module: str):
+    registry.register(name, module)
+    try:
+        yield registry.get(name)
+    finally:
+        registry.unregister(name)
+
+
+@pytest.fixture
+def sim():
+    """The simulated backend "sim" (tests/tuner/sim_backend.py) with an empty cost table."""
+    from tests.tuner import sim_backend
+
+    sim_backend.COSTS.clear()
+    yield from _register("sim", "tests.tuner.sim_backend")
+    sim_backend.COSTS.clear()
+
+
+@pytest.fixture
+def faulty():
+    """The fault-injecting backend "faulty" (tests/tuner/faulty_backend.py), importable by Ray workers."""
+    yield from _register("faulty", "tests.tuner.faulty_backend")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster with 2 CPUs for the whole session; workers can import `tests`."""
+    from moetune.tuner import ray_pool
+
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), previous]))
+    started = ray_pool.connect(num_cpus=2)
+    import ray
+
+    yield ray.get_runtime_context().gcs_address
+    if started:
+        ray_pool.disconnect()
+    if previous is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = previous

@@ -1,0 +1,63 @@
+"""One worker's view: compile, verify and time a candidate in this process, with real backends."""
+
+from __future__ import annotations
+
+import statistics
+
+from moetune.kernels.problem import Problem
+from moetune.tuner.candidate import CandidateRunner, Prepared
+from moetune.tuner.routing import Routing, verification_draws
+from moetune.tuner.tasks import CandidateResult, CandidateTask, RetimeTask
+
+PROBLEM = Problem("grouped_matmul", m=64, k=32, n=64, g=4, lhs_dtype="f32", rhs_dtype="f32", out_dtype="f32")
+ROUTING = Routing.parse("zipf:1.2")
+TIMING = tuple(int(x) for x in ROUTING.group_sizes(PROBLEM.m, PROBLEM.g, seed=0))
+DRAWS = tuple(
+    tuple(int(x) for x in d) for d in verification_draws(ROUTING, PROBLEM.m, PROBLEM.g, seed=0, count=2)
+)
+
+
+def task(backend: str, config: dict, task_id: str = "t") -> CandidateTask:
+    return CandidateTask(task_id, backend, PROBLEM, config, TIMING, DRAWS, runs=10)
+
+
+def test_a_good_candidate_is_compiled_verified_and_timed():
+    runner = CandidateRunner("w")
+    prepared = runner.prepare(task("xla", {"strategy": "chunked", "chunk_m": 16, "items_per_step": 4}))
+    assert isinstance(prepared, Prepared) and prepared.compile_s > 0
+    result = runner.run(prepared)
+    assert isinstance(result, CandidateResult)
+    assert result.status == "ok", result.error
+    assert len(result.samples_s) == 10 and all(s > 0 for s in result.samples_s)
+    assert result.median_s == statistics.median(result.samples_s)
+    assert result.verify_error is not None and result.verify_error < 1e-5
+    assert result.worker == "w" and result.host
+    assert result.started_at <= result.finished_at
+
+
+def test_statuses_by_phase(faulty):
+    runner = CandidateRunner("w")
+    bad_field = runner.evaluate(task("xla", {"strategy": "chunked", "tile": 3}))
+    assert bad_field.status == "compile_error" and "unknown XlaConfig fields: tile" in bad_field.error
+    raised = runner.evaluate(task("faulty", {"mode": "raise", "variant": 0}))
+    assert raised.status == "compile_error" and "injected failure while building" in raised.error
+    assert raised.samples_s == () and raised.median_s is None
+    wrong = runner.evaluate(task("faulty", {"mode": "wrong", "variant": 0}))
+    assert wrong.status == "wrong_result" and "relative error" in wrong.error
+    nan = runner.evaluate(task("faulty", {"mode": "nan", "variant": 0}))
+    assert nan.status == "wrong_result" and "NaN" in nan.error
+    raised_on_device = runner.evaluate(task("faulty", {"mode": "raise_run", "variant": 0}))
+    assert raised_on_device.status == "crashed" and "raised during verify" in raised_on_device.error
+    assert runner.evaluate(task("faulty", {"mode": "ok", "variant": 1})).status == "ok"
+
+
+def test_retime_interleaves_every_finalist():
+    configs = (
+        {"strategy": "ragged_dot", "chunk_m": 128, "items_per_step": 8},
+        {"strategy": "chunked", "chunk_m": 7},
+    )
+    retime = RetimeTask("r", "xla", PROBLEM, configs, TIMING, rounds=3, runs_per_round=4)
+    result = CandidateRunner().evaluate(retime)
+    assert len(result.samples_s[0]) == 12
+    assert result.samples_s[1] == ()  # chunk_m=7 is not a multiple of 8: it never compiled
+    assert "chunk_m=7" in result.error

@@ -1,0 +1,223 @@
+"""The sweep driver, run synchronously in-process on a simulated runner against real databases."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from moetune.kernels.device import DeviceFingerprint
+from moetune.tuner.driver import SweepDriver
+from moetune.tuner.executors import InlineExecutor
+from moetune.tuner.plan import PlannedProblem, parse_problem
+from moetune.tuner.spec import SweepSpec
+from moetune.tuner.sweep_setup import store_problems
+from moetune.tuner.tasks import CandidateTask, canonical
+from tests.tuner import sim_backend
+
+DEVICE = DeviceFingerprint("Simulated GPU", "gpu", 4, 1 << 30, "9.0", "1", "1", "0", "0")
+PROBLEM = parse_problem("m=8,k=64,n=64,g=4,dtype=bf16")  # every tile 1..8 is valid
+
+
+def sweep(store, planned=(PROBLEM,), runner=sim_backend.simulate, sweep_id=None, **settings):
+    spec = SweepSpec(backend="sim", **settings)
+    if sweep_id is None:
+        sweep_id = store.create_sweep(backend="sim", strategy=spec.strategy, spec={}, host="h", user="u")
+    driver = SweepDriver(store, InlineExecutor(runner, DEVICE), spec, backend="sim", poll_s=0)
+    return driver.run(list(planned), sweep_id=sweep_id)
+
+
+def recording(calls: list):
+    """A simulated runner that also notes the tile of every candidate it runs."""
+
+    def run(task):
+        if isinstance(task, CandidateTask) and task.backend == "sim":
+            calls.append(task.config["tile"])
+        return sim_backend.simulate(task)
+
+    return run
+
+
+def sim_trials(store, **filters):
+    return [t for t in store.trials(**filters) if t.backend == "sim"]
+
+
+def test_each_trial_is_written_before_the_next_candidate_runs(store, sim):
+    sim_backend.COSTS.update({t: (10 - t) * 1e-4 for t in sim_backend.TILES})
+    seen: list[int] = []
+
+    def checking_runner(task):
+        if isinstance(task, CandidateTask) and task.backend == "sim":
+            # Every earlier candidate's row is already in the database.
+            assert len(sim_trials(store)) == len(seen)
+            seen.append(task.config["tile"])
+        return sim_backend.simulate(task)
+
+    outcome = sweep(store, runner=checking_runner)
+    rows = sim_trials(store, sweep_id=outcome.sweep_id)
+    assert sorted(seen) == list(sim_backend.TILES) and seen[0] == sim_backend.HEURISTIC_TILE
+    assert len(rows) == len({canonical(r.config) for r in rows}) == 8
+    assert all(r.status == "ok" and len(r.samples_s) == 10 and r.routing["group_sizes"] for r in rows)
+    winner = store.current_winner(
+        fingerprint_hash=DEVICE.hash, backend="sim", problem_key=PROBLEM.problem.key
+    )
+    assert winner.config == {"tile": 8}
+    [result] = outcome.problems
+    assert result.winner_config == {"tile": 8} and result.heuristic_s == pytest.approx(9e-4, rel=0.01)
+    assert result.baseline_s == pytest.approx(sim_backend.DEFAULT_COST, rel=0.01)  # the xla baseline trial
+    assert [t.config for t in store.trials(sweep_id=outcome.sweep_id, backend="xla")] == [
+        {"strategy": "ragged_dot", "chunk_m": 128, "items_per_step": 8}
+    ]
+    assert store.get_sweep(outcome.sweep_id).status == "done"
+
+
+def test_failed_candidates_are_recorded_and_never_win(store, sim):
+    sim_backend.COSTS.update({1: 5e-4, 2: None, 3: 4e-4, 4: None})  # 2 and 4 would be fastest if they counted
+    outcome = sweep(store, planned=[parse_problem("m=4,k=64,n=64,g=4")], baseline=False)
+    statuses = collections.Counter(r.status for r in sim_trials(store, sweep_id=outcome.sweep_id))
+    assert statuses == {"ok": 2, "wrong_result": 2}  # tiles 5..8 are pruned for m=4
+    assert outcome.problems[0].winner_config == {"tile": 3}
+
+
+def test_interrupted_sweep_resumes_without_repeating_or_losing_trials(store, sim):
+    calls = []
+
+    def dies_after_three(task):
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return recording(calls)(task)
+
+    sweep_id = store.create_sweep(backend="sim", strategy="grid", spec={}, host="h", user="u")
+    with pytest.raises(KeyboardInterrupt):
+        sweep(store, runner=dies_after_three, sweep_id=sweep_id, baseline=False)
+    assert store.get_sweep(sweep_id).status == "interrupted"
+    before = {r.id: canonical(r.config) for r in sim_trials(store, sweep_id=sweep_id)}
+    assert len(before) == 3
+
+    rerun = []
+    outcome = sweep(store, runner=recording(rerun), sweep_id=sweep_id, baseline=False)
+    after = {r.id: canonical(r.config) for r in sim_trials(store, sweep_id=sweep_id)}
+    assert before.items() <= after.items()  # nothing lost
+    assert len(after) == len(set(after.values())) == 8  # nothing repeated, everything done
+    assert not set(before.values()) & {canonical({"tile": t}) for t in rerun}
+    assert outcome.status == "done"
+
+    # Another sweep of the same problem on the same device and kernel source times nothing again.
+    again = []
+    sweep(store, runner=recording(again), baseline=False)
+    assert again == []
+
+
+def test_budget_counts_this_sweeps_trials_including_resumed_ones(store, sim):
+    sweep_id = store.create_sweep(backend="sim", strategy="random", spec={}, host="h", user="u")
+    sweep(store, sweep_id=sweep_id, strategy="random", budget=3, baseline=False)
+    assert len(sim_trials(store, sweep_id=sweep_id)) == 3
+    sweep(
+        store, sweep_id=sweep_id, strategy="random", budget=3, baseline=False
+    )  # resumed: the budget is spent
+    assert len(sim_trials(store, sweep_id=sweep_id)) == 3
+    later = sweep(store, strategy="random", budget=2, baseline=False)  # a new sweep gets its own budget
+    assert len(sim_trials(store, sweep_id=later.sweep_id)) == 2
+    assert len(sim_trials(store)) == 5
+
+
+@pytest.mark.parametrize("challenger_gain, promoted", [(0.01, False), (0.10, True)])
+def test_a_new_winner_must_beat_the_current_one_beyond_the_minimum_gain(
+    store, sim, challenger_gain, promoted
+):
+    sim_backend.COSTS.update(
+        {1: 2e-3, 2: 1.5e-3, 3: 1e-3, 4: 1.2e-3, 5: 3e-3, 6: 1e-3 * (1 - challenger_gain)}
+    )
+    sweep(store, budget=4, baseline=False)  # tiles 1..4 in grid order: tile 3 wins
+    key = PROBLEM.problem.key
+    first = store.current_winner(fingerprint_hash=DEVICE.hash, backend="sim", problem_key=key)
+    assert first.config == {"tile": 3}
+    outcome = sweep(store, baseline=False)  # tiles 5..8, re-timed against the winner
+    winner = store.current_winner(fingerprint_hash=DEVICE.hash, backend="sim", problem_key=key)
+    assert (winner.config == {"tile": 6}) is promoted
+    assert ("winner kept" in outcome.problems[0].decision) is not promoted
+
+
+def test_warm_start_tries_heuristic_then_winners_of_neighbouring_m(store, sim):
+    sim_backend.COSTS.update({5: 1e-4})
+    neighbour = PlannedProblem(PROBLEM.problem.with_m(16), "neighbour")
+    sweep(store, planned=[neighbour], baseline=False)  # tile 5 wins at m=16
+    order = []
+    sweep(store, runner=recording(order), baseline=False)
+    assert order[:2] == [sim_backend.HEURISTIC_TILE, 5]
+    assert sorted(order) == list(sim_backend.TILES)
+
+
+def test_minutes_budget_stops_asking(store, sim):
+    clock = iter(range(0, 10_000, 30))  # every reading of the clock is 30 s later
+    spec = SweepSpec(backend="sim", minutes=1.5, baseline=False)
+    sweep_id = store.create_sweep(backend="sim", strategy="grid", spec={}, host="h", user="u")
+    driver = SweepDriver(
+        store,
+        InlineExecutor(sim_backend.simulate, DEVICE),
+        spec,
+        backend="sim",
+        clock=lambda: next(clock),
+        poll_s=0,
+    )
+    driver.run([PROBLEM], sweep_id=sweep_id)
+    assert 0 < len(sim_trials(store, sweep_id=sweep_id)) < 8
+
+
+def test_misses_and_stale_winners_become_problems(store, sim):
+    from moetune.kernels import registry
+
+    missed = parse_problem("m=64,k=64,n=64,g=4").problem
+    store.record_miss(device=DEVICE, backend="sim", problem=missed)
+    sweep(store, baseline=False)
+    backend = registry.get("sim")
+    assert [p.problem for p in store_problems(SweepSpec(misses=True), store, backend, DEVICE)] == [missed]
+    assert store_problems(SweepSpec(stale=True), store, backend, DEVICE) == []  # the winner is current
+    other_driver = DeviceFingerprint("Simulated GPU", "gpu", 4, 1 << 30, "9.0", "2", "1", "0", "0")
+    stale = store_problems(SweepSpec(stale=True), store, backend, other_driver)
+    assert [p.problem for p in stale] == [PROBLEM.problem] and "stale (device)" in stale[0].label
+    # Once tuned on the device in question, a miss or a stale winner is not listed again.
+    sweep(store, planned=[PlannedProblem(missed, "missed")], baseline=False)
+    assert store_problems(SweepSpec(misses=True), store, backend, DEVICE) == []
+    executor = InlineExecutor(sim_backend.simulate, other_driver)
+    sweep_id = store.create_sweep(backend="sim", strategy="grid", spec={}, host="h", user="u")
+    SweepDriver(store, executor, SweepSpec(backend="sim", baseline=False), backend="sim").run(
+        stale, sweep_id=sweep_id
+    )
+    # Left: the problem that was only ever tuned under the first fingerprint.
+    assert [p.problem for p in store_problems(SweepSpec(stale=True), store, backend, other_driver)] == [
+        missed
+    ]
+
+
+def test_compile_only_sweep_records_statuses_and_duplicate_binaries(store, sim):
+    from moetune.tuner.candidate import CandidateRunner
+    from moetune.tuner.sweep_setup import resolve_target
+
+    spec = SweepSpec(backend="sim", compile_only=True)
+    backend, stand_in, target = resolve_target(spec, DEVICE)
+    assert target == "sim-arch" and stand_in.device_kind == "sim-arch (compile-only)"
+    sweep_id = store.create_sweep(backend="sim", strategy="grid", spec={}, host="h", user="u")
+    executor = InlineExecutor(CandidateRunner("w").evaluate, DEVICE)
+    driver = SweepDriver(
+        store, executor, spec, backend="sim", compile_target=target, device=stand_in, poll_s=0
+    )
+    outcome = driver.run([PROBLEM], sweep_id=sweep_id)
+    rows = {r.config["tile"]: r for r in sim_trials(store, sweep_id=sweep_id)}
+    assert {t: r.status for t, r in rows.items()} == {
+        1: "ok",
+        2: "compile_error",
+        3: "pruned",
+        4: "pruned",
+        5: "ok",
+        6: "ok",
+        7: "ok",
+        8: "ok",
+    }
+    assert "simulated compiler crash" in rows[2].error and "spills" in rows[4].error
+    assert rows[6].routing["duplicate_of"] == rows[5].id and "duplicate_of" not in rows[5].routing
+    assert rows[1].routing["metrics"] == {"vgprs": 64} and rows[1].median_s is None
+    assert {r.device_kind for r in rows.values()} == {"sim-arch (compile-only)"}
+    assert "4 worth timing, 1 duplicates" in outcome.problems[0].decision
+    assert store.winners(backend="sim") == []  # nothing was timed, so nothing is promoted
+    assert store.trials(backend="xla") == []  # and no baseline is timed either

@@ -1,0 +1,140 @@
+"""Models and sweep files -> Problems; single-problem strings; the sweep spec and its overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from moetune.kernels.errors import ConfigInvalid
+from moetune.tuner.plan import DEFAULT_TOKEN_BUCKETS, ModelShapes, dedupe, load_model, parse_problem
+from moetune.tuner.spec import SweepSpec, load_sweep_file, shipped_sweep_names
+
+
+def test_mixtral_8x7b_yields_gate_up_and_down_per_bucket():
+    model = load_model("mixtral-8x7b")
+    assert (model.experts, model.top_k, model.hidden, model.ffn) == (8, 2, 4096, 14336)
+    assert model.token_buckets == DEFAULT_TOKEN_BUCKETS == tuple(2**i for i in range(15))
+    problems = {p.label: p.problem for p in model.problems()}
+    assert len(problems) == 2 * 15
+    gate_up, down = problems["mixtral-8x7b gate_up T=4096"], problems["mixtral-8x7b down T=4096"]
+    assert (gate_up.m, gate_up.k, gate_up.n, gate_up.g) == (8192, 4096, 28672, 8)
+    assert (down.m, down.k, down.n, down.g) == (8192, 14336, 4096, 8)
+    assert gate_up.lhs_dtype == gate_up.rhs_dtype == gate_up.out_dtype == "bfloat16"
+
+
+def test_mixtral_8x22b_shapes():
+    problems = {p.label: p.problem for p in load_model("mixtral-8x22b").problems()}
+    gate_up = problems["mixtral-8x22b gate_up T=1"]
+    assert (gate_up.m, gate_up.k, gate_up.n, gate_up.g) == (2, 6144, 32768, 8)
+    down = problems["mixtral-8x22b down T=16384"]
+    assert (down.m, down.k, down.n, down.g) == (32768, 16384, 6144, 8)
+
+
+def test_any_model_works_from_its_yaml_alone(tmp_path):
+    path = tmp_path / "my-moe.yaml"
+    path.write_text(
+        "name: my-moe\nexperts: 64\ntop_k: 6\nhidden: 2048\nffn: 1408\n"
+        "lhs_dtype: bf16\nrhs_dtype: bf16\nout_dtype: f32\ntoken_buckets: [16, 2]\n"
+    )
+    model = load_model(str(path))
+    assert model.token_buckets == (2, 16)
+    first = model.problems()[0].problem
+    assert (first.m, first.k, first.n, first.g, first.out_dtype) == (12, 2048, 2816, 64, "float32")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("name: x\nexperts: 8\ntop_k: 2\nhidden: 64\n", "missing model fields ffn"),
+        ("name: x\nexperts: 2\ntop_k: 4\nhidden: 64\nffn: 64\n", "top_k=4 exceeds experts=2"),
+        ("name: x\nexperts: 8\ntop_k: 2\nhidden: 64\nffn: 64\nlayers: 3\n", "unknown model fields layers"),
+        ("name: x\nexperts: 8\ntop_k: 2\nhidden: 64\nffn: 0\n", "ffn=0 must be a positive integer"),
+        (
+            "name: x\nexperts: 8\ntop_k: 2\nhidden: 64\nffn: 64\ntoken_buckets: 4\n",
+            "token_buckets must be a list",
+        ),
+    ],
+)
+def test_bad_model_files_fail_with_the_reason(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigInvalid, match=message):
+        load_model(str(path))
+
+
+def test_unknown_model_name_lists_the_shipped_ones():
+    with pytest.raises(ConfigInvalid, match="shipped models: .*mixtral-8x7b.*tiny"):
+        load_model("no-such-model")
+
+
+def test_parse_problem():
+    planned = parse_problem("m=8192,k=4096,n=28672,g=8,dtype=bf16")
+    p = planned.problem
+    assert (p.m, p.k, p.n, p.g, p.lhs_dtype, p.out_dtype, p.transpose_rhs) == (
+        8192,
+        4096,
+        28672,
+        8,
+        "bfloat16",
+        "bfloat16",
+        False,
+    )
+    q = parse_problem("m=16, k=64, n=64, g=4, dtype=bf16, out=f32, t=1").problem
+    assert (q.out_dtype, q.transpose_rhs) == ("float32", True)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("m=1,k=2,n=3", "missing g"),
+        ("m=x,k=2,n=3,g=1", "m='x' is not an integer"),
+        ("m=1,k=2,n=3,g=1,z=4", "unknown field 'z'"),
+        ("m=1,k=2,n=3,g=1,dtype=int8", "dtype='int8'"),
+        ("m=1,k", "is not name=value"),
+    ],
+)
+def test_parse_problem_errors(text, message):
+    with pytest.raises(ConfigInvalid, match=message):
+        parse_problem(text)
+
+
+def test_dedupe_keeps_the_first_label():
+    a = parse_problem("m=2,k=64,n=64,g=4")
+    b = ModelShapes("m", experts=4, top_k=2, hidden=64, ffn=32, token_buckets=(1,)).problems()
+    merged = dedupe([*b, a])
+    assert [p.label for p in merged] == ["m gate_up T=1", "m down T=1"]
+
+
+def test_sweep_file_flags_override(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("backend: xla\nmodel: tiny\nstrategy: tpe\nbudget: 8\nrouting: zipf:1.1\n")
+    spec, source = load_sweep_file(str(path))
+    assert (spec.backend, spec.models, spec.strategy, spec.budget) == ("xla", ("tiny",), "tpe", 8)
+    assert source == str(path.resolve())
+    flags = dict(strategy="grid", budget=None, models=(), minutes=2.0)
+    merged = spec.override(**flags)
+    assert (merged.strategy, merged.budget, merged.models, merged.minutes) == ("grid", 8, ("tiny",), 2.0)
+    assert SweepSpec.from_dict(merged.to_dict()) == merged
+
+
+def test_shipped_sweep_files_load():
+    names = shipped_sweep_names()
+    assert "quickstart" in names
+    for name in names:
+        spec, _ = load_sweep_file(name)
+        assert spec.backend
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"budgte": 3}, "unknown sweep fields budgte"),
+        ({"runs": 5}, "at least 10 runs"),
+        ({"verify_draws": 1}, "two routing draws"),
+        ({"min_gain": 2}, "min_gain"),
+        ({"budget": 0}, "budget=0"),
+        ({"models": "tiny"}, "models must be a list"),
+    ],
+)
+def test_bad_sweep_settings(data, message):
+    with pytest.raises(ConfigInvalid, match=message):
+        SweepSpec.from_dict(data)

@@ -1,0 +1,72 @@
+"""Routings -> group sizes: balanced, zipf, recorded expert ids; and the verification draws."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moetune.kernels.errors import ConfigInvalid
+from moetune.tuner.routing import Routing, verification_draws
+
+
+def test_balanced_splits_evenly_with_the_remainder_first():
+    sizes = Routing.parse("balanced").group_sizes(10, 4, seed=0)
+    assert sizes.tolist() == [3, 3, 2, 2]
+    assert sizes.dtype == np.int32
+
+
+def test_zipf_is_skewed_seeded_and_sums_to_m():
+    routing = Routing.parse("zipf:1.5")
+    a = routing.group_sizes(4096, 8, seed=3)
+    assert a.sum() == 4096
+    assert np.array_equal(a, routing.group_sizes(4096, 8, seed=3))
+    assert not np.array_equal(a, routing.group_sizes(4096, 8, seed=4))
+    # With exponent 1.5 the most popular expert takes far more than an even share (512).
+    assert a.max() > 1500
+    assert np.array_equal(
+        np.sort(Routing.parse("zipf:0").group_sizes(8000, 8, seed=1)) > 800, np.ones(8, bool)
+    )
+
+
+def test_recorded_routing_counts_expert_ids(tmp_path):
+    ids = np.array([[0, 1], [0, 2], [0, 3], [1, 2]], dtype=np.int64)
+    path = tmp_path / "ids.npy"
+    np.save(path, ids)
+    routing = Routing.parse(str(path))
+    sizes = routing.group_sizes(8, 4, seed=0)
+    assert sizes.sum() == 8
+    assert sizes.tolist() == np.bincount(ids.reshape(-1), minlength=4).tolist()  # all 8 ids, in some rotation
+    assert routing.group_sizes(20, 4, seed=1).sum() == 20  # longer than the recording: wraps around
+    with pytest.raises(ConfigInvalid, match="expert id 3 >= g=2"):
+        routing.group_sizes(8, 2, seed=0)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (np.zeros(5, np.int32), r"expected integer expert ids \[T, top_k\]"),
+        (np.zeros((2, 2), np.float32), "float32"),
+        (np.array([[-1, 0]]), "negative expert id"),
+    ],
+)
+def test_bad_routing_files(tmp_path, content, message):
+    path = tmp_path / "bad.npy"
+    np.save(path, content)
+    with pytest.raises(ConfigInvalid, match=message):
+        Routing.parse(str(path))
+
+
+@pytest.mark.parametrize("text", ["skewed", "zipf:x", "zipf:-1", "missing.npy"])
+def test_bad_routing_specs(text):
+    with pytest.raises(ConfigInvalid):
+        Routing.parse(text)
+
+
+def test_verification_draws_include_padding_rows_and_an_empty_expert():
+    routing = Routing.parse("balanced")
+    draws = verification_draws(routing, 64, 4, seed=0, count=3)
+    assert draws[0].tolist() == routing.group_sizes(64, 4, seed=0).tolist()
+    assert all(d.sum() < 64 for d in draws[1:])  # rows past sum(group_sizes) exist to be checked
+    assert (draws[1] == 0).any()
+    with pytest.raises(ConfigInvalid, match="at least two"):
+        verification_draws(routing, 64, 4, seed=0, count=1)

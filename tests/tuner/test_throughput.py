@@ -1,0 +1,22 @@
+"""`moetune bench tuner`'s measurement: the same candidates on Ray and one by one in-process."""
+
+from __future__ import annotations
+
+import pytest
+
+from moetune.tuner.spec import SweepSpec
+from moetune.tuner.sweep_setup import model_problems
+from moetune.tuner.throughput import measure
+
+pytestmark = pytest.mark.slow
+
+
+def test_ray_and_sequential_runs_time_the_same_candidates(ray_cluster):
+    spec = SweepSpec(backend="xla", models=("tiny",), token_buckets=(8,), budget=2, workers=2)
+    result = measure(spec, model_problems(spec))
+    assert result.problems == 2 and result.backend == "xla"
+    for mode in (result.ray, result.sequential):
+        assert mode.variants == 4 and mode.statuses == {"ok": 4}
+        assert mode.per_minute > 0 and mode.mean_compile_s > 0
+    assert result.ray.workers == 2 and result.sequential.workers == 1
+    assert result.to_dict()["speedup"] == pytest.approx(result.ray.per_minute / result.sequential.per_minute)

@@ -1,0 +1,205 @@
+"""Evaluating tasks inside one worker process: compile (CPU), then verify and time (the device).
+
+The two phases are separate calls because they need different resources: `prepare` lowers and compiles
+and may run in parallel with other workers; `run` executes on the device and is what the executor
+serialises per device, so no two timings (or a verification next to a timing) ever overlap there. A JAX
+executable cannot move between processes, so both phases run in the same worker; the executable waits
+in between inside a `Prepared`.
+
+Exceptions map to statuses by phase and type, never by message text: anything raised while building
+or compiling is a compile_error; WrongResult while verifying is a wrong_result; anything else raised
+on the device is `crashed` (the worker survived, the kernel did not). A worker that dies or hangs is
+classified by the executor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from moetune.kernels import registry
+from moetune.kernels.errors import ConfigInvalid, WrongResult
+from moetune.kernels.problem import Problem
+from moetune.tuner import verify
+from moetune.tuner.tasks import (
+    COMPILE_ERROR,
+    CRASHED,
+    OK,
+    PRUNED,
+    WRONG_RESULT,
+    CandidateResult,
+    CandidateTask,
+    CompileOnlyTask,
+    Result,
+    RetimeResult,
+    RetimeTask,
+    Task,
+    error_text,
+    now,
+)
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A task whose executables are compiled and wait for the device."""
+
+    task: Task
+    executables: list[Callable[..., Any] | None]  # per config; None where compilation failed
+    errors: list[str]
+    compile_s: float
+    started_at: datetime.datetime
+
+
+def compile_config(backend_name: str, problem: Problem, config: dict[str, Any]) -> Callable[..., Any]:
+    """Build the backend's kernel for `config` and compile it for the input shapes (no device work)."""
+    backend = registry.get(backend_name)
+    backend.check(problem)
+    kernel = backend.build(problem, backend.config_cls.from_dict(config))
+    return jax.jit(kernel).lower(*verify.shape_dtypes(problem)).compile()
+
+
+class CandidateRunner:
+    """Runs tasks in this process. One per worker; keeps the current problem's inputs between tasks."""
+
+    def __init__(self, worker: str = "") -> None:
+        self.worker = worker or f"pid{os.getpid()}"
+        self.host = socket.gethostname()
+        self._cache = verify.InputCache()
+
+    def prepare(self, task: Task) -> Prepared | Result:
+        """Compile every config of `task`; a CandidateTask that fails here is finished (compile_error),
+        and a CompileOnlyTask always is (it never reaches a device)."""
+        started = now()
+        if isinstance(task, CompileOnlyTask):
+            return self._compile_only(task, started)
+        configs = task.configs if isinstance(task, RetimeTask) else (task.config,)
+        executables: list[Callable[..., Any] | None] = []
+        errors: list[str] = []
+        t0 = time.perf_counter()
+        for config in configs:
+            try:
+                executables.append(compile_config(task.backend, task.problem, config))
+                errors.append("")
+            except Exception as e:  # the edge where a failure becomes data (the trial's status)
+                executables.append(None)
+                errors.append(error_text(e))
+        compile_s = time.perf_counter() - t0
+        if isinstance(task, CandidateTask) and executables[0] is None:
+            return self._ended(task, COMPILE_ERROR, started, compile_s, error=errors[0])
+        return Prepared(task, executables, errors, compile_s, started)
+
+    def run(self, prepared: Prepared) -> Result:
+        """Verify and time (CandidateTask) or re-time interleaved (RetimeTask) on this process's device."""
+        try:
+            if isinstance(prepared.task, RetimeTask):
+                return self._retime(prepared)
+            return self._verify_and_time(prepared)
+        finally:
+            self._cache.trim()
+
+    def _verify_and_time(self, prepared: Prepared) -> CandidateResult:
+        task: CandidateTask = prepared.task
+        fn = prepared.executables[0]
+        device_started = now()
+        stage = "verify"
+        try:
+            inputs = self._cache.inputs(task.problem, task.seed)
+            verify_error = verify.verify(fn, inputs, self._cache, task.verify_sizes)
+            stage = "time"
+            timer = registry.get(task.backend).timer()
+            samples = timer.time(fn, inputs.arg_sets(task.timing_sizes), runs=task.runs)
+        except WrongResult as e:
+            return self._result(task, WRONG_RESULT, prepared, device_started, error=str(e))
+        except Exception as e:  # a kernel that raised on the device; the worker itself is fine
+            return self._result(
+                task, CRASHED, prepared, device_started, error=f"raised during {stage}: {error_text(e)}"
+            )
+        return self._result(
+            task, OK, prepared, device_started, samples_s=tuple(samples), verify_error=verify_error
+        )
+
+    def _compile_only(self, task: CompileOnlyTask, started: datetime.datetime) -> CandidateResult:
+        backend = registry.get(task.backend)
+        t0 = time.perf_counter()
+        try:
+            config = backend.config_cls.from_dict(task.config)
+            static = backend.compile_only(task.problem, config, task.target)
+        except ConfigInvalid as e:  # a rule of the plan, known before compiling
+            status, error, static = PRUNED, str(e), None
+        except Exception as e:  # the edge where a compiler failure becomes data
+            status, error, static = COMPILE_ERROR, error_text(e), None
+        else:
+            status, error = (PRUNED, static.pruned) if static.pruned else (OK, "")
+        compile_s = static.compile_s if static is not None else time.perf_counter() - t0
+        facts = (
+            {"target": task.target, "binary_hash": static.binary_hash, "metrics": static.metrics}
+            if static
+            else None
+        )
+        return self._ended(task, status, started, compile_s, error=error, static=facts)
+
+    def evaluate(self, task: Task) -> Result:
+        """Both phases back to back: the in-process (sequential) path."""
+        prepared = self.prepare(task)
+        return self.run(prepared) if isinstance(prepared, Prepared) else prepared
+
+    def _retime(self, prepared: Prepared) -> RetimeResult:
+        task: RetimeTask = prepared.task
+        inputs = self._cache.inputs(task.problem, task.seed)
+        arg_sets = inputs.arg_sets(task.timing_sizes)
+        timer = registry.get(task.backend).timer()
+        samples: list[list[float]] = [[] for _ in task.configs]
+        live = [i for i, fn in enumerate(prepared.executables) if fn is not None]
+        errors = [e for e in prepared.errors if e]
+        for round_index in range(task.rounds):
+            # Rotate the order each round: A B C, B C A, C A B, ...
+            shift = round_index % max(len(live), 1)
+            for i in live[shift:] + live[:shift]:
+                try:
+                    samples[i] += timer.time(prepared.executables[i], arg_sets, runs=task.runs_per_round)
+                except Exception as e:  # one finalist failing must not cost the others their numbers
+                    errors.append(error_text(e))
+                    live.remove(i)
+                    samples[i] = []
+        return RetimeResult(
+            task.task_id, tuple(tuple(s) for s in samples), "; ".join(errors), self.host, self.worker
+        )
+
+    def _result(
+        self,
+        task: CandidateTask,
+        status: str,
+        prepared: Prepared,
+        device_started: datetime.datetime,
+        **fields: Any,
+    ) -> CandidateResult:
+        return self._ended(
+            task, status, prepared.started_at, prepared.compile_s, device_started_at=device_started, **fields
+        )
+
+    def _ended(
+        self,
+        task: CandidateTask | CompileOnlyTask,
+        status: str,
+        started_at: datetime.datetime,
+        compile_s: float,
+        **fields: Any,
+    ) -> CandidateResult:
+        """The result of `task`, finished now in this worker."""
+        return CandidateResult(
+            task.task_id,
+            status,
+            compile_s=compile_s,
+            host=self.host,
+            worker=self.worker,
+            started_at=started_at,
+            finished_at=now(),
+            **fields,
+        )

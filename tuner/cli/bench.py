@@ -1,0 +1,100 @@
+"""`moetune bench ...`: benchmarks. `bench tuner` measures the tuner's own throughput; `bench model`
+(tuner/cli/bench_model.py) measures a MoE model end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from moetune.kernels.errors import MoetuneError
+from moetune.tuner.cli import app
+from moetune.tuner.cli.bench_model import bench_model_command
+from moetune.tuner.cli.common import console, fail
+
+bench_app = typer.Typer(
+    help="Benchmarks: the tuner's throughput, a MoE model end to end.", no_args_is_help=True
+)
+app.add_typer(bench_app, name="bench")
+bench_app.command("model")(bench_model_command)
+
+
+@bench_app.command("tuner")
+def bench_tuner(
+    model: Annotated[
+        str, typer.Option("--model", help="Model whose problems supply the candidates.")
+    ] = "tiny",
+    buckets: Annotated[
+        str | None, typer.Option("--buckets", help="Token buckets, e.g. 64,1024 (default: the model's).")
+    ] = None,
+    backend: Annotated[str, typer.Option("--backend", help="Backend (auto: the best available).")] = "auto",
+    budget: Annotated[
+        int | None, typer.Option("--budget", help="Candidates per problem (default: the whole grid).")
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", help="Ray compile workers (default: one per CPU).")
+    ] = None,
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Join this Ray cluster.")] = None,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="Per candidate and phase.")] = 300.0,
+    out: Annotated[Path | None, typer.Option("--out", help="Also write the result as JSON here.")] = None,
+) -> None:
+    """Variants per minute (compiled + verified + timed): a Ray sweep vs the same candidates in-process."""
+    from moetune.tuner.spec import SweepSpec
+    from moetune.tuner.sweep_setup import model_problems
+    from moetune.tuner.throughput import measure
+
+    try:
+        token_buckets = tuple(int(b) for b in buckets.split(",") if b.strip()) if buckets else ()
+    except ValueError:
+        fail(f"--buckets {buckets!r} is not a comma-separated list of token counts")
+    try:
+        spec = SweepSpec(
+            backend=backend,
+            models=(model,),
+            token_buckets=token_buckets,
+            budget=budget,
+            workers=workers,
+            ray_address=ray_address,
+            timeout_s=timeout_s,
+        )
+        result = measure(spec, model_problems(spec))
+    except MoetuneError as e:
+        fail(str(e))
+    from rich.table import Table
+
+    table = Table(
+        title=f"tuner throughput: {result.backend} on {result.device_kind}, {result.problems} problems"
+    )
+    for column in (
+        "mode",
+        "workers",
+        "variants",
+        "seconds",
+        "variants/min",
+        "mean compile s",
+        "start-up s",
+        "statuses",
+    ):
+        table.add_column(column)
+    for mode in (result.ray, result.sequential):
+        compile_s = "-" if mode.mean_compile_s is None else f"{mode.mean_compile_s:.3g}"
+        statuses = ", ".join(f"{k}={v}" for k, v in sorted(mode.statuses.items()))
+        table.add_row(
+            mode.mode,
+            str(mode.workers),
+            str(mode.variants),
+            f"{mode.elapsed_s:.1f}",
+            f"{mode.per_minute:.1f}",
+            compile_s,
+            f"{mode.startup_s:.1f}",
+            statuses,
+        )
+    console.print(table)
+    console.print(
+        f"ray / sequential: {result.speedup:.2f}x variants per minute", markup=False, highlight=False
+    )
+    if out is not None:
+        out.write_text(json.dumps(result.to_dict(), indent=1, sort_keys=True))
+        console.print(f"wrote {out}", markup=False, highlight=False)

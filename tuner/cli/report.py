@@ -1,0 +1,40 @@
+"""`moetune report SWEEP`: write a self-contained HTML report of a sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from moetune.kernels.errors import MoetuneError
+from moetune.tuner.cli import app
+from moetune.tuner.cli.common import console, fail
+
+
+@app.command()
+def report(
+    sweep: Annotated[int, typer.Argument(help="Sweep id (printed by `moetune tune`).")],
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="HTML file to write (default: moetune-sweep-N.html).")
+    ] = None,
+    db: Annotated[
+        str | None,
+        typer.Option("--db", help="Database URL (default: $MOETUNE_DB, else the default SQLite file)."),
+    ] = None,
+) -> None:
+    """Write an HTML report: winners vs heuristic vs XLA, speedups, failures, time per config."""
+    from moetune.db import open_store
+    from moetune.tuner.report import render
+
+    path = out or Path(f"moetune-sweep-{sweep}.html")
+    try:
+        with open_store(db) as store:
+            html = render(store, sweep)
+    except MoetuneError as e:
+        fail(str(e))
+    try:
+        path.write_text(html)
+    except OSError as e:
+        fail(f"cannot write {path}: {e.strerror}")
+    console.print(f"wrote {path}", markup=False, highlight=False)

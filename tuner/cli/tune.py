@@ -1,0 +1,295 @@
+"""`moetune tune`: run a tuning sweep (or plan one with --dry-run, or finish one with --resume)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from moetune.kernels.errors import MoetuneError
+from moetune.tuner.cli import app
+from moetune.tuner.cli.common import console, err_console, fail
+
+# Flags that may change when a sweep resumes: where it runs, not what it measures.
+RESUMABLE = {"db", "ray_address", "workers", "minutes"}
+
+
+def _buckets(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        fail(f"--buckets {text!r} is not a comma-separated list of token counts")
+
+
+@app.command()
+def tune(
+    sweep: Annotated[
+        str | None, typer.Option("--sweep", help="Sweep file (configs/sweeps/NAME or a path).")
+    ] = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", help="Model YAML (configs/models/NAME or a path); repeatable."),
+    ] = None,
+    problem: Annotated[
+        list[str] | None,
+        typer.Option("--problem", help="One shape, e.g. m=8192,k=4096,n=28672,g=8,dtype=bf16."),
+    ] = None,
+    buckets: Annotated[
+        str | None, typer.Option("--buckets", help="Token buckets, e.g. 1,16,256 (default: the model's).")
+    ] = None,
+    backend: Annotated[
+        str | None, typer.Option("--backend", help="Backend name, or auto (the best available).")
+    ] = None,
+    strategy: Annotated[str | None, typer.Option("--strategy", help="grid, random or tpe.")] = None,
+    budget: Annotated[int | None, typer.Option("--budget", help="Trials per problem.")] = None,
+    minutes: Annotated[
+        float | None, typer.Option("--minutes", help="Wall-clock budget of the whole sweep.")
+    ] = None,
+    routing: Annotated[
+        str | None, typer.Option("--routing", help="balanced, zipf:S or FILE.npy of expert ids [T, top_k].")
+    ] = None,
+    timeout_s: Annotated[
+        float | None, typer.Option("--timeout-s", help="Per candidate and phase (compile; verify+time).")
+    ] = None,
+    runs: Annotated[int | None, typer.Option("--runs", help="Timed runs per candidate (>= 10).")] = None,
+    min_gain: Annotated[
+        float | None, typer.Option("--min-gain", help="Smallest gain that replaces a winner (0.02 = 2%).")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Seed of routing draws, inputs and strategies.")
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", help="Compile workers (default: one per cluster CPU).")
+    ] = None,
+    db: Annotated[
+        str | None,
+        typer.Option("--db", help="Database URL (default: $MOETUNE_DB, else the default SQLite file)."),
+    ] = None,
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="Join this Ray cluster (default: start a local one).")
+    ] = None,
+    resume: Annotated[
+        int | None, typer.Option("--resume", help="Finish sweep N: no finished trial is repeated.")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan and an estimated time; run nothing.")
+    ] = False,
+    misses: Annotated[
+        bool, typer.Option("--misses", help="Tune the shapes dispatch missed on this device.")
+    ] = False,
+    stale: Annotated[
+        bool, typer.Option("--stale", help="Re-tune winners whose device or kernel source changed.")
+    ] = False,
+    compile_only: Annotated[
+        bool, typer.Option("--compile-only", help="Compile for --arch without its device; time nothing.")
+    ] = False,
+    arch: Annotated[str | None, typer.Option("--arch", help="Target of --compile-only, e.g. gfx942.")] = None,
+    no_baseline: Annotated[
+        bool, typer.Option("--no-baseline", help="Do not time XLA's ragged_dot for comparison.")
+    ] = False,
+    inline: Annotated[
+        bool, typer.Option("--inline", help="No Ray: compile and time one by one in this process.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the outcome (or the plan) as JSON.")] = False,
+) -> None:
+    """Tune kernels: compile candidates in parallel, verify each, time each exclusively, keep the winners."""
+    from moetune.db import open_store
+    from moetune.tuner.spec import SweepSpec, load_sweep_file
+
+    flags: dict[str, Any] = dict(
+        models=tuple(model or ()),
+        problems=tuple(problem or ()),
+        token_buckets=_buckets(buckets),
+        backend=backend,
+        strategy=strategy,
+        budget=budget,
+        minutes=minutes,
+        routing=routing,
+        timeout_s=timeout_s,
+        runs=runs,
+        min_gain=min_gain,
+        seed=seed,
+        workers=workers,
+        db=db,
+        ray_address=ray_address,
+        misses=misses or None,
+        stale=stale or None,
+        baseline=False if no_baseline else None,
+        compile_only=compile_only or None,
+        arch=arch,
+    )
+    try:
+        if resume is not None:
+            changed = sorted(k for k, v in flags.items() if v not in (None, (), []) and k not in RESUMABLE)
+            if changed or sweep:
+                fail(f"--resume keeps the sweep's own settings; drop {', '.join(changed or ['--sweep'])}")
+            with open_store(db) as store:
+                from moetune.tuner.sweep_setup import load_sweep
+
+                spec, planned = load_sweep(store, resume)
+            spec = spec.override(**{k: v for k, v in flags.items() if k in RESUMABLE})
+            _run(
+                spec,
+                planned,
+                resume_id=resume,
+                sweep_file=None,
+                dry_run=dry_run,
+                inline=inline,
+                as_json=as_json,
+            )
+            return
+        spec, sweep_file = load_sweep_file(sweep) if sweep else (SweepSpec(), None)
+        spec = spec.override(**flags)
+        _run(
+            spec, None, resume_id=None, sweep_file=sweep_file, dry_run=dry_run, inline=inline, as_json=as_json
+        )
+    except MoetuneError as e:
+        fail(str(e))
+
+
+def _run(spec, planned, *, resume_id, sweep_file, dry_run: bool, inline: bool, as_json: bool) -> None:
+    from moetune.db import open_store
+    from moetune.tuner import sweep_setup
+    from moetune.tuner.driver import SweepDriver
+    from moetune.tuner.progress import default_progress
+
+    store = open_store(spec.db)
+    try:
+        if dry_run:
+            _dry_run(spec, planned, store, as_json)
+            return
+        executor, started_ray = sweep_setup.make_executor(spec, inline=inline)
+        try:
+            backend, device, target = sweep_setup.resolve_target(spec, executor.device)
+            if planned is None:
+                planned = sweep_setup.resolve_problems(spec, store, backend, device)
+            if resume_id is None:
+                sweep_id = sweep_setup.create_sweep(store, spec, backend, planned, device, sweep_file)
+            else:
+                sweep_id = resume_id
+            err_console.print(
+                f"sweep {sweep_id}: {len(planned)} problems, backend {backend.name}, "
+                f"strategy {spec.strategy}, {executor.workers} workers on {device.device_kind}; "
+                f"database {store.url}",
+                markup=False,
+                highlight=False,
+            )
+            driver = SweepDriver(
+                store,
+                executor,
+                spec,
+                backend=backend.name,
+                progress=default_progress(),
+                compile_target=target,
+                device=device,
+            )
+            try:
+                outcome = driver.run(planned, sweep_id=sweep_id)
+            except KeyboardInterrupt:
+                err_console.print(
+                    f"interrupted; finish it with: moetune tune --resume {sweep_id}", markup=False
+                )
+                raise typer.Exit(130) from None
+        finally:
+            executor.close()
+            if started_ray:
+                from moetune.tuner import ray_pool
+
+                ray_pool.disconnect()
+        _print_outcome(outcome, as_json)
+    finally:
+        store.close()
+
+
+def _dry_run(spec, planned, store, as_json: bool) -> None:
+    from moetune.kernels.device import current_fingerprint
+    from moetune.tuner import sweep_setup
+    from moetune.tuner.dry_run import make_plan
+
+    # No cluster is started for a plan: this machine's device stands in for the workers'.
+    backend, device, _ = sweep_setup.resolve_target(spec, current_fingerprint())
+    if planned is None:
+        planned = sweep_setup.resolve_problems(spec, store, backend, device)
+    workers = spec.workers or len(os.sched_getaffinity(0))
+    plan = make_plan(spec, planned, store, backend.name, device, workers=workers)
+    if as_json:
+        rows = [vars(r) for r in plan.rows]
+        typer.echo(
+            json.dumps(
+                {
+                    "backend": backend.name,
+                    "device": device.device_kind,
+                    "problems": rows,
+                    "candidates": plan.candidates,
+                    "estimate_s": plan.estimate_s,
+                    "estimate_measured": plan.measured,
+                },
+                indent=1,
+            )
+        )
+        return
+    from rich.table import Table
+
+    table = Table(title=f"plan: backend {backend.name} on {device.device_kind}, strategy {spec.strategy}")
+    for column in ("problem", "valid", "pruned", "done before", "to run", "note"):
+        table.add_column(column)
+    for r in plan.rows:
+        table.add_row(r.label, str(r.valid), str(r.pruned), str(r.done), str(r.to_run), r.skipped)
+    out = table_console()
+    out.print(table)
+    basis = "from earlier trials" if plan.measured else "a guess: no earlier trials"
+    out.print(
+        f"{plan.candidates} candidates; estimated {plan.estimate_s / 60:.1f} min on {plan.workers} workers "
+        f"({plan.compile_s:.2g} s compile and {plan.device_s:.2g} s device per candidate, {basis})",
+        markup=False,
+        highlight=False,
+    )
+
+
+def _print_outcome(outcome, as_json: bool) -> None:
+    from moetune.tuner.summary import outcome_rows
+
+    rows = outcome_rows(outcome)
+    if as_json:
+        result = {"sweep_id": outcome.sweep_id, "status": outcome.status, "problems": rows}
+        typer.echo(json.dumps(result, indent=1, default=str))
+        return
+    from rich.table import Table
+
+    if outcome.compile_target:
+        title = f"compile-only sweep {outcome.sweep_id} ({outcome.backend} for {outcome.compile_target})"
+        columns = {"problem": "problem", "trials": "trials", "decision": "result"}
+    else:
+        title = f"winners of sweep {outcome.sweep_id} ({outcome.backend} on {outcome.device_kind})"
+        columns = {
+            "problem": "problem",
+            "trials": "trials",
+            "winner_ms": "winner ms",
+            "heuristic_ms": "heuristic ms",
+            "xla_ms": "xla ms",
+            "vs_heuristic": "vs heuristic",
+            "vs_xla": "vs xla",
+            "winner_config": "winner config",
+        }
+    table = Table(title=title)
+    for header in columns.values():
+        table.add_column(header)
+    for row in rows:
+        table.add_row(*(str(row[key]) for key in columns))
+    out = table_console()
+    out.print(table)
+    out.print(
+        f"{outcome.trials} trials in {outcome.elapsed_s:.0f} s; report: moetune report {outcome.sweep_id}",
+        markup=False,
+        highlight=False,
+    )
+
+
+def table_console() -> Console:
+    """The console for tables: piped output (logs, CI) gets whole tables, not 80 columns of ellipses."""
+    return console if console.is_terminal else Console(width=200)

@@ -1,0 +1,355 @@
+"""The Ray executor: compile in parallel on every core, time exclusively on every device.
+
+Design (a JAX executable cannot move between processes, so compile and time share a worker):
+
+    driver ──prepare(task)──► worker 0..N-1 (one CPU each)    lower + compile, all in parallel
+           ◄── ready ───────
+           ──run(task_id)───► the same worker                 verify + time, on its device
+                              only when that device's lane is free: one run per lane at a time
+
+A lane is one GPU (workers hold a fraction of it, so Ray pins each worker to one GPU and sets
+CUDA_VISIBLE_DEVICES), or the CPU of a host without GPUs. The driver owns the lanes, so no lock can
+leak when a worker dies, and a timeout measures only the worker's own phase, never time spent queueing
+for the device. Waiting for a lane does not count against `timeout_s`; each phase gets `timeout_s`.
+Lanes belong to one sweep's driver: two sweeps timing on the same GPU at once would overlap, so run one
+sweep per device at a time.
+
+Compile-only sweeps (backends that compile without their device, for a target this cluster may not
+have) use workers that hold no GPU: they run on CPU-only nodes as well, and never enter a lane.
+
+Faults: a worker that dies (segfault, os._exit, OOM kill) yields a `crashed` result, one that passes
+its deadline is killed and yields `timeout`; either way a fresh worker takes its place and the sweep
+goes on. Ray never restarts or retries on its own (max_restarts=0), so every fault is seen here once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import math
+import os
+import time
+from collections import deque
+from typing import Any
+
+from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.errors import MoetuneError
+from moetune.kernels.registry import ENV_EXTRA
+from moetune.tuner.executors import Executor
+from moetune.tuner.tasks import CRASHED, TIMEOUT, Result, RetimeTask, Task, error_text, failed
+
+# Enough for the small task and result objects this executor moves; Ray's default takes 30% of memory.
+OBJECT_STORE_BYTES = 256 * 2**20
+# A worker starts a Python process and imports JAX: slow on a busy node, but not minutes.
+STARTUP_TIMEOUT_S = 300.0
+# Workers that die while starting, in a row, before the sweep gives up (a broken environment).
+MAX_START_FAILURES = 3
+
+
+class PoolError(MoetuneError):
+    """The Ray cluster cannot run the sweep (no workers start, mixed devices, bad address)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerInfo:
+    name: str
+    host: str
+    pid: int
+    node_id: str
+    lane: str  # "host:gpu0" or "host:cpu"
+    fingerprint: DeviceFingerprint
+
+
+class _Worker:
+    """A Ray actor (wrapped by ray.remote in `_actor_class`): one CandidateRunner and its prepared tasks."""
+
+    def __init__(self, name: str) -> None:
+        from moetune.tuner.candidate import CandidateRunner
+
+        self._runner = CandidateRunner(name)
+        self._prepared: dict[str, Any] = {}
+
+    def describe(self) -> WorkerInfo:
+        import ray
+
+        from moetune.kernels.device import current_fingerprint
+
+        fingerprint = current_fingerprint()  # imports JAX and opens the device: the startup cost, paid once
+        gpu_ids = ray.get_gpu_ids()
+        node = ray.get_runtime_context().get_node_id()
+        lane = f"{self._runner.host}:gpu{gpu_ids[0]}" if gpu_ids else f"{self._runner.host}:cpu"
+        return WorkerInfo(self._runner.worker, self._runner.host, os.getpid(), node, lane, fingerprint)
+
+    def prepare(self, task: Task) -> Result | None:
+        from moetune.tuner.candidate import Prepared
+
+        outcome = self._runner.prepare(task)
+        if isinstance(outcome, Prepared):
+            self._prepared[task.task_id] = outcome
+            return None
+        return outcome
+
+    def run(self, task_id: str) -> Result:
+        return self._runner.run(self._prepared.pop(task_id))
+
+
+@dataclasses.dataclass
+class _Slot:
+    name: str
+    actor: Any
+    phase: str = "starting"  # starting | idle | prepare | ready | run
+    ref: Any = None
+    deadline: float = math.inf
+    task: Task | None = None
+    info: WorkerInfo | None = None
+    ready_since: float = 0.0
+
+
+def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
+    """Join the cluster at `address`, or start a local one bound to 127.0.0.1; True if this started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    quiet = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    if address:
+        try:
+            ray.init(address=address, **quiet)
+        except (ConnectionError, ValueError, RuntimeError) as e:
+            raise PoolError(f"cannot join the Ray cluster at {address}: {e}") from e
+        return False
+    cpus = num_cpus or len(os.sched_getaffinity(0))
+    ray.init(num_cpus=cpus, _node_ip_address="127.0.0.1", object_store_memory=OBJECT_STORE_BYTES, **quiet)
+    return True
+
+
+def disconnect() -> None:
+    import ray
+
+    ray.shutdown()
+
+
+def default_worker_count(use_devices: bool = True) -> int:
+    """One compile worker per CPU (each holds one CPU while it compiles): of the nodes with GPUs when the
+    workers need a device there, of every node otherwise."""
+    import ray
+
+    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    if use_devices and any(resources.get("GPU") for resources in nodes):
+        nodes = [resources for resources in nodes if resources.get("GPU")]
+    return max(1, int(sum(resources.get("CPU", 0) for resources in nodes)))
+
+
+def _actor_class(num_gpus: float, env: dict[str, str]) -> Any:
+    import ray
+
+    options: dict[str, Any] = dict(
+        num_cpus=1, max_restarts=0, max_task_retries=0, runtime_env={"env_vars": env}
+    )
+    if num_gpus:
+        options["num_gpus"] = num_gpus
+    return ray.remote(_Worker).options(**options)
+
+
+def worker_env() -> dict[str, str]:
+    """What workers inherit from the driver: extra backends (tests, plug-ins), where to import them, and
+    JAX's memory settings.
+
+    N workers share a GPU, so none may preallocate most of it. Each worker's allocator keeps what it once
+    used, so sweeps of the largest shapes on one GPU want fewer workers (--workers), or
+    XLA_PYTHON_CLIENT_MEM_FRACTION / XLA_PYTHON_CLIENT_ALLOCATOR set in the driver's environment.
+    """
+    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    for name, value in os.environ.items():
+        if name in (ENV_EXTRA, "PYTHONPATH", "JAX_PLATFORMS") or name.startswith("XLA_PYTHON_CLIENT_"):
+            env[name] = value
+    return env
+
+
+class RayExecutor(Executor):
+    def __init__(
+        self, *, workers: int | None = None, timeout_s: float = 120.0, use_devices: bool = True
+    ) -> None:
+        """`use_devices=False` (compile-only sweeps): workers hold no GPU, so they run on any node,
+        CPU-only ones included, and may see different devices."""
+        import ray
+
+        self._ray = ray
+        self.timeout_s = timeout_s
+        self.use_devices = use_devices
+        self._count = workers or default_worker_count(use_devices)
+        gpus = ray.cluster_resources().get("GPU", 0) if use_devices else 0
+        # k workers per GPU hold 1/k of it each, so Ray pins every worker to one GPU.
+        per_gpu = math.ceil(self._count / gpus) if gpus else 0
+        self._actor_cls = _actor_class(1.0 / per_gpu if per_gpu else 0.0, worker_env())
+        self._names = itertools.count()
+        self._slots = [self._spawn() for _ in range(self._count)]
+        self._queue: deque[Task] = deque()
+        self._lanes: dict[str, _Slot | None] = {}
+        self._start_failures = 0
+        self.device = self._start()
+
+    # --- workers ----------------------------------------------------------------------------------
+
+    def _spawn(self) -> _Slot:
+        name = f"w{next(self._names)}"
+        actor = self._actor_cls.remote(name)
+        slot = _Slot(name, actor)
+        slot.ref = actor.describe.remote()
+        slot.deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        return slot
+
+    def _replace(self, slot: _Slot) -> None:
+        self._ray.kill(slot.actor, no_restart=True)
+        if slot.info is not None and self._lanes.get(slot.info.lane) is slot:
+            self._lanes[slot.info.lane] = None
+        self._slots[self._slots.index(slot)] = self._spawn()
+
+    def _start(self) -> DeviceFingerprint:
+        """Wait for every worker to come up; they must all see the same kind of device."""
+        while any(slot.phase == "starting" for slot in self._slots):
+            self._poll(time.monotonic() + STARTUP_TIMEOUT_S)
+        kinds = {slot.info.fingerprint.hash: slot.info.fingerprint for slot in self._slots if slot.info}
+        if len(kinds) != 1 and self.use_devices:
+            described = "; ".join(f"{fp.device_kind} ({h})" for h, fp in kinds.items())
+            raise PoolError(
+                f"the workers see different devices ({described}); tune one device model per sweep"
+            )
+        return next(iter(kinds.values()))
+
+    @property
+    def workers(self) -> int:
+        return self._count
+
+    def worker_infos(self) -> list[WorkerInfo]:
+        return [slot.info for slot in self._slots if slot.info is not None]
+
+    # --- the Executor contract --------------------------------------------------------------------
+
+    def capacity(self) -> int:
+        free = sum(1 for slot in self._slots if slot.phase in ("idle", "starting"))
+        return max(0, free - len(self._queue))
+
+    def submit(self, task: Task) -> None:
+        self._queue.append(task)
+
+    def in_flight(self) -> int:
+        return len(self._queue) + sum(1 for slot in self._slots if slot.task is not None)
+
+    def lanes(self) -> dict[str, str]:
+        return {
+            lane: (slot.task.label if slot and slot.task else "idle")
+            for lane, slot in sorted(self._lanes.items())
+        }
+
+    def wait(self, timeout_s: float) -> list[Result]:
+        until = time.monotonic() + timeout_s
+        results: list[Result] = []
+        while True:
+            self._dispatch()
+            results += self._poll(time.monotonic() if results else until)
+            if results or time.monotonic() >= until or not self.in_flight():
+                return results
+
+    def close(self) -> None:
+        for slot in self._slots:
+            self._ray.kill(slot.actor, no_restart=True)
+        self._slots = []
+
+    # --- scheduling -------------------------------------------------------------------------------
+
+    def _deadline(self, task: Task) -> float:
+        configs = len(task.configs) if isinstance(task, RetimeTask) else 1
+        return time.monotonic() + self.timeout_s * configs
+
+    def _dispatch(self) -> None:
+        for slot in self._slots:
+            if slot.phase == "idle" and self._queue:
+                slot.task = self._queue.popleft()
+                slot.phase, slot.ref, slot.deadline = (
+                    "prepare",
+                    slot.actor.prepare.remote(slot.task),
+                    self._deadline(slot.task),
+                )
+        waiting = sorted((s for s in self._slots if s.phase == "ready"), key=lambda s: s.ready_since)
+        for slot in waiting:
+            lane = slot.info.lane
+            if self._lanes.get(lane) is None:
+                self._lanes[lane] = slot
+                slot.phase, slot.ref = "run", slot.actor.run.remote(slot.task.task_id)
+                slot.deadline = self._deadline(slot.task)
+
+    def _poll(self, until: float) -> list[Result]:
+        """Collect finished calls (waiting at most until `until`, or the next deadline); handle deadlines."""
+        busy = {slot.ref: slot for slot in self._slots if slot.ref is not None}
+        if not busy:
+            return []
+        next_deadline = min(slot.deadline for slot in busy.values())
+        wait_s = max(0.0, min(until, next_deadline) - time.monotonic())
+        done, _ = self._ray.wait(list(busy), num_returns=1, timeout=wait_s)
+        if done:
+            done, _ = self._ray.wait(list(busy), num_returns=len(busy), timeout=0)
+        results = []
+        for ref in done:
+            results += self._finish(busy[ref], ref)
+        now = time.monotonic()
+        for slot in list(self._slots):
+            if slot.ref is not None and slot.ref not in done and now > slot.deadline:
+                results += self._expire(slot)
+        return results
+
+    def _finish(self, slot: _Slot, ref: Any) -> list[Result]:
+        phase, task = slot.phase, slot.task
+        slot.ref = None
+        try:
+            value = self._ray.get(ref)
+        except self._ray.exceptions.RayError as e:
+            # The worker died (RayActorError) or a call raised outside the candidate's own error
+            # handling (RayTaskError): either way the worker's state is suspect, so replace it.
+            message = f"worker {slot.name} failed while {_doing(phase)}: {_describe(e)}"
+            return self._lost(slot, phase, task, CRASHED, message)
+        if phase == "starting":
+            slot.info, slot.phase, slot.deadline = value, "idle", math.inf
+            self._lanes.setdefault(value.lane, None)
+            self._start_failures = 0
+            return []
+        if phase == "prepare" and value is None:
+            slot.phase, slot.ready_since, slot.deadline = "ready", time.monotonic(), math.inf
+            return []
+        if phase == "run":
+            self._lanes[slot.info.lane] = None
+        slot.phase, slot.task, slot.deadline = "idle", None, math.inf
+        return [value]
+
+    def _expire(self, slot: _Slot) -> list[Result]:
+        message = (
+            f"worker {slot.name} gave no result within {self.timeout_s:g}s while {_doing(slot.phase)}; killed"
+        )
+        return self._lost(slot, slot.phase, slot.task, TIMEOUT, message)
+
+    def _lost(self, slot: _Slot, phase: str, task: Task | None, status: str, message: str) -> list[Result]:
+        if phase == "starting":
+            self._start_failures += 1
+            if self._start_failures >= MAX_START_FAILURES:
+                raise PoolError(f"workers fail to start ({message})")
+            self._replace(slot)
+            return []
+        host = slot.info.host if slot.info else ""
+        self._replace(slot)
+        return [failed(task, status, message, worker=slot.name, host=host)]
+
+
+def _doing(phase: str) -> str:
+    return {"starting": "starting", "prepare": "compiling", "run": "verifying and timing"}.get(phase, phase)
+
+
+def _describe(error: BaseException) -> str:
+    """A short account of a Ray failure for the trial row (display only; statuses come from types)."""
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, BaseException) and not isinstance(cause, type(error)):
+        return error_text(cause)
+    text = " ".join(str(error).split())
+    detail = text.partition("Worker exit detail:")[2].partition(". Some common causes")[0].strip()
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"{first} ({detail})" if detail else first

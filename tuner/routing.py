@@ -1,0 +1,116 @@
+"""Routings: how the M rows of a grouped GEMM fall onto G experts (the group sizes).
+
+Group sizes are runtime data, so every candidate of one problem is timed on the same representative
+draw, and the draw is stored with the trial. Evenly split groups benchmark unrealistically fast (every
+tile is full and no expert is idle), so skewed draws matter:
+
+    balanced        M // G rows per expert (the remainder to the first experts)
+    zipf:S          expert ranks drawn with P(rank r) ~ 1 / r**S over a random expert order
+    FILE.npy        expert ids recorded from a real model, int array [T, top_k]; a draw takes M
+                    consecutive ids from a random offset (wrapping around)
+
+The driver computes all group sizes and ships them inside tasks, so workers never read routing files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moetune.kernels.errors import ConfigInvalid
+
+
+@dataclasses.dataclass(frozen=True)
+class Routing:
+    kind: str  # "balanced" | "zipf" | "recorded"
+    s: float = 0.0
+    path: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> Routing:
+        text = text.strip()
+        if text == "balanced":
+            return cls("balanced")
+        if text.startswith("zipf:"):
+            try:
+                s = float(text.removeprefix("zipf:"))
+            except ValueError:
+                raise ConfigInvalid(
+                    f"routing {text!r}: zipf exponent is not a number (e.g. zipf:1.2)"
+                ) from None
+            if not s >= 0:
+                raise ConfigInvalid(f"routing {text!r}: zipf exponent must be >= 0")
+            return cls("zipf", s=s)
+        if text.endswith(".npy"):
+            path = Path(text).expanduser().resolve()
+            _load_recorded(str(path))  # fail now, with the reason, not in the middle of a sweep
+            return cls("recorded", path=str(path))
+        raise ConfigInvalid(
+            f"routing {text!r} is not balanced, zipf:S or a FILE.npy of expert ids [T, top_k]"
+        )
+
+    def __str__(self) -> str:
+        return {"balanced": "balanced", "zipf": f"zipf:{self.s:g}", "recorded": self.path}[self.kind]
+
+    def group_sizes(self, m: int, g: int, *, seed: int) -> np.ndarray:
+        """int32 [g] summing to m."""
+        rng = np.random.default_rng(seed)
+        if self.kind == "balanced":
+            sizes = np.full(g, m // g, dtype=np.int64)
+            sizes[: m % g] += 1
+        elif self.kind == "zipf":
+            weights = 1.0 / np.arange(1, g + 1, dtype=np.float64) ** self.s
+            probabilities = weights[rng.permutation(g)] / weights.sum()
+            sizes = rng.multinomial(m, probabilities)
+        else:
+            ids = _load_recorded(self.path).reshape(-1)
+            if int(ids.max()) >= g:
+                raise ConfigInvalid(f"routing file {self.path} has expert id {int(ids.max())} >= g={g}")
+            start = int(rng.integers(len(ids)))
+            window = np.take(ids, np.arange(start, start + m), mode="wrap")
+            sizes = np.bincount(window, minlength=g)
+        return sizes.astype(np.int32)
+
+    def describe(self, sizes: np.ndarray, *, seed: int) -> dict[str, Any]:
+        """What a trial row keeps about the routing it was timed on."""
+        return {"routing": str(self), "seed": seed, "group_sizes": [int(x) for x in sizes]}
+
+
+def verification_draws(routing: Routing, m: int, g: int, *, seed: int, count: int) -> list[np.ndarray]:
+    """Group sizes to verify a candidate on: the timing draw first, then draws that stress the edges.
+
+    The extra draws are uniformly random and leave the last rows unassigned (as a padded token bucket
+    does), so the check that rows past sum(group_sizes) are zero has rows to look at; alternate draws
+    also leave one expert empty.
+    """
+    if count < 2:
+        raise ConfigInvalid(f"verify_draws={count}: verify on at least two routing draws")
+    draws = [routing.group_sizes(m, g, seed=seed)]
+    rng = np.random.default_rng(seed + 1)
+    for i in range(1, count):
+        assigned = m - max(1, m // 8) if m > 1 else m
+        probabilities = np.full(g, 1.0 / g)
+        if g > 1 and i % 2 == 1:
+            probabilities[rng.integers(g)] = 0.0
+            probabilities /= probabilities.sum()
+        draws.append(rng.multinomial(assigned, probabilities).astype(np.int32))
+    return draws
+
+
+@functools.cache
+def _load_recorded(path: str) -> np.ndarray:
+    try:
+        ids = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ConfigInvalid(f"cannot read routing file {path}: {e}") from e
+    if ids.ndim != 2 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+        raise ConfigInvalid(
+            f"routing file {path} holds {ids.dtype}{list(ids.shape)}; expected integer expert ids [T, top_k]"
+        )
+    if int(ids.min()) < 0:
+        raise ConfigInvalid(f"routing file {path} has a negative expert id {int(ids.min())}")
+    return ids

@@ -1,0 +1,146 @@
+"""A sweep's specification: what to tune and how, from a sweep file (configs/sweeps/*.yaml) and flags.
+
+Flags override the file; the file overrides the defaults here. The resolved spec and the resolved
+problem list are stored with the sweep, so `--resume` rebuilds exactly the same sweep even when the
+model files, the misses or the stale winners have changed since.
+
+Example sweep file:
+
+    backend: mosaic_gpu
+    models: [mixtral-8x7b]
+    token_buckets: [1, 16, 256, 4096]
+    strategy: tpe
+    budget: 64
+    routing: zipf:1.2
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from moetune.kernels.errors import ConfigInvalid
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSpec:
+    # What to tune.
+    backend: str = "auto"  # "auto": the highest-priority backend available on the workers' device
+    models: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()  # "m=..,k=..,n=..,g=..,dtype=bf16"
+    token_buckets: tuple[int, ...] = ()  # overrides the models' buckets when set
+    misses: bool = False  # what dispatch missed (Store.misses)
+    stale: bool = False  # winners whose fingerprint or kernel source no longer match
+    # How to search.
+    strategy: str = "grid"
+    budget: int | None = None  # trials per problem
+    minutes: float | None = None  # wall clock for the whole sweep
+    seed: int = 0
+    # How to measure.
+    routing: str = "balanced"
+    timeout_s: float = 120.0
+    runs: int = 10
+    verify_draws: int = 2
+    finalists: int = 3
+    retime_rounds: int = 5
+    min_gain: float = 0.02
+    baseline: bool = True  # also time XLA's ragged_dot on every problem, for the speedup columns
+    # Compile for `arch` without its device (Backend.compile_only): ok / pruned / compile_error, no times.
+    compile_only: bool = False
+    arch: str | None = None
+    # Where.
+    workers: int | None = None
+    ray_address: str | None = None
+    db: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in (("budget", self.budget), ("workers", self.workers)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigInvalid(f"{name}={value!r} must be a positive integer")
+        if self.minutes is not None and not self.minutes > 0:
+            raise ConfigInvalid(f"minutes={self.minutes!r} must be positive")
+        if not self.timeout_s > 0:
+            raise ConfigInvalid(f"timeout_s={self.timeout_s!r} must be positive")
+        if self.runs < 10:
+            raise ConfigInvalid(f"runs={self.runs}: time at least 10 runs (the median of fewer is noise)")
+        if self.verify_draws < 2:
+            raise ConfigInvalid(f"verify_draws={self.verify_draws}: verify on at least two routing draws")
+        if self.finalists < 1 or self.retime_rounds < 1:
+            raise ConfigInvalid(
+                f"finalists={self.finalists}, retime_rounds={self.retime_rounds} must be >= 1"
+            )
+        if not 0 <= self.min_gain < 1:
+            raise ConfigInvalid(f"min_gain={self.min_gain!r} must be a fraction in [0, 1)")
+        if self.compile_only and self.strategy == "tpe":
+            raise ConfigInvalid("a compile-only sweep has no times for tpe to learn from; use grid or random")
+        for name in ("models", "problems", "token_buckets"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for name in ("models", "problems", "token_buckets"):
+            data[name] = list(data[name])
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<sweep>") -> SweepSpec:
+        if not isinstance(data, dict):
+            raise ConfigInvalid(f"{source}: a sweep file must be a mapping")
+        data = dict(data)
+        # Singular spellings, as on the command line.
+        for single, plural in (("model", "models"), ("problem", "problems")):
+            if single in data:
+                value = data.pop(single)
+                data[plural] = list(data.get(plural, ())) + (
+                    [value] if isinstance(value, str) else list(value)
+                )
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigInvalid(
+                f"{source}: unknown sweep fields {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        for name in ("models", "problems", "token_buckets"):
+            if name in data and not isinstance(data[name], (list, tuple)):
+                raise ConfigInvalid(f"{source}: {name} must be a list")
+        try:
+            return cls(**data)
+        except TypeError as e:
+            raise ConfigInvalid(f"{source}: {e}") from e
+
+    def override(self, **flags: Any) -> SweepSpec:
+        """A copy with every flag that was given (not None, not an empty list) replacing the file's value."""
+        given = {k: v for k, v in flags.items() if v is not None and v != () and v != []}
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise ConfigInvalid(f"unknown sweep settings {', '.join(unknown)}")
+        return dataclasses.replace(self, **given)
+
+
+def shipped_sweep_names() -> list[str]:
+    root = importlib.resources.files("moetune.configs") / "sweeps"
+    return sorted(e.name.removesuffix(".yaml") for e in root.iterdir() if e.name.endswith(".yaml"))
+
+
+def load_sweep_file(name_or_path: str) -> tuple[SweepSpec, str]:
+    """The spec in a sweep file (a path, or the name of one in configs/sweeps/) and where it came from."""
+    path = Path(name_or_path)
+    if path.exists():
+        text, source = path.read_text(), str(path.resolve())
+    else:
+        entry = importlib.resources.files("moetune.configs") / "sweeps" / f"{path.stem}.yaml"
+        if not entry.is_file():
+            raise ConfigInvalid(
+                f"no sweep file {name_or_path!r}; shipped sweeps: {', '.join(shipped_sweep_names())}"
+            )
+        text, source = entry.read_text(), f"configs/sweeps/{path.stem}.yaml"
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigInvalid(f"{source}: not valid YAML ({e})") from e
+    return SweepSpec.from_dict(data, source), source

@@ -1,0 +1,213 @@
+"""Turning a SweepSpec into a runnable sweep: its problems, its backend, its executor, its sweep row.
+
+Shared by `moetune tune` and `moetune bench tuner`; the CLI modules only parse flags and print.
+"""
+
+from __future__ import annotations
+
+import getpass
+import importlib
+import os
+import socket
+from typing import Any
+
+from moetune.kernels import registry
+from moetune.kernels.backend import Backend
+from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.errors import ConfigInvalid
+from moetune.tuner.executors import Executor, InlineExecutor
+from moetune.tuner.plan import PlannedProblem, dedupe, load_model, parse_problem
+from moetune.tuner.spec import SweepSpec
+
+
+def model_problems(spec: SweepSpec) -> list[PlannedProblem]:
+    """The problems of the spec's models and single problems (those that need no device or database)."""
+    planned: list[PlannedProblem] = []
+    for name in spec.models:
+        model = load_model(name)
+        if spec.token_buckets:
+            model = model.with_buckets(spec.token_buckets)
+        planned += model.problems()
+    planned += [parse_problem(text) for text in spec.problems]
+    return planned
+
+
+def store_problems(
+    spec: SweepSpec, store: Any, backend: Backend, device: DeviceFingerprint
+) -> list[PlannedProblem]:
+    """The problems dispatch missed (--misses) and those whose winner is stale (--stale) on `device`.
+
+    Either is left out once it has a current winner: tuned on this device with this kernel source.
+    """
+    source_hash = backend.source_hash()
+
+    def tuned(problem: Any) -> bool:
+        winner = store.current_winner(
+            fingerprint_hash=device.hash, backend=backend.name, problem_key=problem.key
+        )
+        return winner is not None and winner.source_hash == source_hash
+
+    planned: list[PlannedProblem] = []
+    if spec.misses:
+        for miss in store.misses(device_kind=device.device_kind, backend=backend.name):
+            if not tuned(miss.problem):
+                planned.append(PlannedProblem(miss.problem, f"miss x{miss.count} {_short(miss.problem)}"))
+    if spec.stale:
+        for winner in store.winners(device_kind=device.device_kind, backend=backend.name):
+            changed = [
+                what
+                for what, stale in (
+                    ("device", winner.fingerprint_hash != device.hash),
+                    ("kernel", winner.source_hash != source_hash),
+                )
+                if stale
+            ]
+            if changed and not tuned(winner.problem):
+                label = f"stale ({'+'.join(changed)}) {_short(winner.problem)}"
+                planned.append(PlannedProblem(winner.problem, label))
+    return planned
+
+
+def _short(problem: Any) -> str:
+    return f"m={problem.m},k={problem.k},n={problem.n},g={problem.g}"
+
+
+def resolve_problems(
+    spec: SweepSpec, store: Any, backend: Backend, device: DeviceFingerprint
+) -> list[PlannedProblem]:
+    planned = dedupe(model_problems(spec) + store_problems(spec, store, backend, device))
+    if not planned:
+        raise ConfigInvalid(
+            "nothing to tune: give --model, --problem, --misses or --stale (or a sweep file that names them)"
+        )
+    return planned
+
+
+def resolve_backend(name: str, device: DeviceFingerprint) -> Backend:
+    """The named backend, checked against the device, or for "auto" the best one available there."""
+    if name == "auto":
+        return registry.default_backend(device)
+    backend = registry.get(name)
+    reason = backend.available(device)
+    if reason is not None:
+        raise ConfigInvalid(f"backend {name!r} cannot run on {device.device_kind}: {reason}")
+    return backend
+
+
+def compile_target(spec: SweepSpec, backend: Backend) -> str:
+    """The target of a compile-only sweep: --arch, or the backend's only target."""
+    if not backend.compile_targets:
+        raise ConfigInvalid(f"backend {backend.name} has no compile-only mode")
+    if spec.arch is None:
+        if len(backend.compile_targets) > 1:
+            raise ConfigInvalid(f"--compile-only needs --arch: one of {', '.join(backend.compile_targets)}")
+        return backend.compile_targets[0]
+    if spec.arch not in backend.compile_targets:
+        raise ConfigInvalid(
+            f"--arch {spec.arch} is not one of {', '.join(backend.compile_targets)} ({backend.name})"
+        )
+    return spec.arch
+
+
+def stand_in_device(backend: Backend, target: str) -> DeviceFingerprint:
+    """The fingerprint compile-only trials are recorded under: never the fingerprint of a timing device.
+
+    A backend package may export `target_device(target)` (flydsl does) so that its search space sees
+    the facts it reads; otherwise the target's name stands in for the device.
+    """
+    package = importlib.import_module(type(backend).__module__.rpartition(".")[0] or type(backend).__module__)
+    make = getattr(package, "target_device", None)
+    if callable(make):
+        return make(target)
+    return DeviceFingerprint(
+        device_kind=f"{target} (compile-only)",
+        platform="compile-only",
+        core_count=0,
+        memory_bytes=0,
+        compute_capability=target,
+        driver="",
+        runtime="",
+        jax_version="",
+        jaxlib_version="",
+    )
+
+
+def resolve_target(
+    spec: SweepSpec, device: DeviceFingerprint
+) -> tuple[Backend, DeviceFingerprint, str | None]:
+    """(backend, the device trials are recorded under, the compile-only target or None).
+
+    A normal sweep tunes for the workers' `device`; a compile-only sweep for the spec's target, which
+    no machine of the cluster needs to have.
+    """
+    if not spec.compile_only:
+        return resolve_backend(spec.backend, device), device, None
+    if spec.backend == "auto":
+        raise ConfigInvalid("--compile-only needs --backend: a backend that compiles without its device")
+    backend = registry.get(spec.backend)
+    target = compile_target(spec, backend)
+    return backend, stand_in_device(backend, target), target
+
+
+def make_executor(spec: SweepSpec, *, inline: bool = False) -> tuple[Executor, bool]:
+    """A Ray executor (joining spec.ray_address, or a local cluster), or an in-process one; and whether
+    this call started a local Ray cluster that the caller should shut down."""
+    if inline:
+        return InlineExecutor(), False
+    from moetune.tuner import ray_pool
+
+    started = ray_pool.connect(spec.ray_address)
+    try:
+        executor = ray_pool.RayExecutor(
+            workers=spec.workers, timeout_s=spec.timeout_s, use_devices=not spec.compile_only
+        )
+        return executor, started
+    except BaseException:
+        if started:
+            ray_pool.disconnect()
+        raise
+
+
+def create_sweep(
+    store: Any,
+    spec: SweepSpec,
+    backend: Backend,
+    planned: list[PlannedProblem],
+    device: DeviceFingerprint,
+    sweep_file: str | None,
+) -> int:
+    """The sweep row; it keeps the resolved spec and problem list so that --resume rebuilds this sweep."""
+    stored = {
+        # The database URL stays out: it may hold a password, and the sweep is in that database anyway.
+        "spec": spec.to_dict() | {"backend": backend.name, "db": None},
+        "problems": [p.to_dict() for p in planned],
+        "device": device.to_dict(),
+    }
+    return store.create_sweep(
+        backend=backend.name,
+        strategy=spec.strategy,
+        spec=stored,
+        host=socket.gethostname(),
+        user=_user(),
+        sweep_file=sweep_file,
+    )
+
+
+def load_sweep(store: Any, sweep_id: int) -> tuple[SweepSpec, list[PlannedProblem]]:
+    """The spec and problems of a stored sweep, for --resume."""
+    row = store.get_sweep(sweep_id)
+    try:
+        spec = SweepSpec.from_dict(row.spec["spec"], f"sweep {sweep_id}")
+        planned = [PlannedProblem.from_dict(p) for p in row.spec["problems"]]
+    except (KeyError, TypeError) as e:
+        raise ConfigInvalid(
+            f"sweep {sweep_id} was not started by `moetune tune` (no stored plan: {e})"
+        ) from e
+    return spec, planned
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return os.environ.get("USER", "")

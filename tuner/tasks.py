@@ -1,0 +1,123 @@
+"""The values that travel between the sweep driver and the workers (pickled by Ray, so plain and small).
+
+A task carries everything a worker needs (including the group sizes, so workers never read routing
+files); a result carries everything the driver writes into the trial row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import statistics
+from typing import Any
+
+from moetune.kernels.problem import Problem
+
+OK = "ok"
+PRUNED = "pruned"
+COMPILE_ERROR = "compile_error"
+WRONG_RESULT = "wrong_result"
+TIMEOUT = "timeout"
+CRASHED = "crashed"
+
+# The error text kept in a trial row: enough for a compiler message, not a whole log.
+MAX_ERROR_CHARS = 4000
+
+
+def canonical(config: dict[str, Any]) -> str:
+    """The key of a config within one problem: its JSON with sorted keys (as the store keys done_configs)."""
+    return json.dumps(config, sort_keys=True)
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 15] + " ... [truncated]"
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateTask:
+    """Compile, verify and time one config of one problem."""
+
+    task_id: str
+    backend: str
+    problem: Problem
+    config: dict[str, Any]
+    timing_sizes: tuple[int, ...]  # group sizes the candidate is timed on
+    verify_sizes: tuple[tuple[int, ...], ...]  # group sizes of each verification draw
+    runs: int = 10
+    seed: int = 0
+    label: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class RetimeTask:
+    """Re-time finalists interleaved (A B C, B C A, ...), so drift hits every finalist alike."""
+
+    task_id: str
+    backend: str
+    problem: Problem
+    configs: tuple[dict[str, Any], ...]
+    timing_sizes: tuple[int, ...]
+    rounds: int = 5
+    runs_per_round: int = 4
+    seed: int = 0
+    label: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileOnlyTask:
+    """Compile one config for a target device this machine does not have (Backend.compile_only)."""
+
+    task_id: str
+    backend: str
+    problem: Problem
+    config: dict[str, Any]
+    target: str
+    label: str = ""
+
+
+Task = CandidateTask | RetimeTask | CompileOnlyTask
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateResult:
+    task_id: str
+    status: str
+    samples_s: tuple[float, ...] = ()
+    compile_s: float | None = None
+    verify_error: float | None = None
+    error: str = ""
+    host: str = ""
+    worker: str = ""
+    started_at: datetime.datetime | None = None  # compilation began
+    finished_at: datetime.datetime | None = None
+    device_started_at: datetime.datetime | None = None  # verification began: the device was this task's
+    static: dict[str, Any] | None = None  # compile-only: the binary's hash and static metrics
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.samples_s) if self.status == OK and self.samples_s else None
+
+
+@dataclasses.dataclass(frozen=True)
+class RetimeResult:
+    task_id: str
+    samples_s: tuple[tuple[float, ...], ...]  # per config, in task order; () for a config that failed
+    error: str = ""
+    host: str = ""
+    worker: str = ""
+
+
+Result = CandidateResult | RetimeResult
+
+
+def failed(task: Task, status: str, error: str, *, worker: str = "", host: str = "") -> Result:
+    """The result of a task whose worker died or hung: the executor's verdict, not the worker's."""
+    if isinstance(task, RetimeTask):
+        return RetimeResult(task.task_id, tuple(() for _ in task.configs), error, host, worker)
+    return CandidateResult(task.task_id, status, error=error, host=host, worker=worker, finished_at=now())
