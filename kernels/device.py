@@ -11,7 +11,7 @@ import functools
 import hashlib
 import json
 import platform
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -26,10 +26,16 @@ class DeviceFingerprint:
     jax_version: str
     jaxlib_version: str
 
+    # Recorded, but not part of the hash: what jax reports depends on the process's allocator settings
+    # (on the H200, 0 under XLA_PYTHON_CLIENT_ALLOCATOR=platform, which tuning workers use), so hashing it
+    # would make a sweep's winners stale for the very programs that use them. The model name and core
+    # count already tell devices apart.
+    UNHASHED: ClassVar[tuple[str, ...]] = ("memory_bytes",)
+
     @property
     def hash(self) -> str:
-        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        facts = {k: v for k, v in dataclasses.asdict(self).items() if k not in self.UNHASHED}
+        return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -62,12 +68,7 @@ def fingerprint_of(device: Any) -> DeviceFingerprint:
         capability = platform.machine()
     else:
         core_count = int(_attr(device, "core_count", default=0))
-        stats = {}
-        try:
-            stats = device.memory_stats() or {}
-        except Exception:  # some runtimes do not report memory; the fingerprint records 0
-            stats = {}
-        memory = int(stats.get("bytes_limit", 0))
+        memory = _cuda_total_memory(int(getattr(device, "local_hardware_id", 0) or 0))
         kind = device.device_kind
         capability = str(_attr(device, "compute_capability", default=""))
     backend = jax.extend.backend.get_backend() if hasattr(jax, "extend") else None
@@ -83,6 +84,22 @@ def fingerprint_of(device: Any) -> DeviceFingerprint:
         jax_version=jax.__version__,
         jaxlib_version=jaxlib.__version__,
     )
+
+
+def _cuda_total_memory(ordinal: int) -> int:
+    """Total memory of a CUDA device, from the driver (jax reports only its allocator limit); 0 if unknown."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    device, total = ctypes.c_int(0), ctypes.c_size_t(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
+        return 0
+    if cuda.cuDeviceTotalMem_v2(ctypes.byref(total), device) != 0:
+        return 0
+    return int(total.value)
 
 
 def _driver_version() -> str:
