@@ -1,7 +1,8 @@
 """The winner lookup: which tuned config a (problem, backend) gets on the running device, and why.
 
 Order (DESIGN.md): an exact winner -> the winner of the nearest tuned M for the same shape_key (distance
-|log m - log m'|; ties go to the larger M) -> the backend's heuristic default. Winners come from, in
+|log m - log m'|; ties go to the larger M; at most NEAREST_MAX_RATIO away) -> the backend's heuristic
+default. Winners come from, in
 precedence order: test overlays, the database (read once per process), the config packs shipped in
 configs/tuned/. Precedence decides between winners for the same M; the nearest M is chosen first.
 
@@ -41,6 +42,11 @@ from moetune.kernels.errors import ConfigInvalid, PackInvalid
 from moetune.kernels.problem import Problem
 
 log = logging.getLogger(__name__)
+
+# A winner tuned for M rows stands in for M/4 .. 4*M (two power-of-two token buckets either way). Farther
+# away the best tiles change regime (decode's split-K, memory-bound tiles vs prefill's compute-bound
+# ones), and the backend's heuristic, which looks at M, is the better guess.
+NEAREST_MAX_RATIO = 4
 
 ENV_DB = "MOETUNE_DB"
 PACKS_PACKAGE = "moetune.configs"
@@ -131,6 +137,7 @@ class _Table:
             self.by_shape[shape_key] = [e for _, e in items]
 
     def nearest(self, problem: Problem) -> _Entry | None:
+        """The winner of the nearest tuned M, if within NEAREST_MAX_RATIO of the problem's M."""
         ms = self.ms.get(problem.shape_key)
         if not ms:
             return None
@@ -138,6 +145,8 @@ class _Table:
         i = bisect.bisect_left(ms, problem.m)
         candidates = [j for j in (i - 1, i) if 0 <= j < len(ms)]
         best = min(candidates, key=lambda j: (abs(math.log(ms[j]) - math.log(problem.m)), -ms[j]))
+        if max(ms[best], problem.m) > NEAREST_MAX_RATIO * min(ms[best], problem.m):
+            return None
         return self.by_shape[problem.shape_key][best]
 
 

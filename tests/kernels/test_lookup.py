@@ -62,8 +62,10 @@ def test_exact_then_nearest_then_heuristic():
         near = resolve(300)  # |ln 300/512| = 0.53 < |ln 300/128| = 0.85
         assert (near.config, near.source, near.from_m) == (SEGMENTS, "overlay nearest", 512)
         assert resolve(150).from_m == 128
-        assert resolve(100_000).from_m == 2048
-        assert resolve(1).from_m == 128
+        assert resolve(8192).from_m == 2048  # 4x: still near
+        assert resolve(32).from_m == 128
+        assert resolve(8193).source == "heuristic"  # more than NEAREST_MAX_RATIO away from every tuned M
+        assert resolve(31).source == "heuristic"
         other_shape = dataclasses.replace(BASE, n=64)
         fallback = resolve(problem=other_shape)
         assert fallback.source == "heuristic"
