@@ -132,6 +132,8 @@ class Trial(Base):
     host: Mapped[str] = mapped_column(String(255))
     worker: Mapped[str] = mapped_column(String(255))
     routing: Mapped[dict[str, Any] | None]
+    # What the trial found besides its times, e.g. a compile-only binary's hash and static metrics.
+    details: Mapped[dict[str, Any] | None]
     started_at: Mapped[datetime.datetime | None]
     finished_at: Mapped[datetime.datetime | None]
     created_at: Mapped[datetime.datetime] = mapped_column(default=utcnow)

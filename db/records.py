@@ -74,6 +74,8 @@ class TrialRecord:
     routing: dict[str, Any] | None = None
     started_at: datetime.datetime | None = None
     finished_at: datetime.datetime | None = None
+    # What the trial found besides its times (compile-only: target, binary hash, static metrics).
+    details: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         check_choice("status", self.status, TRIAL_STATUSES)
@@ -81,6 +83,7 @@ class TrialRecord:
             raise InvalidRecord(f"config must be a dict, not {type(self.config).__name__}")
         _check_json("config", self.config)
         _check_json("routing", self.routing)
+        _check_json("details", self.details)
         try:
             samples = tuple(float(s) for s in self.samples_s)
         except (TypeError, ValueError) as e:
@@ -121,6 +124,7 @@ class TrialRow:
     started_at: datetime.datetime | None
     finished_at: datetime.datetime | None
     family: str = ""
+    details: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,6 +97,7 @@ def record_trial(session: Session, rec: TrialRecord, ids: entities.KnownIds | No
         host=rec.host,
         worker=rec.worker,
         routing=rec.routing,
+        details=rec.details,
         started_at=rec.started_at,
         finished_at=rec.finished_at,
         created_at=utcnow(),
@@ -185,4 +186,5 @@ def trial_row(t: Trial) -> TrialRow:
         started_at=t.started_at,
         finished_at=t.finished_at,
         family=t.kernel.family,
+        details=None if t.details is None else dict(t.details),
     )

@@ -9,6 +9,7 @@ Call order, as dispatch and the tuner use it:
   Optional, for backends that compile without the device (`compile_targets` non-empty):
   `compile_only(problem, config, target)` -> StaticCompile: compile for a named target (e.g. "gfx942")
   on a CPU-only machine and say whether the binary is worth timing (`moetune tune --compile-only`).
+  `target_device(target)` -> the stand-in fingerprint its search space and trials use for that target.
 
 Backends hold no mutable state; every method may be called from any thread.
 """
@@ -84,6 +85,10 @@ class Backend(abc.ABC):
     def compile_only(self, problem: Problem, config: KernelConfig, target: str) -> StaticCompile:
         """Compile for `target` without its device; raises ConfigInvalid, or the backend's compile error."""
         raise Unsupported(f"backend {self.name} has no compile-only mode")
+
+    def target_device(self, target: str) -> DeviceFingerprint:
+        """A stand-in fingerprint for compile-only sweeps of `target`, never a timing device's."""
+        raise Unsupported(f"backend {self.name} has no stand-in device for compile-only targets")
 
     def source_hash(self) -> str:
         """Hash of the backend's own source folder: a change makes every stored winner stale."""

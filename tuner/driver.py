@@ -140,8 +140,8 @@ class SweepDriver:
         )
         for row in done.values():
             run.observe(Known(row.id, row.config, row.status, row.median_s, row.sweep_id))
-            if self.compile_target and row.routing and row.routing.get("binary_hash"):
-                run.binaries.setdefault(row.routing["binary_hash"], row.id)
+            if self.compile_target and row.details and row.details.get("binary_hash"):
+                run.binaries.setdefault(row.details["binary_hash"], row.id)
         run.used = sum(1 for k in run.known.values() if sweep_id is not None and k.sweep_id == sweep_id)
         if baseline is not None and self.backend.name != BASELINE_BACKEND:
             self._prepare_baseline(run, baseline)
@@ -354,16 +354,18 @@ class SweepDriver:
             run.baseline_wanted = False
             return
         config = run.in_flight.pop(result.task_id)
-        details = run.routing
+        routing, details = run.routing, None
         if self.compile_target:
-            # No routing exists without a device; the column keeps the binary's facts instead, and which
+            # No routing exists without a device; the details keep the binary's facts instead, and which
             # earlier trial compiled to the same binary (time only that one).
-            details = dict(result.static or {"target": self.compile_target})
+            routing, details = None, dict(result.static or {"target": self.compile_target})
             duplicate_of = run.binaries.get(details.get("binary_hash"))
             if duplicate_of is not None:
                 details["duplicate_of"] = duplicate_of
                 run.duplicates += 1
-        trial_id = self._record(run, self.backend.name, run.source_hash, config.to_dict(), result, details)
+        trial_id = self._record(
+            run, self.backend.name, run.source_hash, config.to_dict(), result, routing, details
+        )
         if self.compile_target and result.static and result.static.get("binary_hash"):
             run.binaries.setdefault(result.static["binary_hash"], trial_id)
         run.used += 1
@@ -379,7 +381,8 @@ class SweepDriver:
         source_hash: str,
         config: dict,
         result: CandidateResult,
-        details: dict,
+        routing: dict | None,
+        details: dict | None = None,
     ) -> int:
         from moetune.db.records import TrialRecord
 
@@ -399,9 +402,10 @@ class SweepDriver:
             error=result.error,
             host=result.host,
             worker=result.worker,
-            routing=details,
+            routing=routing,
             started_at=result.started_at,
             finished_at=result.finished_at,
+            details=details,
         )
         trial_id = self.store.record_trial(record)
         self._recorded += 1

@@ -6,7 +6,6 @@ Shared by `moetune tune` and `moetune bench tuner`; the CLI modules only parse f
 from __future__ import annotations
 
 import getpass
-import importlib
 import os
 import socket
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 from moetune.kernels import registry
 from moetune.kernels.backend import Backend
 from moetune.kernels.device import DeviceFingerprint
-from moetune.kernels.errors import ConfigInvalid
+from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.tuner.executors import Executor, InlineExecutor
 from moetune.tuner.plan import PlannedProblem, dedupe, load_model, parse_problem
 from moetune.tuner.spec import SweepSpec
@@ -112,24 +111,23 @@ def compile_target(spec: SweepSpec, backend: Backend) -> str:
 def stand_in_device(backend: Backend, target: str) -> DeviceFingerprint:
     """The fingerprint compile-only trials are recorded under: never the fingerprint of a timing device.
 
-    A backend package may export `target_device(target)` (flydsl does) so that its search space sees
-    the facts it reads; otherwise the target's name stands in for the device.
+    A backend may implement `Backend.target_device` (flydsl does) so that its search space sees the
+    facts it reads; otherwise the target's name stands in for the device.
     """
-    package = importlib.import_module(type(backend).__module__.rpartition(".")[0] or type(backend).__module__)
-    make = getattr(package, "target_device", None)
-    if callable(make):
-        return make(target)
-    return DeviceFingerprint(
-        device_kind=f"{target} (compile-only)",
-        platform="compile-only",
-        core_count=0,
-        memory_bytes=0,
-        compute_capability=target,
-        driver="",
-        runtime="",
-        jax_version="",
-        jaxlib_version="",
-    )
+    try:
+        return backend.target_device(target)
+    except Unsupported:
+        return DeviceFingerprint(
+            device_kind=f"{target} (compile-only)",
+            platform="compile-only",
+            core_count=0,
+            memory_bytes=0,
+            compute_capability=target,
+            driver="",
+            runtime="",
+            jax_version="",
+            jaxlib_version="",
+        )
 
 
 def resolve_target(

@@ -97,7 +97,7 @@ class CandidateResult:
     started_at: datetime.datetime | None = None  # compilation began
     finished_at: datetime.datetime | None = None
     device_started_at: datetime.datetime | None = None  # verification began: the device was this task's
-    static: dict[str, Any] | None = None  # compile-only: the binary's hash and static metrics
+    static: dict[str, Any] | None = None  # compile-only: binary hash and static metrics (trial details)
 
     @property
     def median_s(self) -> float | None:

@@ -135,3 +135,6 @@ class FlyDSLBackend(Backend):
         result = compile_one(problem, config, target)
         metrics = {k: v for k, v in result.metrics.to_dict().items() if k != "args"}
         return StaticCompile(result.binary_hash, metrics, result.compile_s, prune_reason(result, config))
+
+    def target_device(self, target: str) -> DeviceFingerprint:
+        return target_device(target)

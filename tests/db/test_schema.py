@@ -15,6 +15,7 @@ from moetune.db.errors import SchemaMismatch
 from moetune.db.models import TABLE_NAMES, Base
 
 FIRST = "v0.1.0.a"
+BEFORE_DETAILS = "v0.1.0.b"  # the last revision without trials.details
 
 
 def _tables(url: str) -> set[str]:
@@ -22,6 +23,25 @@ def _tables(url: str) -> set[str]:
     try:
         with engine.connect() as connection:
             return set(sa.inspect(connection).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def _columns(url: str, table: str) -> set[str]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return {c["name"] for c in sa.inspect(connection).get_columns(table)}
+    finally:
+        engine.dispose()
+
+
+def _trial_ids(url: str) -> set[int]:
+    """Read with plain SQL: at an old revision the store's models name columns that do not exist yet."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return set(connection.scalars(sa.text("SELECT id FROM trials")))
     finally:
         engine.dispose()
 
@@ -52,14 +72,15 @@ def test_downgrade_to_base_and_upgrade_again(db_url):
 
 
 def test_old_revision_with_data_is_upgraded_to_head(db_url):
+    with open_store(db_url) as store:
+        trial_id = store.record_trial(trial())
     with open_store(db_url, check_schema=False) as store:
-        store.upgrade(FIRST)
+        store.downgrade(FIRST)  # trials exist at the first revision already and keep their rows
         assert store.schema_state().status == "outdated"
-        assert "winners" not in _tables(db_url)
+        assert "winners" not in _tables(db_url) and _trial_ids(db_url) == {trial_id}
         # Writing through the store is refused, with the command that fixes it.
         with pytest.raises(SchemaMismatch, match="run `moetune db upgrade`"):
             store.ensure_schema()
-        trial_id = store.record_trial(trial())  # trials exist at the first revision already
         store.upgrade()
         assert store.revision() == schema.head()
     with open_store(db_url) as store:
@@ -67,6 +88,27 @@ def test_old_revision_with_data_is_upgraded_to_head(db_url):
         assert row.id == trial_id and row.problem == GATE_UP
         store.promote(trial_id)
         assert store.current_winner(fingerprint_hash=H200.hash, backend="fake", problem_key=GATE_UP.key)
+
+
+def test_trial_details_column_comes_and_goes_keeping_every_trial(db_url):
+    """v0.1.0.c adds trials.details: trials recorded before it keep their rows with details NULL."""
+    with open_store(db_url) as store:
+        timed = store.record_trial(trial(routing={"routing": "balanced", "seed": 0}))
+        compiled = store.record_trial(
+            trial(config={"block_m": 128}, median_s=None, details={"target": "gfx942", "binary_hash": "ab"})
+        )
+        store.downgrade(BEFORE_DETAILS)
+        assert store.revision() == BEFORE_DETAILS
+        assert "details" not in _columns(db_url, "trials") and "routing" in _columns(db_url, "trials")
+        assert _trial_ids(db_url) == {timed, compiled}
+        store.upgrade()
+        assert store.revision() == schema.head() and "details" in _columns(db_url, "trials")
+        rows = {row.id: row for row in store.trials()}
+        assert set(rows) == {timed, compiled}
+        assert [row.details for row in rows.values()] == [None, None]
+        assert rows[timed].routing == {"routing": "balanced", "seed": 0}
+        again = store.record_trial(trial(config={"block_m": 16}, details={"binary_hash": "cd"}))
+        assert {row.id: row.details for row in store.trials()}[again] == {"binary_hash": "cd"}
 
 
 def test_older_revision_names_the_upgrade_command(db_url):
@@ -158,4 +200,4 @@ def test_migrations_are_packages_with_their_data():
     for name in ("alembic.ini", "script.py.mako", "env.py", "versions/__init__.py"):
         assert (migrations / name).is_file(), name
     versions = [p.name for p in (migrations / "versions").iterdir() if p.name.startswith("v")]
-    assert len(versions) >= 2 and schema.head() != FIRST
+    assert len(versions) >= 3 and schema.head() not in (FIRST, BEFORE_DETAILS)

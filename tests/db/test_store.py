@@ -78,7 +78,7 @@ def test_trial_round_trip_keeps_every_field(store):
         "sm90",
     )
     assert row.problem == GATE_UP
-    assert row.config == record.config and row.routing == record.routing
+    assert row.config == record.config and row.routing == record.routing and row.details is None
     assert row.samples_s == (2.5e-3, 2.5e-3) and row.median_s == 2.5e-3
     assert (row.compile_s, row.verify_error, row.host, row.worker) == (1.25, 3e-3, "node7", "worker-3")
     # Stored as naive UTC.
@@ -86,6 +86,23 @@ def test_trial_round_trip_keeps_every_field(store):
     assert row.finished_at - row.started_at == datetime.timedelta(seconds=2)
     with pytest.raises(dataclasses.FrozenInstanceError):
         row.status = "crashed"
+
+
+def test_trial_details_round_trip(store):
+    """A compile-only trial keeps its binary's facts in details (nested JSON), and no routing."""
+    facts = {
+        "target": "gfx942",
+        "binary_hash": "9f" * 32,
+        "metrics": {"vgpr_count": 128, "agpr_count": 64, "vgpr_spill_count": 0, "lds_bytes": 32768},
+        "duplicate_of": 7,
+    }
+    trial_id = store.record_trial(trial(status="pruned", median_s=None, details=facts, error="spills"))
+    (row,) = store.trials()
+    assert row.id == trial_id and row.details == facts and row.routing is None
+    (done,) = store.done_configs(
+        fingerprint_hash=H200.hash, backend="fake", source_hash="src1", problem_key=GATE_UP.key
+    ).values()
+    assert done.details == facts
 
 
 def test_failed_trials_keep_their_error(store):
@@ -146,6 +163,7 @@ def test_done_configs_keyed_by_canonical_config(store):
         ({"config": {"f": object()}}, "config is not plain JSON"),
         ({"samples_s": (1.0, math.inf)}, "non-finite"),
         ({"median_s": math.nan}, "median_s=nan"),
+        ({"details": {"metrics": {"vgpr_count": math.inf}}}, "details is not plain JSON"),
     ],
 )
 def test_bad_trial_records_are_refused_before_the_database(change, message):

@@ -378,3 +378,46 @@ def test_bad_pack_does_not_create_a_database(tmp_path, fake_backend):
         expect="cannot read",
     )
     assert not (tmp_path / "never.db").exists()
+
+
+def test_trials_show_compile_only_details(db_url, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # rich reads it when printing: table cells are not wrapped
+    tuned(db_url)
+    facts = {
+        "target": "gfx942",
+        "binary_hash": "9f3c" * 16,
+        "metrics": {"vgpr_count": 128, "agpr_count": 64, "vgpr_spill_count": 3, "sgpr_spill_count": 1},
+        "duplicate_of": 2,
+    }
+    with open_store(db_url) as store:
+        compiled = store.record_trial(
+            TrialRecord(
+                sweep_id=None,
+                device=GPU,
+                backend="fake",
+                family="sm90",
+                source_hash="src1",
+                problem=PROBLEM,
+                config={"block_m": 32, "block_n": 128},
+                status="pruned",
+                error="spills 4 registers",
+                details=facts,
+            )
+        )
+    rows = {r["id"]: r for r in json.loads(ok("trials", "--db", db_url, "--json").stdout)}
+    assert rows[compiled]["details"] == facts and rows[compiled]["routing"] is None
+    assert [r["details"] for i, r in rows.items() if i != compiled] == [None] * 4
+    table = ok("trials", "--db", db_url, "--status", "pruned").stdout
+    assert "details" in table and "9f3c9f3c" in table and "spills=4" in table
+    # A listing without compile-only trials has no details column.
+    assert "details" not in ok("trials", "--db", db_url, "--status", "crashed").stdout
+
+
+def test_details_summary_names_the_binary_registers_and_spills():
+    from moetune.tuner.cli.db_commands import _details_summary
+
+    metrics = {"vgpr_count": 96, "agpr_count": 0, "lds_bytes": 16384, "vgpr_spill_count": 0, "args": 4}
+    details = {"target": "gfx950", "binary_hash": "abcdef0123456789", "metrics": metrics, "duplicate_of": 9}
+    assert _details_summary(details) == "bin abcdef01 vgpr=96 agpr=0 lds=16384 spills=0 dup of #9"
+    assert _details_summary({"target": "gfx942"}) == ""
+    assert _details_summary(None) == ""

@@ -105,6 +105,8 @@ def test_compile_only_through_the_cli(sqlite_url, sim):
     assert "compile-only sweep 1 (sim for sim-arch)" in result.output
     assert re.search(r"5 ok, 1 compile_error, 2 pruned\s+.*4 worth timing, 1 duplicates", result.output)
     with open_store(sqlite_url) as store:
-        assert {t.device_kind for t in store.trials()} == {"sim-arch (compile-only)"}
+        trials = store.trials()
+    assert {t.device_kind for t in trials} == {"sim-arch (compile-only)"}
+    assert all(t.routing is None and t.details["target"] == "sim-arch" for t in trials)
     assert invoke(*args, "--arch", "gfx942", "--inline").output.count("not one of sim-arch") == 1
     assert "use grid or random" in invoke(*args, "--strategy", "tpe", "--inline").output

@@ -215,9 +215,40 @@ def test_compile_only_sweep_records_statuses_and_duplicate_binaries(store, sim):
         8: "ok",
     }
     assert "simulated compiler crash" in rows[2].error and "spills" in rows[4].error
-    assert rows[6].routing["duplicate_of"] == rows[5].id and "duplicate_of" not in rows[5].routing
-    assert rows[1].routing["metrics"] == {"vgprs": 64} and rows[1].median_s is None
+    # The binary's facts are the trial's details; without a device there is no routing to record.
+    assert all(r.routing is None for r in rows.values())
+    assert rows[6].details["duplicate_of"] == rows[5].id and "duplicate_of" not in rows[5].details
+    assert rows[5].details["binary_hash"] == rows[6].details["binary_hash"] == "b56"
+    assert rows[1].details == {"target": "sim-arch", "binary_hash": "b1", "metrics": {"vgprs": 64}}
+    assert rows[1].median_s is None
+    assert rows[4].details["metrics"] == {"vgprs": 256}  # pruned after compiling: its facts are kept
+    assert rows[2].details == {"target": "sim-arch"}  # nothing compiled, only the target is known
     assert {r.device_kind for r in rows.values()} == {"sim-arch (compile-only)"}
     assert "4 worth timing, 1 duplicates" in outcome.problems[0].decision
     assert store.winners(backend="sim") == []  # nothing was timed, so nothing is promoted
     assert store.trials(backend="xla") == []  # and no baseline is timed either
+
+
+def test_compile_only_sweep_finds_duplicates_among_earlier_sweeps_details(store, sim):
+    """The binary hashes of earlier compile-only trials are read back from their stored details."""
+    from moetune.tuner.candidate import CandidateRunner
+    from moetune.tuner.sweep_setup import resolve_target
+
+    spec = SweepSpec(backend="sim", compile_only=True, budget=5)
+    _, stand_in, target = resolve_target(spec, DEVICE)
+
+    def compile_sweep() -> dict[int, object]:
+        sweep_id = store.create_sweep(backend="sim", strategy="grid", spec={}, host="h", user="u")
+        executor = InlineExecutor(CandidateRunner("w").evaluate, DEVICE)
+        driver = SweepDriver(
+            store, executor, spec, backend="sim", compile_target=target, device=stand_in, poll_s=0
+        )
+        driver.run([PROBLEM], sweep_id=sweep_id)
+        return {r.config["tile"]: r for r in sim_trials(store, sweep_id=sweep_id)}
+
+    first = compile_sweep()
+    assert 5 in first and 6 not in first
+    second = compile_sweep()
+    assert 6 in second and not set(first) & set(second)
+    assert second[6].details["duplicate_of"] == first[5].id
+    assert all("duplicate_of" not in r.details for t, r in second.items() if t != 6)

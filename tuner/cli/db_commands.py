@@ -149,14 +149,34 @@ def _trial_dict(row: TrialRow) -> dict[str, Any]:
         "host": row.host,
         "worker": row.worker,
         "routing": row.routing,
+        "details": row.details,
         "started_at": row.started_at,
         "finished_at": row.finished_at,
     }
 
 
-def _trial_cells(row: TrialRow) -> dict[str, Any]:
+# Static metrics worth a glance in the table (FlyDSL's names); the JSON listing has them all.
+_METRIC_LABELS = {"vgpr_count": "vgpr", "agpr_count": "agpr", "lds_bytes": "lds"}
+_SPILL_METRICS = ("vgpr_spill_count", "sgpr_spill_count")
+
+
+def _details_summary(details: dict[str, Any] | None) -> str:
+    """One short line for a compile-only trial's details: binary hash prefix, registers, spills."""
+    if not details:
+        return ""
+    parts = [f"bin {details['binary_hash'][:8]}"] if details.get("binary_hash") else []
+    metrics = details.get("metrics") or {}
+    parts += [f"{label}={metrics[key]}" for key, label in _METRIC_LABELS.items() if key in metrics]
+    if any(key in metrics for key in _SPILL_METRICS):
+        parts.append(f"spills={sum(metrics.get(key, 0) for key in _SPILL_METRICS)}")
+    if details.get("duplicate_of") is not None:
+        parts.append(f"dup of #{details['duplicate_of']}")
+    return " ".join(parts)
+
+
+def _trial_cells(row: TrialRow, *, details: bool) -> dict[str, Any]:
     p = row.problem
-    return {
+    cells = {
         "id": row.id,
         "sweep": row.sweep_id,
         "gpu": row.device_kind,
@@ -167,6 +187,9 @@ def _trial_cells(row: TrialRow) -> dict[str, Any]:
         "median_us": None if row.median_s is None else row.median_s * 1e6,
         "error": row.error.splitlines()[0][:60] if row.error else "",
     }
+    if details:  # only listings holding compile-only trials get the column
+        cells["details"] = _details_summary(row.details)
+    return cells
 
 
 @app.command("trials")
@@ -209,7 +232,9 @@ def trials_command(
     if as_json:
         emit([_trial_dict(r) for r in rows], as_json=True)
     else:
-        emit([_trial_cells(r) for r in rows], as_json=False, title=f"{len(rows)} trials (newest first)")
+        details = any(r.details for r in rows)
+        cells = [_trial_cells(r, details=details) for r in rows]
+        emit(cells, as_json=False, title=f"{len(rows)} trials (newest first)")
 
 
 def _winner_dict(row: WinnerRow) -> dict[str, Any]:

@@ -79,10 +79,14 @@ def test_build_declines_off_rocm_and_rejects_foreign_configs():
 
 
 def test_target_device_is_a_compile_only_stand_in():
-    device = target_device("gfx950")
+    device = BACKEND.target_device("gfx950")
+    assert device == target_device("gfx950")
     assert (device.platform, device.compute_capability) == ("rocm", "gfx950")
     with pytest.raises(ConfigInvalid, match="gfx1100"):
-        target_device("gfx1100")
+        BACKEND.target_device("gfx1100")
+    # The Backend default: a backend without compile-only targets has no stand-in device.
+    with pytest.raises(Unsupported, match="backend xla has no stand-in device"):
+        registry.get("xla").target_device("gfx942")
 
 
 def test_importing_the_backend_loads_neither_flydsl_nor_torch_nor_hip():

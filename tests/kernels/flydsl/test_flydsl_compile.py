@@ -13,9 +13,8 @@ import subprocess
 
 import pytest
 
-from moetune.kernels.flydsl import BACKEND, target_device
+from moetune.kernels.flydsl import BACKEND
 from moetune.kernels.flydsl.compile import (
-    COMPILE_ERROR,
     OK,
     PRUNED,
     WORKER,
@@ -122,31 +121,32 @@ def test_fp8_operands_compile_with_the_archs_own_e4m3(toolchain_in_use, tmp_path
     assert metrics.arch == arch and metrics.vgpr_spill_count == 0
 
 
-def test_compile_only_sweep_stored_as_trials(toolchain_in_use, tmp_path):
-    from moetune.db.records import TrialRecord
+def test_compile_only_sweep_stores_binary_facts_as_trial_details(toolchain_in_use, tmp_path):
+    """`moetune tune --backend flydsl --compile-only --arch gfx942`, in-process: trials are recorded
+    under the arch's stand-in device with the binary's facts as details and no routing."""
     from moetune.db.store import open_store
+    from moetune.kernels.device import current_fingerprint
+    from moetune.tuner.candidate import CandidateRunner
+    from moetune.tuner.driver import SweepDriver
+    from moetune.tuner.executors import InlineExecutor
+    from moetune.tuner.plan import PlannedProblem
+    from moetune.tuner.spec import SweepSpec
+    from moetune.tuner.sweep_setup import resolve_target
 
-    configs = [FlyDSLConfig(tile_m=64, lds_stages=1), FlyDSLConfig(tile_m=256, tile_n=256, tile_k=128)]
-    entries = compile_sweep(DOWN, "gfx942", configs, workers=2)
-    device = target_device("gfx942")
+    spec = SweepSpec(backend="flydsl", compile_only=True, arch="gfx942", budget=3)
+    backend, device, target = resolve_target(spec, current_fingerprint())
+    assert (backend, device, target) == (BACKEND, BACKEND.target_device("gfx942"), "gfx942")
     with open_store(f"sqlite:///{tmp_path / 'moetune.db'}") as store:
-        store.ensure_schema()
-        for entry in entries:
-            store.record_trial(
-                TrialRecord(
-                    sweep_id=None,
-                    device=device,
-                    backend="flydsl",
-                    family="grouped_matmul",
-                    source_hash=BACKEND.source_hash(),
-                    problem=DOWN,
-                    config=entry.config.to_dict(),
-                    status=entry.status,
-                    compile_s=entry.result.compile_s if entry.result else None,
-                    error=entry.reason,
-                )
-            )
-        rows = {row.status: row for row in store.trials(backend="flydsl")}
-    assert set(rows) == {OK, PRUNED} and COMPILE_ERROR not in rows
-    assert rows[OK].compile_s > 0 and rows[OK].device_kind == "AMD gfx942 (compile-only)"
-    assert "LDS" in rows[PRUNED].error
+        sweep_id = store.create_sweep(backend="flydsl", strategy="grid", spec={}, host="h", user="u")
+        executor = InlineExecutor(CandidateRunner("w").evaluate, current_fingerprint())
+        driver = SweepDriver(
+            store, executor, spec, backend="flydsl", compile_target=target, device=device, poll_s=0
+        )
+        driver.run([PlannedProblem(DOWN, "down")], sweep_id=sweep_id)
+        rows = store.trials(sweep_id=sweep_id)
+    assert len(rows) == 3 and {r.status for r in rows} <= {OK, PRUNED}
+    assert {(r.device_kind, r.backend) for r in rows} == {("AMD gfx942 (compile-only)", "flydsl")}
+    assert all(r.routing is None and r.median_s is None and r.compile_s > 0 for r in rows)
+    for row in rows:
+        assert row.details["target"] == "gfx942" and len(row.details["binary_hash"]) == 64
+        assert row.details["metrics"]["vgpr_count"] > 0 and "lds_bytes" in row.details["metrics"]
