@@ -3,22 +3,43 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Rotation:
+    """The argument sets a timer cycles through, already made as that timer needs them
+    (`Timer.rotation`): callers that time many kernels on the same inputs make it once."""
+
+    sets: tuple[tuple, ...]
 
 
 class Timer(abc.ABC):
     """Times `fn` over rotating argument sets and returns one duration (seconds) per run.
 
     Implementations warm up first (compilation and first-launch costs stay out of the samples) and
-    rotate through `arg_sets` so that repeated runs do not just measure a warm cache.
+    rotate through the argument sets so that repeated runs do not just measure a warm cache. `time`
+    accepts plain argument sets (it makes their rotation itself) or a `Rotation` from `rotation`.
     """
 
     name: str = "timer"
 
+    def rotation(self, arg_sets: Sequence[tuple]) -> Rotation:
+        """The sets `time` cycles through for `arg_sets`; timers that must defeat caches add copies."""
+        if not arg_sets:
+            raise ValueError("the timer needs at least one argument set")
+        return Rotation(tuple(arg_sets))
+
+    def rotated(self, arg_sets: Sequence[tuple] | Rotation) -> tuple[tuple, ...]:
+        return (arg_sets if isinstance(arg_sets, Rotation) else self.rotation(arg_sets)).sets
+
     @abc.abstractmethod
-    def time(self, fn: Callable[..., Any], arg_sets: Sequence[tuple], *, runs: int = 10) -> list[float]: ...
+    def time(
+        self, fn: Callable[..., Any], arg_sets: Sequence[tuple] | Rotation, *, runs: int = 10
+    ) -> list[float]: ...
 
 
 class WallTimer(Timer):
@@ -29,14 +50,17 @@ class WallTimer(Timer):
     def __init__(self, warmup: int = 2) -> None:
         self.warmup = warmup
 
-    def time(self, fn: Callable[..., Any], arg_sets: Sequence[tuple], *, runs: int = 10) -> list[float]:
+    def time(
+        self, fn: Callable[..., Any], arg_sets: Sequence[tuple] | Rotation, *, runs: int = 10
+    ) -> list[float]:
         import jax
 
+        sets = self.rotated(arg_sets)
         for i in range(self.warmup):
-            jax.block_until_ready(fn(*arg_sets[i % len(arg_sets)]))
+            jax.block_until_ready(fn(*sets[i % len(sets)]))
         samples = []
         for i in range(runs):
-            args = arg_sets[i % len(arg_sets)]
+            args = sets[i % len(sets)]
             start = time.perf_counter()
             jax.block_until_ready(fn(*args))
             samples.append(time.perf_counter() - start)

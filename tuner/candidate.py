@@ -27,7 +27,9 @@ import jax
 from moetune.kernels import registry
 from moetune.kernels.errors import ConfigInvalid, WrongResult
 from moetune.kernels.problem import Problem
+from moetune.kernels.timing import Timer
 from moetune.tuner import verify
+from moetune.tuner.input_cache import InputCache
 from moetune.tuner.tasks import (
     COMPILE_ERROR,
     CRASHED,
@@ -66,12 +68,20 @@ def compile_config(backend_name: str, problem: Problem, config: dict[str, Any]) 
 
 
 class CandidateRunner:
-    """Runs tasks in this process. One per worker; keeps the current problem's inputs between tasks."""
+    """Runs tasks in this process. One per worker; keeps recent problems' inputs, references and timing
+    rotations between tasks (`cache`), so a candidate's device phase is its own kernel's work."""
 
-    def __init__(self, worker: str = "") -> None:
+    def __init__(self, worker: str = "", cache: InputCache | None = None) -> None:
         self.worker = worker or f"pid{os.getpid()}"
         self.host = socket.gethostname()
-        self._cache = verify.InputCache()
+        self.cache = cache if cache is not None else InputCache()
+        self._timers: dict[str, Timer] = {}
+
+    def _timer(self, backend: str) -> Timer:
+        """One timer per backend for the runner's life: the cache keys its rotations by timer."""
+        if backend not in self._timers:
+            self._timers[backend] = registry.get(backend).timer()
+        return self._timers[backend]
 
     def prepare(self, task: Task) -> Prepared | Result:
         """Compile every config of `task`; a CandidateTask that fails here is finished (compile_error),
@@ -102,7 +112,7 @@ class CandidateRunner:
                 return self._retime(prepared)
             return self._verify_and_time(prepared)
         finally:
-            self._cache.trim()
+            self.cache.trim()
 
     def _verify_and_time(self, prepared: Prepared) -> CandidateResult:
         task: CandidateTask = prepared.task
@@ -110,11 +120,11 @@ class CandidateRunner:
         device_started = now()
         stage = "verify"
         try:
-            inputs = self._cache.inputs(task.problem, task.seed)
-            verify_error = verify.verify(fn, inputs, self._cache, task.verify_sizes)
+            inputs = self.cache.inputs(task.problem, task.seed)
+            verify_error = verify.verify(fn, inputs, self.cache, task.verify_sizes)
             stage = "time"
-            timer = registry.get(task.backend).timer()
-            samples = timer.time(fn, inputs.arg_sets(task.timing_sizes), runs=task.runs)
+            timer = self._timer(task.backend)
+            samples = timer.time(fn, self.cache.rotation(inputs, task.timing_sizes, timer), runs=task.runs)
         except WrongResult as e:
             return self._result(task, WRONG_RESULT, prepared, device_started, error=str(e))
         except Exception as e:  # a kernel that raised on the device; the worker itself is fine
@@ -152,9 +162,9 @@ class CandidateRunner:
 
     def _retime(self, prepared: Prepared) -> RetimeResult:
         task: RetimeTask = prepared.task
-        inputs = self._cache.inputs(task.problem, task.seed)
-        arg_sets = inputs.arg_sets(task.timing_sizes)
-        timer = registry.get(task.backend).timer()
+        inputs = self.cache.inputs(task.problem, task.seed)
+        timer = self._timer(task.backend)
+        arg_sets = self.cache.rotation(inputs, task.timing_sizes, timer)
         samples: list[list[float]] = [[] for _ in task.configs]
         live = [i for i, fn in enumerate(prepared.executables) if fn is not None]
         errors = [e for e in prepared.errors if e]

@@ -5,8 +5,9 @@ timer the `jax.stages.Compiled`), so the timer never traces it: it calls `fn` on
 the rotation in turn, with CUPTI recording each launch's device time. Host gaps between calls do not
 enter the samples: CUPTI times kernels, not the host. When the argument sets together are smaller than
 twice the L2, they are replicated into fresh device buffers until they are not, so that no run finds its
-inputs in cache. A sample is one pass over the rotation: the summed kernel time of its launches divided
-by the number of sets.
+inputs in cache. Those copies are made by `CuptiTimer.rotation`; the tuner makes them once per problem
+and passes the `Rotation` to every candidate's `time`. A sample is one pass over the rotation: the
+summed kernel time of its launches divided by the number of sets.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from moetune.kernels.timing import Timer
+from moetune.kernels.timing import Rotation, Timer
 
 # DESIGN.md: every timing is the median of at least this many runs.
 MIN_RUNS = 10
@@ -89,16 +90,22 @@ class CuptiTimer(Timer):
         min_rotation_bytes: int | None = None,
         session: Callable[[], CuptiSession] = CuptiSession,
     ) -> None:
-        # None: twice the device's L2, read when timing starts.
+        # None: twice the device's L2, read when the first rotation is made.
         self.min_rotation_bytes = min_rotation_bytes
         self._session = session
 
-    def time(self, fn: Callable[..., Any], arg_sets: Sequence[tuple], *, runs: int = MIN_RUNS) -> list[float]:
+    def rotation(self, arg_sets: Sequence[tuple]) -> Rotation:
+        if self.min_rotation_bytes is None:
+            self.min_rotation_bytes = 2 * device_l2_bytes()
+        return Rotation(tuple(rotation(arg_sets, self.min_rotation_bytes)))
+
+    def time(
+        self, fn: Callable[..., Any], arg_sets: Sequence[tuple] | Rotation, *, runs: int = MIN_RUNS
+    ) -> list[float]:
         import jax
 
         runs = max(runs, MIN_RUNS)
-        min_bytes = self.min_rotation_bytes if self.min_rotation_bytes is not None else 2 * device_l2_bytes()
-        sets = rotation(arg_sets, min_bytes)
+        sets = self.rotated(arg_sets)
         jax.block_until_ready([fn(*s) for s in sets])  # warm-up: first-launch costs stay out
         session = self._session()
         session.start()

@@ -171,6 +171,28 @@ def test_cupti_timer_times_a_compiled_executable_without_tracing_it():
     assert samples == pytest.approx([2e-3] * timer.MIN_RUNS)
 
 
+def test_cupti_timer_reuses_a_rotation_made_once(monkeypatch):
+    """The tuner makes a problem's rotation once (CuptiTimer.rotation) and times every candidate on it:
+    given a Rotation, `time` must not copy the sets again."""
+    arrays = (jnp.ones((256,), jnp.float32),)
+    cupti = timer.CuptiTimer(min_rotation_bytes=4096, session=FakeCupti)
+    made = cupti.rotation([arrays])
+    assert len(made.sets) == 4
+
+    def no_copies(*args, **kwargs):
+        raise AssertionError("rotation copied again")
+
+    monkeypatch.setattr(timer, "rotation", no_copies)
+
+    def counted(*args):
+        FakeCupti.calls += FakeCupti.recording
+        return args[0] * 2
+
+    for _ in range(2):
+        samples = cupti.time(counted, made, runs=10)
+        assert FakeCupti.calls == 4 * 10 and samples == pytest.approx([2e-3] * 10)
+
+
 def test_cupti_timer_rejects_launch_counts_that_do_not_split_evenly():
     class Odd(FakeCupti):
         def stop(self):

@@ -61,3 +61,44 @@ def test_retime_interleaves_every_finalist():
     assert len(result.samples_s[0]) == 12
     assert result.samples_s[1] == ()  # chunk_m=7 is not a multiple of 8: it never compiled
     assert "chunk_m=7" in result.error
+
+
+def test_candidates_of_a_problem_share_one_reference_per_draw_and_one_rotation(monkeypatch):
+    """The device phase is serialised per GPU: nothing that depends only on the problem may be redone per
+    candidate, even when the driver interleaves problems on one worker."""
+    from moetune.kernels import reference
+    from moetune.kernels.timing import WallTimer
+
+    counts = {"reference": 0, "rotation": 0}
+    real_reference, real_rotation = reference.reference_grouped_matmul, WallTimer.rotation
+
+    def counted_reference(*args, **kwargs):
+        counts["reference"] += 1
+        return real_reference(*args, **kwargs)
+
+    def counted_rotation(self, arg_sets):
+        counts["rotation"] += 1
+        return real_rotation(self, arg_sets)
+
+    monkeypatch.setattr(reference, "reference_grouped_matmul", counted_reference)
+    monkeypatch.setattr(WallTimer, "rotation", counted_rotation)
+    other = Problem(
+        "grouped_matmul", m=32, k=32, n=64, g=4, lhs_dtype="f32", rhs_dtype="f32", out_dtype="f32"
+    )
+    other_timing = tuple(int(x) for x in ROUTING.group_sizes(other.m, other.g, seed=0))
+    other_draws = tuple(
+        tuple(int(x) for x in d) for d in verification_draws(ROUTING, other.m, other.g, seed=0, count=2)
+    )
+    configs = [
+        {"strategy": "ragged_dot"},
+        {"strategy": "chunked", "chunk_m": 16, "items_per_step": 4},
+        {"strategy": "chunked", "chunk_m": 8, "items_per_step": 2},
+    ]
+    runner = CandidateRunner("w")
+    for i, config in enumerate(configs):  # problems alternate, as the driver interleaves them
+        assert runner.evaluate(task("xla", config, f"a{i}")).status == "ok"
+        mixed = CandidateTask(f"b{i}", "xla", other, config, other_timing, other_draws, runs=10)
+        assert runner.evaluate(mixed).status == "ok"
+    assert len(set(DRAWS)) == len(set(other_draws)) == 2
+    assert counts == {"reference": 4, "rotation": 2}  # one per (problem, draw); one per problem
+    assert runner.cache.made["inputs"] == 2

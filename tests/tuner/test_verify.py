@@ -11,6 +11,7 @@ from moetune.kernels.errors import WrongResult
 from moetune.kernels.problem import Problem
 from moetune.kernels.reference import reference_grouped_matmul
 from moetune.tuner import verify
+from moetune.tuner.input_cache import InputCache, Inputs
 
 PROBLEM = Problem(
     "grouped_matmul", m=32, k=64, n=48, g=4, lhs_dtype="bf16", rhs_dtype="bf16", out_dtype="bf16"
@@ -20,7 +21,7 @@ SIZES = (10, 0, 12, 6)  # 28 rows assigned, 4 rows of padding
 
 @pytest.fixture(scope="module")
 def inputs():
-    return verify.Inputs.make(PROBLEM, seed=0)
+    return Inputs.make(PROBLEM, seed=0)
 
 
 def ragged(lhs, rhs, sizes):
@@ -38,13 +39,13 @@ def test_inputs_rotate_and_are_never_zero(inputs):
 
 
 def test_a_correct_kernel_passes(inputs):
-    cache = verify.InputCache()
+    cache = InputCache()
     error = verify.verify(ragged, inputs, cache, [SIZES, (8, 8, 8, 8)])
     assert 0 <= error < 1e-2
 
 
 def test_nonzero_rows_past_the_groups_fail(inputs):
-    lhs, rhs, gs = inputs.arg_sets(SIZES)[0]
+    lhs, rhs, gs = InputCache().verify_args(inputs, SIZES)
     good = ragged(lhs, rhs, gs)
     ref = reference_grouped_matmul(lhs, rhs, gs)
     assert verify.check_output(good, ref, SIZES, PROBLEM) < 1e-2
@@ -55,13 +56,18 @@ def test_nonzero_rows_past_the_groups_fail(inputs):
 
 
 def test_nan_never_passes_and_errors_beyond_tolerance_fail(inputs):
-    lhs, rhs, gs = inputs.arg_sets(SIZES)[0]
+    lhs, rhs, gs = InputCache().verify_args(inputs, SIZES)
     good = ragged(lhs, rhs, gs)
     ref = reference_grouped_matmul(lhs, rhs, gs)
     with pytest.raises(WrongResult, match="NaN"):
         verify.check_output(good.at[3, 3].set(jnp.nan), ref, SIZES, PROBLEM)
     with pytest.raises(WrongResult, match="exceeds the bfloat16 tolerance"):
         verify.check_output(good * 1.05, ref, SIZES, PROBLEM)
+    with pytest.raises(WrongResult, match="relative error inf"):
+        verify.check_output(good.at[3, 3].set(jnp.inf), ref, SIZES, PROBLEM)
+    # Huge finite garbage must not overflow into a pass (or into NaN that would read as "not a number").
+    with pytest.raises(WrongResult, match="relative error inf"):
+        verify.check_output(good.at[3].set(3e38), ref, SIZES, PROBLEM)
     with pytest.raises(WrongResult, match="shape"):
         verify.check_output(good[:16], ref, SIZES, PROBLEM)
     with pytest.raises(WrongResult, match="dtype"):
@@ -74,7 +80,7 @@ def test_a_kernel_that_skips_rows_is_caught_on_some_draw(inputs):
         return ragged(lhs, rhs, sizes.at[-1].set(0))
 
     with pytest.raises(WrongResult):
-        verify.verify(skips_last_group, inputs, verify.InputCache(), [SIZES])
+        verify.verify(skips_last_group, inputs, InputCache(), [SIZES])
 
 
 def test_poisoned_call_returns_the_kernels_output():
@@ -82,25 +88,19 @@ def test_poisoned_call_returns_the_kernels_output():
     assert out.tolist() == [1, 1, 1, 1]
 
 
-def test_input_cache_keeps_one_problem(inputs):
-    cache = verify.InputCache()
-    a = cache.inputs(PROBLEM, 0)
-    assert cache.inputs(PROBLEM, 0) is a
-    ref = cache.reference(a, SIZES)
-    assert cache.reference(a, SIZES) is ref
-    other = Problem("grouped_matmul", m=8, k=64, n=48, g=4)
-    assert cache.inputs(other, 0) is not a
-    assert cache.inputs(PROBLEM, 0) is not a
+def test_the_error_is_relative_over_the_assigned_rows_only():
+    out = jnp.zeros((4, 2), jnp.float32).at[0].set(jnp.array([3.0, 4.5]))
+    ref = jnp.zeros((4, 2), jnp.float32).at[0].set(jnp.array([3.0, 4.0]))
+    problem = Problem("grouped_matmul", m=4, k=8, n=2, g=2, lhs_dtype="f32", rhs_dtype="f32", out_dtype="f32")
+    with pytest.raises(WrongResult, match="relative error 0.1 exceeds"):
+        verify.check_output(out, ref, (1, 0), problem)
+    assert verify.check_output(ref, ref, (1, 0), problem) == 0.0
+    # Every group empty: a zero reference, and only an all-zero output passes.
+    assert verify.check_output(jnp.zeros((4, 2), jnp.float32), jnp.zeros((4, 2)), (0, 0), problem) == 0.0
 
 
-def test_input_cache_drops_inputs_over_its_byte_bound():
-    small = verify.InputCache()
-    a = small.inputs(PROBLEM, 0)
-    small.reference(a, SIZES)
-    assert 0 < small.nbytes < small.max_bytes
-    small.trim()
-    assert small.inputs(PROBLEM, 0) is a  # kept
-    tight = verify.InputCache(max_bytes=1024)
-    b = tight.inputs(PROBLEM, 0)
-    tight.trim()
-    assert tight.nbytes == 0 and tight.inputs(PROBLEM, 0) is not b
+def test_relative_error_from_squares_matches_the_reference_semantics():
+    assert verify.relative_error_from_squares(0.25, 25.0) == pytest.approx(0.1)
+    assert verify.relative_error_from_squares(0.0, 0.0) == 0.0
+    assert verify.relative_error_from_squares(1e-30, 0.0) == float("inf")
+    assert verify.relative_error_from_squares(float("nan"), 1.0) == float("inf")

@@ -1,0 +1,100 @@
+"""The per-worker cache of operands, references and timing rotations: made once, shared, bounded."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from moetune.kernels.problem import Problem
+from moetune.kernels.timing import Rotation, WallTimer
+from moetune.tuner import input_cache
+from moetune.tuner.input_cache import InputCache, Inputs
+
+
+def problem(m: int, k: int = 64, n: int = 48) -> Problem:
+    return Problem("grouped_matmul", m=m, k=k, n=n, g=4, lhs_dtype="bf16", rhs_dtype="bf16", out_dtype="bf16")
+
+
+SIZES = (10, 0, 12, 6)
+
+
+def test_inputs_rotate_and_are_never_zero():
+    inputs = Inputs.make(problem(32), seed=0)
+    assert len(inputs.sets) >= 2
+    (lhs0, rhs0), (lhs1, rhs1) = inputs.sets[:2]
+    assert lhs0.shape == (32, 64) and rhs0.shape == (4, 64, 48) and lhs0.dtype == jnp.bfloat16
+    assert not np.array_equal(np.asarray(lhs0), np.asarray(lhs1))
+    assert not np.array_equal(np.asarray(rhs0), np.asarray(rhs1))
+    assert np.count_nonzero(np.asarray(lhs0, np.float32)) > 0.99 * lhs0.size
+
+
+def test_problems_that_differ_only_in_m_share_their_weights():
+    cache = InputCache()
+    small, large = cache.inputs(problem(8), 0), cache.inputs(problem(256), 0)
+    assert all(a[1] is b[1] for a, b in zip(small.sets, large.sets, strict=True))
+    assert cache.made["weights"] == 1 and cache.made["inputs"] == 2
+    # Shared or made afresh, the operands are the same numbers: results never depend on the cache.
+    fresh = Inputs.make(problem(256), 0)
+    for (lhs, rhs), (lhs2, rhs2) in zip(large.sets, fresh.sets, strict=True):
+        assert np.array_equal(np.asarray(lhs), np.asarray(lhs2))
+        assert np.array_equal(np.asarray(rhs), np.asarray(rhs2))
+    other_seed = cache.inputs(problem(8), 1)
+    assert other_seed.sets[0][1] is not small.sets[0][1] and cache.made["weights"] == 2
+    # Weights held by two problems count once.
+    assert cache.nbytes < sum(a.nbytes for p in (small, large, other_seed) for pair in p.sets for a in pair)
+
+
+def test_references_and_rotations_are_made_once_per_draw_and_timer():
+    cache = InputCache()
+    inputs = cache.inputs(problem(32), 0)
+    ref = cache.reference(inputs, SIZES)
+    assert ref.dtype == jnp.float32 and ref.shape == (32, 48)
+    assert cache.reference(inputs, list(SIZES)) is ref
+    assert cache.reference(inputs, (8, 8, 8, 8)) is not ref
+    assert cache.made["reference"] == 2
+    timer = WallTimer()
+    rotation = cache.rotation(inputs, SIZES, timer)
+    assert isinstance(rotation, Rotation) and len(rotation.sets) == len(inputs.sets)
+    assert cache.rotation(inputs, SIZES, timer) is rotation
+    assert cache.rotation(inputs, SIZES, WallTimer()) is not rotation  # another timer, its own rotation
+    assert cache.made["rotation"] == 2
+    assert rotation.sets[0][2] is cache.verify_args(inputs, SIZES)[2]  # one device copy of the sizes
+
+
+def test_several_problems_stay_until_the_byte_bound_evicts_the_oldest():
+    cache = InputCache()
+    a, b = cache.inputs(problem(32), 0), cache.inputs(problem(16, k=32), 0)
+    cache.reference(a, SIZES)
+    cache.trim()
+    assert cache.inputs(problem(32), 0) is a and cache.inputs(problem(16, k=32), 0) is b  # both kept
+    assert cache.made["inputs"] == 2
+    # Bound between one and two problems: the least recently used (now a, b was touched last) goes.
+    alone = InputCache()
+    alone.inputs(problem(16, k=32), 0)
+    b_bytes = alone.nbytes
+    cache.inputs(problem(16, k=32), 0)
+    cache.max_bytes = b_bytes
+    cache.trim()
+    assert cache.nbytes == b_bytes
+    assert cache.inputs(problem(16, k=32), 0) is b and cache.made["inputs"] == 2
+    tight = InputCache(max_bytes=1024)
+    c = tight.inputs(problem(32), 0)
+    tight.trim()
+    assert tight.nbytes == 0 and tight.inputs(problem(32), 0) is not c
+
+
+class _Device:
+    def __init__(self, stats):
+        self._stats = stats
+
+    def memory_stats(self):
+        return self._stats
+
+
+def test_the_default_bound_is_a_share_of_device_memory():
+    assert input_cache.default_max_bytes(_Device(None)) == input_cache.HOST_CACHE_BYTES
+    limit = 8 << 30
+    shared = input_cache.default_max_bytes(_Device({"bytes_limit": limit}), share=0.25)
+    assert shared == pytest.approx(limit * 0.25 * input_cache.DEVICE_CACHE_FRACTION, abs=1)
+    assert input_cache.device_share() == 1.0  # no Ray worker here

@@ -1,0 +1,219 @@
+"""Device-resident operands, float32 references and timing rotations, made once per worker and reused.
+
+The device phase of every candidate is serialised per GPU, so whatever it recomputes per candidate
+caps the whole sweep. Everything here depends only on (problem, seed) and the group sizes, never on
+the candidate, so a worker makes each thing once and every candidate of that problem reuses it:
+
+  weights     rhs sets depend on the rhs shape and the seed, not on M: the problems of one projection
+              at different token counts share them (they are most of the bytes);
+  inputs      lhs sets plus those weights;
+  references  the float32 result for each routing draw (the costliest thing to compute);
+  rotations   the argument sets a timer cycles through (copies, for small problems), per timer.
+
+The driver interleaves problems across workers, so the cache holds several problems and evicts the
+least recently used ones past `max_bytes`; `trim()` runs after each task.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moetune.kernels import reference
+from moetune.kernels.problem import Problem
+from moetune.kernels.timing import Rotation, Timer
+
+# Timing rotates through input sets whose weights add up to at least this many bytes, so successive
+# runs do not find the previous run's weights in cache. Comfortably above current last-level caches
+# (H200 L2: 60 MB; MI300X Infinity Cache: 256 MB); a rule of thumb, not a device fact.
+ROTATE_BYTES = 512 * 2**20
+MAX_INPUT_SETS = 4
+# Without a device memory limit to go by (CPU), what one worker keeps between tasks.
+HOST_CACHE_BYTES = 2 << 30
+# Of its share of device memory, what a worker may keep between tasks: the rest is for the running
+# candidate's output, the verification's temporaries and allocator slack.
+DEVICE_CACHE_FRACTION = 0.75
+
+
+def rhs_shape(problem: Problem) -> tuple[int, int, int]:
+    return (problem.g, problem.n, problem.k) if problem.transpose_rhs else (problem.g, problem.k, problem.n)
+
+
+def input_set_count(problem: Problem) -> int:
+    weight_bytes = math.prod(rhs_shape(problem)) * jnp.dtype(problem.rhs_dtype).itemsize
+    return max(2, min(MAX_INPUT_SETS, -(-ROTATE_BYTES // max(weight_bytes, 1))))
+
+
+@functools.partial(jax.jit, static_argnames=("shape", "dtype", "scale"))
+def _normal(key: jax.Array, shape: tuple[int, ...], dtype: str, scale: float) -> jax.Array:
+    # Generated on the device: host-side numpy would take seconds for the largest weights.
+    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype)
+
+
+def _set_keys(seed: int, count: int) -> jax.Array:
+    """[count, 2] keys: (lhs, rhs) of each set. Depends on the count, hence only on the rhs's bytes."""
+    return jax.random.split(jax.random.key(seed), (count, 2))
+
+
+def make_weights(problem: Problem, seed: int) -> tuple[jax.Array, ...]:
+    """The rhs of every input set; equal for problems that differ only in M."""
+    # rhs scaled by 1/sqrt(k) keeps outputs near unit size for every k, so tolerances mean the same.
+    scale = 1.0 / math.sqrt(problem.k)
+    keys = _set_keys(seed, input_set_count(problem))
+    return tuple(_normal(key, rhs_shape(problem), problem.rhs_dtype, scale) for key in keys[:, 1])
+
+
+def _weights_key(problem: Problem, seed: int) -> tuple[Any, ...]:
+    return (rhs_shape(problem), jnp.dtype(problem.rhs_dtype).name, seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """Random (never zero) operands for one problem: `sets` of (lhs, rhs) pairs to rotate through."""
+
+    problem: Problem
+    seed: int
+    sets: tuple[tuple[jax.Array, jax.Array], ...]
+
+    @classmethod
+    def make(cls, problem: Problem, seed: int, weights: Sequence[jax.Array] | None = None) -> Inputs:
+        """`weights`: the rhs sets when already made (make_weights of a problem with the same rhs)."""
+        weights = tuple(weights) if weights is not None else make_weights(problem, seed)
+        keys = _set_keys(seed, len(weights))
+        lhs = [_normal(key, (problem.m, problem.k), problem.lhs_dtype, 1.0) for key in keys[:, 0]]
+        return cls(problem, seed, tuple(zip(lhs, weights, strict=True)))
+
+
+def _group_sizes_array(group_sizes: Sequence[int]) -> jax.Array:
+    return jnp.asarray(np.asarray(group_sizes, dtype=np.int32))
+
+
+@dataclasses.dataclass
+class _Entry:
+    inputs: Inputs
+    sizes: dict[tuple[int, ...], jax.Array] = dataclasses.field(default_factory=dict)
+    references: dict[tuple[int, ...], jax.Array] = dataclasses.field(default_factory=dict)
+    rotations: dict[tuple[tuple[int, ...], Timer], Rotation] = dataclasses.field(default_factory=dict)
+
+    def arrays(self) -> list[jax.Array]:
+        held = [a for pair in self.inputs.sets for a in pair] + list(self.sizes.values())
+        held += list(self.references.values())
+        held += [leaf for rotation in self.rotations.values() for leaf in jax.tree.leaves(rotation.sets)]
+        return held
+
+
+class InputCache:
+    """Per worker: the inputs, references and rotations of recently used problems (see the module doc).
+
+    `made` counts what was computed (inputs, weights, reference, rotation), for tests and diagnostics.
+    """
+
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self.max_bytes = default_max_bytes() if max_bytes is None else max_bytes
+        self._entries: collections.OrderedDict[tuple[Problem, int], _Entry] = collections.OrderedDict()
+        self.made: collections.Counter[str] = collections.Counter()
+
+    def _entry(self, problem: Problem, seed: int) -> _Entry:
+        key = (problem, seed)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = _Entry(Inputs.make(problem, seed, self._shared_weights(problem, seed)))
+            self.made["inputs"] += 1
+            self._entries[key] = entry
+        self._entries.move_to_end(key)
+        return entry
+
+    def _shared_weights(self, problem: Problem, seed: int) -> tuple[jax.Array, ...] | None:
+        wanted = _weights_key(problem, seed)
+        for (other, other_seed), entry in self._entries.items():
+            if _weights_key(other, other_seed) == wanted:
+                return tuple(rhs for _, rhs in entry.inputs.sets)
+        self.made["weights"] += 1
+        return None
+
+    def inputs(self, problem: Problem, seed: int) -> Inputs:
+        return self._entry(problem, seed).inputs
+
+    def group_sizes(self, inputs: Inputs, group_sizes: Sequence[int]) -> jax.Array:
+        """`group_sizes` as an int32 device array, made once."""
+        entry = self._entry(inputs.problem, inputs.seed)
+        sizes = tuple(int(s) for s in group_sizes)
+        if sizes not in entry.sizes:
+            entry.sizes[sizes] = _group_sizes_array(sizes)
+        return entry.sizes[sizes]
+
+    def verify_args(self, inputs: Inputs, group_sizes: Sequence[int]) -> tuple[jax.Array, ...]:
+        """(lhs, rhs, group sizes) of the first input set: what candidates are verified on."""
+        lhs, rhs = inputs.sets[0]
+        return lhs, rhs, self.group_sizes(inputs, group_sizes)
+
+    def reference(self, inputs: Inputs, group_sizes: Sequence[int]) -> jax.Array:
+        """The float32 result on `verify_args(inputs, group_sizes)`, computed once per draw."""
+        entry = self._entry(inputs.problem, inputs.seed)
+        sizes = tuple(int(s) for s in group_sizes)
+        if sizes not in entry.references:
+            lhs, rhs, sizes_array = self.verify_args(inputs, sizes)
+            ref = reference.reference_grouped_matmul(
+                lhs, rhs, sizes_array, transpose_rhs=inputs.problem.transpose_rhs
+            )
+            entry.references[sizes] = jax.block_until_ready(ref)
+            self.made["reference"] += 1
+        return entry.references[sizes]
+
+    def rotation(self, inputs: Inputs, group_sizes: Sequence[int], timer: Timer) -> Rotation:
+        """`timer.rotation` of every input set with `group_sizes`, made once per timer: the timer's copies
+        (if it makes any) are device memory traffic that no candidate should pay again."""
+        entry = self._entry(inputs.problem, inputs.seed)
+        key = (tuple(int(s) for s in group_sizes), timer)
+        if key not in entry.rotations:
+            sizes = self.group_sizes(inputs, key[0])
+            entry.rotations[key] = timer.rotation([(lhs, rhs, sizes) for lhs, rhs in inputs.sets])
+            self.made["rotation"] += 1
+        return entry.rotations[key]
+
+    @property
+    def nbytes(self) -> int:
+        # Weights are shared between entries and rotations hold the sets themselves: count each once.
+        unique = {id(a): a for entry in self._entries.values() for a in entry.arrays()}
+        return sum(int(a.nbytes) for a in unique.values())
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def trim(self) -> None:
+        """Evict the least recently used problems until the cache holds at most `max_bytes`."""
+        while self._entries and self.nbytes > self.max_bytes:
+            self._entries.popitem(last=False)
+
+
+def default_max_bytes(device: Any = None, share: float | None = None) -> int:
+    """What one worker may keep: a fraction of its share of the device's memory limit (`share`: the
+    fraction of the device this process holds; by default Ray's assignment, or all of it)."""
+    device = device or jax.devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    limit = (stats or {}).get("bytes_limit")
+    if not limit:
+        return HOST_CACHE_BYTES
+    share = device_share() if share is None else share
+    return int(limit * share * DEVICE_CACHE_FRACTION)
+
+
+def device_share() -> float:
+    """The fraction of its GPU this process holds: Ray's assignment inside a worker, else all of it."""
+    if "ray" not in sys.modules:  # never import Ray just to ask
+        return 1.0
+    import ray
+
+    if not ray.is_initialized():
+        return 1.0
+    gpus = ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0)
+    return gpus if 0.0 < gpus < 1.0 else 1.0
