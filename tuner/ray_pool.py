@@ -14,6 +14,10 @@ for the device. Waiting for a lane does not count against `timeout_s`; each phas
 Lanes belong to one sweep's driver: two sweeps timing on the same GPU at once would overlap, so run one
 sweep per device at a time.
 
+Several GPUs (one host or many): one cluster, one lane per GPU. With N workers and G GPUs each worker
+holds 1/ceil(N/G) of a GPU, and its lane is named after the GPU id Ray assigned it (`ray.get_gpu_ids`),
+so the G lanes time in parallel (tests/tuner/test_multi_gpu_scheduling.py, with fake GPUs on a CPU).
+
 Compile-only sweeps (backends that compile without their device, for a target this cluster may not
 have) use workers that hold no GPU: they run on CPU-only nodes as well, and never enter a lane.
 
