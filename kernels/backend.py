@@ -5,7 +5,8 @@ Call order, as dispatch and the tuner use it:
   2. `check(problem)`         -> raises Unsupported when the backend declines the problem.
   3. `search_space(problem, device)` (tuner) or `heuristic(problem, device)` (dispatch miss).
   4. `build(problem, config)` -> a JAX-callable f(lhs, rhs, group_sizes) -> out; pure, jit-able.
-  5. `timer()` (tuner)        -> how this backend's kernels are timed.
+  5. `timer()` (tuner)        -> how this backend's kernels are timed; it times what `executable`
+                                 returns for the compiled kernel (by default the JAX executable itself).
   Optional, for backends that compile without the device (`compile_targets` non-empty):
   `compile_only(problem, config, target)` -> StaticCompile: compile for a named target (e.g. "gfx942")
   on a CPU-only machine and say whether the binary is worth timing (`moetune tune --compile-only`).
@@ -59,6 +60,12 @@ class Backend(abc.ABC):
     compiles_without_device: ClassVar[bool] = False
     # Targets compile_only accepts (e.g. ("gfx942", "gfx950")); empty: no compile-only mode.
     compile_targets: ClassVar[tuple[str, ...]] = ()
+    # The Ray resource a tuner worker holds to use one of this backend's devices: "GPU" is Ray's own
+    # (Ray pins each worker to a GPU id); any other name is a custom resource declared one unit per
+    # device (`ray start --resources '{"amd_gpu": 8}'`), and the tuner seats each worker on one unit,
+    # restricting its process to that device through `visible_devices_env`.
+    device_resource: ClassVar[str] = "GPU"
+    visible_devices_env: ClassVar[str] = "CUDA_VISIBLE_DEVICES"
 
     @abc.abstractmethod
     def available(self, device: DeviceFingerprint) -> str | None:
@@ -81,6 +88,13 @@ class Backend(abc.ABC):
 
     def timer(self) -> Timer:
         return WallTimer()
+
+    def executable(
+        self, problem: Problem, config: KernelConfig, compiled: Callable[..., Any]
+    ) -> Callable[..., Any]:
+        """What the tuner verifies and times once `build(problem, config)` is compiled: `compiled` itself,
+        unless the backend's timer needs more than a JAX executable (flydsl's times the code object)."""
+        return compiled
 
     def compile_only(self, problem: Problem, config: KernelConfig, target: str) -> StaticCompile:
         """Compile for `target` without its device; raises ConfigInvalid, or the backend's compile error."""

@@ -63,8 +63,10 @@ def compile_config(backend_name: str, problem: Problem, config: dict[str, Any]) 
     """Build the backend's kernel for `config` and compile it for the input shapes (no device work)."""
     backend = registry.get(backend_name)
     backend.check(problem)
-    kernel = backend.build(problem, backend.config_cls.from_dict(config))
-    return jax.jit(kernel).lower(*verify.shape_dtypes(problem)).compile()
+    kernel_config = backend.config_cls.from_dict(config)
+    kernel = backend.build(problem, kernel_config)
+    compiled = jax.jit(kernel).lower(*verify.shape_dtypes(problem)).compile()
+    return backend.executable(problem, kernel_config, compiled)
 
 
 class CandidateRunner:

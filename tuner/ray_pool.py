@@ -18,6 +18,15 @@ Several GPUs (one host or many): one cluster, one lane per GPU. With N workers a
 holds 1/ceil(N/G) of a GPU, and its lane is named after the GPU id Ray assigned it (`ray.get_gpu_ids`),
 so the G lanes time in parallel (tests/tuner/test_multi_gpu_scheduling.py, with fake GPUs on a CPU).
 
+Devices Ray does not know (a backend's `device_resource` other than "GPU", e.g. `amd_gpu` declared by
+`ray start --resources '{"amd_gpu": 8}'`): Ray tracks a custom resource as a count per node, never as
+device ids, so the driver seats workers itself. Each unit k of each node is a lane ("host:amd_gpu1");
+a worker is placed on its seat's node (node affinity), holds 1/ceil(N/G) of the resource, and its
+process sees only device k (the backend's `visible_devices_env`, e.g. HIP_VISIBLE_DEVICES=k), so JAX
+and the backend's timer use that device alone. A cluster that declares no such resource falls back
+to Ray's "GPU" (where Ray detects the devices itself). A replacement worker takes the seat of the one it
+replaces (tests/tuner/test_custom_device_resource.py, with a fake `amd_gpu` on a CPU).
+
 Compile-only sweeps (backends that compile without their device, for a target this cluster may not
 have) use workers that hold no GPU: they run on CPU-only nodes as well, and never enter a lane.
 
@@ -61,12 +70,12 @@ class WorkerInfo:
     host: str
     pid: int
     node_id: str
-    lane: str  # "host:gpu0" or "host:cpu"
+    lane: str  # "host:gpu0", "host:amd_gpu0" (a custom device resource) or "host:cpu"
     fingerprint: DeviceFingerprint
 
 
 class _Worker:
-    """A Ray actor (wrapped by ray.remote in `_actor_class`): one CandidateRunner and its prepared tasks."""
+    """A Ray actor (wrapped by ray.remote in RayExecutor): one CandidateRunner and its prepared tasks."""
 
     def __init__(self, name: str) -> None:
         from moetune.tuner.candidate import CandidateRunner
@@ -74,7 +83,8 @@ class _Worker:
         self._runner = CandidateRunner(name)
         self._prepared: dict[str, Any] = {}
 
-    def describe(self) -> WorkerInfo:
+    def describe(self, seat: str | None = None) -> WorkerInfo:
+        """`seat`: the device unit the driver placed this worker on ("amd_gpu1"), for custom resources."""
         import ray
 
         from moetune.kernels.device import current_fingerprint
@@ -82,7 +92,8 @@ class _Worker:
         fingerprint = current_fingerprint()  # imports JAX and opens the device: the startup cost, paid once
         gpu_ids = ray.get_gpu_ids()
         node = ray.get_runtime_context().get_node_id()
-        lane = f"{self._runner.host}:gpu{gpu_ids[0]}" if gpu_ids else f"{self._runner.host}:cpu"
+        device = seat or (f"gpu{gpu_ids[0]}" if gpu_ids else "cpu")
+        lane = f"{self._runner.host}:{device}"
         return WorkerInfo(self._runner.worker, self._runner.host, os.getpid(), node, lane, fingerprint)
 
     def prepare(self, task: Task) -> Result | None:
@@ -98,10 +109,24 @@ class _Worker:
         return self._runner.run(self._prepared.pop(task_id))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Seat:
+    """One unit of a custom device resource: a node and the index of the device on it."""
+
+    node_id: str
+    index: int
+    resource: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.resource}{self.index}"
+
+
 @dataclasses.dataclass
 class _Slot:
     name: str
     actor: Any
+    seat: _Seat | None = None
     phase: str = "starting"  # starting | idle | prepare | ready | run
     ref: Any = None
     deadline: float = math.inf
@@ -134,26 +159,27 @@ def disconnect() -> None:
     ray.shutdown()
 
 
-def default_worker_count(use_devices: bool = True) -> int:
-    """One compile worker per CPU (each holds one CPU while it compiles): of the nodes with GPUs when the
-    workers need a device there, of every node otherwise."""
+def default_worker_count(use_devices: bool = True, device_resource: str = "GPU") -> int:
+    """One compile worker per CPU (each holds one CPU while it compiles): of the nodes with devices when
+    the workers need a device there, of every node otherwise."""
     import ray
 
     nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
-    if use_devices and any(resources.get("GPU") for resources in nodes):
-        nodes = [resources for resources in nodes if resources.get("GPU")]
+    if use_devices and any(resources.get(device_resource) for resources in nodes):
+        nodes = [resources for resources in nodes if resources.get(device_resource)]
     return max(1, int(sum(resources.get("CPU", 0) for resources in nodes)))
 
 
-def _actor_class(num_gpus: float, env: dict[str, str]) -> Any:
+def _device_units(resource: str) -> list[_Seat]:
+    """Every unit of a custom device resource in the cluster, node by node."""
     import ray
 
-    options: dict[str, Any] = dict(
-        num_cpus=1, max_restarts=0, max_task_retries=0, runtime_env={"env_vars": env}
-    )
-    if num_gpus:
-        options["num_gpus"] = num_gpus
-    return ray.remote(_Worker).options(**options)
+    return [
+        _Seat(node["NodeID"], index, resource)
+        for node in ray.nodes()
+        if node.get("Alive")
+        for index in range(int(node["Resources"].get(resource, 0)))
+    ]
 
 
 def worker_env() -> dict[str, str]:
@@ -173,22 +199,38 @@ def worker_env() -> dict[str, str]:
 
 class RayExecutor(Executor):
     def __init__(
-        self, *, workers: int | None = None, timeout_s: float = 120.0, use_devices: bool = True
+        self,
+        *,
+        workers: int | None = None,
+        timeout_s: float = 120.0,
+        use_devices: bool = True,
+        device_resource: str = "GPU",
+        visible_devices_env: str = "CUDA_VISIBLE_DEVICES",
     ) -> None:
-        """`use_devices=False` (compile-only sweeps): workers hold no GPU, so they run on any node,
-        CPU-only ones included, and may see different devices."""
+        """`use_devices=False` (compile-only sweeps): workers hold no device, so they run on any node,
+        CPU-only ones included, and may see different devices. `device_resource` and
+        `visible_devices_env` come from the backend (`Backend.device_resource`)."""
         import ray
 
         self._ray = ray
         self.timeout_s = timeout_s
         self.use_devices = use_devices
-        self._count = workers or default_worker_count(use_devices)
-        gpus = ray.cluster_resources().get("GPU", 0) if use_devices else 0
-        # k workers per GPU hold 1/k of it each, so Ray pins every worker to one GPU.
-        per_gpu = math.ceil(self._count / gpus) if gpus else 0
-        self._actor_cls = _actor_class(1.0 / per_gpu if per_gpu else 0.0, worker_env())
+        self._visible_devices_env = visible_devices_env
+        units = _device_units(device_resource) if use_devices and device_resource != "GPU" else []
+        self._count = workers or default_worker_count(use_devices, device_resource if units else "GPU")
+        self._options: dict[str, Any] = dict(num_cpus=1, max_restarts=0, max_task_retries=0)
+        devices = len(units) or (ray.cluster_resources().get("GPU", 0) if use_devices else 0)
+        # k workers per device hold 1/k of it each: Ray pins every worker to one GPU; for a custom
+        # resource the seats below do, and the fraction only keeps Ray from over-placing.
+        per_device = math.ceil(self._count / devices) if devices else 0
+        if per_device:
+            share = 1.0 / per_device
+            self._options |= {"resources": {device_resource: share}} if units else {"num_gpus": share}
+        seats: list[_Seat | None] = [seat for _ in range(per_device) for seat in units] or [None]
+        self._actor = ray.remote(_Worker)
+        self._env = worker_env()
         self._names = itertools.count()
-        self._slots = [self._spawn() for _ in range(self._count)]
+        self._slots = [self._spawn(seats[i % len(seats)]) for i in range(self._count)]
         self._queue: deque[Task] = deque()
         self._lanes: dict[str, _Slot | None] = {}
         self._start_failures = 0
@@ -196,11 +238,17 @@ class RayExecutor(Executor):
 
     # --- workers ----------------------------------------------------------------------------------
 
-    def _spawn(self) -> _Slot:
+    def _spawn(self, seat: _Seat | None) -> _Slot:
         name = f"w{next(self._names)}"
-        actor = self._actor_cls.remote(name)
-        slot = _Slot(name, actor)
-        slot.ref = actor.describe.remote()
+        options, env = dict(self._options), self._env
+        if seat is not None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(seat.node_id, soft=False)
+            env = env | {self._visible_devices_env: str(seat.index)}
+        actor = self._actor.options(**options, runtime_env={"env_vars": env}).remote(name)
+        slot = _Slot(name, actor, seat)
+        slot.ref = actor.describe.remote(seat.name if seat else None)
         slot.deadline = time.monotonic() + STARTUP_TIMEOUT_S
         return slot
 
@@ -208,7 +256,7 @@ class RayExecutor(Executor):
         self._ray.kill(slot.actor, no_restart=True)
         if slot.info is not None and self._lanes.get(slot.info.lane) is slot:
             self._lanes[slot.info.lane] = None
-        self._slots[self._slots.index(slot)] = self._spawn()
+        self._slots[self._slots.index(slot)] = self._spawn(slot.seat)
 
     def _start(self) -> DeviceFingerprint:
         """Wait for every worker to come up; they must all see the same kind of device."""

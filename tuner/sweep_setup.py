@@ -154,10 +154,16 @@ def make_executor(spec: SweepSpec, *, inline: bool = False) -> tuple[Executor, b
         return InlineExecutor(), False
     from moetune.tuner import ray_pool
 
+    # The devices a named backend times on (Ray's GPUs unless it names a custom resource, e.g. amd_gpu).
+    backend = registry.get(spec.backend) if spec.backend != "auto" else None
     started = ray_pool.connect(spec.ray_address)
     try:
         executor = ray_pool.RayExecutor(
-            workers=spec.workers, timeout_s=spec.timeout_s, use_devices=not spec.compile_only
+            workers=spec.workers,
+            timeout_s=spec.timeout_s,
+            use_devices=not spec.compile_only,
+            device_resource=backend.device_resource if backend else "GPU",
+            visible_devices_env=backend.visible_devices_env if backend else "CUDA_VISIBLE_DEVICES",
         )
         return executor, started
     except BaseException:

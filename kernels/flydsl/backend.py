@@ -8,6 +8,8 @@ NVIDIA devices `available` returns the reason, so dispatch never picks it there.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 from moetune.kernels.backend import Backend, KernelFn, StaticCompile
 from moetune.kernels.config import KernelConfig
@@ -17,6 +19,7 @@ from moetune.kernels.flydsl import toolchain
 from moetune.kernels.flydsl.config import FlyDSLConfig
 from moetune.kernels.flydsl.plan import ARCHS, OUT_DTYPES, operand_dtypes
 from moetune.kernels.problem import Problem
+from moetune.kernels.timing import Timer
 
 OP = "grouped_matmul"
 
@@ -49,6 +52,15 @@ def target_device(arch: str) -> DeviceFingerprint:
     )
 
 
+def _device_arch() -> str:
+    from moetune.kernels.device import current_fingerprint
+
+    arch = device_arch(current_fingerprint())
+    if arch not in ARCHS:
+        raise Unsupported(f"flydsl builds only on a gfx942/gfx950 device, not {arch or 'this device'}")
+    return arch
+
+
 @functools.lru_cache(maxsize=256)
 def _compiled(problem: Problem, config: FlyDSLConfig, arch: str):
     from moetune.kernels.flydsl.compile import compile_one
@@ -63,6 +75,9 @@ class FlyDSLBackend(Backend):
     priority = 20
     compiles_without_device = True
     compile_targets = tuple(ARCHS)
+    # Ray treats AMD GPUs as "GPU" only where it detects ROCm; AMD nodes declare one `amd_gpu` per GPU.
+    device_resource = "amd_gpu"
+    visible_devices_env = "HIP_VISIBLE_DEVICES"
 
     def available(self, device: DeviceFingerprint) -> str | None:
         arch = device_arch(device)
@@ -106,16 +121,12 @@ class FlyDSLBackend(Backend):
         return flydsl_space.heuristic(problem, device)
 
     def build(self, problem: Problem, config: KernelConfig) -> KernelFn:
-        from moetune.kernels.device import current_fingerprint
         from moetune.kernels.flydsl import ffi
 
         self.check(problem)
         if not isinstance(config, FlyDSLConfig):
             raise ConfigInvalid(f"flydsl needs a FlyDSLConfig, not {type(config).__qualname__}")
-        arch = device_arch(current_fingerprint())
-        if arch not in ARCHS:
-            raise Unsupported(f"flydsl builds only on a gfx942/gfx950 device, not {arch or 'this device'}")
-        result = _compiled(problem, config, arch)
+        result = _compiled(problem, config, _device_arch())
         spec = ffi.LaunchSpec(
             kernel_name=result.kernel_name,
             hsaco_path=result.hsaco_path,
@@ -125,6 +136,24 @@ class FlyDSLBackend(Backend):
             out_dtype=problem.out_dtype,
         )
         return ffi.kernel_fn(spec)
+
+    def timer(self) -> Timer:
+        from moetune.kernels.flydsl.timer import HipEventTimer
+
+        return HipEventTimer()
+
+    def executable(
+        self, problem: Problem, config: KernelConfig, compiled: Callable[..., Any]
+    ) -> Callable[..., Any]:
+        """The JAX executable with the code object it launches, which `HipEventTimer` times."""
+        from moetune.kernels.flydsl.compile import plan_for
+        from moetune.kernels.flydsl.timer import CodeObjectKernel
+
+        arch = _device_arch()
+        result = _compiled(problem, config, arch)
+        return CodeObjectKernel(
+            compiled, plan_for(problem, config, arch), result.hsaco_path, result.kernel_name
+        )
 
     def compile_only(self, problem: Problem, config: KernelConfig, target: str) -> StaticCompile:
         from moetune.kernels.flydsl.compile import compile_one, prune_reason

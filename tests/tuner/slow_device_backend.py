@@ -5,7 +5,8 @@ the "device" for `DEVICE_S` more per call: the device phase dominates a trial, a
 large shapes on a GPU, so the number of lanes sets the sweep's throughput.
 
 When `LOG_ENV` names a folder, every timing call appends one JSON line to `<folder>/<pid>.jsonl`: the
-worker's pid, the GPU Ray assigned it (CUDA_VISIBLE_DEVICES) and the call's wall-clock interval. Ray
+worker's pid, the GPU Ray assigned it (CUDA_VISIBLE_DEVICES; HIP_VISIBLE_DEVICES where the executor
+seated it on an `amd_gpu` unit) and the call's wall-clock interval. Ray
 workers of a local cluster inherit the environment of the process that started it.
 """
 
@@ -57,6 +58,7 @@ def _log(start: float, end: float) -> None:
     line = {
         "pid": os.getpid(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "hip_visible_devices": os.environ.get("HIP_VISIBLE_DEVICES", ""),
         "start": start,
         "end": end,
     }
