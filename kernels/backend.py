@@ -105,8 +105,15 @@ class Backend(abc.ABC):
         raise Unsupported(f"backend {self.name} has no stand-in device for compile-only targets")
 
     def source_hash(self) -> str:
-        """Hash of the backend's own source folder: a change makes every stored winner stale."""
+        """Hash of the backend's own source folder: a change makes every stored winner stale.
+
+        The folder's timer.py is left out: a timer measures kernels and cannot change what they compute
+        or how fast they run, so editing it keeps every tuned winner as valid as it was.
+        """
         return _package_hash(type(self).__module__.rsplit(".", 1)[0] if "." in type(self).__module__ else "")
+
+
+UNHASHED_SOURCES = ("timer.py",)
 
 
 @functools.cache
@@ -114,7 +121,7 @@ def _package_hash(package: str) -> str:
     digest = hashlib.sha256()
     root = importlib.resources.files(package)
     for entry in sorted(root.iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".py"):
+        if entry.name.endswith(".py") and entry.name not in UNHASHED_SOURCES:
             digest.update(entry.name.encode())
             digest.update(entry.read_bytes())
     return digest.hexdigest()[:16]
