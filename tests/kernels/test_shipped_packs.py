@@ -1,10 +1,14 @@
-"""Every config pack shipped in configs/tuned/ loads, names a registered backend, and holds valid configs."""
+"""Every config pack shipped in configs/tuned/ loads, names a registered backend, and holds valid configs;
+on its own device, dispatch resolves its entries as fresh exact winners."""
 
+import dataclasses
 import importlib.resources
+import sys
 
 import pytest
 
 from moetune.kernels import packs, registry
+from moetune.kernels.api import explain
 
 SHIPPED = sorted(
     entry
@@ -26,3 +30,37 @@ def test_pack_is_valid_and_named_for_its_device(entry):
     for item in pack.entries:
         backend.config_cls.from_dict(item.config)  # raises ConfigInvalid if the backend no longer accepts it
         assert item.median_s is not None and item.median_s > 0
+
+
+def _as_running_device(monkeypatch, backend, device):
+    """Make `device` the running one for `backend`: explain takes it as an argument, and the backend's
+    build reads the running device itself (the validity rules it checks depend on it)."""
+    module = sys.modules[type(backend).__module__]
+    if hasattr(module, "current_fingerprint"):
+        monkeypatch.setattr(module, "current_fingerprint", lambda: device)
+
+
+@pytest.mark.parametrize("entry", SHIPPED, ids=lambda e: e.name)
+def test_pack_entries_resolve_exact_and_fresh_on_the_packs_device(entry, monkeypatch):
+    pack = packs.load(entry)
+    backend = registry.get(pack.backend)
+    _as_running_device(monkeypatch, backend, pack.device)
+    for item in pack.entries:
+        explanation = explain(item.problem, device=pack.device)
+        assert (explanation.backend, explanation.source) == (pack.backend, "pack exact"), str(explanation)
+        assert explanation.config.to_dict() == item.config
+        assert explanation.median_s == item.median_s
+        # Stale here means the kernel source changed since the pack was tuned: re-tune and re-export it.
+        assert explanation.stale == (), f"{entry.name} is stale: {'; '.join(explanation.stale)}"
+
+
+@pytest.mark.parametrize("entry", SHIPPED, ids=lambda e: e.name)
+def test_pack_on_another_driver_is_used_but_flagged_stale(entry, monkeypatch):
+    pack = packs.load(entry)
+    other = dataclasses.replace(pack.device, driver="0.0.0")
+    _as_running_device(monkeypatch, registry.get(pack.backend), other)
+    for item in pack.entries:
+        explanation = explain(item.problem, device=other)
+        assert explanation.source == "pack exact", str(explanation)
+        assert explanation.config.to_dict() == item.config
+        assert f"tuned on device fingerprint {pack.device.hash}, running {other.hash}" in explanation.stale
