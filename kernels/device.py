@@ -46,6 +46,22 @@ class DeviceFingerprint:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+def compile_only_device(device_kind: str, platform: str, target: str) -> DeviceFingerprint:
+    """A stand-in fingerprint for a compile-only target this machine lacks: it names the target and
+    nothing else, so it is never mistaken for a timing device."""
+    return DeviceFingerprint(
+        device_kind=device_kind,
+        platform=platform,
+        core_count=0,
+        memory_bytes=0,
+        compute_capability=target,
+        driver="",
+        runtime="",
+        jax_version="",
+        jaxlib_version="",
+    )
+
+
 def _attr(device: Any, *names: str, default: Any = "") -> Any:
     for name in names:
         value = getattr(device, name, None)

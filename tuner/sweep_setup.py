@@ -12,7 +12,7 @@ from typing import Any
 
 from moetune.kernels import registry
 from moetune.kernels.backend import Backend
-from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.device import DeviceFingerprint, compile_only_device
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.tuner.executors import Executor, InlineExecutor
 from moetune.tuner.plan import PlannedProblem, dedupe, load_model, parse_problem
@@ -117,17 +117,7 @@ def stand_in_device(backend: Backend, target: str) -> DeviceFingerprint:
     try:
         return backend.target_device(target)
     except Unsupported:
-        return DeviceFingerprint(
-            device_kind=f"{target} (compile-only)",
-            platform="compile-only",
-            core_count=0,
-            memory_bytes=0,
-            compute_capability=target,
-            driver="",
-            runtime="",
-            jax_version="",
-            jaxlib_version="",
-        )
+        return compile_only_device(f"{target} (compile-only)", "compile-only", target)
 
 
 def resolve_target(

@@ -13,7 +13,7 @@ from typing import Any
 
 from moetune.kernels.backend import Backend, KernelFn, StaticCompile
 from moetune.kernels.config import KernelConfig
-from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.device import DeviceFingerprint, compile_only_device
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.flydsl import toolchain
 from moetune.kernels.flydsl.config import FlyDSLConfig
@@ -39,17 +39,7 @@ def target_device(arch: str) -> DeviceFingerprint:
     """
     if arch not in ARCHS:
         raise ConfigInvalid(f"arch={arch!r} is not one of {', '.join(ARCHS)}")
-    return DeviceFingerprint(
-        device_kind=f"AMD {arch} (compile-only)",
-        platform="rocm",
-        core_count=0,
-        memory_bytes=0,
-        compute_capability=arch,
-        driver="",
-        runtime="",
-        jax_version="",
-        jaxlib_version="",
-    )
+    return compile_only_device(f"AMD {arch} (compile-only)", "rocm", arch)
 
 
 def _device_arch() -> str:
