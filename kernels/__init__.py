@@ -6,7 +6,7 @@
 Importing this package loads jax and the standard library only.
 """
 
-from moetune.kernels.api import Explanation, explain, grouped_matmul, problem_of
+from moetune.kernels.api import Explanation, explain, grouped_matmul, grouped_matmul_swiglu, problem_of
 from moetune.kernels.lookup import LOOKUP, Resolution, Winner
 from moetune.kernels.moe import moe_mlp
 from moetune.kernels.moe_reference import moe_mlp_reference
@@ -18,6 +18,7 @@ __all__ = [
     "Winner",
     "explain",
     "grouped_matmul",
+    "grouped_matmul_swiglu",
     "moe_mlp",
     "moe_mlp_reference",
     "problem_of",

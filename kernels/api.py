@@ -1,4 +1,5 @@
-"""The public kernel API: `grouped_matmul` (trace-time dispatch) and `explain` (the same decision, told).
+"""The public kernel API: `grouped_matmul` and `grouped_matmul_swiglu` (trace-time dispatch) and
+`explain` (the same decision, told). Each op is its own Problem key, tuned and looked up separately.
 
 At trace time a call turns its static shapes into a Problem, picks a backend (explicit argument >
 $MOETUNE_BACKEND > the highest-priority backend available on the device), asks the winner lookup for that
@@ -26,11 +27,11 @@ from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint, current_fingerprint
 from moetune.kernels.errors import ConfigInvalid, UnknownBackend, Unsupported
 from moetune.kernels.lookup import LOOKUP, Resolution
-from moetune.kernels.problem import Problem
+from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem
 
 log = logging.getLogger(__name__)
 
-OP = "grouped_matmul"
+OP = GROUPED_MATMUL
 ENV_BACKEND = "MOETUNE_BACKEND"
 # Runs everywhere, so it closes every fallback chain.
 LAST_RESORT_BACKEND = "xla"
@@ -108,9 +109,48 @@ def grouped_matmul(
     `backend` and `config` override the choice and the lookup; the config's type names its backend. Works
     under jax.jit and inside shard_map, where the per-shard shapes make the key.
     """
+    return _call(OP, lhs, rhs, group_sizes, transpose_rhs, preferred_element_type, backend, config)
+
+
+def grouped_matmul_swiglu(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    transpose_rhs: bool = False,
+    preferred_element_type: Any = None,
+    backend: str | None = None,
+    config: KernelConfig | None = None,
+) -> jax.Array:
+    """out[M, F] = silu(h[:, :F]) * h[:, F:] with h = grouped_matmul(lhs, rhs [G, K, 2F]) in float32.
+
+    The MoE gate_up projection and its SwiGLU in one op (gate columns first, then up). A backend that
+    fuses it never writes h to memory; the others (xla) compute h in float32, then the activation.
+    Rows past sum(group_sizes) are zero. Arguments as for `grouped_matmul`.
+    """
+    return _call(
+        GROUPED_MATMUL_SWIGLU, lhs, rhs, group_sizes, transpose_rhs, preferred_element_type, backend, config
+    )
+
+
+def _call(
+    op: str,
+    lhs: Any,
+    rhs: Any,
+    group_sizes: Any,
+    transpose_rhs: bool,
+    preferred_element_type: Any,
+    backend: str | None,
+    config: KernelConfig | None,
+) -> jax.Array:
     lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
     problem = problem_of(
-        lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, preferred_element_type=preferred_element_type
+        lhs,
+        rhs,
+        group_sizes,
+        transpose_rhs=transpose_rhs,
+        preferred_element_type=preferred_element_type,
+        op=op,
     )
     device = current_fingerprint()
     explanation, kernel = _dispatch(problem, backend=backend, config=config, device=device)
@@ -131,8 +171,10 @@ def explain(
     backend: str | None = None,
     config: KernelConfig | None = None,
     device: DeviceFingerprint | None = None,
+    op: str = OP,
 ) -> Explanation:
-    """What `grouped_matmul` would run for a Problem, or for arrays / jax.ShapeDtypeStructs lhs and rhs.
+    """What `grouped_matmul` (or the call of `op`) would run for a Problem, or for arrays /
+    jax.ShapeDtypeStructs lhs and rhs.
 
     Records nothing: a query is not a miss.
     """
@@ -147,6 +189,7 @@ def explain(
             group_sizes,
             transpose_rhs=transpose_rhs,
             preferred_element_type=preferred_element_type,
+            op=op,
         )
     explanation, _ = _dispatch(
         problem, backend=backend, config=config, device=device or current_fingerprint()
@@ -161,8 +204,9 @@ def problem_of(
     *,
     transpose_rhs: bool = False,
     preferred_element_type: Any = None,
+    op: str = OP,
 ) -> Problem:
-    """The static key of a call; raises ValueError naming the first shape that does not fit."""
+    """The static key of a call of `op`; raises ValueError naming the first shape that does not fit."""
     if len(lhs.shape) != 2:
         raise ValueError(f"lhs must be [M, K]; got shape {tuple(lhs.shape)}")
     if len(rhs.shape) != 3:
@@ -180,9 +224,11 @@ def problem_of(
             raise ValueError(f"group_sizes must have shape ({g},) for G={g}; got {tuple(group_sizes.shape)}")
         if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
             raise ValueError(f"group_sizes must be integers (int32); got dtype {group_sizes.dtype}")
+    if op == GROUPED_MATMUL_SWIGLU and n % 2:
+        raise ValueError(f"{op} needs rhs with an even N (gate and up halves); got N={n}")
     out_dtype = preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype)
     return Problem(
-        op=OP,
+        op=op,
         m=int(m),
         k=int(k),
         n=int(n),

@@ -4,28 +4,35 @@
             -- gate_up grouped GEMM [T*k, H] x [E, H, 2F] --> SwiGLU --> [T*k, F]
             -- down grouped GEMM [T*k, F] x [E, F, H] --> weighted combine of each token's k rows --> [T, H]
 
-What runs today, on every backend (`xla` on CPU, `mosaic_gpu` on Hopper), and what is fused:
-  * Both GEMMs are `moetune.kernels.grouped_matmul` calls, so each is one Problem (op "grouped_matmul",
-    `moe_problems` lists them) that the tuner sweeps and the dispatcher looks up at trace time.
+What runs, on every backend (`xla` on CPU, `mosaic_gpu` on Hopper), and what is fused:
+  * The GEMMs are `moetune.kernels` dispatched calls, so each is one Problem (`moe_problems` lists them)
+    that the tuner sweeps and the dispatcher looks up at trace time.
+  * SwiGLU IS fused into the gate_up GEMM (op "grouped_matmul_swiglu", Problem n=2F, out_n=F) when the
+    chosen backend serves that op: mosaic_gpu computes silu(gate) * up from its float32 accumulators and
+    writes only [T*k, F]; xla (the plain fallback) runs ragged_dot in float32, then the activation. A
+    backend that declines the op (or another activation, e.g. geglu) gets the unfused path: the
+    "grouped_matmul" GEMM writes [T*k, 2F] in the inputs' dtype and an XLA op applies the activation.
   * The token permutation is NOT fused into the first GEMM: a stable argsort by expert, then a row gather
-    (`jnp.take`) that writes a permuted [T*k, H] copy of the activations.
-  * SwiGLU is NOT a GEMM epilogue: it is an XLA elementwise op on the bf16 gate_up output, so the
-    [T*k, 2F] output is written to memory and read back once.
+    (`jnp.take`) that writes a permuted [T*k, H] copy of the activations. See "grouped_matmul_gather".
   * The combine is NOT fused into the down GEMM: an XLA gather through the inverse permutation plus a
     float32 weighted sum over k (elementwise, which XLA can fuse into one pass over the [T*k, H] output).
   `moe_mlp_using` runs the same layer on any grouped GEMM (the benchmark's `ragged` path passes
   jax.lax.ragged_dot), so the tuned kernel and XLA's are compared inside identical surroundings.
 
-Extension points. Each stage below is one function, and each names the fused op that would replace it.
-These ops are not implemented and are not registered: when a backend implements one, it becomes its own
-Problem op (so it is tuned and looked up like "grouped_matmul") and the stage calls it instead:
-  * "grouped_matmul_gather"  (`_gate_up`): lhs rows read through `row_token` inside the kernel (TMA
-    gather / row loads), so no permuted copy of x exists. Problem: m=T*k, k=H, n=2F, g=E.
-  * "grouped_matmul_swiglu"  (`_gate_up`): silu(gate) * up from the float32 accumulators in the epilogue,
-    writing [T*k, F]; needs gate and up columns of a tile in the same CTA. Problem: n=2F (output F).
-  * "grouped_matmul_combine" (`_down_and_combine`): the epilogue scales each row by its routing weight
-    and adds it into out[token] (atomics, or a tile owning whole tokens), writing [T, H] directly; or
-    a separate tuned "moe_combine" reduction. Problem: m=T*k, k=F, n=H, g=E.
+Extension points not implemented (each stage is one function that names the op that would replace it):
+  * "grouped_matmul_gather"  (`_gate_up`): lhs rows read through `row_token` inside the kernel, so no
+    permuted copy of x exists. Problem: m=T*k, k=H, n=2F, g=E. Not built for Hopper: sm90's TMA copies
+    boxes of consecutive rows only. In jax 0.11.2, plgpu's copy_gmem_to_smem takes row indices only as
+    a TMA gather4 (`cp.async.bulk.tensor...tile::gather4`, sm100 PTX), and its cp.async path raises
+    NotImplementedError for gathers. On sm90 each lhs tile would then need one copy per row per K step
+    instead of one box (issue slots and the swizzled layout wgmma reads, built by hand), to save one
+    [T*k, H] pass that is small beside the GEMMs at prefill and not the bottleneck in decode.
+  * "grouped_matmul_combine" (`_down_and_combine`): the epilogue adds each row, scaled by its routing
+    weight, into out[token] (atomics, or a tile owning whole tokens), writing [T, H] directly. Problem:
+    m=T*k, k=F, n=H, g=E. Not built: scaling the rows in the down GEMM's epilogue and leaving the top-k
+    sum to XLA saves nothing, since the down GEMM still writes [T*k, H] and the sum still reads it once
+    (today's multiply already runs inside that XLA pass); the gain needs the scatter-add, whose float32
+    atomics need a float32 [T, H] output (or bf16x2 atomics that round every add) and a zeroing pass.
 """
 
 from __future__ import annotations
@@ -38,9 +45,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from moetune.kernels.api import grouped_matmul, problem_of
+from moetune.kernels.api import explain, grouped_matmul, grouped_matmul_swiglu, problem_of
+from moetune.kernels.errors import Unsupported
 from moetune.kernels.moe_reference import check_moe_args, gated_activation
-from moetune.kernels.problem import Problem, dtype_name
+from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name
 
 Array = Any
 # gemm(lhs[M, K], rhs[G, K, N], group_sizes[G]) -> [M, N] in lhs's dtype, with jax.lax.ragged_dot semantics.
@@ -95,10 +103,20 @@ def sort_by_expert(expert_ids: Array, num_experts: int) -> SortedRows:
     return SortedRows(row_token=order // expert_ids.shape[1], slot_row=slot_row, group_sizes=group_sizes)
 
 
-def _gate_up(gemm: GroupedGemm, x: Array, rows: SortedRows, w_gate_up: Array, activation: str) -> Array:
-    """[T*k, F] activated hidden rows in expert order. Fused ops that would replace this:
-    "grouped_matmul_gather" (the take) and "grouped_matmul_swiglu" (the activation)."""
+def _gate_up(
+    gemm: GroupedGemm,
+    x: Array,
+    rows: SortedRows,
+    w_gate_up: Array,
+    activation: str,
+    fused_swiglu: GroupedGemm | None = None,
+) -> Array:
+    """[T*k, F] activated hidden rows in expert order: through `fused_swiglu` ([M, K] x [G, K, 2F] ->
+    [M, F]) when given and the activation is swiglu, else the GEMM then the activation. Fused op that
+    would replace the take: "grouped_matmul_gather"."""
     permuted = jnp.take(x, rows.row_token, axis=0, mode="clip")  # in bounds: clip only skips masking
+    if fused_swiglu is not None and activation == "swiglu":
+        return fused_swiglu(permuted, w_gate_up, rows.group_sizes)
     return gated_activation(activation, gemm(permuted, w_gate_up, rows.group_sizes))
 
 
@@ -126,12 +144,16 @@ def moe_mlp_using(
     top_k: int,
     renormalize: bool = True,
     activation: str = "swiglu",
+    fused_swiglu: GroupedGemm | None = None,
 ) -> Array:
-    """`moe_mlp` with any grouped GEMM: baselines pass jax.lax.ragged_dot to time XLA's own kernel."""
+    """`moe_mlp` with any grouped GEMM: baselines pass jax.lax.ragged_dot to time XLA's own kernel.
+
+    `fused_swiglu`, when given, computes the gate_up GEMM and SwiGLU in one op (used for swiglu only).
+    """
     check_moe_args(x, router_logits, w_gate_up, w_down, top_k=top_k, activation=activation)
     routing = route(router_logits, top_k, renormalize)
     rows = sort_by_expert(routing.expert_ids, router_logits.shape[1])
-    hidden = _gate_up(gemm, x, rows, w_gate_up, activation)
+    hidden = _gate_up(gemm, x, rows, w_gate_up, activation, fused_swiglu)
     return _down_and_combine(gemm, hidden, rows, w_down, routing)
 
 
@@ -145,30 +167,68 @@ def moe_mlp(
     renormalize: bool = True,
     activation: str = "swiglu",
     backend: str | None = None,
+    fuse: bool = True,
 ) -> Array:
     """Routed MoE MLP: out[t] = sum over t's top-k experts e of w[t, e] * down_e(act(gate_up_e(x[t]))).
 
     x [T, H]; router_logits [T, E]; w_gate_up [E, H, 2F] (gate columns first, then up); w_down [E, F, H].
     Returns [T, H] in x's dtype. Routing weights are the softmax of the logits over the chosen top_k
-    experts (`renormalize`, Mixtral) or over all E (Qwen-MoE with norm_topk_prob=False). Both GEMMs go
-    through `grouped_matmul` on `backend` (None: the dispatcher's default for the device), each with its
-    tuned config looked up at trace time. Raises ConfigInvalid for bad shapes or top_k, Unsupported for an
-    unknown activation.
+    experts (`renormalize`, Mixtral) or over all E (Qwen-MoE with norm_topk_prob=False). The GEMMs run on
+    `backend` (None: the dispatcher's default for the device), each with its tuned config looked up at
+    trace time; with `fuse` (the default) swiglu's gate_up GEMM is "grouped_matmul_swiglu" wherever
+    `backend` serves that op, and `fuse=False` forces the unfused path (benchmarks compare the two).
+    Raises ConfigInvalid for bad shapes or top_k, Unsupported for an unknown activation.
     """
+    check_moe_args(x, router_logits, w_gate_up, w_down, top_k=top_k, activation=activation)
     gemm = functools.partial(grouped_matmul, backend=backend)
+    fused = None
+    if fuse and activation == "swiglu":
+        rows = x.shape[0] * top_k
+        gate_up = jax.ShapeDtypeStruct((rows, x.shape[1]), x.dtype)
+        if serves(GROUPED_MATMUL_SWIGLU, gate_up, w_gate_up, backend):
+            fused = functools.partial(grouped_matmul_swiglu, backend=backend)
     return moe_mlp_using(
-        gemm, x, router_logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize, activation=activation
+        gemm,
+        x,
+        router_logits,
+        w_gate_up,
+        w_down,
+        top_k=top_k,
+        renormalize=renormalize,
+        activation=activation,
+        fused_swiglu=fused,
     )
 
 
+def serves(op: str, lhs: Any, rhs: Any, backend: str | None = None) -> bool:
+    """Whether the first backend asked for `op` on these operands (`backend`, else the dispatcher's
+    choice) computes it itself rather than passing it down the fallback chain."""
+    try:
+        explanation = explain(problem_of(lhs, rhs, op=op), backend=backend)
+    except (Unsupported, ExceptionGroup):
+        return False
+    return not explanation.declined
+
+
 def moe_problems(
-    tokens: int, hidden: int, intermediate: int, experts: int, top_k: int, dtype: Any = "bfloat16"
+    tokens: int,
+    hidden: int,
+    intermediate: int,
+    experts: int,
+    top_k: int,
+    dtype: Any = "bfloat16",
+    fused_swiglu: bool = True,
 ) -> tuple[Problem, Problem]:
-    """The (gate_up, down) Problems `moe_mlp` dispatches for `tokens` tokens: what a sweep should tune."""
+    """The (gate_up, down) Problems `moe_mlp` dispatches for `tokens` tokens: what a sweep should tune.
+
+    With `fused_swiglu` the gate_up Problem is op "grouped_matmul_swiglu" (what a swiglu layer runs on
+    a backend that serves it), else "grouped_matmul" (the unfused path).
+    """
     dtype = jnp.dtype(dtype_name(dtype))
     rows = tokens * top_k
     spec = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)
+    gate_up_op = GROUPED_MATMUL_SWIGLU if fused_swiglu else GROUPED_MATMUL
     return (
-        problem_of(spec(rows, hidden), spec(experts, hidden, 2 * intermediate)),
+        problem_of(spec(rows, hidden), spec(experts, hidden, 2 * intermediate), op=gate_up_op),
         problem_of(spec(rows, intermediate), spec(experts, intermediate, hidden)),
     )

@@ -14,6 +14,13 @@ from moetune.kernels.errors import ConfigInvalid
 
 DTYPES = ("bfloat16", "float16", "float32")
 
+GROUPED_MATMUL = "grouped_matmul"
+# out[m, :n/2] = silu(lhs @ rhs[g][:, :n/2]) * (lhs @ rhs[g][:, n/2:]): the MoE gate_up GEMM with its
+# SwiGLU activation applied to the float32 products (gate columns first, then up, as in moe_reference).
+GROUPED_MATMUL_SWIGLU = "grouped_matmul_swiglu"
+# Ops whose output has only half of rhs's N columns.
+_HALF_N_OPS = frozenset({GROUPED_MATMUL_SWIGLU})
+
 
 def dtype_name(dtype: Any) -> str:
     """Canonical name of a numpy/jax dtype or of a dtype string ('bf16' -> 'bfloat16')."""
@@ -33,7 +40,9 @@ def dtype_name(dtype: Any) -> str:
 class Problem:
     """One grouped GEMM: out[m, n] = lhs[m, k] @ rhs[g][k, n] with rows grouped contiguously by expert.
 
-    `transpose_rhs` means the weights are stored [g, n, k]. Key strings look like
+    `n` is always rhs's column count; the op may fuse an epilogue that changes the output's width, which
+    `out_n` gives (out is [m, out_n]). `transpose_rhs` means the weights are stored [g, n, k]. Key strings
+    look like
     ``grouped_matmul/m=4096,k=4096,n=28672,g=8,lhs=bfloat16,rhs=bfloat16,out=bfloat16,t=0/v1``.
     """
 
@@ -54,6 +63,8 @@ class Problem:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigInvalid(f"{name}={value!r} must be a positive integer")
+        if self.op in _HALF_N_OPS and self.n % 2:
+            raise ConfigInvalid(f"op={self.op} needs an even n (gate and up halves); got n={self.n}")
         for name in ("lhs_dtype", "rhs_dtype", "out_dtype"):
             object.__setattr__(self, name, dtype_name(getattr(self, name)))
         object.__setattr__(self, "transpose_rhs", bool(self.transpose_rhs))
@@ -70,6 +81,11 @@ class Problem:
     def key(self) -> str:
         op, rest = self.shape_key.split("/", 1)
         return f"{op}/m={self.m},{rest}"
+
+    @property
+    def out_n(self) -> int:
+        """Columns of the output: n, or n / 2 for an op that gates half of the columns by the other."""
+        return self.n // 2 if self.op in _HALF_N_OPS else self.n
 
     @property
     def flops(self) -> int:

@@ -1,7 +1,9 @@
-"""The reference every candidate is checked against: jax.lax.ragged_dot in float32, and the tolerances."""
+"""The reference every candidate is checked against: jax.lax.ragged_dot in float32 (followed by the op's
+epilogue, `reference_of`), and the tolerances."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -9,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from moetune.kernels.errors import WrongResult
-from moetune.kernels.problem import dtype_name
+from moetune.kernels.errors import Unsupported, WrongResult
+from moetune.kernels.moe_reference import gated_activation
+from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name
 
 # Relative error ||out - ref|| / ||ref|| a result may have, by output dtype: a few units of the dtype's
 # rounding (bf16 keeps 8 mantissa bits, f16 11, f32 24), with room for a different summation order.
@@ -42,6 +45,19 @@ def reference_grouped_matmul(
     return lax.ragged_dot(
         lhs32, rhs32, sizes, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32
     )
+
+
+def reference_of(problem: Problem) -> Callable[[Any, Any, Any], jax.Array]:
+    """(lhs, rhs, group_sizes) -> the float32 result a kernel for `problem` must match, [m, out_n]."""
+
+    def product(lhs: Any, rhs: Any, group_sizes: Any) -> jax.Array:
+        return reference_grouped_matmul(lhs, rhs, group_sizes, transpose_rhs=problem.transpose_rhs)
+
+    if problem.op == GROUPED_MATMUL:
+        return product
+    if problem.op == GROUPED_MATMUL_SWIGLU:
+        return lambda lhs, rhs, group_sizes: gated_activation("swiglu", product(lhs, rhs, group_sizes))
+    raise Unsupported(f"no reference for op={problem.op!r}")
 
 
 def tolerance(dtype: Any) -> float:

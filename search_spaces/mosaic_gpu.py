@@ -7,6 +7,11 @@ for the hardware limits in RESOURCE_CONSTRAINTS and ConfigInvalid otherwise. PRU
 drop points that are correct but redundant or wasteful, so the search never times them; build() accepts
 those. The pruner, build() and the tests call these same functions. Hardware numbers come from
 kernels/mosaic_gpu/hardware.py by compute capability.
+
+The same space serves "grouped_matmul" and "grouped_matmul_swiglu". The SwiGLU epilogue streams two
+weight tiles per step into two accumulators, so its shared-memory and register needs are larger for the
+same config; its output has F = N / 2 columns to tile, and it cannot split K (the activation is not
+linear in partial sums).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import Unsupported
 from moetune.kernels.mosaic_gpu import hardware, tiling
 from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig
-from moetune.kernels.problem import Problem
+from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem
 from moetune.search_spaces.space import Constraint, SearchSpace
 
 # Split-K pays for its float32 partial sums only while the output is small (decode).
@@ -45,9 +50,23 @@ def k_divisible(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerp
     return None
 
 
+OPS = (GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU)
+
+
 def n_divisible(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
-    if problem.n % config.cta_n:
-        return f"N={problem.n} is not a multiple of the CTA tile's {config.cta_n} columns"
+    # Under swiglu the tiles cover the F output columns, and an up tile sits F columns after its gate.
+    if problem.out_n % config.cta_n:
+        return f"{_out_columns(problem)} is not a multiple of the CTA tile's {config.cta_n} columns"
+    return None
+
+
+def _out_columns(problem: Problem) -> str:
+    return f"F={problem.out_n}" if problem.op == GROUPED_MATMUL_SWIGLU else f"N={problem.n}"
+
+
+def split_k_linear(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    if config.split_k > 1 and problem.op == GROUPED_MATMUL_SWIGLU:
+        return f"split_k={config.split_k}: the SwiGLU epilogue needs the whole K sum in one CTA"
     return None
 
 
@@ -79,9 +98,11 @@ def accumulator_fits_registers(
     if isinstance(facts, str):
         return facts
     budget = tiling.consumer_register_budget(config, facts.registers_per_sm)
-    need = tiling.accumulator_registers(config) + NON_ACCUMULATOR_REGISTERS
+    count = tiling.accumulators(problem)
+    need = tiling.accumulator_registers(config, count) + NON_ACCUMULATOR_REGISTERS
     if need > budget:
-        return f"a {config.block_m}x{config.block_n} accumulator needs ~{need} registers/thread > {budget}"
+        tiles = f"{count} {config.block_m}x{config.block_n} accumulator(s)"
+        return f"{tiles} need ~{need} registers/thread > {budget}"
     return None
 
 
@@ -119,6 +140,7 @@ def cta_rows_not_wasted(problem: Problem, config: MosaicGpuConfig, device: Devic
 VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (
     k_divisible,
     n_divisible,
+    split_k_linear,
     tma_box_fits,
     epilogue_rows_aligned,
     accumulator_fits_registers,
@@ -135,8 +157,8 @@ RESOURCE_CONSTRAINTS: frozenset[Constraint] = frozenset({accumulator_fits_regist
 
 def check_problem(problem: Problem) -> None:
     """Raise Unsupported when no config of this backend can compute `problem`."""
-    if problem.op != "grouped_matmul":
-        raise Unsupported(f"mosaic_gpu computes op=grouped_matmul, not op={problem.op!r}")
+    if problem.op not in OPS:
+        raise Unsupported(f"mosaic_gpu computes op={' or '.join(OPS)}, not op={problem.op!r}")
     if problem.lhs_dtype != problem.rhs_dtype or problem.lhs_dtype not in ("bfloat16", "float16"):
         raise Unsupported(
             f"mosaic_gpu needs bfloat16 or float16 operands of one dtype, not "
@@ -144,14 +166,14 @@ def check_problem(problem: Problem) -> None:
         )
     if problem.k % 32:
         raise Unsupported(f"K={problem.k} is not a multiple of 32 (the smallest block_k)")
-    if problem.n % 64:
-        raise Unsupported(f"N={problem.n} is not a multiple of 64 (the smallest block_n)")
+    if problem.out_n % 64:
+        raise Unsupported(f"{_out_columns(problem)} is not a multiple of 64 (the smallest block_n)")
 
 
 def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
     check_problem(problem)
     domains = dict(DOMAINS)
-    if problem.m > SPLIT_K_MAX_M:
+    if problem.m > SPLIT_K_MAX_M or problem.op == GROUPED_MATMUL_SWIGLU:
         domains["split_k"] = (1,)
     return SearchSpace(MosaicGpuConfig, domains, CONSTRAINTS)
 
@@ -168,7 +190,16 @@ _COMPUTE_BOUND = (
     MosaicGpuConfig(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n"),
     MosaicGpuConfig(block_m=64, block_n=256, block_k=64, max_concurrent_steps=4, wg_split="m"),
 )
-# Valid for every problem check_problem() accepts: K % 32 == 0, N % 64 == 0, 16-bit operands.
+# Under the SwiGLU epilogue each consumer holds two accumulators and each stage two weight tiles: the
+# same CTA shapes with half the columns per warpgroup, or fewer stages, fit the registers and shared memory.
+_SWIGLU_MEMORY_BOUND = (
+    MosaicGpuConfig(block_m=64, block_n=64, block_k=64, max_concurrent_steps=4, wg_split="n"),
+)
+_SWIGLU_COMPUTE_BOUND = (
+    MosaicGpuConfig(block_m=128, block_n=64, block_k=64, max_concurrent_steps=3, wg_split="n"),
+    MosaicGpuConfig(block_m=64, block_n=128, block_k=64, max_concurrent_steps=3, wg_split="m"),
+)
+# Valid for every problem check_problem() accepts: K % 32 == 0, N (or F) % 64 == 0, 16-bit operands.
 _ALWAYS_VALID = MosaicGpuConfig(
     block_m=64, block_n=64, block_k=32, max_concurrent_steps=2, warp_specialized=False, wg_split="none"
 )
@@ -178,7 +209,11 @@ def heuristic(problem: Problem, device: DeviceFingerprint) -> MosaicGpuConfig:
     """A good config without tuning, chosen without enumerating the space (dispatch calls this)."""
     check_problem(problem)
     rows_per_expert = problem.m / problem.g
-    preferred = _MEMORY_BOUND if rows_per_expert <= 64 else _COMPUTE_BOUND + _MEMORY_BOUND
+    if problem.op == GROUPED_MATMUL_SWIGLU:
+        memory_bound, compute_bound = _SWIGLU_MEMORY_BOUND, _SWIGLU_COMPUTE_BOUND
+    else:
+        memory_bound, compute_bound = _MEMORY_BOUND, _COMPUTE_BOUND
+    preferred = memory_bound if rows_per_expert <= 64 else compute_bound + memory_bound
     for config in preferred:
         if all(c(problem, config, device) is None for c in VALIDITY_CONSTRAINTS):
             return config

@@ -1,4 +1,5 @@
-"""The `mosaic_gpu` backend: the Pallas Mosaic GPU grouped GEMM on Hopper, timed with CUPTI."""
+"""The `mosaic_gpu` backend: the Pallas Mosaic GPU grouped GEMM on Hopper (plain, or with the fused
+SwiGLU epilogue), timed with CUPTI."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from moetune.kernels.device import DeviceFingerprint, current_fingerprint
 from moetune.kernels.errors import ConfigInvalid, ResourceExceeded, Unsupported
 from moetune.kernels.mosaic_gpu import hardware
 from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig
-from moetune.kernels.problem import Problem
+from moetune.kernels.problem import GROUPED_MATMUL_SWIGLU, Problem
 from moetune.kernels.timing import Timer
 
 
@@ -74,8 +75,13 @@ class MosaicGpuBackend(Backend):
             if reason is not None:
                 error = ResourceExceeded if constraint in space.RESOURCE_CONSTRAINTS else ConfigInvalid
                 raise error(f"{constraint.__name__}: {reason}")
+        kernel = (
+            kernel_sm90.grouped_matmul_swiglu
+            if problem.op == GROUPED_MATMUL_SWIGLU
+            else kernel_sm90.grouped_matmul
+        )
         return functools.partial(
-            kernel_sm90.grouped_matmul,
+            kernel,
             config=config,
             num_sms=device.core_count,
             transpose_rhs=problem.transpose_rhs,

@@ -12,6 +12,11 @@ rows 3..9" at run time, so 7 rows leave as 4 + 2 + 1).
 
 Two pipelines: with warp specialization a producer warpgroup issues the copies and one or two consumer
 warpgroups multiply (split along M or N); without it one warpgroup does both, keeping one wgmma in flight.
+
+The SwiGLU epilogue (op "grouped_matmul_swiglu", rhs [G, K, 2F]) gives each CTA two weight tiles per
+step, gate columns [c, c + cta_n) and the matching up columns F + c onwards, multiplied into two float32
+accumulators; the epilogue writes silu(gate) * up, so the [M, 2F] product never reaches memory. Output
+column tiles then cover F, not 2F.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from moetune.kernels.mosaic_gpu import tiling
 from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig
-from moetune.kernels.problem import Problem, dtype_name
+from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name
 
 # Registers per thread left to the producer warpgroup; the consumers share the rest (the value JAX's
 # Hopper matmul uses).
@@ -113,6 +118,8 @@ class _Static:
     transpose_rhs: bool
     in_dtype: Any
     store_dtype: Any
+    swiglu: bool = False
+    up_col_offset: int = 0  # column tiles between a gate tile and its up tile (F / cta_n) under swiglu
 
     @property
     def tiles(self) -> int:
@@ -141,25 +148,48 @@ def _out_smem(s: _Static, warpgroups: int) -> Any:
 
 
 def _in_specs(s: _Static, block: jax.Array, col: jax.Array, k0: jax.Array, delay_release: int) -> list:
+    """lhs, then one weight tile per accumulator: column tile `col` (the gate under swiglu), and under
+    swiglu the up tile `up_col_offset` column tiles further."""
     transforms = _operand_transforms(s)
     lhs = plgpu.BlockSpec(
         (s.cta_m, s.block_k), lambda kk: (block, k0 + kk), transforms=transforms, delay_release=delay_release
     )
-    if s.transpose_rhs:
-        rhs = plgpu.BlockSpec(
-            (s.cta_n, s.block_k),
-            lambda kk: (col, k0 + kk),
-            transforms=transforms,
-            delay_release=delay_release,
-        )
-    else:
-        rhs = plgpu.BlockSpec(
+
+    def rhs(c):
+        if s.transpose_rhs:
+            return plgpu.BlockSpec(
+                (s.cta_n, s.block_k),
+                lambda kk: (c, k0 + kk),
+                transforms=transforms,
+                delay_release=delay_release,
+            )
+        return plgpu.BlockSpec(
             (s.block_k, s.cta_n),
-            lambda kk: (k0 + kk, col),
+            lambda kk: (k0 + kk, c),
             transforms=transforms,
             delay_release=delay_release,
         )
-    return [lhs, rhs]
+
+    if s.swiglu:
+        return [lhs, rhs(col), rhs(col + s.up_col_offset)]
+    return [lhs, rhs(col)]
+
+
+def _rhs_operands(s: _Static, rhs_ref: Any) -> tuple:
+    """The weight refs the pipeline streams: the expert's weights once per weight tile of a step."""
+    return (rhs_ref, rhs_ref) if s.swiglu else (rhs_ref,)
+
+
+def _accumulators(s: _Static, shape: tuple[int, int]) -> tuple:
+    return tuple(plgpu.ACC(shape, jnp.float32) for _ in range(2 if s.swiglu else 1))
+
+
+def _epilogue(s: _Static, acc_refs: tuple) -> jax.Array:
+    """The float32 [rows, cols] result to store: the product, or silu(gate) * up."""
+    if s.swiglu:
+        gate, up = acc_refs[0][...], acc_refs[1][...]
+        return jax.nn.silu(gate) * up
+    return acc_refs[0][...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,21 +275,23 @@ def _plain_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -> None:
 
             @pl.when(has_rows & (rows.group < s.g))
             def _compute():
-                def acc_scope(acc_ref):
-                    def step(_, a_smem, b_smem):
-                        plgpu.wgmma(acc_ref, a_smem, b_smem.T if s.transpose_rhs else b_smem)
-                        # The slot of step i-1 is refilled after step i: its wgmma must be done.
-                        plgpu.wgmma_wait(delay)
+                def acc_scope(*acc_refs):
+                    def step(_, a_smem, *b_smems):
+                        for acc_ref, b_smem in zip(acc_refs, b_smems, strict=True):
+                            plgpu.wgmma(acc_ref, a_smem, b_smem.T if s.transpose_rhs else b_smem)
+                        # The slot of step i-1 is refilled after step i: its wgmmas (one group each)
+                        # must be done.
+                        plgpu.wgmma_wait(delay * len(acc_refs))
 
                     plgpu.emit_pipeline(
                         step,
                         grid=(s.k_steps,),
                         in_specs=_in_specs(s, rows.block, t.col, t.split * s.k_steps, delay),
                         max_concurrent_steps=s.stages,
-                    )(lhs_ref, rhs_ref.at[rows.group])
-                    return acc_ref[...]
+                    )(lhs_ref, *_rhs_operands(s, rhs_ref.at[rows.group]))
+                    return _epilogue(s, acc_refs)
 
-                acc = pl.run_scoped(acc_scope, plgpu.ACC((s.cta_m, s.cta_n), jnp.float32))
+                acc = pl.run_scoped(acc_scope, *_accumulators(s, (s.cta_m, s.cta_n)))
                 _store_rows(acc, out_view, smem, row0=row0, lo=rows.lo, hi=rows.hi, col0=col0, s=s)
 
             @pl.when(has_rows & (rows.group == s.g))
@@ -290,7 +322,9 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
     # Allocated once, outside the tile loop: a scoped allocation per tile would synchronise warpgroups.
     zero = jnp.int32(0)
     unused = lambda *_, **__: None  # noqa: E731 - the allocations do not depend on the body
-    allocations = pipeline(zero, zero, zero, unused, unused).get_allocations(lhs_ref, rhs_ref.at[0])
+    allocations = pipeline(zero, zero, zero, unused, unused).get_allocations(
+        lhs_ref, *_rhs_operands(s, rhs_ref.at[0])
+    )
 
     @functools.partial(
         pl.run_scoped,
@@ -312,30 +346,40 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
 
             @pl.when(has_rows & (rows.group < s.g))
             def _compute():
-                def mma(_, a_smem, b_smem, acc_ref):
+                def mma(_, a_smem, *b_smems_and_accs):
+                    *b_smems, acc_refs = b_smems_and_accs
                     if s.wg_split == "m":
                         a_smem = a_smem.at[pl.ds(wg * s.block_m, s.block_m)]
-                    if s.transpose_rhs:
-                        if s.wg_split == "n":
-                            b_smem = b_smem.at[pl.ds(wg * s.block_n, s.block_n)]
-                        b_smem = b_smem.T
-                    elif s.wg_split == "n":
-                        b_smem = b_smem.at[:, pl.ds(wg * s.block_n, s.block_n)]
-                    plgpu.wgmma(acc_ref, a_smem, b_smem)
-                    # The slot is released when the body returns, so its wgmma must be done by then.
+                    for acc_ref, b_smem in zip(acc_refs, b_smems, strict=True):
+                        if s.transpose_rhs:
+                            if s.wg_split == "n":
+                                b_smem = b_smem.at[pl.ds(wg * s.block_n, s.block_n)]
+                            b_smem = b_smem.T
+                        elif s.wg_split == "n":
+                            b_smem = b_smem.at[:, pl.ds(wg * s.block_n, s.block_n)]
+                        plgpu.wgmma(acc_ref, a_smem, b_smem)
+                    # The slot is released when the body returns, so its wgmmas must be done by then.
                     plgpu.wgmma_wait(0)
-                    return acc_ref
+                    return acc_refs
 
                 def context(run_pipeline):
-                    @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((s.block_m, s.block_n), jnp.float32))
-                    def _acc(acc_ref):
-                        run_pipeline(acc_ref)
+                    def _acc(*acc_refs):
+                        run_pipeline(acc_refs)
                         _store_rows(
-                            acc_ref[...], out_view, smem, row0=row0, lo=rows.lo, hi=rows.hi, col0=col0, s=s
+                            _epilogue(s, acc_refs),
+                            out_view,
+                            smem,
+                            row0=row0,
+                            lo=rows.lo,
+                            hi=rows.hi,
+                            col0=col0,
+                            s=s,
                         )
 
+                    pl.run_scoped(_acc, *_accumulators(s, (s.block_m, s.block_n)))
+
                 pipeline(rows.block, t.col, t.split * s.k_steps, mma, context)(
-                    lhs_ref, rhs_ref.at[rows.group], allocations=pipeline_allocs
+                    lhs_ref, *_rhs_operands(s, rhs_ref.at[rows.group]), allocations=pipeline_allocs
                 )
 
             @pl.when(has_rows & (rows.group == s.g) & (wg < s.consumers))
@@ -347,8 +391,11 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
             plgpu.wait_smem_to_gmem(0)
 
 
-def kernel_name(config: MosaicGpuConfig) -> str:
-    """Short config tag used as the kernel's name, so a profile shows which variant ran."""
+_NAME_PREFIX = {GROUPED_MATMUL: "moetune_gmm_", GROUPED_MATMUL_SWIGLU: "moetune_gmm_swiglu_"}
+
+
+def kernel_name(config: MosaicGpuConfig, op: str = GROUPED_MATMUL) -> str:
+    """Short op and config tag used as the kernel's name, so a profile shows which variant ran."""
     c = config
     parts = [
         f"m{c.block_m}n{c.block_n}k{c.block_k}s{c.max_concurrent_steps}",
@@ -358,10 +405,12 @@ def kernel_name(config: MosaicGpuConfig) -> str:
         f"e{c.epi_tile_m}x{c.epi_tile_n}",
         f"sk{c.split_k}",
     ]
-    return "moetune_gmm_" + "_".join(parts)
+    return _NAME_PREFIX[op] + "_".join(parts)
 
 
-def problem_of(lhs: Any, rhs: Any, group_sizes: Any, *, transpose_rhs: bool, out_dtype: Any) -> Problem:
+def problem_of(
+    lhs: Any, rhs: Any, group_sizes: Any, *, transpose_rhs: bool, out_dtype: Any, op: str = GROUPED_MATMUL
+) -> Problem:
     """The Problem key of concrete (or abstract) operands; raises ValueError on inconsistent shapes."""
     if lhs.ndim != 2 or rhs.ndim != 3:
         raise ValueError(f"lhs must be [M, K] and rhs [G, K, N] (or [G, N, K]); got {lhs.shape}, {rhs.shape}")
@@ -375,7 +424,7 @@ def problem_of(lhs: Any, rhs: Any, group_sizes: Any, *, transpose_rhs: bool, out
     if group_sizes.shape != (g,):
         raise ValueError(f"group_sizes.shape={group_sizes.shape} must be ({g},)")
     return Problem(
-        "grouped_matmul",
+        op,
         m=m,
         k=k,
         n=n,
@@ -403,8 +452,41 @@ def grouped_matmul(
     search space's constraints (the backend's build checks them); violations surface here as errors from
     Pallas.
     """
+    return _grouped(GROUPED_MATMUL, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype)
+
+
+def grouped_matmul_swiglu(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    config: MosaicGpuConfig,
+    num_sms: int,
+    transpose_rhs: bool = False,
+    out_dtype: Any = None,
+) -> jax.Array:
+    """silu(gate) * up of ragged_dot(lhs [M, K], rhs [G, K, 2F] or [G, 2F, K]) -> [M, F] on Hopper, from
+    the float32 accumulators. Needs split_k == 1 and F a multiple of the CTA tile's columns."""
+    return _grouped(GROUPED_MATMUL_SWIGLU, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype)
+
+
+def _grouped(
+    op: str,
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    config: MosaicGpuConfig,
+    num_sms: int,
+    transpose_rhs: bool,
+    out_dtype: Any,
+) -> jax.Array:
     out_dtype = jnp.dtype(out_dtype if out_dtype is not None else lhs.dtype)
-    problem = problem_of(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype)
+    problem = problem_of(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype, op=op)
+    swiglu = op == GROUPED_MATMUL_SWIGLU
+    if swiglu and (config.split_k > 1 or problem.out_n % config.cta_n):
+        raise ValueError(
+            f"{op} needs split_k=1 and F={problem.out_n} a multiple of cta_n={config.cta_n}; got {config}"
+        )
     if lhs.dtype != rhs.dtype or lhs.dtype not in (jnp.bfloat16, jnp.float16):
         raise ValueError(f"lhs and rhs must both be bfloat16 or both float16; got {lhs.dtype}, {rhs.dtype}")
     geo = tiling.geometry(problem, config)
@@ -431,11 +513,13 @@ def grouped_matmul(
         transpose_rhs=transpose_rhs,
         in_dtype=lhs.dtype,
         store_dtype=jnp.dtype(jnp.float32) if config.split_k > 1 else out_dtype,
+        swiglu=swiglu,
+        up_col_offset=problem.out_n // geo.cta_n if swiglu else 0,
     )
     if config.split_k > 1:
-        out_type = jax.ShapeDtypeStruct((config.split_k, problem.m, problem.n), jnp.float32)
+        out_type = jax.ShapeDtypeStruct((config.split_k, problem.m, problem.out_n), jnp.float32)
     else:
-        out_type = jax.ShapeDtypeStruct((problem.m, problem.n), out_dtype)
+        out_type = jax.ShapeDtypeStruct((problem.m, problem.out_n), out_dtype)
     body = _warp_specialized_kernel if config.warp_specialized else _plain_kernel
     num_ctas = min(num_sms, s.tiles) if config.persistent else s.tiles
     kernel = plgpu.kernel(
@@ -446,7 +530,7 @@ def grouped_matmul(
         num_threads=s.consumers + 1 if config.warp_specialized else None,
         thread_name=WARPGROUP_AXIS if config.warp_specialized else None,
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-        kernel_name=kernel_name(config),
+        kernel_name=kernel_name(config, op),
     )
     # TMA loads of the swizzled lhs tiles need M to be a multiple of 8 (or below 8); the padding rows
     # are never stored.

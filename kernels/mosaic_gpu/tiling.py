@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig
-from moetune.kernels.problem import Problem
+from moetune.kernels.problem import GROUPED_MATMUL_SWIGLU, Problem
 
 # Barriers and alignment padding beside the buffers (Mosaic reported 24-64 bytes for these kernels).
 SMEM_OVERHEAD_BYTES = 1024
@@ -56,25 +56,31 @@ def geometry(problem: Problem, config: MosaicGpuConfig) -> TileGeometry:
         k_steps=k_steps,
         stages=min(config.max_concurrent_steps, k_steps),
         row_tiles=cdiv(problem.m, config.cta_m) + problem.g,
-        col_tiles=cdiv(problem.n, config.cta_n),
+        col_tiles=cdiv(problem.out_n, config.cta_n),
         split_k=config.split_k,
         out_itemsize=4 if config.split_k > 1 else itemsize(problem.out_dtype),
     )
 
 
+def accumulators(problem: Problem) -> int:
+    """float32 accumulators (and weight tiles per pipeline stage) of one CTA: two under the SwiGLU
+    epilogue (gate and up), else one."""
+    return 2 if problem.op == GROUPED_MATMUL_SWIGLU else 1
+
+
 def smem_bytes(problem: Problem, config: MosaicGpuConfig) -> int:
-    """Shared memory one CTA allocates: pipeline stages of both operands plus double-buffered epilogue
-    tiles per consumer warpgroup."""
+    """Shared memory one CTA allocates: pipeline stages of the lhs tile and the weight tiles plus
+    double-buffered epilogue tiles per consumer warpgroup."""
     geo = geometry(problem, config)
     in_bytes = itemsize(problem.lhs_dtype)
-    stage = (geo.cta_m + geo.cta_n) * config.block_k * in_bytes
+    stage = (geo.cta_m + accumulators(problem) * geo.cta_n) * config.block_k * in_bytes
     epilogue = geo.consumers * 2 * config.epi_tile_m * config.epi_tile_n * geo.out_itemsize
     return geo.stages * stage + epilogue + SMEM_OVERHEAD_BYTES
 
 
-def accumulator_registers(config: MosaicGpuConfig) -> int:
-    """32-bit registers per thread the float32 accumulator takes (a warpgroup is 128 threads)."""
-    return config.block_m * config.block_n // 128
+def accumulator_registers(config: MosaicGpuConfig, count: int = 1) -> int:
+    """32-bit registers per thread `count` float32 accumulators take (a warpgroup is 128 threads)."""
+    return count * config.block_m * config.block_n // 128
 
 
 def consumer_register_budget(config: MosaicGpuConfig, registers_per_sm: int) -> int:

@@ -1,4 +1,8 @@
-"""The `xla` backend: grouped GEMM from plain XLA operations; runs on every device, CPU included."""
+"""The `xla` backend: grouped GEMM from plain XLA operations; runs on every device, CPU included.
+
+It also serves the fused MoE ops as the plain fallback: "grouped_matmul_swiglu" is the grouped GEMM in
+float32 followed by the activation as a separate XLA op.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,11 @@ from moetune.kernels.backend import Backend, KernelFn
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import ConfigInvalid, Unsupported
-from moetune.kernels.problem import Problem
+from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem
 from moetune.kernels.xla import kernel
 from moetune.kernels.xla.config import XlaConfig
+
+OPS = (GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU)
 
 
 class XlaBackend(Backend):
@@ -26,8 +32,8 @@ class XlaBackend(Backend):
         return None
 
     def check(self, problem: Problem) -> None:
-        if problem.op != "grouped_matmul":
-            raise Unsupported(f"xla computes op=grouped_matmul, not op={problem.op!r}")
+        if problem.op not in OPS:
+            raise Unsupported(f"xla computes op={' or '.join(OPS)}, not op={problem.op!r}")
 
     def search_space(self, problem: Problem, device: DeviceFingerprint):
         from moetune.search_spaces import xla as xla_space
@@ -45,6 +51,13 @@ class XlaBackend(Backend):
         self.check(problem)
         if not isinstance(config, XlaConfig):
             raise ConfigInvalid(f"xla needs an XlaConfig, not {type(config).__qualname__}")
+        if problem.op == GROUPED_MATMUL_SWIGLU:
+            return functools.partial(
+                kernel.grouped_matmul_swiglu,
+                config=config,
+                transpose_rhs=problem.transpose_rhs,
+                out_dtype=jnp.dtype(problem.out_dtype),
+            )
         return functools.partial(
             kernel.grouped_matmul,
             config=config,

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from moetune.kernels.moe_reference import gated_activation
 from moetune.kernels.xla.config import XlaConfig
 
 # rhs [G, N, K] contracts its last dimension with lhs's; group dimension 0 matches lhs's ragged rows.
@@ -47,6 +48,22 @@ def grouped_matmul(
     else:
         out = _chunked(lhs, rhs, group_sizes, transpose_rhs, config.chunk_m, config.items_per_step)
     return out.astype(out_dtype)
+
+
+def grouped_matmul_swiglu(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    config: XlaConfig,
+    transpose_rhs: bool,
+    out_dtype: jnp.dtype,
+) -> jax.Array:
+    """silu(gate) * up of the float32 grouped GEMM [M, 2F] -> [M, F]; gate columns first, then up."""
+    product = grouped_matmul(
+        lhs, rhs, group_sizes, config=config, transpose_rhs=transpose_rhs, out_dtype=jnp.dtype(jnp.float32)
+    )
+    return gated_activation("swiglu", product).astype(out_dtype)
 
 
 def _precision(dtype: jnp.dtype) -> lax.Precision | None:

@@ -40,13 +40,14 @@ def _rel_l2(value, reference) -> float:
     return float(np.linalg.norm(value - reference) / np.linalg.norm(reference))
 
 
+@pytest.mark.parametrize("fuse", [True, False])
 @pytest.mark.parametrize("tokens, renormalize", [(1, True), (7, False), (256, True), (4096, True)])
-def test_moe_mlp_matches_float32_reference(weights, tokens, renormalize):
+def test_moe_mlp_matches_float32_reference(weights, tokens, renormalize, fuse):
     w_gate_up, w_down = weights
     k1, k2 = jax.random.split(jax.random.key(tokens))
     x = jax.random.normal(k1, (tokens, HIDDEN), jnp.bfloat16)
     logits = jax.random.normal(k2, (tokens, EXPERTS), jnp.float32)
-    routed = jax.jit(lambda *a: moe_mlp(*a, top_k=TOP_K, renormalize=renormalize))
+    routed = jax.jit(lambda *a: moe_mlp(*a, top_k=TOP_K, renormalize=renormalize, fuse=fuse))
     ragged = jax.jit(lambda *a: moe_mlp_using(jax.lax.ragged_dot, *a, top_k=TOP_K, renormalize=renormalize))
     reference = jax.jit(lambda *a: moe_mlp_reference(*a, top_k=TOP_K, renormalize=renormalize))
     out = routed(x, logits, w_gate_up, w_down)
@@ -57,8 +58,11 @@ def test_moe_mlp_matches_float32_reference(weights, tokens, renormalize):
 
 
 def test_hopper_dispatches_both_gemms_to_a_gpu_kernel():
-    # tests/gpu/conftest.py runs this only on a Hopper GPU, where mosaic_gpu must take both GEMMs.
+    # tests/gpu/conftest.py runs this only on a Hopper GPU, where mosaic_gpu must take both GEMMs,
+    # the fused gate_up + SwiGLU op included.
     for tokens in (1, 4096):
-        for problem in moe_problems(tokens, HIDDEN, INTERMEDIATE, EXPERTS, TOP_K):
-            chosen = explain(problem)
-            assert chosen.backend != "xla", str(chosen)
+        for fused in (True, False):
+            for problem in moe_problems(tokens, HIDDEN, INTERMEDIATE, EXPERTS, TOP_K, fused_swiglu=fused):
+                chosen = explain(problem)
+                assert chosen.backend != "xla", str(chosen)
+                assert not chosen.declined, str(chosen)

@@ -15,7 +15,7 @@ from moetune.kernels.moe_reference import combine_matrix, moe_mlp_reference
 
 # Jitted: the reference run op by op costs more compile time than the whole layer.
 reference = jax.jit(moe_mlp_reference, static_argnames=("top_k", "renormalize", "activation"))
-routed = jax.jit(moe_mlp, static_argnames=("top_k", "renormalize", "activation", "backend"))
+routed = jax.jit(moe_mlp, static_argnames=("top_k", "renormalize", "activation", "backend", "fuse"))
 
 
 def _inputs(tokens, hidden, intermediate, experts, *, seed=0, dtype=jnp.float32):
@@ -102,19 +102,66 @@ def test_sort_by_expert_worked_example():
     assert rows.group_sizes.tolist() == [2, 2, 2]
 
 
-def test_both_gemms_dispatch_the_problems_moe_problems_lists(monkeypatch):
+def _recording(monkeypatch):
+    """Patch both dispatched ops of the layer to record the Problem of each call."""
     seen = []
-    real = moe_module.grouped_matmul
 
-    def recording(lhs, rhs, group_sizes, **kwargs):
-        seen.append(problem_of(lhs, rhs, group_sizes))
-        return real(lhs, rhs, group_sizes, **kwargs)
+    def record(name, op):
+        real = getattr(moe_module, name)
 
-    monkeypatch.setattr(moe_module, "grouped_matmul", recording)
+        def recording(lhs, rhs, group_sizes, **kwargs):
+            seen.append(problem_of(lhs, rhs, group_sizes, op=op))
+            return real(lhs, rhs, group_sizes, **kwargs)
+
+        monkeypatch.setattr(moe_module, name, recording)
+
+    record("grouped_matmul", "grouped_matmul")
+    record("grouped_matmul_swiglu", "grouped_matmul_swiglu")
+    return seen
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_both_gemms_dispatch_the_problems_moe_problems_lists(monkeypatch, fuse):
+    seen = _recording(monkeypatch)
     x, logits, w_gate_up, w_down = _inputs(24, 32, 48, 4, dtype=jnp.bfloat16)
-    jax.jit(lambda *a: moe_mlp(*a, top_k=2)).lower(x, logits, w_gate_up, w_down)
-    assert tuple(seen) == moe_problems(24, 32, 48, 4, 2, "bfloat16")
-    assert seen[0].key == "grouped_matmul/m=48,k=32,n=96,g=4,lhs=bfloat16,rhs=bfloat16,out=bfloat16,t=0/v1"
+    jax.jit(lambda *a: moe_mlp(*a, top_k=2, fuse=fuse)).lower(x, logits, w_gate_up, w_down)
+    assert tuple(seen) == moe_problems(24, 32, 48, 4, 2, "bfloat16", fused_swiglu=fuse)
+    op = "grouped_matmul_swiglu" if fuse else "grouped_matmul"
+    assert seen[0].key == f"{op}/m=48,k=32,n=96,g=4,lhs=bfloat16,rhs=bfloat16,out=bfloat16,t=0/v1"
+
+
+def test_geglu_and_a_backend_without_the_fused_op_take_the_unfused_path(monkeypatch):
+    seen = _recording(monkeypatch)
+    x, logits, w_gate_up, w_down = _inputs(24, 32, 48, 4)
+    jax.jit(lambda *a: moe_mlp(*a, top_k=2, activation="geglu")).lower(x, logits, w_gate_up, w_down)
+    # flydsl is not available on a CPU, so it does not serve the fused op; xla then runs both GEMMs.
+    jax.jit(lambda *a: moe_mlp(*a, top_k=2, backend="flydsl")).lower(x, logits, w_gate_up, w_down)
+    assert [p.op for p in seen] == ["grouped_matmul"] * 4
+
+
+def test_serves_names_the_first_backend_asked():
+    x = jax.ShapeDtypeStruct((48, 32), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((4, 32, 96), jnp.bfloat16)
+    assert moe_module.serves("grouped_matmul_swiglu", x, w, "xla")
+    assert not moe_module.serves("grouped_matmul_swiglu", x, w, "flydsl")
+
+
+@pytest.mark.parametrize("tokens, experts, top_k", [(1, 8, 2), (37, 8, 2), (96, 16, 4)])
+def test_fused_and_unfused_layers_agree_with_the_reference(tokens, experts, top_k):
+    x, logits, w_gate_up, w_down = _inputs(tokens, 32, 48, experts, seed=tokens + 1)
+    fused = routed(x, logits, w_gate_up, w_down, top_k=top_k)
+    unfused = moe_mlp(x, logits, w_gate_up, w_down, top_k=top_k, fuse=False)
+    expected = reference(x, logits, w_gate_up, w_down, top_k=top_k)
+    np.testing.assert_allclose(fused, expected, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(unfused, expected, rtol=2e-5, atol=2e-5)
+
+
+def test_bf16_fused_layer_is_within_bf16_rounding_of_the_unfused_layer():
+    x, logits, w_gate_up, w_down = _inputs(64, 64, 96, 8, seed=9, dtype=jnp.bfloat16)
+    fused = moe_mlp(x, logits, w_gate_up, w_down, top_k=2)
+    unfused = moe_mlp(x, logits, w_gate_up, w_down, top_k=2, fuse=False)
+    assert fused.dtype == unfused.dtype == jnp.bfloat16
+    assert _rel_l2(fused.astype(jnp.float32), unfused.astype(jnp.float32)) < 2e-2
 
 
 def test_bad_arguments_raise_one_typed_error_naming_the_values():
