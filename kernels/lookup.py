@@ -31,6 +31,7 @@ import math
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -343,7 +344,7 @@ class WinnerLookup:
                     f"moetune: ignoring a {winner.origin} winner for {winner.problem.key}: {e}",
                 )
                 continue
-            yield _Entry(winner, config, _stale_reasons(winner, device, source_hash))
+            yield _Entry(winner, config, stale_reasons(winner, device.hash, source_hash))
 
     def _db_winners(self, url: str, backend: str, device: DeviceFingerprint) -> list[Winner]:
         try:
@@ -351,18 +352,7 @@ class WinnerLookup:
         except Exception as e:  # the one edge where it is recorded: a database failure must not break a jit
             self.warn_once("db-failed", url, f"moetune: not using the database for winners: {e}")
             return []
-        return [
-            Winner(
-                backend=row.backend,
-                problem=row.problem,
-                config=row.config,
-                origin="db",
-                fingerprint_hash=row.fingerprint_hash,
-                source_hash=row.source_hash,
-                median_s=row.median_s,
-            )
-            for row in rows
-        ]
+        return [db_winner(row) for row in rows]
 
     def _store(self, url: str) -> Any:
         with self._lock:
@@ -379,17 +369,17 @@ class WinnerLookup:
             raise store
         return store
 
+    def packs_folder(self) -> Traversable | None:
+        """The folder config packs come from now, or None when packs are switched off."""
+        folder = self._current().packs_dir
+        return None if folder is None else _packs_folder(folder)
+
     def _pack_winners(self, folder: Any, backend: str, device: DeviceFingerprint) -> list[Winner]:
-        name = packs.file_name(device.device_kind, backend)
-        if folder is _DEFAULT:
-            resource = importlib.resources.files(PACKS_PACKAGE) / PACKS_FOLDER / name
-        else:
-            resource = Path(folder) / name
+        resource = _packs_folder(folder) / packs.file_name(device.device_kind, backend)
         if not resource.is_file():
             return []
         try:
-            with importlib.resources.as_file(resource) as path:
-                pack = packs.load(path)
+            pack = read_pack(resource)
         except PackInvalid as e:
             self.warn_once("bad-pack", str(resource), f"moetune: ignoring config pack: {e}")
             return []
@@ -401,25 +391,56 @@ class WinnerLookup:
                 f"{pack.device.device_kind!r}, not {backend} for {device.device_kind!r}",
             )
             return []
-        return [
-            Winner(
-                backend=backend,
-                problem=entry.problem,
-                config=entry.config,
-                origin="pack",
-                fingerprint_hash=pack.device.hash,
-                source_hash=pack.kernel_source_hash,
-                median_s=entry.median_s,
-            )
-            for entry in pack.entries
-        ]
+        return pack_winners(pack)
 
 
-def _stale_reasons(winner: Winner, device: DeviceFingerprint, source_hash: str) -> tuple[str, ...]:
+def _packs_folder(folder: Any) -> Traversable:
+    if folder is _DEFAULT:
+        return importlib.resources.files(PACKS_PACKAGE) / PACKS_FOLDER
+    return Path(folder)
+
+
+def read_pack(resource: Traversable) -> packs.Pack:
+    """Load one pack file, also from inside a zipped package; raises PackInvalid."""
+    with importlib.resources.as_file(resource) as path:
+        return packs.load(path)
+
+
+def pack_winners(pack: packs.Pack) -> list[Winner]:
+    return [
+        Winner(
+            backend=pack.backend,
+            problem=entry.problem,
+            config=entry.config,
+            origin="pack",
+            fingerprint_hash=pack.device.hash,
+            source_hash=pack.kernel_source_hash,
+            median_s=entry.median_s,
+        )
+        for entry in pack.entries
+    ]
+
+
+def db_winner(row: Any) -> Winner:
+    """A winner from a database row (moetune.db.records.WinnerRow)."""
+    return Winner(
+        backend=row.backend,
+        problem=row.problem,
+        config=row.config,
+        origin="db",
+        fingerprint_hash=row.fingerprint_hash,
+        source_hash=row.source_hash,
+        median_s=row.median_s,
+    )
+
+
+def stale_reasons(winner: Winner, device_hash: str | None, source_hash: str | None) -> tuple[str, ...]:
+    """Why `winner` does not match the running device and kernel source (empty when it does); a hash
+    that is None, on either side, is not compared."""
     reasons = []
-    if winner.fingerprint_hash is not None and winner.fingerprint_hash != device.hash:
-        reasons.append(f"tuned on device fingerprint {winner.fingerprint_hash}, running {device.hash}")
-    if winner.source_hash is not None and winner.source_hash != source_hash:
+    if None not in (winner.fingerprint_hash, device_hash) and winner.fingerprint_hash != device_hash:
+        reasons.append(f"tuned on device fingerprint {winner.fingerprint_hash}, running {device_hash}")
+    if None not in (winner.source_hash, source_hash) and winner.source_hash != source_hash:
         reasons.append(f"tuned with kernel source {winner.source_hash}, running {source_hash}")
     return tuple(reasons)
 

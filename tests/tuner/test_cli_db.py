@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.resources
 import json
+import math
 
 import pytest
 import sqlalchemy as sa
@@ -14,9 +17,12 @@ import moetune.tuner.cli.doctor  # noqa: F401
 from moetune.db import open_store, schema
 from moetune.db.models import TABLE_NAMES
 from moetune.db.records import TrialRecord
+from moetune.kernels import device as device_module
+from moetune.kernels import lookup, packs, registry
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.problem import Problem
 from moetune.tuner.cli import app
+from moetune.tuner.cli.common import json_text
 
 GPU = DeviceFingerprint(
     "NVIDIA H200", "gpu", 132, 150_000_000_000, "9.0", "580.65", "13.0", "0.11.2", "0.11.2"
@@ -29,6 +35,16 @@ SECRET = "s3cr3t-pw"
 def no_default_database(monkeypatch, tmp_path):
     monkeypatch.delenv("MOETUNE_DB", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)  # `best` sets it; undone after
+
+
+def strict_json(text: str):
+    """json.loads refusing NaN and Infinity, which strict JSON parsers (jq, JavaScript) reject."""
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
 
 
 def cli(*args: str):
@@ -151,7 +167,7 @@ def test_trials_with_filters(db_url):
 
 def test_best_filters_by_problem_fields(db_url):
     tuned(db_url)
-    rows = json.loads(ok("best", "--db", db_url, "--json").stdout)
+    rows = json.loads(ok("best", "--db", db_url, "--no-packs", "--json").stdout)
     assert sorted((r["problem"]["m"], r["config"]["block_m"]) for r in rows) == [(64, 16), (4096, 128)]
     (row,) = json.loads(
         ok("best", "--db", db_url, "--gpu", "NVIDIA H200", "--m", "4096", "--k", "4096", "--json").stdout
@@ -166,6 +182,149 @@ def test_best_filters_by_problem_fields(db_url):
     assert [r["state"] for r in history] == ["active", "superseded"]
     table = ok("best", "--db", db_url, "--backend", "fake").stdout
     assert "2 winners" in table and "H200" in table and "fake" in table
+
+
+def test_trials_json_writes_null_for_a_non_finite_verify_error(sqlite_url):
+    with open_store(sqlite_url) as store:
+        store.record_trial(
+            TrialRecord(
+                sweep_id=None,
+                device=GPU,
+                backend="fake",
+                family="sm90",
+                source_hash="src1",
+                problem=PROBLEM,
+                config={"block_m": 64},
+                status="wrong_result",
+                verify_error=math.nan,  # NaN output: stored as an infinite error
+                error="WrongResult: NaN in the output",
+            )
+        )
+    (row,) = strict_json(ok("trials", "--db", sqlite_url, "--json").stdout)
+    assert row["status"] == "wrong_result" and row["verify_error"] is None
+
+
+def test_json_text_is_strict_json():
+    value = {"a": [1.5, math.inf, (math.nan, -math.inf)], "b": {"c": math.nan}, "d": "NaN", "e": 2}
+    assert strict_json(json_text(value)) == {
+        "a": [1.5, None, [None, None]],
+        "b": {"c": None},
+        "d": "NaN",
+        "e": 2,
+    }
+
+
+# --- best: the database's winners beside the config packs' -----------------------------------------
+
+SHIPPED_H200 = importlib.resources.files("moetune.configs") / "tuned" / "nvidia_h200__mosaic_gpu.json"
+
+
+def running(monkeypatch, device: DeviceFingerprint) -> None:
+    """Make `device` the one `best` judges freshness on."""
+    monkeypatch.setattr(device_module, "current_fingerprint", lambda: device)
+
+
+def test_best_on_an_empty_database_lists_the_shipped_pack(monkeypatch):
+    pack = packs.load(SHIPPED_H200)
+    running(monkeypatch, pack.device)
+    rows = json.loads(ok("best", "--gpu", "NVIDIA H200", "--json").stdout)  # the default database: empty
+    assert sorted((r["problem"]["key"], r["config"], r["median_s"]) for r in rows) == sorted(
+        (e.problem.key, e.config, e.median_s) for e in pack.entries
+    )
+    assert {(r["origin"], r["backend"], r["fingerprint_hash"]) for r in rows} == {
+        (SHIPPED_H200.name, "mosaic_gpu", pack.device.hash)
+    }
+    # On the pack's own device, each row is as fresh as dispatch finds it.
+    backend = registry.get(pack.backend)
+    with lookup.using_db(None):
+        stale = [lookup.LOOKUP.resolve(e.problem, backend, pack.device).stale for e in pack.entries]
+    assert sorted((r["freshness"], tuple(r["stale"])) for r in rows) == sorted(
+        ("stale" if s else "fresh", s) for s in stale
+    )
+    table = ok("best", "--gpu", "NVIDIA H200").stdout
+    assert f"{len(pack.entries)} winners" in table and "here" in table
+    assert json.loads(ok("best", "--no-packs", "--json").stdout) == []
+
+
+XLA_PROBLEM = Problem("grouped_matmul", m=256, k=512, n=1024, g=4)
+
+
+def xla_pack(folder, *, device=GPU, source_hash=None) -> None:
+    pack = packs.Pack(
+        device=device,
+        backend="xla",
+        kernel_source_hash=source_hash or registry.get("xla").source_hash(),
+        entries=(packs.PackEntry(XLA_PROBLEM, {"strategy": "segments"}, 2e-4),),
+    )
+    (folder / packs.file_name(device.device_kind, "xla")).write_text(pack.dumps())
+
+
+@pytest.mark.parametrize(
+    ("on", "pack_source", "freshness", "why"),
+    [
+        (GPU, None, "fresh", ""),
+        (dataclasses.replace(GPU, driver="590.1"), None, "stale", "tuned on device fingerprint"),
+        (GPU, "0" * 16, "stale", "tuned with kernel source 0000000000000000"),
+        (dataclasses.replace(GPU, device_kind="NVIDIA B200"), None, "other device", ""),
+    ],
+)
+def test_best_tells_fresh_from_stale_on_this_machine(
+    sqlite_url, tmp_path, monkeypatch, on, pack_source, freshness, why
+):
+    xla_pack(tmp_path, source_hash=pack_source)
+    running(monkeypatch, on)
+    with lookup.using_packs(tmp_path):
+        (row,) = json.loads(ok("best", "--db", sqlite_url, "--backend", "xla", "--json").stdout)
+    assert (row["origin"], row["freshness"], row["config"]) == (
+        "nvidia_h200__xla.json",
+        freshness,
+        {"strategy": "segments"},
+    )
+    assert why in " ".join(row["stale"]) and bool(row["stale"]) == (freshness == "stale")
+
+
+def test_best_lists_database_and_pack_rows_side_by_side(sqlite_url, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # rich reads it when printing: table cells are not cut short
+    tuned(sqlite_url)
+    xla_pack(tmp_path)
+    (tmp_path / "nvidia_h200__triton.json").write_text("{not json")
+    running(monkeypatch, GPU)
+    with lookup.using_packs(tmp_path):
+        result = ok("best", "--db", sqlite_url, "--gpu", "NVIDIA H200", "--json")
+        rows = json.loads(result.stdout)
+        # The keys of a pack row are those of a database row; what a pack has not got is null.
+        assert len({tuple(sorted(r)) for r in rows}) == 1
+        assert [(r["origin"], r["backend"], r["problem"]["m"]) for r in rows] == [
+            ("database", "fake", 64),
+            ("database", "fake", 4096),
+            ("nvidia_h200__xla.json", "xla", 256),
+        ]
+        # "fake" is no backend here: its kernel source, hence its freshness, cannot be told.
+        assert [r["freshness"] for r in rows] == ["unknown", "unknown", "fresh"]
+        assert rows[2]["id"] is None and rows[0]["id"] is not None
+        assert "ignoring config pack" in result.stderr and "cannot read pack" in result.stderr
+        table = ok("best", "--db", sqlite_url).stdout
+        assert "3 winners from 2 sources" in table and "nvidia_h200__xla.json" in table and "unknown" in table
+        # A GPU or backend known only from a pack is a known filter value; one known nowhere is refused.
+        (row,) = json.loads(ok("best", "--db", sqlite_url, "--backend", "xla", "--json").stdout)
+        bad(
+            "best",
+            "--db",
+            sqlite_url,
+            "--backend",
+            "xla",
+            "--no-packs",
+            expect="no backend 'xla' in the database",
+        )
+
+
+def test_best_ignores_a_pack_dispatch_would_not_read(sqlite_url, tmp_path):
+    xla_pack(tmp_path)
+    (tmp_path / "nvidia_h200__xla.json").rename(tmp_path / "h200.json")  # dispatch looks up by name only
+    with lookup.using_packs(tmp_path):
+        result = ok("best", "--db", sqlite_url, "--json")
+    assert json.loads(result.stdout) == []
+    assert "h200.json" in result.stderr and "nvidia_h200__xla.json" in result.stderr
 
 
 def test_misses_listing(sqlite_url):

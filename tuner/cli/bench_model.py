@@ -6,7 +6,6 @@ group registers it, e.g. `bench_app.command("model")(bench_model_command)`.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from moetune.kernels.errors import MoetuneError
-from moetune.tuner.cli.common import console, fail
+from moetune.tuner.cli.common import console, fail, json_text
 
 
 def bench_model(
@@ -94,6 +93,6 @@ def bench_model_command(
     except MoetuneError as e:
         fail(str(e))
     if as_json:
-        typer.echo(json.dumps(result, indent=1, sort_keys=True))
+        typer.echo(json_text(result, indent=1, sort_keys=True))
     if not result["ok"]:
         raise typer.Exit(1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, NoReturn
 
 import typer
@@ -24,7 +25,7 @@ def fail(message: str) -> NoReturn:
 def emit(rows: list[dict[str, Any]], *, as_json: bool, title: str | None = None) -> None:
     """Print rows as a rich table, or as a JSON list on stdout for scripts."""
     if as_json:
-        typer.echo(json.dumps(rows, indent=1, sort_keys=True, default=str))
+        typer.echo(json_text(rows, indent=1, sort_keys=True, default=str))
         return
     if not rows:
         console.print("(no rows)")
@@ -35,6 +36,22 @@ def emit(rows: list[dict[str, Any]], *, as_json: bool, title: str | None = None)
     for row in rows:
         table.add_row(*(_cell(v) for v in row.values()))
     console.print(table)
+
+
+def json_text(value: Any, **options: Any) -> str:
+    """Strict JSON for scripts: a NaN or infinity (json.dumps would write NaN or Infinity, which strict
+    parsers refuse) becomes null. `options` go to json.dumps."""
+    return json.dumps(_finite(value), allow_nan=False, **options)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _cell(value: Any) -> str:

@@ -4,11 +4,13 @@
 Every command takes `--db URL` (default: $MOETUNE_DB, else SQLite in the user data directory). Bad
 input gets one line on stderr and exit code 2, and is caught before anything is written: filter values
 are checked against what the database knows, and a pack is validated completely before the import.
+`best` also lists the config packs dispatch reads, read through moetune.kernels.lookup as dispatch does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 from collections.abc import Iterator
@@ -17,13 +19,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from moetune.kernels.errors import MoetuneError
+from moetune.kernels.errors import MoetuneError, PackInvalid
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import console, emit, fail
+from moetune.tuner.cli.common import console, emit, err_console, fail
 
 if TYPE_CHECKING:
     from moetune.db import Store
     from moetune.db.records import TrialRow, WinnerRow
+    from moetune.kernels.device import DeviceFingerprint
+    from moetune.kernels.lookup import Winner
 
 DbOption = Annotated[
     str | None,
@@ -66,9 +70,14 @@ def say(message: str) -> None:
     console.print(message, markup=False, highlight=False, soft_wrap=True)
 
 
-def _check_known(name: str, value: str | None, known: list[str]) -> None:
+def warn(message: str) -> None:
+    """One plain line on stderr; the command goes on."""
+    err_console.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _check_known(name: str, value: str | None, known: list[str], where: str = "the database") -> None:
     if value is not None and value not in known:
-        fail(f"no {name} {value!r} in the database; known: {', '.join(map(repr, known)) or 'none'}")
+        fail(f"no {name} {value!r} in {where}; known: {', '.join(map(repr, known)) or 'none'}")
 
 
 # --- schema ---------------------------------------------------------------------------------------
@@ -237,37 +246,132 @@ def trials_command(
         emit(cells, as_json=False, title=f"{len(rows)} trials (newest first)")
 
 
-def _winner_dict(row: WinnerRow) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class _Listed:
+    """One row of `moetune best`: a database winner (with its `row`) or an entry of a config pack."""
+
+    device_kind: str
+    winner: Winner
+    origin: str  # "database", or the pack's file name
+    reason: str
+    row: WinnerRow | None = None
+    freshness: str = ""  # fresh | stale | other device | unknown: see _Stack.freshness
+    stale: tuple[str, ...] = ()
+
+    @property
+    def order(self) -> tuple[str, str, str, int, bool]:
+        p = self.winner.problem
+        return self.device_kind, self.winner.backend, p.shape_key, p.m, self.row is None
+
+
+class _Stack:
+    """This machine's device fingerprint and kernel sources: what makes a winner fresh or stale here."""
+
+    def __init__(self) -> None:
+        from moetune.kernels.device import current_fingerprint
+
+        # Reading the fingerprint opens the device; a listing must not reserve most of a GPU's memory.
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        try:
+            self.device: DeviceFingerprint | None = current_fingerprint()
+        except Exception:  # no usable device (a broken driver, say): rows list with freshness unknown
+            self.device = None
+        self._sources: dict[str, str | None] = {}
+
+    def source_hash(self, backend: str) -> str | None:
+        from moetune.kernels import registry
+
+        if backend not in self._sources:
+            try:
+                self._sources[backend] = registry.get(backend).source_hash()
+            except Exception:  # not a backend here, its dependency is missing, its source is not files
+                self._sources[backend] = None
+        return self._sources[backend]
+
+    def freshness(self, listed: _Listed) -> _Listed:
+        """fresh: tuned on this device with this kernel source; stale: either differs (with why); other
+        device: the kernel source is current, the device is not this machine's; unknown: no way to tell."""
+        from moetune.kernels.lookup import stale_reasons
+
+        here = self.device is not None and self.device.device_kind == listed.device_kind
+        source_hash = self.source_hash(listed.winner.backend)
+        stale = stale_reasons(listed.winner, self.device.hash if here else None, source_hash)
+        if stale:
+            verdict = "stale"
+        elif source_hash is None:
+            verdict = "unknown"
+        else:
+            verdict = "fresh" if here else "other device"
+        return dataclasses.replace(listed, freshness=verdict, stale=stale)
+
+
+def _pack_winners() -> list[_Listed]:
+    """The winners of the config packs dispatch reads, as dispatch reads them (kernels.lookup); a pack
+    dispatch would ignore is named on stderr and left out."""
+    from moetune.kernels import packs
+    from moetune.kernels.lookup import LOOKUP, pack_winners, read_pack
+
+    folder = LOOKUP.packs_folder()
+    if folder is None or not folder.is_dir():
+        return []
+    listed = []
+    for resource in sorted(folder.iterdir(), key=lambda r: r.name):
+        if not resource.name.endswith(".json"):
+            continue
+        try:
+            pack = read_pack(resource)
+        except PackInvalid as e:
+            warn(f"ignoring config pack: {e}")
+            continue
+        expected = packs.file_name(pack.device.device_kind, pack.backend)
+        if resource.name != expected:  # dispatch looks packs up by this name only
+            warn(
+                f"ignoring config pack {resource.name}: it holds {pack.backend} winners for "
+                f"{pack.device.device_kind!r}, which dispatch reads from {expected}"
+            )
+            continue
+        reason = f"config pack created {pack.created}"
+        listed += [_Listed(pack.device.device_kind, w, resource.name, reason) for w in pack_winners(pack)]
+    return listed
+
+
+def _winner_dict(listed: _Listed) -> dict[str, Any]:
+    w, row = listed.winner, listed.row
     return {
-        "id": row.id,
-        "trial_id": row.trial_id,
-        "device_kind": row.device_kind,
-        "fingerprint_hash": row.fingerprint_hash,
-        "backend": row.backend,
-        "source_hash": row.source_hash,
-        "problem": row.problem.to_dict() | {"key": row.problem.key},
-        "config": row.config,
-        "median_s": row.median_s,
-        "promoted_at": row.promoted_at,
-        "state": row.state,
-        "reason": row.reason,
+        "id": row.id if row else None,
+        "trial_id": row.trial_id if row else None,
+        "device_kind": listed.device_kind,
+        "fingerprint_hash": w.fingerprint_hash,
+        "backend": w.backend,
+        "source_hash": w.source_hash,
+        "problem": w.problem.to_dict() | {"key": w.problem.key},
+        "config": dict(w.config),
+        "median_s": w.median_s,
+        "promoted_at": row.promoted_at if row else None,
+        "state": row.state if row else "active",
+        "reason": listed.reason,
+        "origin": listed.origin,
+        "freshness": listed.freshness,
+        "stale": list(listed.stale),
     }
 
 
-def _winner_cells(row: WinnerRow, *, history: bool) -> dict[str, Any]:
-    p = row.problem
+def _winner_cells(listed: _Listed, *, history: bool) -> dict[str, Any]:
+    p = listed.winner.problem
     cells = {
-        "gpu": row.device_kind,
-        "backend": row.backend,
+        "gpu": listed.device_kind,
+        "backend": listed.winner.backend,
         "m": p.m,
         "k,n,g": f"{p.k},{p.n},{p.g}",
         "dtypes": ",".join(dict.fromkeys((p.lhs_dtype, p.rhs_dtype, p.out_dtype)))
         + (",t" if p.transpose_rhs else ""),
-        "config": row.config,
-        "median_us": None if row.median_s is None else row.median_s * 1e6,
+        "config": dict(listed.winner.config),
+        "median_us": None if listed.winner.median_s is None else listed.winner.median_s * 1e6,
+        "from": listed.origin,
+        "here": listed.freshness,
     }
     if history:
-        cells["state"] = row.state
+        cells["state"] = listed.row.state if listed.row else "active"
     return cells
 
 
@@ -283,17 +387,45 @@ def best(
     history: Annotated[
         bool, typer.Option("--history", help="Include superseded and rolled-back winners.")
     ] = False,
+    with_packs: Annotated[
+        bool,
+        typer.Option(
+            "--packs/--no-packs", help="Also list the winners of the config packs in configs/tuned/."
+        ),
+    ] = True,
     as_json: JsonOption = False,
 ) -> None:
-    """Show the tuned winners (best configs) per GPU model, backend and problem."""
+    """Show the tuned winners (best configs) per GPU model, backend and problem: the database's and the
+    config packs', each with where it came from and whether it is fresh on this machine."""
+    from moetune.kernels.lookup import db_winner
+
+    shipped = _pack_winners() if with_packs else []
+    where = "the database or the config packs" if with_packs else "the database"
     with opened_store(db) as store:
-        _check_known("gpu", gpu, store.device_kinds())
-        _check_known("backend", backend, store.backends())
+        _check_known("gpu", gpu, sorted({*store.device_kinds(), *(r.device_kind for r in shipped)}), where)
+        _check_known(
+            "backend", backend, sorted({*store.backends(), *(r.winner.backend for r in shipped)}), where
+        )
         rows = store.winners(device_kind=gpu, backend=backend, m=m, k=k, n=n, g=g, active_only=not history)
+    listed = [_Listed(r.device_kind, db_winner(r), "database", r.reason, row=r) for r in rows]
+    for entry in shipped:
+        p = entry.winner.problem
+        wanted = (gpu, backend, m, k, n, g)
+        actual = (entry.device_kind, entry.winner.backend, p.m, p.k, p.n, p.g)
+        if all(w in (None, a) for w, a in zip(wanted, actual, strict=True)):
+            listed.append(entry)
+    if listed:
+        stack = _Stack()
+        listed = sorted((stack.freshness(item) for item in listed), key=lambda item: item.order)
     if as_json:
-        emit([_winner_dict(r) for r in rows], as_json=True)
+        emit([_winner_dict(item) for item in listed], as_json=True)
     else:
-        emit([_winner_cells(r, history=history) for r in rows], as_json=False, title=f"{len(rows)} winners")
+        origins = len({item.origin for item in listed})
+        emit(
+            [_winner_cells(item, history=history) for item in listed],
+            as_json=False,
+            title=f"{len(listed)} winners" + (f" from {origins} sources" if origins > 1 else ""),
+        )
 
 
 @app.command("misses")

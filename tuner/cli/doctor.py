@@ -8,7 +8,6 @@ can run here. A database that cannot be used ends the report with one error line
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import platform
 from typing import Any
 
@@ -16,7 +15,7 @@ import typer
 
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import emit, fail
+from moetune.tuner.cli.common import emit, fail, json_text
 from moetune.tuner.cli.db_commands import DbOption, JsonOption
 
 PACKAGES = ("jax", "jaxlib", "ray", "optuna", "sqlalchemy", "alembic", "psycopg")
@@ -89,7 +88,7 @@ def doctor(db: DbOption = None, as_json: JsonOption = False) -> None:
         "backends": backends,
     }
     if as_json:
-        typer.echo(json.dumps(report, indent=1, sort_keys=True))
+        typer.echo(json_text(report, indent=1, sort_keys=True))
     else:
         emit(_rows(report), as_json=False, title="moetune doctor")
     if problem is not None:

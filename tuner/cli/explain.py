@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import json
 
 import typer
 
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import fail
+from moetune.tuner.cli.common import fail, json_text
 
 
 @app.command()
@@ -51,6 +50,6 @@ def explain(
     except ExceptionGroup as group:
         fail(f"{group.message}: " + "; ".join(str(e) for e in group.exceptions))
     if as_json:
-        typer.echo(json.dumps(explanation.to_dict(), indent=1, sort_keys=True))
+        typer.echo(json_text(explanation.to_dict(), indent=1, sort_keys=True))
     else:
         typer.echo(str(explanation))
