@@ -87,8 +87,10 @@ def fingerprint_of(device: Any) -> DeviceFingerprint:
         memory = _cuda_total_memory(int(getattr(device, "local_hardware_id", 0) or 0))
         kind = device.device_kind
         capability = str(_attr(device, "compute_capability", default=""))
-    backend = jax.extend.backend.get_backend() if hasattr(jax, "extend") else None
-    runtime = str(getattr(backend, "platform_version", "")) if device.platform != "cpu" else ""
+    # The runtime as the device's client reports it (e.g. "cuda 13000"). Read from the device itself:
+    # `jax.extend` exists only once something imported it, and a fingerprint must not depend on imports.
+    client = getattr(device, "client", None)
+    runtime = str(getattr(client, "platform_version", "") or "") if device.platform != "cpu" else ""
     return DeviceFingerprint(
         device_kind=kind,
         platform=device.platform,
