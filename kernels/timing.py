@@ -26,6 +26,9 @@ class Timer(abc.ABC):
     """
 
     name: str = "timer"
+    # Whether `time` takes any jitted JAX program, not only this backend's own kernels: then a sweep
+    # times its XLA baseline with this timer too, so both sides of a speedup are measured alike.
+    times_any_jax_program: bool = True
 
     def rotation(self, arg_sets: Sequence[tuple]) -> Rotation:
         """The sets `time` cycles through for `arg_sets`; timers that must defeat caches add copies."""

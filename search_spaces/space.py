@@ -43,6 +43,29 @@ class SearchSpace:
         for values in itertools.product(*(self.domains[n] for n in names)):
             yield dict(zip(names, values, strict=True))
 
+    def restricted(self, subset: Mapping[str, Any] | None) -> SearchSpace:
+        """This space with some domains narrowed to the given values (a sweep's `space:`); every name
+        must be a parameter and every value one of its domain's."""
+        if not subset:
+            return self
+        domains = dict(self.domains)
+        for name, wanted in subset.items():
+            if name not in domains:
+                raise ConfigInvalid(f"space: {name!r} is not a parameter; parameters: {', '.join(domains)}")
+            values = tuple(wanted) if isinstance(wanted, (list, tuple)) else (wanted,)
+            outside = [v for v in values if v not in domains[name]]
+            if outside or not values:
+                raise ConfigInvalid(
+                    f"space: {name}={list(values)} is not a non-empty subset of {list(domains[name])}"
+                )
+            domains[name] = tuple(dict.fromkeys(values))
+        return dataclasses.replace(self, domains=domains)
+
+    def contains(self, config: KernelConfig) -> bool:
+        """Whether every parameter of `config` lies in its domain (constraints aside)."""
+        params = config.to_dict()
+        return all(params.get(name) in values for name, values in self.domains.items())
+
     def make(self, params: Mapping[str, Any], problem: Problem, device: DeviceFingerprint) -> KernelConfig:
         """Build the config for `params` and check it; raises ConfigInvalid with the reason."""
         config = self.config_cls.from_dict(dict(params))

@@ -105,7 +105,28 @@ class CandidateRunner:
         compile_s = time.perf_counter() - t0
         if isinstance(task, CandidateTask) and executables[0] is None:
             return self._ended(task, COMPILE_ERROR, started, compile_s, error=errors[0])
+        self._warm(task)
         return Prepared(task, executables, errors, compile_s, started)
+
+    def _warm(self, task: CandidateTask | RetimeTask) -> None:
+        """Make the problem's inputs, references and timing rotations now, and compile the programs that
+        make and check them, so that `run` is only the candidate's own device work.
+
+        On a GPU each of those programs compiles on first use (seconds each, for every new problem in every
+        worker); in `run` that would hold the device's lane, which serialises all workers on it. Here it
+        overlaps with other workers' timing. Their device work is small (random operands, a reference on
+        at most REFERENCE_MAX_BYTES of output rows): it may touch a sample of a concurrent timing, which
+        the median of many runs and the interleaved re-timing of finalists absorb.
+        """
+        try:
+            inputs = self.cache.inputs(task.problem, task.seed)
+            if isinstance(task, CandidateTask):
+                verify.warm(inputs, self.cache, task.verify_sizes)
+            timer = self._task_timer(task)
+            for sizes in task.timing_sizes:
+                self.cache.rotation(inputs, sizes, timer)
+        except Exception:  # noqa: S110 - `run` meets the same failure again and records it with its phase
+            pass
 
     def run(self, prepared: Prepared) -> Result:
         """Verify and time (CandidateTask) or re-time interleaved (RetimeTask) on this process's device."""
@@ -125,8 +146,7 @@ class CandidateRunner:
             inputs = self.cache.inputs(task.problem, task.seed)
             verify_error = verify.verify(fn, inputs, self.cache, task.verify_sizes)
             stage = "time"
-            timer = self._timer(task.backend)
-            samples = timer.time(fn, self.cache.rotation(inputs, task.timing_sizes, timer), runs=task.runs)
+            samples = self._time_on_routings(self._task_timer(task), fn, inputs, task.timing_sizes, task.runs)
         except WrongResult as e:
             return self._result(task, WRONG_RESULT, prepared, device_started, error=str(e))
         except Exception as e:  # a kernel that raised on the device; the worker itself is fine
@@ -136,6 +156,30 @@ class CandidateRunner:
         return self._result(
             task, OK, prepared, device_started, samples_s=tuple(samples), verify_error=verify_error
         )
+
+    def _task_timer(self, task: CandidateTask | RetimeTask) -> Timer:
+        """The task's own backend's timer, or the one it borrows (`timer_backend`) when that can time it."""
+        borrowed = getattr(task, "timer_backend", "")
+        if borrowed:
+            timer = self._timer(borrowed)
+            if timer.times_any_jax_program:
+                return timer
+        return self._timer(task.backend)
+
+    def _time_on_routings(
+        self,
+        timer: Timer,
+        fn: Callable[..., Any],
+        inputs: Any,
+        timing_sizes: tuple[tuple[int, ...], ...],
+        runs: int,
+    ) -> list[float]:
+        """`runs` samples, each the mean over the routings of one run on each (paired by run index): an
+        estimate of the time per call when calls come in those routings alike, whose median is robust."""
+        per_routing = [
+            timer.time(fn, self.cache.rotation(inputs, sizes, timer), runs=runs) for sizes in timing_sizes
+        ]
+        return [sum(run) / len(run) for run in zip(*per_routing, strict=True)]
 
     def _compile_only(self, task: CompileOnlyTask, started: datetime.datetime) -> CandidateResult:
         backend = registry.get(task.backend)
@@ -165,8 +209,6 @@ class CandidateRunner:
     def _retime(self, prepared: Prepared) -> RetimeResult:
         task: RetimeTask = prepared.task
         inputs = self.cache.inputs(task.problem, task.seed)
-        timer = self._timer(task.backend)
-        arg_sets = self.cache.rotation(inputs, task.timing_sizes, timer)
         samples: list[list[float]] = [[] for _ in task.configs]
         live = [i for i, fn in enumerate(prepared.executables) if fn is not None]
         errors = [e for e in prepared.errors if e]
@@ -175,7 +217,13 @@ class CandidateRunner:
             shift = round_index % max(len(live), 1)
             for i in live[shift:] + live[:shift]:
                 try:
-                    samples[i] += timer.time(prepared.executables[i], arg_sets, runs=task.runs_per_round)
+                    samples[i] += self._time_on_routings(
+                        self._task_timer(task),
+                        prepared.executables[i],
+                        inputs,
+                        task.timing_sizes,
+                        task.runs_per_round,
+                    )
                 except Exception as e:  # one finalist failing must not cost the others their numbers
                     errors.append(error_text(e))
                     live.remove(i)

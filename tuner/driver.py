@@ -32,7 +32,7 @@ from moetune.tuner import finalists, strategies, summary
 from moetune.tuner.plan import PlannedProblem
 from moetune.tuner.problem_run import Known, ProblemRun
 from moetune.tuner.progress import NullProgress, Progress, Snapshot
-from moetune.tuner.routing import Routing, verification_draws
+from moetune.tuner.routing import describe_routings, parse_routings, verification_draws
 from moetune.tuner.spec import SweepSpec
 from moetune.tuner.summary import SweepOutcome
 from moetune.tuner.tasks import (
@@ -48,6 +48,8 @@ from moetune.tuner.tasks import (
 from moetune.tuner.warm_start import baseline_config, warm_start_configs
 
 BASELINE_BACKEND = "xla"
+# How many problems share the workers at a time (each gets about 1/N of them).
+PROBLEMS_SIDE_BY_SIDE = 4
 
 
 @dataclasses.dataclass
@@ -83,7 +85,7 @@ class SweepDriver:
         self.poll_s = poll_s
         self.compile_target = compile_target
         self.device = device or executor.device
-        self.routing = Routing.parse(spec.routing)
+        self.routings = parse_routings(spec.routing)
         self._pending: dict[str, _Pending] = {}
         self.sweep_id: int | None = None
         self._recorded = 0
@@ -102,7 +104,8 @@ class SweepDriver:
         source_hash = self.backend.source_hash()
         try:
             self.backend.check(problem)
-            space = strategies.CandidateSpace(self.backend.search_space(problem, device), problem, device)
+            search_space = self.backend.search_space(problem, device).restricted(self.spec.space)
+            space = strategies.CandidateSpace(search_space, problem, device)
         except Unsupported as e:
             return ProblemRun(planned, self.backend, source_hash, None, phase="skipped", skipped=str(e))
         winner = self.store.current_winner(
@@ -112,19 +115,22 @@ class SweepDriver:
         baseline = baseline_config() if self.spec.baseline and not self.compile_target else None
         if baseline is not None and self.backend.name == BASELINE_BACKEND:
             warm.append(self.backend.config_cls.from_dict(baseline))  # the baseline is one of the candidates
+        if self.spec.space:  # a narrowed space means only those configs, warm starts included
+            warm = [config for config in warm if search_space.contains(config)]
         strategy = strategies.get(self.spec.strategy)(space, seed=self.spec.seed, warm_start=warm)
-        timing = self.routing.group_sizes(problem.m, problem.g, seed=self.spec.seed)
+        timing = [r.group_sizes(problem.m, problem.g, seed=self.spec.seed) for r in self.routings]
         draws = verification_draws(
-            self.routing, problem.m, problem.g, seed=self.spec.seed, count=self.spec.verify_draws
+            self.routings, problem.m, problem.g, seed=self.spec.seed, count=self.spec.verify_draws
         )
         run = ProblemRun(
             planned,
             self.backend,
             source_hash,
             strategy,
-            timing_sizes=tuple(int(x) for x in timing),
+            timing_sizes=tuple(tuple(int(x) for x in sizes) for sizes in timing),
             verify_sizes=tuple(tuple(int(x) for x in d) for d in draws),
-            routing=self.routing.describe(timing, seed=self.spec.seed) | {"verify_draws": len(draws)},
+            routing=describe_routings(self.routings, timing, seed=self.spec.seed)
+            | {"verify_draws": len(draws)},
             budget=self.spec.budget,
             heuristic=heuristic.to_dict() if heuristic is not None else None,
             valid_count=len(space.valid()),
@@ -221,8 +227,13 @@ class SweepDriver:
     def _search(self, run: ProblemRun) -> None:
         asked, room = 0, 0
         if not self._past_deadline():
-            # At most one batch per problem in flight: a model-based strategy learns between batches.
-            room = min(self.executor.capacity(), self.executor.workers - len(run.in_flight))
+            # A problem gets a share of the workers, so several problems run side by side: each worker
+            # makes a problem's inputs and compiles its checks once (seconds), and affinity (ray_pool)
+            # keeps a problem on the few workers that hold them; a model-based strategy also learns
+            # between its smaller batches.
+            searching = sum(1 for r in self.runs if r.phase == "search")
+            share = -(-self.executor.workers // max(1, min(PROBLEMS_SIDE_BY_SIDE, searching)))
+            room = min(self.executor.capacity(), share - len(run.in_flight))
             left = run.budget_left()
             if left is not None:
                 room = min(room, left)
@@ -254,7 +265,12 @@ class SweepDriver:
             candidates = [c for c in candidates if c.config != winner.config]
         chosen = finalists.choose(candidates, winner, self.spec.finalists)
         if not candidates:
-            reason = "no candidate passed verification" if winner is None else "winner kept: no challenger"
+            if winner is not None:
+                reason = "winner kept: no challenger"
+            elif not run.known and self._past_deadline():
+                reason = "not reached: the sweep's --minutes ran out first (finish it with --resume)"
+            else:
+                reason = "no candidate passed verification"
             run.decision = finalists.Decision(None, reason)
             run.phase = "settled"
             return
@@ -316,6 +332,7 @@ class SweepDriver:
             runs=self.spec.runs,
             seed=self.spec.seed,
             label=f"{run.label} baseline xla ragged_dot",
+            timer_backend=self.backend.name,
         )
         run.baseline_task = task.task_id
         self._pending[task.task_id] = _Pending(run, "baseline")

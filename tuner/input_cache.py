@@ -7,7 +7,8 @@ the candidate, so a worker makes each thing once and every candidate of that pro
   weights     rhs sets depend on the rhs shape and the seed, not on M: the problems of one projection
               at different token counts share them (they are most of the bytes);
   inputs      lhs sets plus those weights;
-  references  the float32 result for each routing draw (the costliest thing to compute);
+  references  the float32 result for each routing draw (the costliest thing to compute); for outputs
+              too large to hold in float32, on a sample of rows (`Reference`);
   rotations   the argument sets a timer cycles through (copies, for small problems), per timer.
 
 The driver interleaves problems across workers, so the cache holds several problems and evicts the
@@ -29,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from moetune.kernels import reference
+from moetune.kernels.device import fingerprint_of
 from moetune.kernels.problem import Problem
 from moetune.kernels.timing import Rotation, Timer
 
@@ -97,16 +99,62 @@ def _group_sizes_array(group_sizes: Sequence[int]) -> jax.Array:
     return jnp.asarray(np.asarray(group_sizes, dtype=np.int32))
 
 
+# A float32 reference larger than this is kept for a sample of rows only: the largest MoE outputs take
+# gigabytes in float32 (Mixtral gate_up at 16384 tokens: 3.8 GB per draw), and every worker on a GPU keeps
+# its own. A wrong tile still shows: the sample holds every group's first and last rows and, at the sizes
+# where sampling starts, thousands of random rows, so it misses a given 64-row tile with odds below 1e-3.
+REFERENCE_MAX_BYTES = 256 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """The float32 result on the rows `rows` (sorted indices into the output): [len(rows), out_n]."""
+
+    values: jax.Array
+    rows: jax.Array
+
+    @classmethod
+    def whole(cls, values: jax.Array) -> Reference:
+        """A reference for every row of the output."""
+        return cls(values, jnp.arange(values.shape[0], dtype=jnp.int32))
+
+
+def reference_rows(problem: Problem, group_sizes: Sequence[int], seed: int) -> np.ndarray:
+    """The output rows to keep a reference for, always min(m, REFERENCE_MAX_BYTES // row bytes) of them,
+    so that every draw of a problem has the same reference shape (one compile of the reference and of the
+    check per problem, not per draw): every row when that fits, else the first rows when those hold every
+    assigned row, else each group's first and last rows plus random assigned ones. Rows past
+    sum(group_sizes) have a zero reference, and are checked to be zero in any case."""
+    sizes = np.asarray(group_sizes, dtype=np.int64)
+    assigned = int(min(sizes.sum(), problem.m))
+    count = min(problem.m, max(1, REFERENCE_MAX_BYTES // (problem.out_n * 4)))
+    if assigned <= count:
+        return np.arange(count, dtype=np.int32)
+    ends = np.minimum(np.cumsum(sizes), assigned)
+    starts = ends - np.minimum(sizes, ends)
+    edges = np.unique(np.concatenate([starts[sizes > 0], ends[sizes > 0] - 1]))[:count]
+    rng = np.random.default_rng(seed)
+    others = np.setdiff1d(np.arange(assigned), edges)
+    rest = rng.choice(others, size=count - len(edges), replace=False)
+    return np.sort(np.concatenate([edges, rest])).astype(np.int32)
+
+
+def sampled_group_sizes(group_sizes: Sequence[int], rows: np.ndarray) -> np.ndarray:
+    """How many of the sorted `rows` fall in each group: the group sizes of lhs[rows]."""
+    ends = np.cumsum(np.asarray(group_sizes, dtype=np.int64))
+    return np.diff(np.searchsorted(rows, ends), prepend=0).astype(np.int32)
+
+
 @dataclasses.dataclass
 class _Entry:
     inputs: Inputs
     sizes: dict[tuple[int, ...], jax.Array] = dataclasses.field(default_factory=dict)
-    references: dict[tuple[int, ...], jax.Array] = dataclasses.field(default_factory=dict)
+    references: dict[tuple[int, ...], Reference] = dataclasses.field(default_factory=dict)
     rotations: dict[tuple[tuple[int, ...], Timer], Rotation] = dataclasses.field(default_factory=dict)
 
     def arrays(self) -> list[jax.Array]:
         held = [a for pair in self.inputs.sets for a in pair] + list(self.sizes.values())
-        held += list(self.references.values())
+        held += [a for ref in self.references.values() for a in (ref.values, ref.rows)]
         held += [leaf for rotation in self.rotations.values() for leaf in jax.tree.leaves(rotation.sets)]
         return held
 
@@ -156,16 +204,17 @@ class InputCache:
         lhs, rhs = inputs.sets[0]
         return lhs, rhs, self.group_sizes(inputs, group_sizes)
 
-    def reference(self, inputs: Inputs, group_sizes: Sequence[int]) -> jax.Array:
-        """The float32 result on `verify_args(inputs, group_sizes)`, computed once per draw."""
+    def reference(self, inputs: Inputs, group_sizes: Sequence[int]) -> Reference:
+        """The float32 result on `verify_args(inputs, group_sizes)`, on `reference_rows`; once per draw."""
         entry = self._entry(inputs.problem, inputs.seed)
         sizes = tuple(int(s) for s in group_sizes)
         if sizes not in entry.references:
-            lhs, rhs, sizes_array = self.verify_args(inputs, sizes)
-            ref = reference.reference_grouped_matmul(
-                lhs, rhs, sizes_array, transpose_rhs=inputs.problem.transpose_rhs
-            )
-            entry.references[sizes] = jax.block_until_ready(ref)
+            lhs, rhs, _ = self.verify_args(inputs, sizes)
+            rows = reference_rows(inputs.problem, sizes, inputs.seed)
+            if len(rows) < inputs.problem.m:
+                lhs = lhs[jnp.asarray(rows)]
+            values = reference.reference_of(inputs.problem)(lhs, rhs, sampled_group_sizes(sizes, rows))
+            entry.references[sizes] = Reference(jax.block_until_ready(values), jnp.asarray(rows))
             self.made["reference"] += 1
         return entry.references[sizes]
 
@@ -200,7 +249,11 @@ def default_max_bytes(device: Any = None, share: float | None = None) -> int:
     fraction of the device this process holds; by default Ray's assignment, or all of it)."""
     device = device or jax.devices()[0]
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    # Under XLA_PYTHON_CLIENT_ALLOCATOR=platform (how sweeps share a GPU) jax reports no limit: then the
+    # device's total memory, from the driver, is the bound.
     limit = (stats or {}).get("bytes_limit")
+    if not limit and getattr(device, "platform", "cpu") != "cpu":
+        limit = fingerprint_of(device).memory_bytes
     if not limit:
         return HOST_CACHE_BYTES
     share = device_share() if share is None else share

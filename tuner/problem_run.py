@@ -36,7 +36,7 @@ class ProblemRun:
     backend: Backend
     source_hash: str
     strategy: Strategy | None  # None when skipped
-    timing_sizes: tuple[int, ...] = ()
+    timing_sizes: tuple[tuple[int, ...], ...] = ()  # one draw per routing
     verify_sizes: tuple[tuple[int, ...], ...] = ()
     routing: dict[str, Any] = dataclasses.field(default_factory=dict)
     budget: int | None = None

@@ -30,6 +30,11 @@ replaces (tests/tuner/test_custom_device_resource.py, with a fake `amd_gpu` on a
 Compile-only sweeps (backends that compile without their device, for a target this cluster may not
 have) use workers that hold no GPU: they run on CPU-only nodes as well, and never enter a lane.
 
+Affinity: each worker keeps the inputs, float32 references and timing rotations of the problems it
+served (tuner/input_cache.py), and rebuilding them is device work that holds up the worker's lane. So an
+idle worker that served the task's problem takes it first, then one that holds the same weights (another
+token count of the same projection), then any.
+
 Faults: a worker that dies (segfault, os._exit, OOM kill) yields a `crashed` result, one that passes
 its deadline is killed and yields `timeout`; either way a fresh worker takes its place and the sweep
 goes on. Ray never restarts or retries on its own (max_restarts=0), so every fault is seen here once.
@@ -58,6 +63,8 @@ OBJECT_STORE_BYTES = 256 * 2**20
 STARTUP_TIMEOUT_S = 300.0
 # Workers that die while starting, in a row, before the sweep gives up (a broken environment).
 MAX_START_FAILURES = 3
+# How many recent tasks per worker the scheduler remembers for affinity (about what its cache holds).
+AFFINITY_MEMORY = 4
 
 
 class PoolError(MoetuneError):
@@ -133,6 +140,24 @@ class _Slot:
     task: Task | None = None
     info: WorkerInfo | None = None
     ready_since: float = 0.0
+    served: deque[Task] = dataclasses.field(default_factory=lambda: deque(maxlen=AFFINITY_MEMORY))
+
+
+def affinity(slot: _Slot, task: Task) -> int:
+    """How much of `task`'s inputs `slot`'s worker likely holds: 2 its problem's, 1 its weights, 0 none."""
+    score = 0
+    for served in slot.served:
+        if served.problem == task.problem and getattr(served, "seed", 0) == getattr(task, "seed", 0):
+            return 2
+        if _weights_of(served) == _weights_of(task):
+            score = 1
+    return score
+
+
+def _weights_of(task: Task) -> tuple:
+    """What identifies a task's weight tensors (input_cache shares them across token counts)."""
+    p = task.problem
+    return (p.g, p.k, p.n, p.rhs_dtype, p.transpose_rhs, getattr(task, "seed", 0))
 
 
 def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
@@ -316,14 +341,18 @@ class RayExecutor(Executor):
         return time.monotonic() + self.timeout_s * configs
 
     def _dispatch(self) -> None:
-        for slot in self._slots:
-            if slot.phase == "idle" and self._queue:
-                slot.task = self._queue.popleft()
-                slot.phase, slot.ref, slot.deadline = (
-                    "prepare",
-                    slot.actor.prepare.remote(slot.task),
-                    self._deadline(slot.task),
-                )
+        idle = [slot for slot in self._slots if slot.phase == "idle"]
+        while idle and self._queue:
+            task = self._queue.popleft()
+            slot = max(idle, key=lambda s: affinity(s, task))  # ties: the first idle worker
+            idle.remove(slot)
+            slot.task = task
+            slot.served.append(task)
+            slot.phase, slot.ref, slot.deadline = (
+                "prepare",
+                slot.actor.prepare.remote(task),
+                self._deadline(task),
+            )
         waiting = sorted((s for s in self._slots if s.phase == "ready"), key=lambda s: s.ready_since)
         for slot in waiting:
             lane = slot.info.lane

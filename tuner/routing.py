@@ -8,6 +8,8 @@ tile is full and no expert is idle), so skewed draws matter:
     zipf:S          expert ranks drawn with P(rank r) ~ 1 / r**S over a random expert order
     FILE.npy        expert ids recorded from a real model, int array [T, top_k]; a draw takes M
                     consecutive ids from a random offset (wrapping around)
+    A,B             several routings (e.g. "balanced,zipf:1.2"): every candidate is timed on each, and
+                    its time is their mean, so one winner serves both (group sizes are not in the key)
 
 The driver computes all group sizes and ships them inside tasks, so workers never read routing files.
 """
@@ -75,13 +77,32 @@ class Routing:
             sizes = np.bincount(window, minlength=g)
         return sizes.astype(np.int32)
 
-    def describe(self, sizes: np.ndarray, *, seed: int) -> dict[str, Any]:
-        """What a trial row keeps about the routing it was timed on."""
-        return {"routing": str(self), "seed": seed, "group_sizes": [int(x) for x in sizes]}
+
+def parse_routings(text: str) -> tuple[Routing, ...]:
+    """One routing or several, comma-separated ("balanced,zipf:1.2"); each at most once."""
+    parts = [part for part in (p.strip() for p in text.split(",")) if part]
+    if not parts:
+        raise ConfigInvalid("routing is empty; use balanced, zipf:S, FILE.npy or several, comma-separated")
+    routings = tuple(Routing.parse(part) for part in parts)
+    if len(set(routings)) != len(routings):
+        raise ConfigInvalid(f"routing {text!r} names the same routing twice")
+    return routings
 
 
-def verification_draws(routing: Routing, m: int, g: int, *, seed: int, count: int) -> list[np.ndarray]:
-    """Group sizes to verify a candidate on: the timing draw first, then draws that stress the edges.
+def describe_routings(routings: tuple[Routing, ...], draws: list[np.ndarray], *, seed: int) -> dict[str, Any]:
+    """What a trial row keeps about the routings it was timed on: one list of group sizes per routing."""
+    return {
+        "routing": ",".join(str(r) for r in routings),
+        "seed": seed,
+        "group_sizes": [[int(x) for x in sizes] for sizes in draws],
+    }
+
+
+def verification_draws(
+    routings: tuple[Routing, ...], m: int, g: int, *, seed: int, count: int
+) -> list[np.ndarray]:
+    """Group sizes to verify a candidate on: each routing's timing draw first, then draws that stress the
+    edges (at least one, and `count` draws in all when that is more).
 
     The extra draws are uniformly random and leave the last rows unassigned (as a padded token bucket
     does), so the check that rows past sum(group_sizes) are zero has rows to look at; alternate draws
@@ -89,9 +110,9 @@ def verification_draws(routing: Routing, m: int, g: int, *, seed: int, count: in
     """
     if count < 2:
         raise ConfigInvalid(f"verify_draws={count}: verify on at least two routing draws")
-    draws = [routing.group_sizes(m, g, seed=seed)]
+    draws = [routing.group_sizes(m, g, seed=seed) for routing in routings]
     rng = np.random.default_rng(seed + 1)
-    for i in range(1, count):
+    for i in range(1, max(count, len(draws) + 1) - len(draws) + 1):
         assigned = m - max(1, m // 8) if m > 1 else m
         probabilities = np.full(g, 1.0 / g)
         if g > 1 and i % 2 == 1:

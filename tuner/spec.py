@@ -11,7 +11,8 @@ Example sweep file:
     token_buckets: [1, 16, 256, 4096]
     strategy: tpe
     budget: 64
-    routing: zipf:1.2
+    routing: [balanced, zipf:1.2]    # each candidate timed on both; its time is their mean
+    space: {block_k: [64, 128]}      # optional: narrower domains for some parameters
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import yaml
 
 from moetune.kernels.errors import ConfigInvalid
+from moetune.tuner.routing import parse_routings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +42,10 @@ class SweepSpec:
     budget: int | None = None  # trials per problem
     minutes: float | None = None  # wall clock for the whole sweep
     seed: int = 0
+    # Narrower domains for some parameters, e.g. {"block_n": [128, 256]}; the rest keep the backend's.
+    space: dict[str, Any] | None = None
     # How to measure.
-    routing: str = "balanced"
+    routing: str = "balanced"  # one routing or several, comma-separated (tuner/routing.py)
     timeout_s: float = 120.0
     runs: int = 10
     verify_draws: int = 2
@@ -75,6 +79,9 @@ class SweepSpec:
             )
         if not 0 <= self.min_gain < 1:
             raise ConfigInvalid(f"min_gain={self.min_gain!r} must be a fraction in [0, 1)")
+        if self.space is not None and not isinstance(self.space, dict):
+            raise ConfigInvalid(f"space={self.space!r} must be a mapping of parameter -> values")
+        parse_routings(self.routing)  # a bad routing fails here, before anything is started or written
         if self.compile_only and self.strategy == "tpe":
             raise ConfigInvalid("a compile-only sweep has no times for tpe to learn from; use grid or random")
         for name in ("models", "problems", "token_buckets"):
@@ -104,6 +111,8 @@ class SweepSpec:
             raise ConfigInvalid(
                 f"{source}: unknown sweep fields {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
+        if isinstance(data.get("routing"), (list, tuple)):  # routing: [balanced, zipf:1.2]
+            data["routing"] = ",".join(str(r) for r in data["routing"])
         for name in ("models", "problems", "token_buckets"):
             if name in data and not isinstance(data[name], (list, tuple)):
                 raise ConfigInvalid(f"{source}: {name} must be a list")

@@ -13,7 +13,7 @@ from typing import Any
 from moetune.kernels import registry
 from moetune.kernels.backend import Backend
 from moetune.kernels.device import DeviceFingerprint, compile_only_device
-from moetune.kernels.errors import ConfigInvalid, Unsupported
+from moetune.kernels.errors import ConfigInvalid, MoetuneError, Unsupported
 from moetune.tuner.executors import Executor, InlineExecutor
 from moetune.tuner.plan import PlannedProblem, dedupe, load_model, parse_problem
 from moetune.tuner.spec import SweepSpec
@@ -71,10 +71,19 @@ def _short(problem: Any) -> str:
     return f"m={problem.m},k={problem.k},n={problem.n},g={problem.g}"
 
 
+class NothingToTune(MoetuneError):
+    """--misses / --stale found nothing: every such problem has a current winner. Not an error."""
+
+
 def resolve_problems(
     spec: SweepSpec, store: Any, backend: Backend, device: DeviceFingerprint
 ) -> list[PlannedProblem]:
     planned = dedupe(model_problems(spec) + store_problems(spec, store, backend, device))
+    if not planned and (spec.misses or spec.stale) and not (spec.models or spec.problems):
+        asked = " or ".join(name for name, on in (("missed", spec.misses), ("stale", spec.stale)) if on)
+        raise NothingToTune(
+            f"nothing {asked} on {device.device_kind} for backend {backend.name}: every winner is current"
+        )
     if not planned:
         raise ConfigInvalid(
             "nothing to tune: give --model, --problem, --misses or --stale (or a sweep file that names them)"
@@ -160,6 +169,18 @@ def make_executor(spec: SweepSpec, *, inline: bool = False) -> tuple[Executor, b
         if started:
             ray_pool.disconnect()
         raise
+
+
+def check_space(spec: SweepSpec, backend: Any, planned: list[PlannedProblem], device: Any) -> None:
+    """Fail before anything is written when the sweep's `space:` does not fit the backend's space."""
+    if not spec.space:
+        return
+    for p in planned:
+        try:
+            backend.search_space(p.problem, device).restricted(spec.space)
+        except Unsupported:
+            continue  # the driver skips such problems, with the reason
+        return  # the domains' names and values are the same for every problem of one backend
 
 
 def create_sweep(

@@ -47,11 +47,14 @@ class CandidateTask:
     backend: str
     problem: Problem
     config: dict[str, Any]
-    timing_sizes: tuple[int, ...]  # group sizes the candidate is timed on
+    timing_sizes: tuple[tuple[int, ...], ...]  # group sizes the candidate is timed on, one per routing
     verify_sizes: tuple[tuple[int, ...], ...]  # group sizes of each verification draw
     runs: int = 10
     seed: int = 0
     label: str = ""
+    # Time with this backend's timer instead of the task's own (a baseline borrows the sweep backend's,
+    # when that timer takes any JAX program), so that both sides of a speedup are timed alike.
+    timer_backend: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +65,7 @@ class RetimeTask:
     backend: str
     problem: Problem
     configs: tuple[dict[str, Any], ...]
-    timing_sizes: tuple[int, ...]
+    timing_sizes: tuple[tuple[int, ...], ...]
     rounds: int = 5
     runs_per_round: int = 4
     seed: int = 0

@@ -6,6 +6,13 @@ fresh temporary SQLite databases, so neither skips configs the other did. The Ra
 its driver never opens the device, so the workers have it to themselves; the sequential run follows
 in this process once the workers are gone. Ray's start-up (cluster and workers) is reported apart:
 it is paid once per sweep, not per variant.
+
+The sequential run may take only the first `sequential_budget` candidates of each problem (the grid's
+order is the same in both runs, so they are the same candidates): one by one, a large budget would take
+most of a device session, and a rate per minute needs no more than a few dozen variants.
+
+Each mode also reports its best candidate per problem: two Ray runs of the same spec on different
+clusters (one GPU, two GPUs) must agree on them within noise.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from typing import Any
 
 from moetune.tuner.driver import SweepDriver
 from moetune.tuner.plan import PlannedProblem
-from moetune.tuner.progress import Progress
+from moetune.tuner.progress import default_progress
 from moetune.tuner.spec import SweepSpec
 
 
@@ -33,6 +40,7 @@ class ModeResult:
     startup_s: float
     mean_compile_s: float | None
     statuses: dict[str, int]
+    best: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # problem key -> best trial
 
     @property
     def per_minute(self) -> float:
@@ -59,16 +67,34 @@ class ThroughputResult:
         return data
 
 
+def _best_per_problem(trials: list[Any]) -> dict[str, dict[str, Any]]:
+    best: dict[str, dict[str, Any]] = {}
+    for t in trials:
+        if t.status == "ok" and t.median_s is not None:
+            key = t.problem.key
+            if key not in best or t.median_s < best[key]["median_s"]:
+                best[key] = {"config": t.config, "median_s": t.median_s}
+    return best
+
+
 def _sweep(
-    executor: Any, spec: SweepSpec, backend: str, planned: list[PlannedProblem], db_dir: str, mode: str
-) -> tuple[int, float, dict[str, int], float | None]:
+    executor: Any,
+    spec: SweepSpec,
+    backend: str,
+    planned: list[PlannedProblem],
+    db_dir: str,
+    mode: str,
+    *,
+    workers: int,
+    startup_s: float = 0.0,
+) -> ModeResult:
     from moetune.db import open_store
 
     with open_store(f"sqlite:///{Path(db_dir) / f'{mode}.db'}") as store:
         sweep_id = store.create_sweep(
             backend=backend, strategy=spec.strategy, spec={"bench": mode}, host="", user=""
         )
-        driver = SweepDriver(store, executor, spec, backend=backend, progress=Progress())
+        driver = SweepDriver(store, executor, spec, backend=backend, progress=default_progress())
         start = time.perf_counter()
         driver.run(planned, sweep_id=sweep_id)
         elapsed = time.perf_counter() - start
@@ -77,13 +103,22 @@ def _sweep(
     for t in trials:
         statuses[t.status] = statuses.get(t.status, 0) + 1
     compiles = [t.compile_s for t in trials if t.compile_s is not None]
-    return len(trials), elapsed, statuses, statistics.mean(compiles) if compiles else None
+    mean_compile = statistics.mean(compiles) if compiles else None
+    return ModeResult(
+        mode, workers, len(trials), elapsed, startup_s, mean_compile, statuses, _best_per_problem(trials)
+    )
 
 
 def measure(
-    spec: SweepSpec, planned: list[PlannedProblem], backend_name: str | None = None
+    spec: SweepSpec,
+    planned: list[PlannedProblem],
+    backend_name: str | None = None,
+    *,
+    sequential_budget: int | None = None,
+    sequential: bool = True,
 ) -> ThroughputResult:
-    """Run `spec` on Ray, then in-process; `spec.budget` caps the candidates per problem."""
+    """Run `spec` on Ray, then in-process (unless `sequential` is False); `spec.budget` caps the candidates
+    per problem, `sequential_budget` those of the in-process run."""
     from moetune.tuner import ray_pool, sweep_setup
     from moetune.tuner.executors import InlineExecutor
 
@@ -99,21 +134,27 @@ def measure(
             startup = time.perf_counter() - start
             try:
                 backend = sweep_setup.resolve_backend(backend_name or spec.backend, executor.device)
-                ray_run = _sweep(executor, spec, backend.name, planned, db_dir, "ray")
-                device_kind, workers = executor.device.device_kind, executor.workers
+                ray_mode = _sweep(
+                    executor,
+                    spec,
+                    backend.name,
+                    planned,
+                    db_dir,
+                    "ray",
+                    workers=executor.workers,
+                    startup_s=startup,
+                )
+                device_kind = executor.device.device_kind
             finally:
                 executor.close()
         finally:
             if started:
                 ray_pool.disconnect()
-        inline = InlineExecutor()
-        sequential_run = _sweep(inline, spec, backend.name, planned, db_dir, "sequential")
-    return ThroughputResult(
-        backend.name,
-        device_kind,
-        len(planned),
-        ModeResult("ray", workers, ray_run[0], ray_run[1], startup, ray_run[3], ray_run[2]),
-        ModeResult(
-            "sequential", 1, sequential_run[0], sequential_run[1], 0.0, sequential_run[3], sequential_run[2]
-        ),
-    )
+        sequential_mode = ModeResult("sequential", 1, 0, 0.0, 0.0, None, {})
+        if sequential:
+            budgets = [b for b in (spec.budget, sequential_budget) if b is not None]
+            one_by_one = dataclasses.replace(spec, budget=min(budgets) if budgets else None)
+            sequential_mode = _sweep(
+                InlineExecutor(), one_by_one, backend.name, planned, db_dir, "sequential", workers=1
+            )
+    return ThroughputResult(backend.name, device_kind, len(planned), ray_mode, sequential_mode)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from moetune.kernels.device import DeviceFingerprint
-from moetune.kernels.errors import Unsupported
+from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.mosaic_gpu import hardware, tiling
 from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C
 from moetune.kernels.problem import Problem
@@ -160,3 +160,18 @@ def test_heuristic_picks_by_rows_per_expert():
     assert space.heuristic(DECODE, HOPPER).block_m == 64
     assert space.heuristic(GATE_UP, HOPPER).cta_m == 128
     assert space.heuristic(GATE_UP, HOPPER).cta_n == 256
+
+
+def test_a_sweep_may_narrow_some_domains_to_subsets():
+    full = space.space(GATE_UP, HOPPER)
+    narrow = full.restricted({"block_n": [256, 128], "split_k": 1, "persistent": [False]})
+    assert narrow.domains["block_n"] == (256, 128) and narrow.domains["split_k"] == (1,)
+    assert narrow.domains["block_m"] == full.domains["block_m"]
+    assert narrow.size * 3 == full.size  # block_n 3 -> 2 values, persistent 2 -> 1: x 2/3 x 1/2
+    assert full.restricted(None) is full
+    with pytest.raises(ConfigInvalid, match="'blok_n' is not a parameter"):
+        full.restricted({"blok_n": [128]})
+    with pytest.raises(ConfigInvalid, match="not a non-empty subset"):
+        full.restricted({"block_n": [96]})
+    with pytest.raises(ConfigInvalid, match="not a non-empty subset"):
+        full.restricted({"block_n": []})

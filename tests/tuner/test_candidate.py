@@ -6,14 +6,14 @@ import statistics
 
 from moetune.kernels.problem import Problem
 from moetune.tuner.candidate import CandidateRunner, Prepared
-from moetune.tuner.routing import Routing, verification_draws
+from moetune.tuner.routing import parse_routings, verification_draws
 from moetune.tuner.tasks import CandidateResult, CandidateTask, RetimeTask
 
 PROBLEM = Problem("grouped_matmul", m=64, k=32, n=64, g=4, lhs_dtype="f32", rhs_dtype="f32", out_dtype="f32")
-ROUTING = Routing.parse("zipf:1.2")
-TIMING = tuple(int(x) for x in ROUTING.group_sizes(PROBLEM.m, PROBLEM.g, seed=0))
+ROUTINGS = parse_routings("zipf:1.2")
+TIMING = tuple(tuple(int(x) for x in r.group_sizes(PROBLEM.m, PROBLEM.g, seed=0)) for r in ROUTINGS)
 DRAWS = tuple(
-    tuple(int(x) for x in d) for d in verification_draws(ROUTING, PROBLEM.m, PROBLEM.g, seed=0, count=2)
+    tuple(int(x) for x in d) for d in verification_draws(ROUTINGS, PROBLEM.m, PROBLEM.g, seed=0, count=2)
 )
 
 
@@ -85,9 +85,9 @@ def test_candidates_of_a_problem_share_one_reference_per_draw_and_one_rotation(m
     other = Problem(
         "grouped_matmul", m=32, k=32, n=64, g=4, lhs_dtype="f32", rhs_dtype="f32", out_dtype="f32"
     )
-    other_timing = tuple(int(x) for x in ROUTING.group_sizes(other.m, other.g, seed=0))
+    other_timing = tuple(tuple(int(x) for x in r.group_sizes(other.m, other.g, seed=0)) for r in ROUTINGS)
     other_draws = tuple(
-        tuple(int(x) for x in d) for d in verification_draws(ROUTING, other.m, other.g, seed=0, count=2)
+        tuple(int(x) for x in d) for d in verification_draws(ROUTINGS, other.m, other.g, seed=0, count=2)
     )
     configs = [
         {"strategy": "ragged_dot"},
@@ -102,3 +102,72 @@ def test_candidates_of_a_problem_share_one_reference_per_draw_and_one_rotation(m
     assert len(set(DRAWS)) == len(set(other_draws)) == 2
     assert counts == {"reference": 4, "rotation": 2}  # one per (problem, draw); one per problem
     assert runner.cache.made["inputs"] == 2
+
+
+def test_several_routings_each_sample_is_the_mean_of_one_run_on_each(monkeypatch):
+    from moetune.kernels.timing import WallTimer
+
+    # A timer whose "time" is the number of rows routed to expert 0: balanced and skewed draws differ.
+    def fake_time(self, fn, rotation, runs):
+        sizes = rotation.sets[0][2]
+        return [float(sizes[0]) + i for i in range(runs)]
+
+    monkeypatch.setattr(WallTimer, "time", fake_time)
+    routings = parse_routings("balanced,zipf:1.2")
+    timing = tuple(tuple(int(x) for x in r.group_sizes(PROBLEM.m, PROBLEM.g, seed=0)) for r in routings)
+    assert timing[0][0] != timing[1][0]
+    mixed = CandidateTask("m", "xla", PROBLEM, {"strategy": "ragged_dot"}, timing, DRAWS, runs=10)
+    result = CandidateRunner("w").evaluate(mixed)
+    assert result.status == "ok", result.error
+    assert list(result.samples_s) == [(timing[0][0] + timing[1][0]) / 2 + i for i in range(10)]
+
+
+def test_the_device_phase_compiles_nothing_and_makes_no_inputs():
+    # On a GPU, every XLA program that first runs inside `run` holds the device's lane while it compiles:
+    # inputs, references, rotations and the check's programs must all be made in `prepare`.
+    import jax
+
+    compiles: list[str] = []
+
+    def listener(event: str, duration: float, **kwargs) -> None:
+        if event == "/jax/compilation_cache/compile_requests_use_cache" or "backend_compile" in event:
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        runner = CandidateRunner("w")
+        prepared = runner.prepare(task("xla", {"strategy": "chunked", "chunk_m": 8, "items_per_step": 2}))
+        assert isinstance(prepared, Prepared) and compiles
+        made = dict(runner.cache.made)
+        compiles.clear()
+        result = runner.run(prepared)
+        assert result.status == "ok", result.error
+        assert dict(runner.cache.made) == made
+        assert compiles == []
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def test_a_baseline_is_timed_with_the_sweep_backends_timer_when_that_timer_takes_any_jax_program(monkeypatch):
+    from moetune.kernels.timing import WallTimer
+
+    class Marked(WallTimer):
+        def __init__(self, mark: float, any_program: bool) -> None:
+            super().__init__()
+            self.mark, self.times_any_jax_program = mark, any_program
+
+        def time(self, fn, arg_sets, *, runs=10):
+            return [self.mark] * runs
+
+    timers = {
+        "xla": Marked(1.0, True),
+        "cupti_like": Marked(2.0, True),
+        "code_object_only": Marked(3.0, False),
+    }
+    monkeypatch.setattr(CandidateRunner, "_timer", lambda self, backend: timers[backend])
+    for borrowed, expected in (("", 1.0), ("cupti_like", 2.0), ("code_object_only", 1.0)):
+        baseline = CandidateTask(
+            "b", "xla", PROBLEM, {"strategy": "ragged_dot"}, TIMING, DRAWS, runs=10, timer_backend=borrowed
+        )
+        result = CandidateRunner("w").evaluate(baseline)
+        assert result.status == "ok" and set(result.samples_s) == {expected}, (borrowed, result)

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from moetune.db import open_store
 from moetune.kernels import registry
 from moetune.kernels.device import current_fingerprint
+from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.plan import load_model, parse_problem
 
@@ -110,3 +111,26 @@ def test_compile_only_through_the_cli(sqlite_url, sim):
     assert all(t.routing is None and t.details["target"] == "sim-arch" for t in trials)
     assert invoke(*args, "--arch", "gfx942", "--inline").output.count("not one of sim-arch") == 1
     assert "use grid or random" in invoke(*args, "--strategy", "tpe", "--inline").output
+
+
+def test_a_sweep_space_outside_the_backends_domains_fails_before_any_sweep_is_written(sqlite_url, tmp_path):
+
+    sweep = tmp_path / "narrow.yaml"
+    sweep.write_text(f"backend: xla\nproblem: {PROBLEM}\nspace: {{strategy: [ragged_dot, magic]}}\n")
+    result = invoke("tune", "--sweep", str(sweep), "--inline", "--db", sqlite_url)
+    assert result.exit_code == 2 and "not a non-empty subset" in result.output, result.output
+    with open_store(sqlite_url) as store:
+        with pytest.raises(MoetuneError, match="no sweep"):
+            store.get_sweep(1)
+    sweep.write_text(f"backend: xla\nproblem: {PROBLEM}\nstrategy: grid\nspace: {{strategy: [ragged_dot]}}\n")
+    result = invoke("tune", "--sweep", str(sweep), "--inline", "--no-baseline", "--db", sqlite_url)
+    assert result.exit_code == 0, result.output
+    with open_store(sqlite_url) as store:
+        assert {t.config["strategy"] for t in store.trials()} == {"ragged_dot"}
+
+
+def test_stale_or_misses_with_nothing_to_do_is_not_an_error(sqlite_url):
+    for args in (["--stale"], ["--misses"], ["--stale", "--dry-run"]):
+        result = invoke("tune", *args, "--backend", "xla", "--inline", "--db", sqlite_url)
+        assert result.exit_code == 0, result.output
+        assert "every winner is current" in result.output

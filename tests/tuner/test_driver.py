@@ -160,8 +160,12 @@ def test_minutes_budget_stops_asking(store, sim):
         clock=lambda: next(clock),
         poll_s=0,
     )
-    driver.run([PROBLEM], sweep_id=sweep_id)
+    late = parse_problem("m=16,k=64,n=64,g=4,dtype=bf16")
+    outcome = driver.run([PROBLEM, late], sweep_id=sweep_id)
     assert 0 < len(sim_trials(store, sweep_id=sweep_id)) < 8
+    first, second = outcome.problems
+    assert "not reached" not in first.decision
+    assert second.decision.startswith("not reached: the sweep's --minutes ran out")
 
 
 def test_misses_and_stale_winners_become_problems(store, sim):
@@ -252,3 +256,17 @@ def test_compile_only_sweep_finds_duplicates_among_earlier_sweeps_details(store,
     assert 6 in second and not set(first) & set(second)
     assert second[6].details["duplicate_of"] == first[5].id
     assert all("duplicate_of" not in r.details for t, r in second.items() if t != 6)
+
+
+def test_the_baseline_borrows_the_sweep_backends_timer(store, sim):
+    tasks: list[CandidateTask] = []
+
+    def noting(task):
+        if isinstance(task, CandidateTask):
+            tasks.append(task)
+        return sim_backend.simulate(task)
+
+    sweep(store, runner=noting, budget=2)
+    baselines = [t for t in tasks if t.backend == "xla"]
+    assert len(baselines) == 1 and baselines[0].timer_backend == "sim"
+    assert all(t.timer_backend == "" for t in tasks if t.backend == "sim")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -49,7 +51,8 @@ def test_references_and_rotations_are_made_once_per_draw_and_timer():
     cache = InputCache()
     inputs = cache.inputs(problem(32), 0)
     ref = cache.reference(inputs, SIZES)
-    assert ref.dtype == jnp.float32 and ref.shape == (32, 48)
+    assert ref.values.dtype == jnp.float32 and ref.values.shape == (32, 48)  # every row, the tail's zero
+    assert not np.asarray(ref.values)[sum(SIZES) :].any()
     assert cache.reference(inputs, list(SIZES)) is ref
     assert cache.reference(inputs, (8, 8, 8, 8)) is not ref
     assert cache.made["reference"] == 2
@@ -85,8 +88,9 @@ def test_several_problems_stay_until_the_byte_bound_evicts_the_oldest():
 
 
 class _Device:
-    def __init__(self, stats):
+    def __init__(self, stats, platform="cpu"):
         self._stats = stats
+        self.platform = platform
 
     def memory_stats(self):
         return self._stats
@@ -98,3 +102,14 @@ def test_the_default_bound_is_a_share_of_device_memory():
     shared = input_cache.default_max_bytes(_Device({"bytes_limit": limit}), share=0.25)
     assert shared == pytest.approx(limit * 0.25 * input_cache.DEVICE_CACHE_FRACTION, abs=1)
     assert input_cache.device_share() == 1.0  # no Ray worker here
+
+
+def test_without_an_allocator_limit_a_gpu_is_bounded_by_its_total_memory(monkeypatch):
+    # XLA_PYTHON_CLIENT_ALLOCATOR=platform: jax reports no bytes_limit; the driver's total memory counts.
+    total = 141 << 30
+    monkeypatch.setattr(
+        input_cache, "fingerprint_of", lambda device: types.SimpleNamespace(memory_bytes=total)
+    )
+    bound = input_cache.default_max_bytes(_Device({}, platform="gpu"), share=0.5)
+    assert bound == pytest.approx(total * 0.5 * input_cache.DEVICE_CACHE_FRACTION, abs=1)
+    assert input_cache.default_max_bytes(_Device({}, platform="cpu")) == input_cache.HOST_CACHE_BYTES

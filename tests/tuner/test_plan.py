@@ -116,6 +116,14 @@ def test_sweep_file_flags_override(tmp_path):
     assert SweepSpec.from_dict(merged.to_dict()) == merged
 
 
+def test_a_routing_list_in_a_sweep_file_means_several_routings(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("routing: [balanced, zipf:1.2]\n")
+    spec, _ = load_sweep_file(str(path))
+    assert spec.routing == "balanced,zipf:1.2"
+    assert SweepSpec.from_dict(spec.to_dict()) == spec
+
+
 def test_shipped_sweep_files_load():
     names = shipped_sweep_names()
     assert "quickstart" in names
@@ -133,6 +141,8 @@ def test_shipped_sweep_files_load():
         ({"min_gain": 2}, "min_gain"),
         ({"budget": 0}, "budget=0"),
         ({"models": "tiny"}, "models must be a list"),
+        ({"routing": "zipf:1.2,skewed"}, "routing 'skewed'"),
+        ({"routing": ["balanced", "balanced"]}, "same routing twice"),
     ],
 )
 def test_bad_sweep_settings(data, message):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from moetune.kernels.errors import ConfigInvalid
-from moetune.tuner.routing import Routing, verification_draws
+from moetune.tuner.routing import Routing, describe_routings, parse_routings, verification_draws
 
 
 def test_balanced_splits_evenly_with_the_remainder_first():
@@ -64,9 +64,32 @@ def test_bad_routing_specs(text):
 
 def test_verification_draws_include_padding_rows_and_an_empty_expert():
     routing = Routing.parse("balanced")
-    draws = verification_draws(routing, 64, 4, seed=0, count=3)
+    draws = verification_draws((routing,), 64, 4, seed=0, count=3)
     assert draws[0].tolist() == routing.group_sizes(64, 4, seed=0).tolist()
     assert all(d.sum() < 64 for d in draws[1:])  # rows past sum(group_sizes) exist to be checked
     assert (draws[1] == 0).any()
     with pytest.raises(ConfigInvalid, match="at least two"):
-        verification_draws(routing, 64, 4, seed=0, count=1)
+        verification_draws((routing,), 64, 4, seed=0, count=1)
+
+
+def test_several_routings_parse_in_order_and_each_at_most_once():
+    routings = parse_routings(" balanced , zipf:1.2")
+    assert [str(r) for r in routings] == ["balanced", "zipf:1.2"]
+    with pytest.raises(ConfigInvalid, match="twice"):
+        parse_routings("zipf:1.2,zipf:1.2")
+    with pytest.raises(ConfigInvalid, match="empty"):
+        parse_routings(" , ")
+    with pytest.raises(ConfigInvalid, match="zipf exponent"):
+        parse_routings("balanced,zipf:x")
+
+
+def test_several_routings_verify_on_each_timing_draw_then_an_edge_draw():
+    routings = parse_routings("balanced,zipf:1.2")
+    draws = verification_draws(routings, 64, 4, seed=3, count=2)
+    assert len(draws) == 3
+    assert draws[0].tolist() == routings[0].group_sizes(64, 4, seed=3).tolist()
+    assert draws[1].tolist() == routings[1].group_sizes(64, 4, seed=3).tolist()
+    assert draws[2].sum() < 64 and (draws[2] == 0).any()
+    described = describe_routings(routings, draws[:2], seed=3)
+    assert described["routing"] == "balanced,zipf:1.2"
+    assert described["group_sizes"] == [d.tolist() for d in draws[:2]]

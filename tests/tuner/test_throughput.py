@@ -20,3 +20,15 @@ def test_ray_and_sequential_runs_time_the_same_candidates(ray_cluster):
         assert mode.per_minute > 0 and mode.mean_compile_s > 0
     assert result.ray.workers == 2 and result.sequential.workers == 1
     assert result.to_dict()["speedup"] == pytest.approx(result.ray.per_minute / result.sequential.per_minute)
+
+
+def test_the_one_by_one_run_can_take_the_first_candidates_only_and_each_mode_reports_its_best(ray_cluster):
+    spec = SweepSpec(backend="xla", models=("tiny",), token_buckets=(8,), budget=3, workers=2)
+    result = measure(spec, model_problems(spec), sequential_budget=1)
+    assert result.ray.variants == 6 and result.sequential.variants == 2
+    keys = {p.problem.key for p in model_problems(spec)}
+    for mode in (result.ray, result.sequential):
+        assert set(mode.best) == keys
+        assert all(best["median_s"] > 0 and best["config"] for best in mode.best.values())
+    only_ray = measure(spec, model_problems(spec), sequential=False)
+    assert only_ray.sequential.variants == 0 and only_ray.speedup == 0.0

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +11,7 @@ import typer
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
 from moetune.tuner.cli.bench_model import bench_model_command
-from moetune.tuner.cli.common import console, fail
+from moetune.tuner.cli.common import console, fail, json_text
 
 bench_app = typer.Typer(
     help="Benchmarks: the tuner's throughput, a MoE model end to end.", no_args_is_help=True
@@ -38,6 +37,18 @@ def bench_tuner(
     ] = None,
     ray_address: Annotated[str | None, typer.Option("--ray-address", help="Join this Ray cluster.")] = None,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="Per candidate and phase.")] = 300.0,
+    routing: Annotated[str, typer.Option("--routing", help="As for `moetune tune`.")] = "balanced",
+    sequential_budget: Annotated[
+        int | None,
+        typer.Option(
+            "--sequential-budget",
+            help="Candidates per problem of the one-by-one run, the first of the same grid "
+            "(default: --budget).",
+        ),
+    ] = None,
+    no_sequential: Annotated[
+        bool, typer.Option("--no-sequential", help="Only the Ray run (e.g. to compare clusters).")
+    ] = False,
     out: Annotated[Path | None, typer.Option("--out", help="Also write the result as JSON here.")] = None,
 ) -> None:
     """Variants per minute (compiled + verified + timed): a Ray sweep vs the same candidates in-process."""
@@ -58,8 +69,11 @@ def bench_tuner(
             workers=workers,
             ray_address=ray_address,
             timeout_s=timeout_s,
+            routing=routing,
         )
-        result = measure(spec, model_problems(spec))
+        result = measure(
+            spec, model_problems(spec), sequential_budget=sequential_budget, sequential=not no_sequential
+        )
     except MoetuneError as e:
         fail(str(e))
     from rich.table import Table
@@ -96,5 +110,5 @@ def bench_tuner(
         f"ray / sequential: {result.speedup:.2f}x variants per minute", markup=False, highlight=False
     )
     if out is not None:
-        out.write_text(json.dumps(result.to_dict(), indent=1, sort_keys=True))
+        out.write_text(json_text(result.to_dict(), indent=1, sort_keys=True))
         console.print(f"wrote {out}", markup=False, highlight=False)

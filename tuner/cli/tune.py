@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Annotated, Any
 
@@ -11,7 +10,7 @@ from rich.console import Console
 
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import console, err_console, fail
+from moetune.tuner.cli.common import console, err_console, fail, json_text
 
 # Flags that may change when a sweep resumes: where it runs, not what it measures.
 RESUMABLE = {"db", "ray_address", "workers", "minutes"}
@@ -51,7 +50,12 @@ def tune(
         float | None, typer.Option("--minutes", help="Wall-clock budget of the whole sweep.")
     ] = None,
     routing: Annotated[
-        str | None, typer.Option("--routing", help="balanced, zipf:S or FILE.npy of expert ids [T, top_k].")
+        str | None,
+        typer.Option(
+            "--routing",
+            help="balanced, zipf:S or FILE.npy of expert ids [T, top_k]; several comma-separated "
+            "(balanced,zipf:1.2): each candidate is timed on each, its time is their mean.",
+        ),
     ] = None,
     timeout_s: Annotated[
         float | None, typer.Option("--timeout-s", help="Per candidate and phase (compile; verify+time).")
@@ -167,7 +171,14 @@ def _run(spec, planned, *, resume_id, sweep_file, dry_run: bool, inline: bool, a
         try:
             backend, device, target = sweep_setup.resolve_target(spec, executor.device)
             if planned is None:
-                planned = sweep_setup.resolve_problems(spec, store, backend, device)
+                try:
+                    planned = sweep_setup.resolve_problems(spec, store, backend, device)
+                except sweep_setup.NothingToTune as e:
+                    err_console.print(str(e), markup=False, highlight=False)
+                    if as_json:
+                        typer.echo(json_text({"sweep_id": None, "nothing_to_tune": str(e), "problems": []}))
+                    return
+            sweep_setup.check_space(spec, backend, planned, device)
             if resume_id is None:
                 sweep_id = sweep_setup.create_sweep(store, spec, backend, planned, device, sweep_file)
             else:
@@ -214,13 +225,17 @@ def _dry_run(spec, planned, store, as_json: bool) -> None:
     # No cluster is started for a plan: this machine's device stands in for the workers'.
     backend, device, _ = sweep_setup.resolve_target(spec, current_fingerprint())
     if planned is None:
-        planned = sweep_setup.resolve_problems(spec, store, backend, device)
+        try:
+            planned = sweep_setup.resolve_problems(spec, store, backend, device)
+        except sweep_setup.NothingToTune as e:
+            err_console.print(str(e), markup=False, highlight=False)
+            return
     workers = spec.workers or len(os.sched_getaffinity(0))
     plan = make_plan(spec, planned, store, backend.name, device, workers=workers)
     if as_json:
         rows = [vars(r) for r in plan.rows]
         typer.echo(
-            json.dumps(
+            json_text(
                 {
                     "backend": backend.name,
                     "device": device.device_kind,
@@ -257,7 +272,7 @@ def _print_outcome(outcome, as_json: bool) -> None:
     rows = outcome_rows(outcome)
     if as_json:
         result = {"sweep_id": outcome.sweep_id, "status": outcome.status, "problems": rows}
-        typer.echo(json.dumps(result, indent=1, default=str))
+        typer.echo(json_text(result, indent=1, default=str))
         return
     from rich.table import Table
 

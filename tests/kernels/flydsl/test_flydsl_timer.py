@@ -66,7 +66,7 @@ def fake_hip(monkeypatch, mode: str) -> None:
 
 
 def run_candidate(kernel: CodeObjectKernel):
-    task = CandidateTask("t", "flydsl", PROBLEM, CONFIG, (20, 0, 17), ((16, 16, 16),), runs=5)
+    task = CandidateTask("t", "flydsl", PROBLEM, CONFIG, ((20, 0, 17),), ((16, 16, 16),), runs=5)
     return CandidateRunner("w").run(Prepared(task, [kernel], [""], 0.1, now()))
 
 
