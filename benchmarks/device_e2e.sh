@@ -1,77 +1,115 @@
 #!/usr/bin/env bash
-# End to end on one GPU machine, in one call (the device lease is short): a real Ray sweep through
-# `moetune tune`, the config pack export, the HTML report, a --resume re-run that must repeat nothing,
-# the tuner throughput benchmark, and the GPU tests. Every step is time-boxed and logged under $OUT.
+# End to end on the GPU machine, in one device call (600 s at most):
+#   GPU 0: the Mixtral sweep through `moetune tune` on a local Ray cluster (every token bucket, both GEMMs,
+#          each candidate timed on balanced and Zipf routing), the pack export, the HTML report, a --resume
+#          and a --stale re-run that must repeat nothing, then the shipped-pack dispatch test on the new pack;
+#   GPU 1 (nvidia-h200-x2): at the same time, the exhaustive grid of a narrowed space on four problems (two
+#          decode, two prefill), compared with the sweep's winners (benchmarks/compare_grid.py).
+# Every step is time-boxed; logs and artifacts land under $OUT (bundled: a call returns at most 8 files).
 #
-# On the H200 (from the repository root, with .devdeps carried; see benchmarks/README.md):
+# On the GPU machine, from the repository root with .devdeps carried:
 #   bash benchmarks/device_e2e.sh
-# A CPU dry run of the same plumbing:
-#   OUT=/tmp/e2e E2E_MODEL=tiny E2E_BUCKETS=1,64 E2E_BACKEND=xla E2E_SKIP_GPU_TESTS=1 bash benchmarks/device_e2e.sh
+# A CPU rehearsal of the same plumbing:
+#   OUT=/tmp/e2e E2E_MODEL=tiny E2E_BUCKETS=1,64 E2E_BACKEND=xla E2E_SKIP_GPU_TESTS=1 E2E_SKIP_GRID=1 bash benchmarks/device_e2e.sh
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for logs and artifacts}
+mkdir -p "$OUT"
+source benchmarks/device_env.sh
 MODEL=${E2E_MODEL:-mixtral-8x7b}
 BUCKETS=${E2E_BUCKETS:-}
 BACKEND=${E2E_BACKEND:-mosaic_gpu}
-BUDGET=${E2E_BUDGET:-12}
-WORKERS=${E2E_WORKERS:-8}
-SWEEP_S=${E2E_SWEEP_S:-300}
+BUDGET=${E2E_BUDGET:-16}
+WORKERS=${E2E_WORKERS:-12}
+SWEEP_S=${E2E_SWEEP_S:-270}
+ROUTING=${E2E_ROUTING:-balanced,zipf:1.2}
 GPU_KIND=${E2E_GPU:-NVIDIA H200}
-mkdir -p "$OUT"
-
-if ! python3 -c 'import ray, optuna, sqlalchemy' 2>/dev/null; then  # the GPU image: unpack the bundle
-  mkdir -p /tmp/site && tar xJf .devdeps/site.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-  python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-fi
-MOETUNE=(python3 -m moetune.tuner.cli)
-export PYTHONUNBUFFERED=1
 export MOETUNE_DB="sqlite:///$OUT/sweep.db"
-# Many worker processes share one GPU: no preallocation, and memory goes back to the driver when freed,
-# so that the largest shapes' verification buffers of one worker never starve another. Kernel times are
-# CUPTI times of the kernel alone, which the allocator does not touch.
-export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
-
-# The whole script ends by DEADLINE_S (a device call is capped at 600 s): each step gets at most its own
-# cap and never more than what is left.
-DEADLINE=$(( $(date +%s) + ${E2E_DEADLINE_S:-570} ))
+DEADLINE=$(( $(date +%s) + ${E2E_DEADLINE_S:-560} ))
 cap() { local left=$(( DEADLINE - $(date +%s) )); [ "$left" -lt "$1" ] && echo $(( left > 5 ? left : 5 )) || echo "$1"; }
-step() { printf '\n=== [%s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c GPU)
+cores=$(nproc)
+share=$(( gpus >= 2 ? cores / 2 : cores ))
 bucket_args=(); [ -n "$BUCKETS" ] && bucket_args=(--buckets "$BUCKETS")
+on_gpu0=(env); [ "$gpus" -ge 2 ] && on_gpu0=(env CUDA_VISIBLE_DEVICES=0 taskset -c "0-$((share - 1))")
 
-step "sweep: $MODEL on $BACKEND, tpe budget $BUDGET, balanced + zipf routing"
-start=$(date +%s)
-timeout "$(cap $((SWEEP_S + 45)))" "${MOETUNE[@]}" tune --model "$MODEL" "${bucket_args[@]}" --backend "$BACKEND" \
-  --strategy tpe --budget "$BUDGET" --routing zipf:1.2 --workers "$WORKERS" --timeout-s 120 \
-  --minutes "$(python3 -c "print($SWEEP_S / 60)")" --json >"$OUT/sweep.json" 2>"$OUT/sweep.log"
-echo "sweep rc=$? in $(( $(date +%s) - start )) s"; tail -5 "$OUT/sweep.log"
+if [ "$gpus" -ge 2 ]; then
+  step "GPU 1: ${E2E_SKIP_GRID:+no }exhaustive grid (benchmarks/grid_check.yaml), GPU tests: ${E2E_GPU1_TESTS:-none}, then the tuner's throughput"
+  on_gpu1=(env CUDA_VISIBLE_DEVICES=1 taskset -c "$share-$((cores - 1))")
+  (if [ -z "${E2E_SKIP_GRID:-}" ]; then
+     MOETUNE_DB="sqlite:///$OUT/grid.db" timeout "$(cap ${E2E_GRID_S:-270})" "${on_gpu1[@]}" \
+       "${MOETUNE[@]}" tune --sweep benchmarks/grid_check.yaml --routing "$ROUTING" --workers "$WORKERS" --no-baseline \
+       --minutes "$(python3 -c "print(${E2E_GRID_S:-270} / 60 - 0.75)")" --json >"$OUT/grid.json" 2>"$OUT/grid.log"
+     echo "grid rc=$?" >>"$OUT/grid.log"
+   fi
+   if [ -n "${E2E_GPU1_TESTS:-}" ]; then
+     (unset XLA_PYTHON_CLIENT_ALLOCATOR; timeout "$(cap ${E2E_GPU1_TESTS_S:-200})" "${on_gpu1[@]}" \
+       python3 -m pytest $E2E_GPU1_TESTS -m gpu -q -p no:cacheprovider -rs >"$OUT/gpu-tests.log" 2>&1)
+     echo "gpu tests rc=$?" >>"$OUT/gpu-tests.log"
+   fi
+   # The tuner's throughput on this GPU: Ray against one by one, same candidates, in one run.
+   timeout "$(cap ${E2E_BENCH_S:-150})" "${on_gpu1[@]}" "${MOETUNE[@]}" bench tuner --model "$MODEL" --buckets "${E2E_BENCH_BUCKETS:-256}" \
+     --backend "$BACKEND" --budget "${E2E_BENCH_BUDGET:-12}" --sequential-budget "${E2E_SEQ_BUDGET:-3}" --routing "$ROUTING" \
+     --workers "$WORKERS" --timeout-s 120 --out "$OUT/throughput.json" >"$OUT/throughput.log" 2>&1
+   echo "bench rc=$?" >>"$OUT/throughput.log") &
+  gpu1=$!
+fi
+
+if [ -n "${E2E_RESUME_DB:-}" ]; then
+  step "GPU 0: resume sweep 1 of $E2E_RESUME_DB (cut short by its minutes before), $WORKERS workers"
+  cp "$E2E_RESUME_DB" "$OUT/sweep.db" && chmod u+w "$OUT/sweep.db"
+  "${MOETUNE[@]}" trials --sweep 1 --json >"$OUT/trials-before-resume.json" 2>/dev/null
+  start=$(date +%s)
+  timeout "$(cap $((SWEEP_S + 60)))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --resume 1 --workers "$WORKERS" \
+    --minutes "$(python3 -c "print($SWEEP_S / 60)")" --json >"$OUT/sweep.json" 2>"$OUT/sweep.log"
+  echo "resumed sweep rc=$? in $(( $(date +%s) - start )) s"; grep -v "logging.cc\|^    @" "$OUT/sweep.log" | tail -4
+else
+  step "GPU 0: sweep $MODEL on $BACKEND, tpe budget $BUDGET per problem, routing $ROUTING, $WORKERS workers"
+  start=$(date +%s)
+  timeout "$(cap $((SWEEP_S + 60)))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --model "$MODEL" "${bucket_args[@]}" --backend "$BACKEND" \
+    --strategy tpe --budget "$BUDGET" --routing "$ROUTING" --workers "$WORKERS" --timeout-s 120 \
+    --minutes "$(python3 -c "print($SWEEP_S / 60)")" --json >"$OUT/sweep.json" 2>"$OUT/sweep.log"
+  echo "sweep rc=$? in $(( $(date +%s) - start )) s"; grep -v "logging.cc\|^    @" "$OUT/sweep.log" | tail -4
+fi
 
 step "export the pack, write the report"
 "${MOETUNE[@]}" export --gpu "$GPU_KIND" --backend "$BACKEND" -o "$OUT/pack.json" 2>&1 | tail -3
 "${MOETUNE[@]}" report 1 --out "$OUT/report.html" 2>&1 | tail -2
 "${MOETUNE[@]}" trials --sweep 1 --json >"$OUT/trials.json" 2>/dev/null; echo "trials rows: $(grep -c '"id"' "$OUT/trials.json")"
 
+if [ -z "${E2E_SKIP_GPU_TESTS:-}" ] && [ -s "$OUT/pack.json" ]; then
+  step "dispatch from the new pack, shipped as configs/tuned/nvidia_h200__mosaic_gpu.json in this copy"
+  cp "$OUT/pack.json" configs/tuned/nvidia_h200__mosaic_gpu.json
+  (unset XLA_PYTHON_CLIENT_ALLOCATOR MOETUNE_DB; MOETUNE_DB="sqlite:///$OUT/empty.db" timeout "$(cap 100)" "${on_gpu0[@]}" \
+    env MOETUNE_PACK_M="${E2E_DISPATCH_M:-2,32,8192}" python3 -m pytest tests/gpu/test_shipped_pack_dispatch.py -m gpu -q -p no:cacheprovider -rs \
+    >"$OUT/dispatch-tests.log" 2>&1)
+  echo "dispatch tests rc=$?"; tail -4 "$OUT/dispatch-tests.log"
+  MOETUNE_DB="sqlite:///$OUT/empty.db" "${MOETUNE[@]}" best --gpu "$GPU_KIND" >"$OUT/best-shipped.log" 2>&1; tail -8 "$OUT/best-shipped.log"
+fi
+
 if [ -z "${E2E_SKIP_RESUME:-}" ]; then
-step "resume: sweep 1 again must repeat no finished trial"
-timeout "$(cap 90)" "${MOETUNE[@]}" tune --resume 1 --json >"$OUT/resume.json" 2>"$OUT/resume.log"
-echo "resume rc=$?"; tail -3 "$OUT/resume.log"
+  step "resume: sweep 1 again must repeat no finished trial"
+  timeout "$(cap 90)" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --resume 1 --workers 2 --json >"$OUT/resume.json" 2>"$OUT/resume.log"
+  echo "resume rc=$?"; tail -3 "$OUT/resume.log"
+  step "stale: nothing changed, so nothing is stale"
+  timeout "$(cap 60)" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --stale --backend "$BACKEND" --workers 1 --json >"$OUT/stale.json" 2>"$OUT/stale.log"
+  echo "stale rc=$?"; tail -3 "$OUT/stale.log"
+  "${MOETUNE[@]}" trials --json >"$OUT/trials-after.json" 2>/dev/null
+  echo "trials after resume and stale: $(grep -c '"id"' "$OUT/trials-after.json") (before: $(grep -c '"id"' "$OUT/trials.json"))"
 fi
 
-if [ -z "${E2E_SKIP_BENCH:-}" ]; then
-step "tuner throughput: Ray vs one by one"
-timeout "$(cap 120)" "${MOETUNE[@]}" bench tuner --model "$MODEL" --buckets "${E2E_BENCH_BUCKETS:-256}" --backend "$BACKEND" \
-  --budget 16 --workers "$WORKERS" --out "$OUT/throughput.json" >"$OUT/throughput.log" 2>&1
-echo "bench rc=$?"; tail -6 "$OUT/throughput.log"
+if [ -n "${gpu1:-}" ]; then
+  step "wait for GPU 1 (grid, throughput), then compare the grid with the sweep"
+  wait "$gpu1"; tail -3 "$OUT/gpu-tests.log" 2>/dev/null; grep -v "logging.cc\|^    @" "$OUT/throughput.log" | tail -12
+  [ -s "$OUT/grid.db" ] && python3 benchmarks/compare_grid.py "$OUT/sweep.db" "$OUT/grid.db" --out "$OUT/grid_vs_sweep.json"
 fi
 
-if [ -z "${E2E_SKIP_GPU_TESTS:-}" ]; then
-  step "GPU tests"
-  unset XLA_PYTHON_CLIENT_ALLOCATOR
-  timeout "$(cap 240)" python3 -m pytest ${E2E_GPU_TESTS:-tests/gpu/test_mosaic_gpu_kernel.py} -m gpu -q -p no:cacheprovider >"$OUT/gpu-tests.log" 2>&1
-  echo "gpu tests rc=$?"; tail -4 "$OUT/gpu-tests.log"
-fi
-step "pack up: merge the database's WAL, bundle the logs (a device call returns at most 8 files)"
-python3 -c "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()" "$OUT/sweep.db"
-rm -f "$OUT/sweep.db-wal" "$OUT/sweep.db-shm"
-(cd "$OUT" && find . -maxdepth 1 -type f \( -name '*.log' -o -name '*.json' \) ! -name e2e.log ! -name pack.json -print0 \
+step "pack up: merge the databases' WAL, bundle the logs"
+for db in "$OUT"/*.db; do
+  python3 -c "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()" "$db"
+  rm -f "$db-wal" "$db-shm"
+done
+rm -f "$OUT/empty.db"
+(cd "$OUT" && find . -maxdepth 1 -type f \( -name '*.log' -o -name '*.json' \) ! -name pack.json ! -name grid_vs_sweep.json ! -name throughput.json ! -name e2e.log -print0 \
   | tar --null -T - -czf logs.tgz --remove-files)
 ls -la "$OUT"
 step "done"

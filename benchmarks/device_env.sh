@@ -1,0 +1,17 @@
+# Sourced by the device scripts (benchmarks/device_*.sh) on the GPU machine: the packages its image lacks
+# (Ray, Optuna, SQLAlchemy, ... carried in .devdeps by ../shared/tools/device-bundle), moetune itself,
+# and the environment every sweep on a shared GPU needs. Needs OUT set.
+if ! python3 -c 'import ray, optuna, sqlalchemy' 2>/dev/null; then
+  mkdir -p /tmp/site && tar xJf .devdeps/site.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+fi
+MOETUNE=(python3 -m moetune.tuner.cli)
+export PYTHONUNBUFFERED=1
+# Many worker processes share one GPU: no preallocation, and memory goes back to the driver when freed,
+# so that the largest shapes' verification buffers of one worker never starve another. Kernel times are
+# CUPTI times of the kernel alone, which the allocator does not touch.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
+# These machines report a small MemTotal that grows as memory is used (KINDS.md): Ray's memory monitor
+# would read that as pressure and kill workers, so it stays off here.
+export RAY_memory_monitor_refresh_ms=0
+step() { printf '\n=== [%s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
