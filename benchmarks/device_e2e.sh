@@ -57,7 +57,7 @@ fi
 if [ -n "${E2E_RESUME_DB:-}" ]; then
   step "GPU 0: resume sweep 1 of $E2E_RESUME_DB (cut short by its minutes before), $WORKERS workers"
   cp "$E2E_RESUME_DB" "$OUT/sweep.db" && chmod u+w "$OUT/sweep.db"
-  "${MOETUNE[@]}" trials --sweep 1 --json >"$OUT/trials-before-resume.json" 2>/dev/null
+  "${MOETUNE[@]}" trials --sweep 1 --limit 0 --json >"$OUT/trials-before-resume.json" 2>/dev/null
   start=$(date +%s)
   timeout "$(cap $((SWEEP_S + 60)))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --resume 1 --workers "$WORKERS" \
     --minutes "$(python3 -c "print($SWEEP_S / 60)")" --json >"$OUT/sweep.json" 2>"$OUT/sweep.log"
@@ -74,7 +74,7 @@ fi
 step "export the pack, write the report"
 "${MOETUNE[@]}" export --gpu "$GPU_KIND" --backend "$BACKEND" -o "$OUT/pack.json" 2>&1 | tail -3
 "${MOETUNE[@]}" report 1 --out "$OUT/report.html" 2>&1 | tail -2
-"${MOETUNE[@]}" trials --sweep 1 --json >"$OUT/trials.json" 2>/dev/null; echo "trials rows: $(grep -c '"id"' "$OUT/trials.json")"
+"${MOETUNE[@]}" trials --sweep 1 --limit 0 --json >"$OUT/trials.json" 2>/dev/null; echo "trials rows: $(grep -c '"id"' "$OUT/trials.json")"
 
 if [ -z "${E2E_SKIP_GPU_TESTS:-}" ] && [ -s "$OUT/pack.json" ]; then
   step "dispatch from the new pack, shipped as configs/tuned/nvidia_h200__mosaic_gpu.json in this copy"
@@ -93,7 +93,7 @@ if [ -z "${E2E_SKIP_RESUME:-}" ]; then
   step "stale: nothing changed, so nothing is stale"
   timeout "$(cap 60)" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --stale --backend "$BACKEND" --workers 1 --json >"$OUT/stale.json" 2>"$OUT/stale.log"
   echo "stale rc=$?"; tail -3 "$OUT/stale.log"
-  "${MOETUNE[@]}" trials --json >"$OUT/trials-after.json" 2>/dev/null
+  "${MOETUNE[@]}" trials --limit 0 --json >"$OUT/trials-after.json" 2>/dev/null
   echo "trials after resume and stale: $(grep -c '"id"' "$OUT/trials-after.json") (before: $(grep -c '"id"' "$OUT/trials.json"))"
 fi
 

@@ -48,8 +48,6 @@ from moetune.tuner.tasks import (
 from moetune.tuner.warm_start import baseline_config, warm_start_configs
 
 BASELINE_BACKEND = "xla"
-# How many problems share the workers at a time (each gets about 1/N of them).
-PROBLEMS_SIDE_BY_SIDE = 4
 
 
 @dataclasses.dataclass
@@ -227,12 +225,13 @@ class SweepDriver:
     def _search(self, run: ProblemRun) -> None:
         asked, room = 0, 0
         if not self._past_deadline():
-            # A problem gets a share of the workers, so several problems run side by side: each worker
-            # makes a problem's inputs and compiles its checks once (seconds), and affinity (ray_pool)
-            # keeps a problem on the few workers that hold them; a model-based strategy also learns
-            # between its smaller batches.
+            # Each problem searching gets an equal share of the workers (one each, when there are more
+            # problems than workers): a worker's first trial of a problem makes its inputs and compiles
+            # their checks (a median 19 s on the H200, against 1.4-4 s for its later trials of the same
+            # problem; benchmarks/README.md), and affinity (ray_pool) keeps a problem on the workers that
+            # hold it. A model-based strategy also learns between smaller batches.
             searching = sum(1 for r in self.runs if r.phase == "search")
-            share = -(-self.executor.workers // max(1, min(PROBLEMS_SIDE_BY_SIDE, searching)))
+            share = -(-self.executor.workers // max(1, searching))
             room = min(self.executor.capacity(), share - len(run.in_flight))
             left = run.budget_left()
             if left is not None:
