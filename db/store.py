@@ -88,7 +88,10 @@ class Store:
     def ensure_schema(self) -> None:
         """Migrate a fresh database; raise SchemaMismatch for any other revision but head."""
         state = self.schema_state()
-        if state.status in ("missing", "empty"):
+        # "unversioned" read without the lock may be a race, not a foreign database: on PostgreSQL each
+        # statement of the read sees the latest commit, so another process's migration can land between
+        # the version-table query and the table listing. Under the lock the read is consistent.
+        if state.status in ("missing", "empty", "unversioned"):
             self._make_default_folder()
             state = schema.migrate(self._engine, self._url, only_if_empty=True)
         state.check()
