@@ -165,6 +165,15 @@ def test_trials_with_filters(db_url):
     assert "4 trials" in table and "crash" in table
 
 
+def test_trials_says_when_the_limit_may_have_cut_the_list(db_url):
+    tuned(db_url)
+    cut = ok("trials", "--db", db_url, "--limit", "2", "--json")
+    assert len(json.loads(cut.stdout)) == 2
+    assert "showing the newest 2 trials; --limit 0 lists all" in cut.stderr
+    whole = ok("trials", "--db", db_url, "--limit", "5", "--json")
+    assert len(json.loads(whole.stdout)) == 4 and "showing" not in whole.stderr
+
+
 def test_best_filters_by_problem_fields(db_url):
     tuned(db_url)
     rows = json.loads(ok("best", "--db", db_url, "--no-packs", "--json").stdout)

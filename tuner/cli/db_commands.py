@@ -238,6 +238,10 @@ def trials_command(
             problem_key=problem,
             limit=limit or None,
         )
+    if limit and len(rows) == limit:  # there may be more: say so where it cannot spoil --json output
+        err_console.print(
+            f"showing the newest {limit} trials; --limit 0 lists all", markup=False, highlight=False
+        )
     if as_json:
         emit([_trial_dict(r) for r in rows], as_json=True)
     else:
