@@ -208,16 +208,18 @@ def _device_units(resource: str) -> list[_Seat]:
 
 
 def worker_env() -> dict[str, str]:
-    """What workers inherit from the driver: extra backends (tests, plug-ins), where to import them, and
-    JAX's memory settings.
+    """What workers inherit from the driver: extra backends (tests, plug-ins), where to import them, JAX's
+    settings (every JAX_* variable) and its memory settings.
 
     N workers share a GPU, so none may preallocate most of it. Each worker's allocator keeps what it once
     used, so sweeps of the largest shapes on one GPU want fewer workers (--workers), or
     XLA_PYTHON_CLIENT_MEM_FRACTION / XLA_PYTHON_CLIENT_ALLOCATOR set in the driver's environment.
+    JAX_COMPILATION_CACHE_DIR (with JAX_COMPILATION_CACHE_MAX_SIZE, which turns on the cache's file locks)
+    lets workers reuse each other's compiled set-up programs (README, "Tuning").
     """
     env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     for name, value in os.environ.items():
-        if name in (ENV_EXTRA, "PYTHONPATH", "JAX_PLATFORMS") or name.startswith("XLA_PYTHON_CLIENT_"):
+        if name in (ENV_EXTRA, "PYTHONPATH") or name.startswith(("JAX_", "XLA_PYTHON_CLIENT_")):
             env[name] = value
     return env
 
