@@ -1,4 +1,5 @@
-"""Fixtures shared across test folders: database URLs and a fake backend.
+"""Fixtures shared across test folders: no test touches the user's database, database URLs, a store per
+test, and a fake backend.
 
 PostgreSQL tests run against MOETUNE_TEST_POSTGRES_URL (.ci/run starts a server and sets it); each test
 gets a schema of its own, selected through search_path, and dropped afterwards. Without the variable
@@ -16,6 +17,13 @@ import uuid
 import pytest
 
 POSTGRES_ENV = "MOETUNE_TEST_POSTGRES_URL"
+
+
+@pytest.fixture(autouse=True)
+def no_default_database(monkeypatch, tmp_path):
+    """No test may touch the user's real database through $MOETUNE_DB or the default path."""
+    monkeypatch.delenv("MOETUNE_DB", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
 
 
 @pytest.fixture
@@ -47,6 +55,14 @@ def postgres_url():
 def db_url(request):
     """Each test using it runs once on SQLite and once on PostgreSQL."""
     return request.getfixturevalue(f"{request.param}_url")
+
+
+@pytest.fixture
+def store(db_url):
+    from moetune.db import open_store
+
+    with open_store(db_url) as s:
+        yield s
 
 
 @pytest.fixture

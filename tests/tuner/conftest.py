@@ -1,6 +1,6 @@
-"""Fixtures of the tuner tests: a store per test (SQLite, and PostgreSQL when configured), simulated and
-fault-injecting backends, and one real Ray cluster shared by the whole session (starting Ray costs
-seconds on a small machine)."""
+"""Fixtures of the tuner tests: simulated and fault-injecting backends, and one real Ray cluster shared by
+the whole session (starting Ray costs seconds on a small machine). The store per test and the guard of
+the user's database are in tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -9,25 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from moetune.db import open_store
 from moetune.kernels import registry
 
 # The helper backends are imported by their full name (tests.tuner.faulty_backend): here through pytest's
 # `pythonpath` option (pyproject.toml), in Ray workers through PYTHONPATH (the ray_cluster fixture).
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def no_default_database(monkeypatch, tmp_path):
-    """No test may touch the user's real database through $MOETUNE_DB or the default path."""
-    monkeypatch.delenv("MOETUNE_DB", raising=False)
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-
-
-@pytest.fixture
-def store(db_url):
-    with open_store(db_url) as s:
-        yield s
 
 
 def _register(name: str, module: str):

@@ -13,6 +13,22 @@ import types
 
 import numpy as np
 
+# A small valid FlyDSL config: the plan the timing tests hand to the fake runtime.
+TIMING_CONFIG = dict(
+    tile_m=32,
+    tile_n=64,
+    tile_k=32,
+    waves_m=1,
+    waves_n=1,
+    k_waves=1,
+    lds_stages=2,
+    waves_per_eu=0,
+    xcd_swizzle=0,
+    tile_order="m_major",
+    mfma=16,
+    lds_swizzle=True,
+)
+
 
 class hipError_t(enum.IntEnum):  # noqa: N801 - hip-python's name
     hipSuccess = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from fake_hip import FakeHip, grouped_matmul_kernel
+from fake_hip import TIMING_CONFIG, FakeHip, grouped_matmul_kernel
 
 from moetune.kernels.errors import WrongResult
 from moetune.kernels.flydsl.hip_runtime import (
@@ -18,27 +18,12 @@ from moetune.kernels.flydsl.hip_runtime import (
 )
 from moetune.kernels.flydsl.plan import KernelPlan
 
-CONFIG = dict(
-    tile_m=32,
-    tile_n=64,
-    tile_k=32,
-    waves_m=1,
-    waves_n=1,
-    k_waves=1,
-    lds_stages=2,
-    waves_per_eu=0,
-    xcd_swizzle=0,
-    tile_order="m_major",
-    mfma=16,
-    lds_swizzle=True,
-)
-
 
 def plan(transpose_rhs=False):
     problem = dict(
         m=48, k=64, n=128, g=3, lhs_dtype="bfloat16", out_dtype="bfloat16", transpose_rhs=transpose_rhs
     )
-    return KernelPlan.of("gfx942", problem, CONFIG)
+    return KernelPlan.of("gfx942", problem, TIMING_CONFIG)
 
 
 @pytest.mark.parametrize("transpose_rhs", [False, True])

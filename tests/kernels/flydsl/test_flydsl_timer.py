@@ -14,6 +14,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from fake_hip import TIMING_CONFIG
 
 from moetune.kernels import registry
 from moetune.kernels.errors import Unsupported
@@ -28,21 +29,7 @@ HERE = Path(__file__).resolve().parent
 PROBLEM = Problem(
     "grouped_matmul", m=48, k=64, n=128, g=3, lhs_dtype="bfloat16", rhs_dtype="bfloat16", out_dtype="bfloat16"
 )
-CONFIG = dict(
-    tile_m=32,
-    tile_n=64,
-    tile_k=32,
-    waves_m=1,
-    waves_n=1,
-    k_waves=1,
-    lds_stages=2,
-    waves_per_eu=0,
-    xcd_swizzle=0,
-    tile_order="m_major",
-    mfma=16,
-    lds_swizzle=True,
-)
-PLAN = plan_for(PROBLEM, FlyDSLConfig.from_dict(CONFIG), "gfx942")
+PLAN = plan_for(PROBLEM, FlyDSLConfig.from_dict(TIMING_CONFIG), "gfx942")
 
 
 @jax.jit
@@ -66,7 +53,7 @@ def fake_hip(monkeypatch, mode: str) -> None:
 
 
 def run_candidate(kernel: CodeObjectKernel):
-    task = CandidateTask("t", "flydsl", PROBLEM, CONFIG, ((20, 0, 17),), ((16, 16, 16),), runs=5)
+    task = CandidateTask("t", "flydsl", PROBLEM, TIMING_CONFIG, ((20, 0, 17),), ((16, 16, 16),), runs=5)
     return CandidateRunner("w").run(Prepared(task, [kernel], [""], 0.1, now()))
 
 
