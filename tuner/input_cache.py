@@ -204,6 +204,10 @@ class InputCache:
         lhs, rhs = inputs.sets[0]
         return lhs, rhs, self.group_sizes(inputs, group_sizes)
 
+    def has_reference(self, inputs: Inputs, group_sizes: Sequence[int]) -> bool:
+        entry = self._entries.get((inputs.problem, inputs.seed))
+        return entry is not None and tuple(int(s) for s in group_sizes) in entry.references
+
     def reference(self, inputs: Inputs, group_sizes: Sequence[int]) -> Reference:
         """The float32 result on `verify_args(inputs, group_sizes)`, on `reference_rows`; once per draw."""
         entry = self._entry(inputs.problem, inputs.seed)

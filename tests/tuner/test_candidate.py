@@ -171,3 +171,17 @@ def test_a_baseline_is_timed_with_the_sweep_backends_timer_when_that_timer_takes
         )
         result = CandidateRunner("w").evaluate(baseline)
         assert result.status == "ok" and set(result.samples_s) == {expected}, (borrowed, result)
+
+
+def test_a_workers_later_trials_of_a_problem_redo_no_set_up(monkeypatch):
+    from moetune.tuner import verify
+
+    runner = CandidateRunner("w")
+    config = {"strategy": "chunked", "chunk_m": 8, "items_per_step": 2}
+    assert isinstance(runner.prepare(task("xla", config, "first")), Prepared)
+    calls: list[str] = []
+    real_compare, real_nan_filled = verify._compare, verify._nan_filled
+    monkeypatch.setattr(verify, "_compare", lambda *a: calls.append("compare") or real_compare(*a))
+    monkeypatch.setattr(verify, "_nan_filled", lambda *a: calls.append("poison") or real_nan_filled(*a))
+    assert isinstance(runner.prepare(task("xla", config, "second")), Prepared)
+    assert calls == []
