@@ -33,6 +33,7 @@ from moetune.kernels import reference
 from moetune.kernels.device import fingerprint_of
 from moetune.kernels.problem import Problem
 from moetune.kernels.timing import Rotation, Timer
+from moetune.tuner.tasks import weights_key
 
 # Timing rotates through input sets whose weights add up to at least this many bytes, so successive
 # runs do not find the previous run's weights in cache. Comfortably above current last-level caches
@@ -72,10 +73,6 @@ def make_weights(problem: Problem, seed: int) -> tuple[jax.Array, ...]:
     scale = 1.0 / math.sqrt(problem.k)
     keys = _set_keys(seed, input_set_count(problem))
     return tuple(_normal(key, rhs_shape(problem), problem.rhs_dtype, scale) for key in keys[:, 1])
-
-
-def _weights_key(problem: Problem, seed: int) -> tuple[Any, ...]:
-    return (rhs_shape(problem), jnp.dtype(problem.rhs_dtype).name, seed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,9 +178,9 @@ class InputCache:
         return entry
 
     def _shared_weights(self, problem: Problem, seed: int) -> tuple[jax.Array, ...] | None:
-        wanted = _weights_key(problem, seed)
+        wanted = weights_key(problem, seed)
         for (other, other_seed), entry in self._entries.items():
-            if _weights_key(other, other_seed) == wanted:
+            if weights_key(other, other_seed) == wanted:
                 return tuple(rhs for _, rhs in entry.inputs.sets)
         self.made["weights"] += 1
         return None

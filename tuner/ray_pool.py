@@ -55,7 +55,7 @@ from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import MoetuneError
 from moetune.kernels.registry import ENV_EXTRA
 from moetune.tuner.executors import Executor
-from moetune.tuner.tasks import CRASHED, TIMEOUT, Result, RetimeTask, Task, error_text, failed
+from moetune.tuner.tasks import CRASHED, TIMEOUT, Result, RetimeTask, Task, error_text, failed, weights_key
 
 # Enough for the small task and result objects this executor moves; Ray's default takes 30% of memory.
 OBJECT_STORE_BYTES = 256 * 2**20
@@ -145,19 +145,15 @@ class _Slot:
 
 def affinity(slot: _Slot, task: Task) -> int:
     """How much of `task`'s inputs `slot`'s worker likely holds: 2 its problem's, 1 its weights, 0 none."""
+    seed = getattr(task, "seed", 0)  # compile-only tasks have no inputs
     score = 0
     for served in slot.served:
-        if served.problem == task.problem and getattr(served, "seed", 0) == getattr(task, "seed", 0):
+        served_seed = getattr(served, "seed", 0)
+        if (served.problem, served_seed) == (task.problem, seed):
             return 2
-        if _weights_of(served) == _weights_of(task):
+        if weights_key(served.problem, served_seed) == weights_key(task.problem, seed):
             score = 1
     return score
-
-
-def _weights_of(task: Task) -> tuple:
-    """What identifies a task's weight tensors (input_cache shares them across token counts)."""
-    p = task.problem
-    return (p.g, p.k, p.n, p.rhs_dtype, p.transpose_rhs, getattr(task, "seed", 0))
 
 
 def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:

@@ -112,7 +112,8 @@ def verification_draws(
         raise ConfigInvalid(f"verify_draws={count}: verify on at least two routing draws")
     draws = [routing.group_sizes(m, g, seed=seed) for routing in routings]
     rng = np.random.default_rng(seed + 1)
-    for i in range(1, max(count, len(draws) + 1) - len(draws) + 1):
+    edge_draws = max(1, count - len(draws))
+    for i in range(1, edge_draws + 1):
         assigned = m - max(1, m // 8) if m > 1 else m
         probabilities = np.full(g, 1.0 / g)
         if g > 1 and i % 2 == 1:

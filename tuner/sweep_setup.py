@@ -175,12 +175,15 @@ def check_space(spec: SweepSpec, backend: Any, planned: list[PlannedProblem], de
     """Fail before anything is written when the sweep's `space:` does not fit the backend's space."""
     if not spec.space:
         return
+    # The domains' names and values are the same for every problem of one backend: the first problem the
+    # backend serves tells (the driver skips the others, with the reason).
     for p in planned:
         try:
-            backend.search_space(p.problem, device).restricted(spec.space)
+            space = backend.search_space(p.problem, device)
         except Unsupported:
-            continue  # the driver skips such problems, with the reason
-        return  # the domains' names and values are the same for every problem of one backend
+            continue
+        space.restricted(spec.space)
+        return
 
 
 def create_sweep(

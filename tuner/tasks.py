@@ -25,6 +25,12 @@ CRASHED = "crashed"
 MAX_ERROR_CHARS = 4000
 
 
+def weights_key(problem: Problem, seed: int) -> tuple[Any, ...]:
+    """What identifies the weight tensors made for `problem` and `seed`: problems that differ only in M
+    share them (the input cache makes them once; the Ray executor prefers a worker that holds them)."""
+    return (problem.g, problem.k, problem.n, problem.transpose_rhs, problem.rhs_dtype, seed)
+
+
 def canonical(config: dict[str, Any]) -> str:
     """The key of a config within one problem: its JSON with sorted keys (as the store keys done_configs)."""
     return json.dumps(config, sort_keys=True)

@@ -134,3 +134,10 @@ def test_stale_or_misses_with_nothing_to_do_is_not_an_error(sqlite_url):
         result = invoke("tune", *args, "--backend", "xla", "--inline", "--db", sqlite_url)
         assert result.exit_code == 0, result.output
         assert "every winner is current" in result.output
+
+
+def test_nothing_to_tune_as_json_is_an_empty_outcome(sqlite_url):
+    result = invoke("tune", "--stale", "--backend", "xla", "--inline", "--json", "--db", sqlite_url)
+    assert result.exit_code == 0, result.output
+    outcome = json.loads(result.stdout)
+    assert outcome["sweep_id"] is None and outcome["problems"] == [] and outcome["nothing_to_tune"]

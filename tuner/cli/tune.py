@@ -153,7 +153,14 @@ def tune(
             spec, None, resume_id=None, sweep_file=sweep_file, dry_run=dry_run, inline=inline, as_json=as_json
         )
     except MoetuneError as e:
-        fail(str(e))
+        from moetune.tuner.sweep_setup import NothingToTune
+
+        if not isinstance(e, NothingToTune):
+            fail(str(e))
+        # --stale / --misses found nothing to do: not an error.
+        err_console.print(str(e), markup=False, highlight=False)
+        if as_json and not dry_run:
+            typer.echo(json_text({"sweep_id": None, "nothing_to_tune": str(e), "problems": []}))
 
 
 def _run(spec, planned, *, resume_id, sweep_file, dry_run: bool, inline: bool, as_json: bool) -> None:
@@ -171,13 +178,7 @@ def _run(spec, planned, *, resume_id, sweep_file, dry_run: bool, inline: bool, a
         try:
             backend, device, target = sweep_setup.resolve_target(spec, executor.device)
             if planned is None:
-                try:
-                    planned = sweep_setup.resolve_problems(spec, store, backend, device)
-                except sweep_setup.NothingToTune as e:
-                    err_console.print(str(e), markup=False, highlight=False)
-                    if as_json:
-                        typer.echo(json_text({"sweep_id": None, "nothing_to_tune": str(e), "problems": []}))
-                    return
+                planned = sweep_setup.resolve_problems(spec, store, backend, device)
             sweep_setup.check_space(spec, backend, planned, device)
             if resume_id is None:
                 sweep_id = sweep_setup.create_sweep(store, spec, backend, planned, device, sweep_file)
@@ -225,11 +226,7 @@ def _dry_run(spec, planned, store, as_json: bool) -> None:
     # No cluster is started for a plan: this machine's device stands in for the workers'.
     backend, device, _ = sweep_setup.resolve_target(spec, current_fingerprint())
     if planned is None:
-        try:
-            planned = sweep_setup.resolve_problems(spec, store, backend, device)
-        except sweep_setup.NothingToTune as e:
-            err_console.print(str(e), markup=False, highlight=False)
-            return
+        planned = sweep_setup.resolve_problems(spec, store, backend, device)
     workers = spec.workers or len(os.sched_getaffinity(0))
     plan = make_plan(spec, planned, store, backend.name, device, workers=workers)
     if as_json:
