@@ -1,7 +1,9 @@
 """Where a sweep's time went, from its database: per trial, the wall time from the start of compilation
 to the result, split by whether it was the worker's first trial of that problem (the worker made the
-problem's inputs and compiled their XLA programs then) or a later one; and the sweep's throughput over
-time. Works on any moetune database.
+problem's inputs and compiled their XLA programs then) or a later one; the trials' phases (set-up and its
+parts, waiting for the device's lane, verifying, timing; recorded in the trials' details since they
+exist, see tuner/candidate.py PHASES); how idle each worker was between its trials (the driver's and
+Ray's stalls); and the sweep's throughput. Works on any moetune database.
 
     python3 benchmarks/sweep_timeline.py results/2026-11-29_h200_e2e_sweep.db --sweep 1 [--json]
 """
@@ -14,6 +16,44 @@ import statistics
 from pathlib import Path
 
 from moetune.db import open_store
+from moetune.tuner.candidate import PHASES
+
+
+def _summary(values: list[float]) -> dict:
+    return {"count": len(values), "median_s": statistics.median(values) if values else None}
+
+
+def _phase_summary(phases: list[dict[str, float]]) -> dict:
+    """Median and total of each phase over the trials that recorded it; {} when none did."""
+    out = {}
+    for name in PHASES:
+        values = [p[name] for p in phases if name in p]
+        if values:
+            out[name] = {"count": len(values), "median_s": statistics.median(values), "total_s": sum(values)}
+    return out
+
+
+def _wall(trial) -> float:
+    return (trial.finished_at - trial.started_at).total_seconds()
+
+
+def _idle(trials: list) -> dict:
+    """Per worker: its span (first start to last result), the sum of its trials' walls, and the fraction
+    of the span it had no trial (a worker holds one trial at a time, from compile to result)."""
+    by_worker: dict[str, list] = {}
+    for t in trials:
+        by_worker.setdefault(t.worker, []).append(t)
+    out = {}
+    for worker, mine in sorted(by_worker.items()):
+        span = (max(t.finished_at for t in mine) - min(t.started_at for t in mine)).total_seconds()
+        busy = sum(_wall(t) for t in mine)
+        out[worker] = {
+            "trials": len(mine),
+            "span_s": span,
+            "busy_s": busy,
+            "idle_fraction": (span - busy) / span if span > 0 else None,
+        }
+    return out
 
 
 def timeline(url: str, sweep_id: int) -> dict:
@@ -21,32 +61,75 @@ def timeline(url: str, sweep_id: int) -> dict:
         trials = [t for t in store.trials(sweep_id=sweep_id) if t.started_at and t.finished_at]
     trials.sort(key=lambda t: t.started_at)
     seen: set[tuple[str, str]] = set()
-    first, later, compile_first, compile_later = [], [], [], []
+    groups = {"first": [], "later": []}
     for t in trials:
         key = (t.worker, t.problem.key)
-        wall = (t.finished_at - t.started_at).total_seconds()
-        if key in seen:
-            later.append(wall)
-            compile_later.append(t.compile_s or 0.0)
-        else:
-            seen.add(key)
-            first.append(wall)
-            compile_first.append(t.compile_s or 0.0)
+        groups["later" if key in seen else "first"].append(t)
+        seen.add(key)
     start, end = trials[0].started_at, max(t.finished_at for t in trials)
     span = (end - start).total_seconds()
 
-    def summary(values: list[float]) -> dict:
-        return {"count": len(values), "median_s": statistics.median(values) if values else None}
+    def group(members: list) -> dict:
+        phases = [t.details["phases"] for t in members if t.details and t.details.get("phases")]
+        return (
+            _summary([_wall(t) for t in members])
+            | {"compile": _summary([t.compile_s or 0.0 for t in members])}
+            | {"phases": _phase_summary(phases)}
+        )
 
+    idle = _idle(trials)
+    total_span = sum(w["span_s"] for w in idle.values())
     return {
         "trials": len(trials),
         "span_s": span,
         "per_minute": len(trials) / span * 60 if span else None,
-        "workers": len({t.worker for t in trials}),
+        "workers": len(idle),
         "problems": len({t.problem.key for t in trials}),
-        "first_trial_of_a_problem_on_a_worker": summary(first) | {"compile": summary(compile_first)},
-        "later_trials": summary(later) | {"compile": summary(compile_later)},
+        "first_trial_of_a_problem_on_a_worker": group(groups["first"]),
+        "later_trials": group(groups["later"]),
+        "idle_fraction": (
+            sum(w["span_s"] - w["busy_s"] for w in idle.values()) / total_span if total_span else None
+        ),
+        "worker_idle": idle,
     }
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def _print(result: dict) -> None:
+    f, later = result["first_trial_of_a_problem_on_a_worker"], result["later_trials"]
+    print(
+        f"{result['trials']} trials of {result['problems']} problems on {result['workers']} workers in "
+        f"{result['span_s']:.0f} s ({result['per_minute']:.1f}/min, first start to last result)"
+    )
+    print(
+        f"a worker's first trial of a problem: {f['count']}, median {_seconds(f['median_s'])} "
+        f"(compile {_seconds(f['compile']['median_s'])})"
+    )
+    print(
+        f"its later trials of that problem:  {later['count']}, median {_seconds(later['median_s'])} "
+        f"(compile {_seconds(later['compile']['median_s'])})"
+    )
+    if f["phases"] or later["phases"]:
+        print("phases (seconds)         first trials: median    total | later trials: median    total")
+        for name in PHASES:
+            cells = []
+            for g in (f, later):
+                p = g["phases"].get(name)
+                cells.append(f"{p['median_s']:20.3f} {p['total_s']:8.1f}" if p else f"{'-':>20} {'-':>8}")
+            print(f"  {name:<20} {cells[0]} | {cells[1]}")
+    else:
+        print("no phase times recorded (trials from before they were)")
+    idle = result["idle_fraction"]
+    print(f"workers idle between trials: {'-' if idle is None else f'{idle:.0%}'} of their spans")
+    for worker, w in result["worker_idle"].items():
+        fraction = "-" if w["idle_fraction"] is None else f"{w['idle_fraction']:.0%}"
+        print(
+            f"  {worker:<12} {w['trials']:4d} trials, busy {w['busy_s']:7.0f} s of {w['span_s']:7.0f} s, "
+            f"idle {fraction}"
+        )
 
 
 def main() -> None:
@@ -58,20 +141,8 @@ def main() -> None:
     result = timeline(f"sqlite:///{args.db}", args.sweep)
     if args.json:
         print(json.dumps(result, indent=1))
-        return
-    f, later = result["first_trial_of_a_problem_on_a_worker"], result["later_trials"]
-    print(
-        f"{result['trials']} trials of {result['problems']} problems on {result['workers']} workers in "
-        f"{result['span_s']:.0f} s ({result['per_minute']:.1f}/min, first start to last result)"
-    )
-    print(
-        f"a worker's first trial of a problem: {f['count']}, median {f['median_s']:.1f} s "
-        f"(compile {f['compile']['median_s']:.1f} s)"
-    )
-    print(
-        f"its later trials of that problem:  {later['count']}, median {later['median_s']:.1f} s "
-        f"(compile {later['compile']['median_s']:.1f} s)"
-    )
+    else:
+        _print(result)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ epilogue, `reference_of`), and the tolerances."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,11 @@ from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Probl
 # Relative error ||out - ref|| / ||ref|| a result may have, by output dtype: a few units of the dtype's
 # rounding (bf16 keeps 8 mantissa bits, f16 11, f32 24), with room for a different summation order.
 _TOLERANCE = {"bfloat16": 1e-2, "float16": 1e-3, "float32": 1e-5}
+
+# How the reference and the check programs are compiled: XLA's GEMM autotuning (on by default on GPUs)
+# costs seconds per new shape and buys nothing for a program that runs once per draw. Never for the
+# kernels or the XLA baseline being timed. Ignored where there is nothing to autotune (CPU).
+UNTUNED_COMPILE = {"xla_gpu_autotune_level": 0}
 
 _TRANSPOSED = lax.RaggedDotDimensionNumbers(
     dot_dimension_numbers=(((1,), (2,)), ((), ())),
@@ -47,17 +53,24 @@ def reference_grouped_matmul(
     )
 
 
+@functools.partial(jax.jit, static_argnames=("transpose_rhs", "activation"), compiler_options=UNTUNED_COMPILE)
+def _reference(
+    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_rhs: bool, activation: str
+) -> jax.Array:
+    product = reference_grouped_matmul(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs)
+    return gated_activation(activation, product) if activation else product
+
+
 def reference_of(problem: Problem) -> Callable[[Any, Any, Any], jax.Array]:
-    """(lhs, rhs, group_sizes) -> the float32 result a kernel for `problem` must match, [m, out_n]."""
-
-    def product(lhs: Any, rhs: Any, group_sizes: Any) -> jax.Array:
-        return reference_grouped_matmul(lhs, rhs, group_sizes, transpose_rhs=problem.transpose_rhs)
-
-    if problem.op == GROUPED_MATMUL:
-        return product
-    if problem.op == GROUPED_MATMUL_SWIGLU:
-        return lambda lhs, rhs, group_sizes: gated_activation("swiglu", product(lhs, rhs, group_sizes))
-    raise Unsupported(f"no reference for op={problem.op!r}")
+    """(lhs, rhs, group_sizes) -> the float32 result a kernel for `problem` must match, [m, out_n]: one
+    compiled program per shape (without autotuning, UNTUNED_COMPILE). Call it outside jit: options like
+    these are only taken by a top-level jit."""
+    activations = {GROUPED_MATMUL: "", GROUPED_MATMUL_SWIGLU: "swiglu"}
+    if problem.op not in activations:
+        raise Unsupported(f"no reference for op={problem.op!r}")
+    return functools.partial(
+        _reference, transpose_rhs=problem.transpose_rhs, activation=activations[problem.op]
+    )
 
 
 def tolerance(dtype: Any) -> float:

@@ -14,12 +14,14 @@ classified by the executor.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import datetime
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -57,6 +59,32 @@ class Prepared:
     errors: list[str]
     compile_s: float
     started_at: datetime.datetime
+    setup: dict[str, float] = dataclasses.field(default_factory=dict)  # _warm's phases
+    ready_at: float = 0.0  # time.perf_counter() when `prepare` ended: the lane wait starts there
+
+
+# A trial's phases after compiling, in seconds (CandidateResult.phases, the trial details' "phases"):
+#   setup_s            all of _warm, of which the parts below (each 0 when the cache already held it):
+#   setup_inputs_s     making the problem's operands;
+#   setup_reference_s  the float32 reference of each verification draw;
+#   setup_check_s      compiling (and running once) the check's programs;
+#   setup_rotation_s   the timer's rotations of the timing routings;
+#   lane_wait_s        from the end of `prepare` to the start of `run` in this worker: waiting for the
+#                      device's exclusive lane, plus the driver's and Ray's latency;
+#   verify_s, time_s   verifying on every draw, timing on every routing (until the failure, if any).
+SETUP_PARTS = ("setup_inputs_s", "setup_reference_s", "setup_check_s", "setup_rotation_s")
+PHASES = ("setup_s", *SETUP_PARTS, "lane_wait_s", "verify_s", "time_s")
+
+
+@contextlib.contextmanager
+def _timed_if_made(
+    phases: dict[str, float], name: str, made: collections.Counter[str], kind: str
+) -> Iterator[None]:
+    """Add the block's seconds to `phases[name]` when it made a `kind` (the cache's `made` count grew)."""
+    before, started = made[kind], time.perf_counter()
+    yield
+    if made[kind] != before:
+        phases[name] += time.perf_counter() - started
 
 
 def compile_config(backend_name: str, problem: Problem, config: dict[str, Any]) -> Callable[..., Any]:
@@ -105,10 +133,10 @@ class CandidateRunner:
         compile_s = time.perf_counter() - t0
         if isinstance(task, CandidateTask) and executables[0] is None:
             return self._ended(task, COMPILE_ERROR, started, compile_s, error=errors[0])
-        self._warm(task)
-        return Prepared(task, executables, errors, compile_s, started)
+        setup = self._warm(task)
+        return Prepared(task, executables, errors, compile_s, started, setup, time.perf_counter())
 
-    def _warm(self, task: CandidateTask | RetimeTask) -> None:
+    def _warm(self, task: CandidateTask | RetimeTask) -> dict[str, float]:
         """Make the problem's inputs, references and timing rotations now, and compile the programs that
         make and check them, so that `run` is only the candidate's own device work.
 
@@ -117,16 +145,26 @@ class CandidateRunner:
         overlaps with other workers' timing. Their device work is small (random operands, a reference on
         at most REFERENCE_MAX_BYTES of output rows): it may touch a sample of a concurrent timing, which
         the median of many runs and the interleaved re-timing of finalists absorb.
+
+        Returns the seconds it took, as setup_s and its SETUP_PARTS.
         """
+        phases = dict.fromkeys(SETUP_PARTS, 0.0)
+        started = time.perf_counter()
         try:
-            inputs = self.cache.inputs(task.problem, task.seed)
+            with _timed_if_made(phases, "setup_inputs_s", self.cache.made, "inputs"):
+                inputs = self.cache.inputs(task.problem, task.seed)
             if isinstance(task, CandidateTask):
-                verify.warm(inputs, self.cache, task.verify_sizes)
+                phases["setup_reference_s"], phases["setup_check_s"] = verify.warm(
+                    inputs, self.cache, task.verify_sizes
+                )
             timer = self._task_timer(task)
             for sizes in task.timing_sizes:
-                self.cache.rotation(inputs, sizes, timer)
+                with _timed_if_made(phases, "setup_rotation_s", self.cache.made, "rotation"):
+                    self.cache.rotation(inputs, sizes, timer)
         except Exception:  # noqa: S110 - `run` meets the same failure again and records it with its phase
             pass
+        phases["setup_s"] = time.perf_counter() - started
+        return phases
 
     def run(self, prepared: Prepared) -> Result:
         """Verify and time (CandidateTask) or re-time interleaved (RetimeTask) on this process's device."""
@@ -141,20 +179,31 @@ class CandidateRunner:
         task: CandidateTask = prepared.task
         fn = prepared.executables[0]
         device_started = now()
+        clock = time.perf_counter()
+        phases = prepared.setup | {"lane_wait_s": clock - prepared.ready_at}
         stage = "verify"
         try:
             inputs = self.cache.inputs(task.problem, task.seed)
             verify_error = verify.verify(fn, inputs, self.cache, task.verify_sizes)
+            phases["verify_s"], clock = time.perf_counter() - clock, time.perf_counter()
             stage = "time"
             samples = self._time_on_routings(self._task_timer(task), fn, inputs, task.timing_sizes, task.runs)
+            phases["time_s"] = time.perf_counter() - clock
         except WrongResult as e:
-            return self._result(task, WRONG_RESULT, prepared, device_started, error=str(e))
+            phases[f"{stage}_s"] = time.perf_counter() - clock
+            return self._result(task, WRONG_RESULT, prepared, device_started, error=str(e), phases=phases)
         except Exception as e:  # a kernel that raised on the device; the worker itself is fine
-            return self._result(
-                task, CRASHED, prepared, device_started, error=f"raised during {stage}: {error_text(e)}"
-            )
+            phases[f"{stage}_s"] = time.perf_counter() - clock
+            error = f"raised during {stage}: {error_text(e)}"
+            return self._result(task, CRASHED, prepared, device_started, error=error, phases=phases)
         return self._result(
-            task, OK, prepared, device_started, samples_s=tuple(samples), verify_error=verify_error
+            task,
+            OK,
+            prepared,
+            device_started,
+            samples_s=tuple(samples),
+            verify_error=verify_error,
+            phases=phases,
         )
 
     def _task_timer(self, task: CandidateTask | RetimeTask) -> Timer:

@@ -402,6 +402,8 @@ class SweepDriver:
     ) -> int:
         from moetune.db.records import TrialRecord
 
+        if result.phases:  # where the worker's time went (benchmarks/sweep_timeline.py reads them)
+            details = (details or {}) | {"phases": dict(result.phases)}
         record = TrialRecord(
             sweep_id=self.sweep_id,
             device=self.device,

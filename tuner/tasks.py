@@ -107,6 +107,9 @@ class CandidateResult:
     finished_at: datetime.datetime | None = None
     device_started_at: datetime.datetime | None = None  # verification began: the device was this task's
     static: dict[str, Any] | None = None  # compile-only: binary hash and static metrics (trial details)
+    # Seconds per phase after compiling (candidate.PHASES; the trial details' "phases"): where a worker's
+    # time went. None where the trial ended before its set-up (compile errors, compile-only, executor's).
+    phases: dict[str, float] | None = None
 
     @property
     def median_s(self) -> float | None:

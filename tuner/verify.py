@@ -17,6 +17,7 @@ sample of rows, see input_cache.Reference).
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,7 +54,7 @@ def poisoned_call(
     return jax.block_until_ready(fn(*args))
 
 
-@jax.jit
+@functools.partial(jax.jit, compiler_options=reference.UNTUNED_COMPILE)
 def _compare(
     out: jax.Array, ref: jax.Array, ref_rows: jax.Array, assigned: jax.Array
 ) -> tuple[jax.Array, ...]:
@@ -108,19 +109,25 @@ def check_output(out: jax.Array, ref: Reference, group_sizes: Sequence[int], pro
     return error
 
 
-def warm(inputs: Inputs, cache: InputCache, draws: Sequence[Sequence[int]]) -> None:
+def warm(inputs: Inputs, cache: InputCache, draws: Sequence[Sequence[int]]) -> tuple[float, float]:
     """Make every draw's reference and compile the check's device programs for this problem (by running
     them once on stand-in data), so that `verify` itself only runs them. Once per problem: a worker's
-    later trials of it find every reference made and do nothing here."""
+    later trials of it find every reference made and do nothing here.
+
+    Returns the seconds spent (making the references, compiling and running the checks): (0, 0) when
+    every reference was made before."""
     new = [sizes for sizes in draws if not cache.has_reference(inputs, sizes)]
     if not new:
-        return
+        return 0.0, 0.0
     problem = inputs.problem
+    started = time.perf_counter()
+    references = [cache.reference(inputs, sizes) for sizes in new]
+    made = time.perf_counter()
     stand_in = jnp.zeros((problem.m, problem.out_n), jnp.dtype(problem.out_dtype))
-    for sizes in new:
-        ref = cache.reference(inputs, sizes)
+    for ref in references:
         jax.block_until_ready(_compare(stand_in, ref.values, ref.rows, np.int32(0)))
     _nan_filled((problem.m, problem.out_n), jnp.dtype(problem.out_dtype)).delete()
+    return made - started, time.perf_counter() - made
 
 
 def verify(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -91,3 +93,28 @@ def test_zero_reference():
 def test_shape_mismatch_is_a_wrong_result():
     with pytest.raises(WrongResult, match=r"output shape \(2, 3\) != reference shape \(3, 2\)"):
         relative_error(np.zeros((2, 3)), np.zeros((3, 2)))
+
+
+def test_reference_of_is_one_program_per_shape_whatever_the_problem_object():
+    # The input cache asks reference_of(problem) anew for every draw: a fresh closure under jit would
+    # compile the reference again each time.
+    from moetune.kernels.problem import Problem
+    from moetune.kernels.reference import reference_of
+
+    lhs, rhs, sizes = _operands()
+    compiles: list[str] = []
+
+    def listener(event: str, duration: float, **kwargs) -> None:
+        if "backend_compile" in event:
+            compiles.append(event)
+
+    problem = Problem("grouped_matmul", m=11, k=16, n=8, g=3, lhs_dtype="bf16", rhs_dtype="bf16")
+    first = reference_of(problem)(lhs, rhs, sizes)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        again = reference_of(dataclasses.replace(problem))(lhs, rhs, sizes)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == []
+    assert first.dtype == jnp.float32
+    np.testing.assert_array_equal(again, reference_grouped_matmul(lhs, rhs, sizes))

@@ -66,21 +66,16 @@ def test_retime_interleaves_every_finalist():
 def test_candidates_of_a_problem_share_one_reference_per_draw_and_one_rotation(monkeypatch):
     """The device phase is serialised per GPU: nothing that depends only on the problem may be redone per
     candidate, even when the driver interleaves problems on one worker."""
-    from moetune.kernels import reference
     from moetune.kernels.timing import WallTimer
 
-    counts = {"reference": 0, "rotation": 0}
-    real_reference, real_rotation = reference.reference_grouped_matmul, WallTimer.rotation
-
-    def counted_reference(*args, **kwargs):
-        counts["reference"] += 1
-        return real_reference(*args, **kwargs)
+    rotations = 0
+    real_rotation = WallTimer.rotation
 
     def counted_rotation(self, arg_sets):
-        counts["rotation"] += 1
+        nonlocal rotations
+        rotations += 1
         return real_rotation(self, arg_sets)
 
-    monkeypatch.setattr(reference, "reference_grouped_matmul", counted_reference)
     monkeypatch.setattr(WallTimer, "rotation", counted_rotation)
     other = Problem(
         "grouped_matmul", m=32, k=32, n=64, g=4, lhs_dtype="f32", rhs_dtype="f32", out_dtype="f32"
@@ -100,7 +95,8 @@ def test_candidates_of_a_problem_share_one_reference_per_draw_and_one_rotation(m
         mixed = CandidateTask(f"b{i}", "xla", other, config, other_timing, other_draws, runs=10)
         assert runner.evaluate(mixed).status == "ok"
     assert len(set(DRAWS)) == len(set(other_draws)) == 2
-    assert counts == {"reference": 4, "rotation": 2}  # one per (problem, draw); one per problem
+    # The reference is computed once per (problem, draw); the rotation once per problem.
+    assert runner.cache.made["reference"] == 4 and rotations == 2
     assert runner.cache.made["inputs"] == 2
 
 
@@ -185,3 +181,35 @@ def test_a_workers_later_trials_of_a_problem_redo_no_set_up(monkeypatch):
     monkeypatch.setattr(verify, "_nan_filled", lambda *a: calls.append("poison") or real_nan_filled(*a))
     assert isinstance(runner.prepare(task("xla", config, "second")), Prepared)
     assert calls == []
+
+
+def test_a_trial_carries_its_phase_times_and_a_workers_second_trial_of_a_problem_sets_up_nothing():
+    from moetune.tuner.candidate import PHASES, SETUP_PARTS
+
+    runner = CandidateRunner("w")
+    config = {"strategy": "chunked", "chunk_m": 8, "items_per_step": 2}
+    first, second = (runner.evaluate(task("xla", config, t)) for t in ("first", "second"))
+    assert first.status == second.status == "ok", (first.error, second.error)
+    for result in (first, second):
+        assert set(result.phases) == set(PHASES)
+        assert result.phases["verify_s"] > 0 and result.phases["time_s"] > 0
+        assert result.phases["lane_wait_s"] >= 0
+        assert result.phases["setup_s"] >= sum(result.phases[p] for p in SETUP_PARTS)
+    assert all(first.phases[p] > 0 for p in SETUP_PARTS), first.phases
+    assert all(second.phases[p] == 0 for p in SETUP_PARTS), second.phases
+    assert second.phases["setup_s"] < first.phases["setup_s"] / 10
+
+
+def test_the_lane_wait_is_the_time_between_prepare_and_run():
+    runner = CandidateRunner("w")
+    prepared = runner.prepare(task("xla", {"strategy": "ragged_dot"}))
+    assert isinstance(prepared, Prepared)
+    prepared.ready_at -= 5.0  # as if it had waited 5 s for the lane
+    assert 5.0 <= runner.run(prepared).phases["lane_wait_s"] < 6.0
+
+
+def test_a_failed_trial_keeps_the_phases_it_reached(faulty):
+    runner = CandidateRunner("w")
+    wrong = runner.evaluate(task("faulty", {"mode": "wrong", "variant": 0}))
+    assert wrong.status == "wrong_result" and wrong.phases["verify_s"] > 0 and "time_s" not in wrong.phases
+    assert runner.evaluate(task("faulty", {"mode": "raise", "variant": 0})).phases is None  # never set up

@@ -577,6 +577,21 @@ def test_trials_show_compile_only_details(db_url, monkeypatch):
     assert [r["details"] for i, r in rows.items() if i != compiled] == [None] * 4
     table = ok("trials", "--db", db_url, "--status", "pruned").stdout
     assert "details" in table and "9f3c9f3c" in table and "spills=4" in table
+    with open_store(db_url) as store:  # a device trial's details hold only its phase times
+        store.record_trial(
+            TrialRecord(
+                sweep_id=None,
+                device=GPU,
+                backend="fake",
+                family="sm90",
+                source_hash="src1",
+                problem=PROBLEM,
+                config={"block_m": 64, "block_n": 64},
+                status="crashed",
+                error="raised during time",
+                details={"phases": {"setup_s": 1.5, "verify_s": 0.1}},
+            )
+        )
     # A listing without compile-only trials has no details column.
     assert "details" not in ok("trials", "--db", db_url, "--status", "crashed").stdout
 

@@ -60,7 +60,7 @@ def assert_timings_never_overlap(results):
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_xla_sweep_of_a_small_model(store, executor):
+def test_xla_sweep_of_a_small_model(store, executor, db_url):
     planned = load_model("tiny").with_buckets((8,)).problems()
     spec = SweepSpec(backend="xla", routing="zipf:1.2")
     outcome = run(store, executor, spec, planned)
@@ -75,6 +75,31 @@ def test_xla_sweep_of_a_small_model(store, executor):
         assert problem.winner_config is not None and problem.winner_s
         assert problem.baseline_s and problem.heuristic_s
     assert_timings_never_overlap(executor.results)
+    assert_phases_recorded(trials)
+    # The timeline reads them back: every trial's phases, split by a worker's first trial of a problem.
+    from benchmarks.sweep_timeline import timeline
+
+    result = timeline(db_url, outcome.sweep_id)
+    first, later = result["first_trial_of_a_problem_on_a_worker"], result["later_trials"]
+    assert first["phases"]["setup_s"]["count"] + later["phases"]["setup_s"]["count"] == len(trials)
+    assert (
+        later["phases"]["setup_reference_s"]["total_s"] == 0 < first["phases"]["setup_reference_s"]["total_s"]
+    )
+    assert set(result["worker_idle"]) == {"w0", "w1"}
+
+
+def assert_phases_recorded(trials):
+    """Every trial's details hold its phases; a worker's first trial of a problem made the problem's
+    inputs, references and rotations, and its later ones made none."""
+    from moetune.tuner.candidate import PHASES, SETUP_PARTS
+
+    seen = set()
+    for t in sorted(trials, key=lambda t: t.started_at):
+        phases = t.details["phases"]
+        assert set(phases) == set(PHASES), t.details
+        first = (t.worker, t.problem.key) not in seen
+        seen.add((t.worker, t.problem.key))
+        assert all((phases[p] > 0) == first for p in SETUP_PARTS), (first, phases)
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)

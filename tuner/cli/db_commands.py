@@ -245,7 +245,7 @@ def trials_command(
     if as_json:
         emit([_trial_dict(r) for r in rows], as_json=True)
     else:
-        details = any(r.details for r in rows)
+        details = any(r.details and "target" in r.details for r in rows)  # compile-only trials
         cells = [_trial_cells(r, details=details) for r in rows]
         emit(cells, as_json=False, title=f"{len(rows)} trials (newest first)")
 

@@ -1,0 +1,79 @@
+"""benchmarks/sweep_timeline.py on databases with the trials' phase times and without them (before they
+were recorded: a real H200 sweep's database)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from benchmarks import sweep_timeline
+from moetune.kernels.problem import Problem
+from moetune.tuner.candidate import PHASES
+from tests.db.db_factories import trial
+
+OLD_DB = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "2026-11-29_h200_e2e_sweep.db"
+T0 = datetime.datetime(2026, 11, 29, 12, 0, 0)
+A = Problem("grouped_matmul", m=64, k=32, n=64, g=4)
+B = Problem("grouped_matmul", m=128, k=32, n=64, g=4)
+
+
+def phases(setup: float, **others: float) -> dict[str, float]:
+    parts = {"setup_inputs_s": setup / 4, "setup_reference_s": setup / 4} if setup else {}
+    return dict.fromkeys(PHASES, 0.0) | {"setup_s": setup, "lane_wait_s": 1.0} | parts | others
+
+
+def record(store, sweep_id, worker, problem, start_s, end_s, **details):
+    store.record_trial(
+        trial(
+            config={"block_m": int(start_s * 8) + 8, "block_n": 128},
+            problem=problem,
+            sweep_id=sweep_id,
+            worker=worker,
+            compile_s=0.5,
+            started_at=T0 + datetime.timedelta(seconds=start_s),
+            finished_at=T0 + datetime.timedelta(seconds=end_s),
+            details=details or None,
+        )
+    )
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_phases_split_by_a_workers_first_trial_of_a_problem_and_idle_workers(store, db_url, capsys):
+    sweep_id = store.create_sweep(backend="fake", strategy="grid", spec={}, host="h", user="u")
+    # w0: A first (set-up 8 s), A again, then B first; busy 2+3+10 = 15 of 20 s. w1: one trial, no span idle.
+    record(store, sweep_id, "w0", A, 0, 10, phases=phases(8.0, verify_s=0.2))
+    record(store, sweep_id, "w0", A, 12, 14, phases=phases(0.0, verify_s=0.4))
+    record(store, sweep_id, "w0", B, 17, 20, phases=phases(2.0, verify_s=0.6))
+    record(store, sweep_id, "w1", B, 1, 5, target="gfx942")  # details without phases (compile-only)
+    result = sweep_timeline.timeline(db_url, sweep_id)
+    first, later = result["first_trial_of_a_problem_on_a_worker"], result["later_trials"]
+    assert first["count"] == 3 and later["count"] == 1
+    assert first["phases"]["setup_s"] == {"count": 2, "median_s": 5.0, "total_s": 10.0}
+    assert later["phases"]["setup_s"] == {"count": 1, "median_s": 0.0, "total_s": 0.0}
+    assert first["phases"]["verify_s"]["total_s"] == pytest.approx(0.8)
+    assert first["phases"]["lane_wait_s"]["median_s"] == 1.0
+    w0, w1 = result["worker_idle"]["w0"], result["worker_idle"]["w1"]
+    assert (w0["span_s"], w0["busy_s"], w0["idle_fraction"]) == (20.0, 15.0, 0.25)
+    assert w1["idle_fraction"] == 0.0
+    assert result["idle_fraction"] == pytest.approx(5.0 / 24.0)
+    sweep_timeline._print(result)
+    out = capsys.readouterr().out
+    assert "setup_reference_s" in out and "w0" in out and "idle 25%" in out
+
+
+def test_a_database_from_before_phases_reads_and_prints(tmp_path, monkeypatch, capsys):
+    db = tmp_path / "old.db"
+    shutil.copy(OLD_DB, db)
+    monkeypatch.setattr("sys.argv", ["sweep_timeline.py", str(db)])
+    sweep_timeline.main()
+    out = capsys.readouterr().out
+    assert "no phase times recorded" in out and "workers idle between trials" in out
+    monkeypatch.setattr("sys.argv", ["sweep_timeline.py", str(db), "--json"])
+    sweep_timeline.main()
+    result = json.loads(capsys.readouterr().out)
+    assert result["later_trials"]["phases"] == {} and result["trials"] > 0
+    assert 0 <= result["idle_fraction"] <= 1
