@@ -4,7 +4,9 @@
 #          each candidate timed on balanced and Zipf routing), the pack export, the HTML report, a --resume
 #          and a --stale re-run that must repeat nothing, then the shipped-pack dispatch test on the new pack;
 #   GPU 1 (nvidia-h200-x2): at the same time, the exhaustive grid of a narrowed space on four problems (two
-#          decode, two prefill), compared with the sweep's winners (benchmarks/compare_grid.py).
+#          decode, two prefill), compared with the sweep's winners (benchmarks/compare_grid.py), GPU tests
+#          (E2E_GPU1_TESTS), `moetune bench tuner`, and with E2E_MODEL_LAYERS=N, once the sweep has ended,
+#          benchmarks/bench_model.py on an N-layer Mixtral reading the sweep's winners from its database.
 # Every step is time-boxed; logs and artifacts land under $OUT (bundled: a call returns at most 8 files).
 #
 # On the GPU machine, from the repository root with .devdeps carried:
@@ -50,7 +52,16 @@ if [ "$gpus" -ge 2 ]; then
    timeout "$(cap ${E2E_BENCH_S:-150})" "${on_gpu1[@]}" "${MOETUNE[@]}" bench tuner --model "$MODEL" --buckets "${E2E_BENCH_BUCKETS:-256}" \
      --backend "$BACKEND" --budget "${E2E_BENCH_BUDGET:-12}" --sequential-budget "${E2E_SEQ_BUDGET:-3}" --routing "$ROUTING" \
      --workers "$WORKERS" --timeout-s 120 --out "$OUT/throughput.json" >"$OUT/throughput.log" 2>&1
-   echo "bench rc=$?" >>"$OUT/throughput.log") &
+   echo "bench rc=$?" >>"$OUT/throughput.log"
+   if [ -n "${E2E_MODEL_LAYERS:-}" ]; then
+     # The MoE layer on the sweep's winners (read from its database once GPU 0's sweep has ended) against
+     # the dense and XLA ragged_dot layers: benchmarks/bench_model.py on a model E2E_MODEL_LAYERS deep.
+     while [ ! -e "$OUT/sweep.done" ] && [ "$(date +%s)" -lt "$DEADLINE" ]; do sleep 5; done
+     (unset XLA_PYTHON_CLIENT_ALLOCATOR; timeout "$(cap ${E2E_MODEL_S:-150})" "${on_gpu1[@]}" python3 benchmarks/bench_model.py \
+       --model mixtral_8x7b --layers "$E2E_MODEL_LAYERS" --batch 1 --prompt 2048 --gen 16 --out "$OUT/model_layers.json" \
+       >"$OUT/model_layers.log" 2>&1)
+     echo "model bench rc=$?" >>"$OUT/model_layers.log"
+   fi) &
   gpu1=$!
 fi
 
@@ -71,6 +82,7 @@ else
   echo "sweep rc=$? in $(( $(date +%s) - start )) s"; grep -v "logging.cc\|^    @" "$OUT/sweep.log" | tail -4
 fi
 
+touch "$OUT/sweep.done"
 step "export the pack, write the report"
 "${MOETUNE[@]}" export --gpu "$GPU_KIND" --backend "$BACKEND" -o "$OUT/pack.json" 2>&1 | tail -3
 "${MOETUNE[@]}" report 1 --out "$OUT/report.html" 2>&1 | tail -2
@@ -97,9 +109,13 @@ if [ -z "${E2E_SKIP_RESUME:-}" ]; then
   echo "trials after resume and stale: $(grep -c '"id"' "$OUT/trials-after.json") (before: $(grep -c '"id"' "$OUT/trials.json"))"
 fi
 
+step "where the sweep's time went"
+python3 benchmarks/sweep_timeline.py "$OUT/sweep.db" --sweep 1 2>&1 | tee "$OUT/timeline.log" | tail -40
+
 if [ -n "${gpu1:-}" ]; then
-  step "wait for GPU 1 (grid, throughput), then compare the grid with the sweep"
+  step "wait for GPU 1 (grid, throughput, model layers), then compare the grid with the sweep"
   wait "$gpu1"; tail -3 "$OUT/gpu-tests.log" 2>/dev/null; grep -v "logging.cc\|^    @" "$OUT/throughput.log" | tail -12
+  tail -12 "$OUT/model_layers.log" 2>/dev/null
   [ -s "$OUT/grid.db" ] && python3 benchmarks/compare_grid.py "$OUT/sweep.db" "$OUT/grid.db" --out "$OUT/grid_vs_sweep.json"
 fi
 
@@ -108,8 +124,8 @@ for db in "$OUT"/*.db; do
   python3 -c "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()" "$db"
   rm -f "$db-wal" "$db-shm"
 done
-rm -f "$OUT/empty.db"
-(cd "$OUT" && find . -maxdepth 1 -type f \( -name '*.log' -o -name '*.json' \) ! -name pack.json ! -name grid_vs_sweep.json ! -name throughput.json ! -name e2e.log -print0 \
+rm -f "$OUT/empty.db" "$OUT/sweep.done"
+(cd "$OUT" && find . -maxdepth 1 -type f \( -name '*.log' -o -name '*.json' \) ! -name pack.json ! -name grid_vs_sweep.json ! -name throughput.json ! -name model_layers.json ! -name e2e.log -print0 \
   | tar --null -T - -czf logs.tgz --remove-files)
 ls -la "$OUT"
 step "done"

@@ -1,10 +1,15 @@
 """What a sweep tunes: MoE model shape files and single-problem strings -> the Problems to tune.
 
 A model file (configs/models/<name>.yaml) names the expert shapes; each token bucket T yields two
-grouped GEMMs, because a SwiGLU expert multiplies twice:
+grouped GEMMs, because a gated expert multiplies twice:
 
-    gate_up: M = T * top_k, K = hidden, N = 2 * ffn     (gate and up projections fused)
+    gate_up: M = T * top_k, K = hidden, N = 2 * ffn     (gate and up projections in one GEMM)
     down:    M = T * top_k, K = ffn,    N = hidden
+
+They are the Problems `moetune.kernels.moe_mlp` dispatches, so the winners are the ones it looks up: for
+a SwiGLU model (`activation: swiglu`, the default) gate_up is "grouped_matmul_swiglu", the GEMM with
+silu(gate) * up in its epilogue, on every backend that serves that op (`for_backend` turns it back into
+the plain GEMM where the backend does not, as moe_mlp does); any other activation runs unfused.
 
 Example: Mixtral-8x7B at T=4096 -> gate_up m=8192,k=4096,n=28672,g=8 and down m=8192,k=14336,n=4096,g=8.
 Any MoE model works from its YAML alone; nothing here knows a model by name.
@@ -19,10 +24,14 @@ from typing import Any
 
 import yaml
 
-from moetune.kernels.errors import ConfigInvalid
-from moetune.kernels.problem import Problem, dtype_name
+from moetune.kernels.errors import ConfigInvalid, Unsupported
+from moetune.kernels.moe_reference import GATES
+from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name
 
-OP = "grouped_matmul"
+OP = GROUPED_MATMUL
+# The gate_up op moe_mlp dispatches for each activation; the others run the plain GEMM, then the activation.
+FUSED_GATE_UP = {"swiglu": GROUPED_MATMUL_SWIGLU}
+OPS = (GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU)
 # Decode (1 token) to long prefill chunks (16384 tokens).
 DEFAULT_TOKEN_BUCKETS = tuple(2**i for i in range(15))
 
@@ -54,10 +63,15 @@ class ModelShapes:
     out_dtype: str = "bfloat16"
     transpose_rhs: bool = False
     token_buckets: tuple[int, ...] = DEFAULT_TOKEN_BUCKETS
+    activation: str = "swiglu"
 
     def __post_init__(self) -> None:
         for name in ("experts", "top_k", "hidden", "ffn"):
             _positive_int(f"{self.name}: {name}", getattr(self, name))
+        if self.activation not in GATES:
+            raise ConfigInvalid(
+                f"{self.name}: activation={self.activation!r}; known: {', '.join(sorted(GATES))}"
+            )
         if self.top_k > self.experts:
             raise ConfigInvalid(f"{self.name}: top_k={self.top_k} exceeds experts={self.experts}")
         if not self.token_buckets:
@@ -102,9 +116,13 @@ class ModelShapes:
         planned = []
         for tokens in self.token_buckets:
             m = tokens * self.top_k
-            for part, k, n in (("gate_up", self.hidden, 2 * self.ffn), ("down", self.ffn, self.hidden)):
+            gate_up_op = FUSED_GATE_UP.get(self.activation, OP)
+            for part, op, k, n in (
+                ("gate_up", gate_up_op, self.hidden, 2 * self.ffn),
+                ("down", OP, self.ffn, self.hidden),
+            ):
                 problem = Problem(
-                    OP,
+                    op,
                     m=m,
                     k=k,
                     n=n,
@@ -158,9 +176,11 @@ _PROBLEM_FIELDS |= {"out": "out_dtype", "t": "transpose_rhs", "transpose_rhs": "
 
 
 def parse_problem(text: str) -> PlannedProblem:
-    """'m=8192,k=4096,n=28672,g=8,dtype=bf16' -> a Problem; dtype sets lhs, rhs and out (each overridable)."""
+    """'m=8192,k=4096,n=28672,g=8,dtype=bf16' -> a Problem; dtype sets lhs, rhs and out (each overridable);
+    `op=grouped_matmul_swiglu` names the fused gate_up op (default: the plain grouped_matmul)."""
     values: dict[str, Any] = {}
     dtype = None
+    op = OP
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, value = item.partition("=")
         name = name.strip()
@@ -168,11 +188,15 @@ def parse_problem(text: str) -> PlannedProblem:
             raise ConfigInvalid(f"problem {text!r}: {item!r} is not name=value")
         if name == "dtype":
             dtype = value.strip()
+        elif name == "op":
+            op = value.strip()
+            if op not in OPS:
+                raise ConfigInvalid(f"problem {text!r}: op={op!r}; known: {', '.join(OPS)}")
         elif name in _PROBLEM_FIELDS:
             values[_PROBLEM_FIELDS[name]] = value.strip()
         else:
             raise ConfigInvalid(
-                f"problem {text!r}: unknown field {name!r}; known: dtype, {', '.join(_PROBLEM_FIELDS)}"
+                f"problem {text!r}: unknown field {name!r}; known: op, dtype, {', '.join(_PROBLEM_FIELDS)}"
             )
     missing = [name for name in ("m", "k", "n", "g") if name not in values]
     if missing:
@@ -187,8 +211,22 @@ def parse_problem(text: str) -> PlannedProblem:
     for name in ("lhs_dtype", "rhs_dtype", "out_dtype"):
         if dtype is not None:
             values.setdefault(name, dtype)
-    problem = Problem(OP, **values)
-    return PlannedProblem(problem, f"m={problem.m},k={problem.k},n={problem.n},g={problem.g}")
+    problem = Problem(op, **values)
+    label = f"m={problem.m},k={problem.k},n={problem.n},g={problem.g}"
+    return PlannedProblem(problem, label if op == OP else f"{op} {label}")
+
+
+def for_backend(planned: PlannedProblem, backend: Any) -> PlannedProblem:
+    """The problem as moe_mlp dispatches it on `backend`: a fused gate_up op the backend does not serve
+    becomes the plain GEMM of the same shape (the activation then runs in XLA)."""
+    problem = planned.problem
+    if problem.op == OP:
+        return planned
+    try:
+        backend.check(problem)
+    except Unsupported:
+        return PlannedProblem(dataclasses.replace(problem, op=OP), planned.label)
+    return planned
 
 
 def dedupe(planned: list[PlannedProblem]) -> list[PlannedProblem]:

@@ -119,7 +119,7 @@ def measure(
 ) -> ThroughputResult:
     """Run `spec` on Ray, then in-process (unless `sequential` is False); `spec.budget` caps the candidates
     per problem, `sequential_budget` those of the in-process run."""
-    from moetune.tuner import ray_pool, sweep_setup
+    from moetune.tuner import plan, ray_pool, sweep_setup
     from moetune.tuner.executors import InlineExecutor
 
     # The sequential run opens the device in this process; it must not reserve most of a GPU's memory.
@@ -134,6 +134,7 @@ def measure(
             startup = time.perf_counter() - start
             try:
                 backend = sweep_setup.resolve_backend(backend_name or spec.backend, executor.device)
+                planned = plan.dedupe([plan.for_backend(p, backend) for p in planned])
                 ray_mode = _sweep(
                     executor,
                     spec,

@@ -20,6 +20,7 @@ import pytest
 from moetune.kernels import api, packs, registry
 from moetune.kernels.device import current_fingerprint
 from moetune.kernels.lookup import LOOKUP
+from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU
 from moetune.tuner import verify
 from moetune.tuner.finalists import spread
 from moetune.tuner.input_cache import InputCache
@@ -52,19 +53,24 @@ MIN_ALLOWED_DEVIATION = 0.15
 SPREAD_FACTOR = 3.0
 
 
-def _fresh_jit():
-    """jax.jit of grouped_matmul through a new function object: jax caches traces per function, and a trace
-    cached by an earlier test would skip the dispatch this module checks."""
+# The public function that dispatches each op (a pack holds moe_mlp's fused gate_up op too).
+OP_FUNCTIONS = {GROUPED_MATMUL: api.grouped_matmul, GROUPED_MATMUL_SWIGLU: api.grouped_matmul_swiglu}
+
+
+def _fresh_jit(op: str):
+    """jax.jit of `op`'s public function through a new function object: jax caches traces per function,
+    and a trace cached by an earlier test would skip the dispatch this module checks."""
+    function = OP_FUNCTIONS[op]
 
     def dispatched(lhs, rhs, group_sizes):
-        return api.grouped_matmul(lhs, rhs, group_sizes)
+        return function(lhs, rhs, group_sizes)
 
     return jax.jit(dispatched)
 
 
 def _entry_id(entry: packs.PackEntry) -> str:
     p = entry.problem
-    return f"m={p.m},k={p.k},n={p.n},g={p.g}"
+    return f"{p.op}:m={p.m},k={p.k},n={p.n},g={p.g}"
 
 
 @pytest.fixture(autouse=True)
@@ -115,13 +121,13 @@ def test_explain_names_the_fresh_pack_winner(entry, pack_device):
 def test_jitted_call_uses_the_pack_winner_and_matches_the_reference(entry, pack_device, cache, caplog):
     problem = entry.problem
     inputs = cache.inputs(problem, SWEEP_SEED)
-    jitted = _fresh_jit()
+    jitted = _fresh_jit(problem.op)
     draws = verification_draws(SWEEP_ROUTINGS, problem.m, problem.g, seed=SWEEP_SEED, count=2)
     with caplog.at_level(logging.DEBUG, logger=api.__name__):
         # The first call traces: dispatch logs (problem key, backend, config, source) while it does.
         for sizes in draws:
             args = cache.verify_args(inputs, sizes)
-            out = verify.poisoned_call(jitted, args, (problem.m, problem.n), problem.out_dtype)
+            out = verify.poisoned_call(jitted, args, (problem.m, problem.out_n), problem.out_dtype)
             verify.check_output(out, cache.reference(inputs, sizes), sizes, problem)
     traced = [r.args for r in caplog.records if r.name == api.__name__ and r.args[:1] == (problem.key,)]
     assert traced, f"no dispatch of {problem.key} was traced"
@@ -132,10 +138,10 @@ def test_jitted_call_uses_the_pack_winner_and_matches_the_reference(entry, pack_
 @pytest.mark.parametrize("entry", ENTRIES, ids=_entry_id)
 def test_dispatched_kernel_time_is_within_noise_of_the_recorded_median(entry, pack_device, cache):
     problem = entry.problem
-    # What users run: grouped_matmul under jit, compiled for the problem's shapes (dispatch happens while
+    # What users run: the op's function under jit, compiled for the problem's shapes (dispatch happens while
     # lowering). Timed exactly as the tuner times a candidate: the backend's timer over the rotation of
     # the sweep's input sets with each of the sweep's timing draws.
-    compiled = _fresh_jit().lower(*verify.shape_dtypes(problem)).compile()
+    compiled = _fresh_jit(problem.op).lower(*verify.shape_dtypes(problem)).compile()
     inputs = cache.inputs(problem, SWEEP_SEED)
     timer = registry.get(PACK.backend).timer()
     per_routing = [

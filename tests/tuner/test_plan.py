@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from moetune.kernels import registry
 from moetune.kernels.errors import ConfigInvalid
-from moetune.tuner.plan import DEFAULT_TOKEN_BUCKETS, ModelShapes, dedupe, load_model, parse_problem
+from moetune.kernels.moe import moe_problems
+from moetune.tuner.plan import (
+    DEFAULT_TOKEN_BUCKETS,
+    ModelShapes,
+    dedupe,
+    for_backend,
+    load_model,
+    parse_problem,
+)
 from moetune.tuner.spec import SweepSpec, load_sweep_file, shipped_sweep_names
 
 
@@ -19,6 +28,41 @@ def test_mixtral_8x7b_yields_gate_up_and_down_per_bucket():
     assert (gate_up.m, gate_up.k, gate_up.n, gate_up.g) == (8192, 4096, 28672, 8)
     assert (down.m, down.k, down.n, down.g) == (8192, 14336, 4096, 8)
     assert gate_up.lhs_dtype == gate_up.rhs_dtype == gate_up.out_dtype == "bfloat16"
+
+
+def test_model_problems_are_what_moe_mlp_dispatches():
+    # The winners a sweep stores must be the ones moe_mlp looks up: same op, shapes and dtypes.
+    model = load_model("mixtral-8x7b")
+    for tokens in (1, 4096):
+        planned = {p.label: p.problem for p in model.with_buckets((tokens,)).problems()}
+        gate_up, down = moe_problems(tokens, model.hidden, model.ffn, model.experts, model.top_k)
+        assert planned[f"mixtral-8x7b gate_up T={tokens}"] == gate_up
+        assert planned[f"mixtral-8x7b down T={tokens}"] == down
+        assert gate_up.op == "grouped_matmul_swiglu" and gate_up.out_n == model.ffn
+
+
+def test_unfused_activation_tunes_the_plain_gate_up_gemm():
+    model = ModelShapes("m", experts=4, top_k=2, hidden=64, ffn=32, token_buckets=(4,), activation="geglu")
+    assert {p.problem.op for p in model.problems()} == {"grouped_matmul"}
+    with pytest.raises(ConfigInvalid, match="activation='relu'; known: geglu, swiglu"):
+        ModelShapes("m", experts=4, top_k=2, hidden=64, ffn=32, activation="relu")
+
+
+def test_for_backend_unfuses_where_the_backend_does_not_serve_the_op():
+    gate_up = load_model("mixtral-8x7b").with_buckets((16,)).problems()[0]
+    assert gate_up.problem.op == "grouped_matmul_swiglu"
+    assert for_backend(gate_up, registry.get("xla")) == gate_up  # xla serves the fused op
+    unfused = for_backend(gate_up, registry.get("flydsl"))  # FlyDSL's kernel is the plain GEMM
+    assert unfused.problem.op == "grouped_matmul" and unfused.label == gate_up.label
+    assert (unfused.problem.m, unfused.problem.n, unfused.problem.out_n) == (32, 28672, 28672)
+
+
+def test_parse_problem_names_the_fused_op():
+    fused = parse_problem("op=grouped_matmul_swiglu,m=2,k=4096,n=28672,g=8,dtype=bf16")
+    assert (fused.problem.op, fused.problem.out_n) == ("grouped_matmul_swiglu", 14336)
+    assert fused.label == "grouped_matmul_swiglu m=2,k=4096,n=28672,g=8"
+    with pytest.raises(ConfigInvalid, match="op='gemm'; known: grouped_matmul, grouped_matmul_swiglu"):
+        parse_problem("op=gemm,m=2,k=4,n=4,g=1")
 
 
 def test_mixtral_8x22b_shapes():
@@ -99,7 +143,8 @@ def test_parse_problem_errors(text, message):
 
 def test_dedupe_keeps_the_first_label():
     a = parse_problem("m=2,k=64,n=64,g=4")
-    b = ModelShapes("m", experts=4, top_k=2, hidden=64, ffn=32, token_buckets=(1,)).problems()
+    b = ModelShapes("m", experts=4, top_k=2, hidden=64, ffn=32, token_buckets=(1,), activation="geglu")
+    b = b.problems()
     merged = dedupe([*b, a])
     assert [p.label for p in merged] == ["m gate_up T=1", "m down T=1"]
 

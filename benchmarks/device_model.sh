@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Issue 7 on the GPU machine, in one device call (600 s at most):
+#   GPU 0: the Mixtral-8x7B model benchmark (benchmarks/bench_model.py: prefill and decode tokens/s and the
+#          MoE layer alone, for the dense, moetune and XLA ragged_dot paths, with parity against dense);
+#   GPU 1 (nvidia-h200-x2): the fused SwiGLU check (benchmarks/device_fused_check.py), then tests/gpu.
+# On a one-GPU machine the GPU 1 half runs after the model benchmark, in what time is left.
+# Knobs: MODEL_BATCH (1), MODEL_PROMPT (2048), MODEL_GEN (128), MODEL_S (480), FUSED_S (240), TESTS ("tests/gpu").
+#   bash benchmarks/device_model.sh          # with .devdeps carried; logs and JSON under $OUT
+set -uo pipefail
+OUT=${OUT:?set OUT to a folder for logs and artifacts}
+mkdir -p "$OUT"
+source benchmarks/device_env.sh
+unset XLA_PYTHON_CLIENT_ALLOCATOR  # one process per GPU here: XLA's own allocator
+DEADLINE=$(( $(date +%s) + ${MODEL_DEADLINE_S:-570} ))
+cap() { local left=$(( DEADLINE - $(date +%s) )); [ "$left" -lt "$1" ] && echo $(( left > 5 ? left : 5 )) || echo "$1"; }
+gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c GPU)
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv >"$OUT/gpu.txt" 2>&1
+
+second_half() {
+  step "fused SwiGLU check"
+  timeout "$(cap ${FUSED_S:-240})" python3 benchmarks/device_fused_check.py --out "$OUT/fused.json" \
+    --budget-s "$(( ${FUSED_S:-240} - 40 ))" >"$OUT/fused.log" 2>&1
+  echo "fused rc=$?" >>"$OUT/fused.log"
+  step "GPU tests: ${TESTS:-tests/gpu}"
+  timeout "$(cap 600)" python3 -m pytest ${TESTS:-tests/gpu} -m gpu -v -p no:cacheprovider -rs >"$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests rc=$?" >>"$OUT/gpu-tests.log"
+}
+
+if [ "$gpus" -ge 2 ]; then
+  (export CUDA_VISIBLE_DEVICES=1; second_half) &
+  other=$!
+fi
+step "model benchmark: batch ${MODEL_BATCH:-1}, prompt ${MODEL_PROMPT:-2048}, gen ${MODEL_GEN:-128}"
+CUDA_VISIBLE_DEVICES=0 timeout "$(cap ${MODEL_S:-480})" python3 benchmarks/bench_model.py --model mixtral_8x7b \
+  --batch "${MODEL_BATCH:-1}" --prompt "${MODEL_PROMPT:-2048}" --gen "${MODEL_GEN:-128}" --no-db \
+  --out "$OUT/model.json" >"$OUT/model.log" 2>&1
+echo "model rc=$?" >>"$OUT/model.log"
+if [ "$gpus" -ge 2 ]; then wait "$other"; else CUDA_VISIBLE_DEVICES=0 second_half; fi
+tail -n 30 "$OUT/model.log"; tail -n 25 "$OUT/fused.log"; tail -n 40 "$OUT/gpu-tests.log"
