@@ -24,6 +24,8 @@ _TOLERANCE = {"bfloat16": 1e-2, "float16": 1e-3, "float32": 1e-5}
 # costs seconds per new shape and buys nothing for a program that runs once per draw. Never for the
 # kernels or the XLA baseline being timed. Ignored where there is nothing to autotune (CPU).
 UNTUNED_COMPILE = {"xla_gpu_autotune_level": 0}
+# Each op's epilogue after the product ("" for none).
+_ACTIVATIONS = {GROUPED_MATMUL: "", GROUPED_MATMUL_SWIGLU: "swiglu"}
 
 _TRANSPOSED = lax.RaggedDotDimensionNumbers(
     dot_dimension_numbers=(((1,), (2,)), ((), ())),
@@ -61,15 +63,47 @@ def _reference(
     return gated_activation(activation, product) if activation else product
 
 
+@functools.partial(jax.jit, static_argnames=("transpose_rhs", "activation"), compiler_options=UNTUNED_COMPILE)
+def _reference_of_rows(
+    lhs: jax.Array,
+    rows: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    transpose_rhs: bool,
+    activation: str,
+) -> jax.Array:
+    product = reference_grouped_matmul(lhs[rows], rhs, group_sizes, transpose_rhs=transpose_rhs)
+    return gated_activation(activation, product) if activation else product
+
+
+@functools.lru_cache(maxsize=64)
+def rows_reference_program(problem: Problem, rows: int) -> Callable[[Any, Any, Any, Any], jax.Array]:
+    """Compiled, not run: (lhs [m, k], row ids int32 [rows], rhs, group sizes int32 [g] of those rows) ->
+    the float32 reference of lhs[row ids], [rows, out_n]. Compiling apart from running lets a tuner worker
+    compile while another worker times a kernel, and run it only while it holds the device."""
+    activation = _ACTIVATIONS.get(problem.op)
+    if activation is None:
+        raise Unsupported(f"no reference for op={problem.op!r}")
+    rhs = (problem.g, problem.n, problem.k) if problem.transpose_rhs else (problem.g, problem.k, problem.n)
+    return _reference_of_rows.lower(
+        jax.ShapeDtypeStruct((problem.m, problem.k), jnp.dtype(problem.lhs_dtype)),
+        jax.ShapeDtypeStruct((rows,), jnp.int32),
+        jax.ShapeDtypeStruct(rhs, jnp.dtype(problem.rhs_dtype)),
+        jax.ShapeDtypeStruct((problem.g,), jnp.int32),
+        transpose_rhs=problem.transpose_rhs,
+        activation=activation,
+    ).compile()
+
+
 def reference_of(problem: Problem) -> Callable[[Any, Any, Any], jax.Array]:
     """(lhs, rhs, group_sizes) -> the float32 result a kernel for `problem` must match, [m, out_n]: one
     compiled program per shape (without autotuning, UNTUNED_COMPILE). Call it outside jit: options like
     these are only taken by a top-level jit."""
-    activations = {GROUPED_MATMUL: "", GROUPED_MATMUL_SWIGLU: "swiglu"}
-    if problem.op not in activations:
+    if problem.op not in _ACTIVATIONS:
         raise Unsupported(f"no reference for op={problem.op!r}")
     return functools.partial(
-        _reference, transpose_rhs=problem.transpose_rhs, activation=activations[problem.op]
+        _reference, transpose_rhs=problem.transpose_rhs, activation=_ACTIVATIONS[problem.op]
     )
 
 

@@ -44,6 +44,16 @@ class Timer(abc.ABC):
         self, fn: Callable[..., Any], arg_sets: Sequence[tuple] | Rotation, *, runs: int = 10
     ) -> list[float]: ...
 
+    def time_each(
+        self, fn: Callable[..., Any], rotations: Sequence[Sequence[tuple] | Rotation], *, runs: int = 10
+    ) -> list[list[float]]:
+        """The samples `time` would return for each of `rotations`, in order.
+
+        Implementations whose set-up costs more than the timing (a profiler session) may time all the
+        rotations in one session; each rotation's samples must still be its own.
+        """
+        return [self.time(fn, rotation, runs=runs) for rotation in rotations]
+
 
 class WallTimer(Timer):
     """Host clock around each call with `block_until_ready`: right for CPU; coarse on GPUs."""

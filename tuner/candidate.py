@@ -66,12 +66,13 @@ class Prepared:
 # A trial's phases after compiling, in seconds (CandidateResult.phases, the trial details' "phases"):
 #   setup_s            all of _warm, of which the parts below (each 0 when the cache already held it):
 #   setup_inputs_s     making the problem's operands;
-#   setup_reference_s  the float32 reference of each verification draw;
+#   setup_reference_s  compiling the float32 reference program (it runs in `run`: see verify.warm);
 #   setup_check_s      compiling (and running once) the check's programs;
 #   setup_rotation_s   the timer's rotations of the timing routings;
 #   lane_wait_s        from the end of `prepare` to the start of `run` in this worker: waiting for the
 #                      device's exclusive lane, plus the driver's and Ray's latency;
-#   verify_s, time_s   verifying on every draw, timing on every routing (until the failure, if any).
+#   verify_s, time_s   verifying on every draw (on a worker's first trial of a problem, making its
+#                      references too), timing on every routing (until the failure, if any).
 SETUP_PARTS = ("setup_inputs_s", "setup_reference_s", "setup_check_s", "setup_rotation_s")
 PHASES = ("setup_s", *SETUP_PARTS, "lane_wait_s", "verify_s", "time_s")
 
@@ -137,14 +138,15 @@ class CandidateRunner:
         return Prepared(task, executables, errors, compile_s, started, setup, time.perf_counter())
 
     def _warm(self, task: CandidateTask | RetimeTask) -> dict[str, float]:
-        """Make the problem's inputs, references and timing rotations now, and compile the programs that
-        make and check them, so that `run` is only the candidate's own device work.
+        """Make the problem's inputs and timing rotations now, and compile the programs that make the
+        references and check results, so that `run` compiles nothing.
 
         On a GPU each of those programs compiles on first use (seconds each, for every new problem in every
         worker); in `run` that would hold the device's lane, which serialises all workers on it. Here it
-        overlaps with other workers' timing. Their device work is small (random operands, a reference on
-        at most REFERENCE_MAX_BYTES of output rows): it may touch a sample of a concurrent timing, which
-        the median of many runs and the interleaved re-timing of finalists absorb.
+        overlaps with other workers' timing, so the device work here must stay small (random operands,
+        copies for small problems, the check's warm-up): the float32 references are run in `run`. On the
+        H200 they ran here once, and the largest problems' references beside other workers' timings
+        inflated those timings up to threefold.
 
         Returns the seconds it took, as setup_s and its SETUP_PARTS.
         """
@@ -154,9 +156,7 @@ class CandidateRunner:
             with _timed_if_made(phases, "setup_inputs_s", self.cache.made, "inputs"):
                 inputs = self.cache.inputs(task.problem, task.seed)
             if isinstance(task, CandidateTask):
-                phases["setup_reference_s"], phases["setup_check_s"] = verify.warm(
-                    inputs, self.cache, task.verify_sizes
-                )
+                phases["setup_reference_s"], phases["setup_check_s"] = verify.warm(inputs, self.cache)
             timer = self._task_timer(task)
             for sizes in task.timing_sizes:
                 with _timed_if_made(phases, "setup_rotation_s", self.cache.made, "rotation"):
@@ -225,9 +225,8 @@ class CandidateRunner:
     ) -> list[float]:
         """`runs` samples, each the mean over the routings of one run on each (paired by run index): an
         estimate of the time per call when calls come in those routings alike, whose median is robust."""
-        per_routing = [
-            timer.time(fn, self.cache.rotation(inputs, sizes, timer), runs=runs) for sizes in timing_sizes
-        ]
+        rotations = [self.cache.rotation(inputs, sizes, timer) for sizes in timing_sizes]
+        per_routing = timer.time_each(fn, rotations, runs=runs)
         return [sum(run) / len(run) for run in zip(*per_routing, strict=True)]
 
     def _compile_only(self, task: CompileOnlyTask, started: datetime.datetime) -> CandidateResult:

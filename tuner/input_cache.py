@@ -124,7 +124,7 @@ def reference_rows(problem: Problem, group_sizes: Sequence[int], seed: int) -> n
     sum(group_sizes) have a zero reference, and are checked to be zero in any case."""
     sizes = np.asarray(group_sizes, dtype=np.int64)
     assigned = int(min(sizes.sum(), problem.m))
-    count = min(problem.m, max(1, REFERENCE_MAX_BYTES // (problem.out_n * 4)))
+    count = reference_row_count(problem)
     if assigned <= count:
         return np.arange(count, dtype=np.int32)
     ends = np.minimum(np.cumsum(sizes), assigned)
@@ -134,6 +134,11 @@ def reference_rows(problem: Problem, group_sizes: Sequence[int], seed: int) -> n
     others = np.setdiff1d(np.arange(assigned), edges)
     rest = rng.choice(others, size=count - len(edges), replace=False)
     return np.sort(np.concatenate([edges, rest])).astype(np.int32)
+
+
+def reference_row_count(problem: Problem) -> int:
+    """How many output rows every reference of `problem` holds (`reference_rows`)."""
+    return min(problem.m, max(1, REFERENCE_MAX_BYTES // (problem.out_n * 4)))
 
 
 def sampled_group_sizes(group_sizes: Sequence[int], rows: np.ndarray) -> np.ndarray:
@@ -148,6 +153,7 @@ class _Entry:
     sizes: dict[tuple[int, ...], jax.Array] = dataclasses.field(default_factory=dict)
     references: dict[tuple[int, ...], Reference] = dataclasses.field(default_factory=dict)
     rotations: dict[tuple[tuple[int, ...], Timer], Rotation] = dataclasses.field(default_factory=dict)
+    checks_compiled: bool = False  # verify.warm ran for this problem
 
     def arrays(self) -> list[jax.Array]:
         held = [a for pair in self.inputs.sets for a in pair] + list(self.sizes.values())
@@ -201,6 +207,13 @@ class InputCache:
         lhs, rhs = inputs.sets[0]
         return lhs, rhs, self.group_sizes(inputs, group_sizes)
 
+    def checks_compiled(self, inputs: Inputs) -> bool:
+        """Whether verify.warm compiled this problem's reference and check programs in this worker."""
+        return self._entry(inputs.problem, inputs.seed).checks_compiled
+
+    def mark_checks_compiled(self, inputs: Inputs) -> None:
+        self._entry(inputs.problem, inputs.seed).checks_compiled = True
+
     def has_reference(self, inputs: Inputs, group_sizes: Sequence[int]) -> bool:
         entry = self._entries.get((inputs.problem, inputs.seed))
         return entry is not None and tuple(int(s) for s in group_sizes) in entry.references
@@ -212,9 +225,8 @@ class InputCache:
         if sizes not in entry.references:
             lhs, rhs, _ = self.verify_args(inputs, sizes)
             rows = reference_rows(inputs.problem, sizes, inputs.seed)
-            if len(rows) < inputs.problem.m:
-                lhs = lhs[jnp.asarray(rows)]
-            values = reference.reference_of(inputs.problem)(lhs, rhs, sampled_group_sizes(sizes, rows))
+            program = reference.rows_reference_program(inputs.problem, len(rows))
+            values = program(lhs, jnp.asarray(rows), rhs, jnp.asarray(sampled_group_sizes(sizes, rows)))
             entry.references[sizes] = Reference(jax.block_until_ready(values), jnp.asarray(rows))
             self.made["reference"] += 1
         return entry.references[sizes]

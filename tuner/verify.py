@@ -28,7 +28,7 @@ import numpy as np
 from moetune.kernels import reference
 from moetune.kernels.errors import WrongResult
 from moetune.kernels.problem import Problem
-from moetune.tuner.input_cache import InputCache, Inputs, Reference, rhs_shape
+from moetune.tuner.input_cache import InputCache, Inputs, Reference, reference_row_count, rhs_shape
 
 
 def shape_dtypes(problem: Problem) -> tuple[jax.ShapeDtypeStruct, ...]:
@@ -109,25 +109,29 @@ def check_output(out: jax.Array, ref: Reference, group_sizes: Sequence[int], pro
     return error
 
 
-def warm(inputs: Inputs, cache: InputCache, draws: Sequence[Sequence[int]]) -> tuple[float, float]:
-    """Make every draw's reference and compile the check's device programs for this problem (by running
-    them once on stand-in data), so that `verify` itself only runs them. Once per problem: a worker's
-    later trials of it find every reference made and do nothing here.
+def warm(inputs: Inputs, cache: InputCache) -> tuple[float, float]:
+    """Compile, without running it, the problem's float32 reference program, and compile the check's
+    device programs (by running them once on stand-in data: an output-sized zero buffer, small work), so
+    that `verify` only runs programs. The references themselves are made by the first `verify` of the
+    problem, while the worker holds the device: for the largest problems a reference is seconds of
+    float32 GEMM, which next to another worker's timing would inflate that timing severalfold. Once per
+    problem: later trials find the references made and do nothing here.
 
-    Returns the seconds spent (making the references, compiling and running the checks): (0, 0) when
-    every reference was made before."""
-    new = [sizes for sizes in draws if not cache.has_reference(inputs, sizes)]
-    if not new:
+    Returns the seconds spent (compiling the reference, compiling and running the checks): (0, 0) when
+    this was done before for the problem."""
+    if cache.checks_compiled(inputs):
         return 0.0, 0.0
     problem = inputs.problem
     started = time.perf_counter()
-    references = [cache.reference(inputs, sizes) for sizes in new]
-    made = time.perf_counter()
+    rows = reference_row_count(problem)
+    reference.rows_reference_program(problem, rows)
+    compiled = time.perf_counter()
     stand_in = jnp.zeros((problem.m, problem.out_n), jnp.dtype(problem.out_dtype))
-    for ref in references:
-        jax.block_until_ready(_compare(stand_in, ref.values, ref.rows, np.int32(0)))
+    ref = Reference(jnp.zeros((rows, problem.out_n), jnp.float32), jnp.arange(rows, dtype=jnp.int32))
+    jax.block_until_ready(_compare(stand_in, ref.values, ref.rows, np.int32(0)))
     _nan_filled((problem.m, problem.out_n), jnp.dtype(problem.out_dtype)).delete()
-    return made - started, time.perf_counter() - made
+    cache.mark_checks_compiled(inputs)
+    return compiled - started, time.perf_counter() - compiled
 
 
 def verify(

@@ -6,8 +6,9 @@ the rotation in turn, with CUPTI recording each launch's device time. Host gaps 
 enter the samples: CUPTI times kernels, not the host. When the argument sets together are smaller than
 twice the L2, they are replicated into fresh device buffers until they are not, so that no run finds its
 inputs in cache. Those copies are made by `CuptiTimer.rotation`; the tuner makes them once per problem
-and passes the `Rotation` to every candidate's `time`. A sample is one pass over the rotation: the
-summed kernel time of its launches divided by the number of sets.
+and passes the `Rotation`s to every candidate's `time_each`, which times all of them in one CUPTI
+session (starting and stopping one costs more than the passes). A sample is one pass over a rotation:
+the summed kernel time of its launches divided by the number of sets.
 """
 
 from __future__ import annotations
@@ -102,29 +103,40 @@ class CuptiTimer(Timer):
     def time(
         self, fn: Callable[..., Any], arg_sets: Sequence[tuple] | Rotation, *, runs: int = MIN_RUNS
     ) -> list[float]:
+        return self.time_each(fn, [arg_sets], runs=runs)[0]
+
+    def time_each(
+        self, fn: Callable[..., Any], rotations: Sequence[Sequence[tuple] | Rotation], *, runs: int = MIN_RUNS
+    ) -> list[list[float]]:
+        """All rotations in one CUPTI session: starting and stopping one costs more than the passes."""
         import jax
 
         runs = max(runs, MIN_RUNS)
-        sets = self.rotated(arg_sets)
-        jax.block_until_ready([fn(*s) for s in sets])  # warm-up: first-launch costs stay out
+        each = [self.rotated(r) for r in rotations]
+        for sets in each:  # warm-up: first-launch costs stay out
+            jax.block_until_ready([fn(*s) for s in sets])
         session = self._session()
         session.start()
         try:
-            for _ in range(runs):
-                # Outputs are dropped after each pass: a pass over large problems holds gigabytes.
-                jax.block_until_ready([fn(*s) for s in sets])
+            for sets in each:
+                for _ in range(runs):
+                    # Outputs are dropped after each pass: a pass over large problems holds gigabytes.
+                    jax.block_until_ready([fn(*s) for s in sets])
         finally:
             timings = session.stop()
-        calls = runs * len(sets)
+        calls = runs * sum(len(sets) for sets in each)
         if not timings:
             raise RuntimeError("CUPTI recorded no kernel launch: does fn run on the GPU?")
         if len(timings) % calls:
             raise RuntimeError(
                 f"CUPTI recorded {len(timings)} launches for {calls} calls: not a whole number each"
             )
+        # One fn, so every call launches as many kernels; the launches come in call order.
         per_call = len(timings) // calls
-        per_pass = per_call * len(sets)
-        return [
-            sum(ms for _, ms in timings[i * per_pass : (i + 1) * per_pass]) * 1e-3 / len(sets)
-            for i in range(runs)
-        ]
+        samples, start = [], 0
+        for sets in each:
+            per_pass = per_call * len(sets)
+            passes = [timings[start + i * per_pass : start + (i + 1) * per_pass] for i in range(runs)]
+            samples.append([sum(ms for _, ms in launches) * 1e-3 / len(sets) for launches in passes])
+            start += runs * per_pass
+        return samples

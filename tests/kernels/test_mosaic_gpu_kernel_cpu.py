@@ -193,6 +193,92 @@ def test_cupti_timer_reuses_a_rotation_made_once(monkeypatch):
         assert FakeCupti.calls == 4 * 10 and samples == pytest.approx([2e-3] * 10)
 
 
+class TimedCupti:
+    """Returns scripted launches (name, ms), one per call made while recording, and counts sessions."""
+
+    launches: list[float] = []
+    sessions = 0
+    recorded = 0
+    recording = False
+
+    def start(self):
+        TimedCupti.sessions += 1
+        TimedCupti.recorded, TimedCupti.recording = 0, True
+
+    def stop(self):
+        TimedCupti.recording = False
+        return [("gmm", ms) for ms in TimedCupti.launches[: TimedCupti.recorded]]
+
+
+def _recorded_by_timed_cupti(*args):
+    TimedCupti.recorded += TimedCupti.recording
+    return args[0] + 1
+
+
+def test_cupti_time_each_splits_one_session_into_what_separate_time_calls_return():
+    """The tuner times a candidate on every routing in one CUPTI session (starting one is the costly
+    part); the launches of that session must split back into each rotation's own passes."""
+    cupti = timer.CuptiTimer(min_rotation_bytes=0, session=TimedCupti)
+    small = cupti.rotation([(jnp.ones((8,), jnp.float32),)] * 2)
+    large = cupti.rotation([(jnp.ones((16,), jnp.float32),)] * 3)
+    runs = timer.MIN_RUNS
+    # Distinct times per launch: a split that is off by one launch changes the samples.
+    TimedCupti.launches = [float(i + 1) for i in range(runs * (2 + 3))]
+    TimedCupti.sessions = 0
+    together = cupti.time_each(_recorded_by_timed_cupti, [small, large], runs=runs)
+    assert TimedCupti.sessions == 1
+
+    separate = [cupti.time(_recorded_by_timed_cupti, small, runs=runs)]
+    TimedCupti.launches = TimedCupti.launches[runs * 2 :]  # the launches that followed small's
+    separate.append(cupti.time(_recorded_by_timed_cupti, large, runs=runs))
+    assert TimedCupti.sessions == 3
+    assert [len(samples) for samples in together] == [runs, runs]
+    for rotation_samples, alone in zip(together, separate, strict=True):
+        assert rotation_samples == pytest.approx(alone)
+    assert together[0][0] == pytest.approx((1 + 2) * 1e-3 / 2)  # first pass over small: launches 1, 2
+
+
+def test_cupti_time_each_splits_several_launches_per_call():
+    cupti = timer.CuptiTimer(min_rotation_bytes=0, session=TimedCupti)
+    rotations = [
+        cupti.rotation([(jnp.ones((8,), jnp.float32),)]),
+        cupti.rotation([(jnp.ones((4,), jnp.float32),)]),
+    ]
+
+    def two_launches(*args):
+        TimedCupti.recorded += 2 * TimedCupti.recording
+        return args[0]
+
+    TimedCupti.launches = [1.0] * (2 * timer.MIN_RUNS) + [3.0] * (2 * timer.MIN_RUNS)
+    samples = cupti.time_each(two_launches, rotations, runs=timer.MIN_RUNS)
+    assert samples == [pytest.approx([2e-3] * timer.MIN_RUNS), pytest.approx([6e-3] * timer.MIN_RUNS)]
+
+
+def test_cupti_time_each_rejects_a_session_without_launches():
+    class Silent(TimedCupti):
+        def stop(self):
+            return []
+
+    arrays = (jnp.ones((8,), jnp.float32),)
+    with pytest.raises(RuntimeError, match="no kernel launch"):
+        timer.CuptiTimer(min_rotation_bytes=0, session=Silent).time_each(
+            lambda x: x + 1, [[arrays], [arrays, arrays]], runs=10
+        )
+
+
+def test_cupti_time_each_rejects_launch_counts_that_do_not_split_over_every_rotations_calls():
+    class Short(TimedCupti):
+        def stop(self):
+            return [("gmm", 1.0)] * (3 * timer.MIN_RUNS - 1)
+
+    arrays = (jnp.ones((8,), jnp.float32),)
+    calls = 3 * timer.MIN_RUNS  # one set, then two sets, each MIN_RUNS times
+    with pytest.raises(RuntimeError, match=f"{calls - 1} launches for {calls} calls"):
+        timer.CuptiTimer(min_rotation_bytes=0, session=Short).time_each(
+            lambda x: x + 1, [[arrays], [arrays, arrays]], runs=3
+        )
+
+
 def test_cupti_timer_rejects_launch_counts_that_do_not_split_evenly():
     class Odd(FakeCupti):
         def stop(self):

@@ -118,3 +118,21 @@ def test_reference_of_is_one_program_per_shape_whatever_the_problem_object():
     assert compiles == []
     assert first.dtype == jnp.float32
     np.testing.assert_array_equal(again, reference_grouped_matmul(lhs, rhs, sizes))
+
+
+@pytest.mark.parametrize("op", ["grouped_matmul", "grouped_matmul_swiglu"])
+def test_rows_reference_program_is_the_reference_of_the_chosen_rows(op):
+    from moetune.kernels.problem import Problem
+    from moetune.kernels.reference import reference_of, rows_reference_program
+
+    lhs, rhs, sizes = _operands()
+    problem = Problem(op, m=11, k=16, n=8, g=3)
+    rows = jnp.asarray([0, 3, 4, 8, 10], jnp.int32)  # rows 0-3 in group 0, 4-8 in group 2, 10 assigned none
+    program = rows_reference_program(problem, 5)
+    assert rows_reference_program(problem, 5) is program  # compiled once per (problem, row count)
+    got = program(lhs, rows, rhs, jnp.asarray([2, 0, 2], jnp.int32))
+    assert got.shape == (5, problem.out_n) and got.dtype == jnp.float32
+    expected = reference_of(problem)(lhs[rows], rhs, jnp.asarray([2, 0, 2], jnp.int32))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+    full = np.asarray(reference_of(problem)(lhs, rhs, sizes))
+    np.testing.assert_allclose(np.asarray(got)[:4], full[[0, 3, 4, 8]], rtol=1e-6, atol=1e-6)

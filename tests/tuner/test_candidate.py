@@ -118,9 +118,10 @@ def test_several_routings_each_sample_is_the_mean_of_one_run_on_each(monkeypatch
     assert list(result.samples_s) == [(timing[0][0] + timing[1][0]) / 2 + i for i in range(10)]
 
 
-def test_the_device_phase_compiles_nothing_and_makes_no_inputs():
+def test_the_device_phase_compiles_nothing_and_makes_only_the_references():
     # On a GPU, every XLA program that first runs inside `run` holds the device's lane while it compiles:
-    # inputs, references, rotations and the check's programs must all be made in `prepare`.
+    # inputs, rotations and every program must be made or compiled in `prepare`. The references alone are
+    # computed in `run`, under the lane: they are heavy device work that would disturb others' timings.
     import jax
 
     compiles: list[str] = []
@@ -135,13 +136,39 @@ def test_the_device_phase_compiles_nothing_and_makes_no_inputs():
         prepared = runner.prepare(task("xla", {"strategy": "chunked", "chunk_m": 8, "items_per_step": 2}))
         assert isinstance(prepared, Prepared) and compiles
         made = dict(runner.cache.made)
+        assert "reference" not in made
         compiles.clear()
         result = runner.run(prepared)
         assert result.status == "ok", result.error
-        assert dict(runner.cache.made) == made
+        assert dict(runner.cache.made) == made | {"reference": len(DRAWS)}
         assert compiles == []
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def test_a_candidate_is_timed_on_every_routing_in_one_call_of_the_timer(monkeypatch):
+    """One `time_each` per candidate (and per finalist and round when re-timing): the CUPTI timer opens
+    one profiling session per call, which costs more than the timed passes."""
+    from moetune.kernels.timing import WallTimer
+
+    calls: list[list[tuple[int, ...]]] = []
+    real_time_each = WallTimer.time_each
+
+    def recorded(self, fn, rotations, *, runs):
+        calls.append([tuple(int(x) for x in rotation.sets[0][2]) for rotation in rotations])
+        return real_time_each(self, fn, rotations, runs=runs)
+
+    monkeypatch.setattr(WallTimer, "time_each", recorded)
+    routings = parse_routings("balanced,zipf:1.2")
+    timing = tuple(tuple(int(x) for x in r.group_sizes(PROBLEM.m, PROBLEM.g, seed=0)) for r in routings)
+    candidate = CandidateTask("c", "xla", PROBLEM, {"strategy": "ragged_dot"}, timing, DRAWS, runs=10)
+    assert CandidateRunner("w").evaluate(candidate).status == "ok"
+    assert calls == [list(timing)]
+
+    calls.clear()
+    configs = ({"strategy": "ragged_dot"}, {"strategy": "chunked", "chunk_m": 8, "items_per_step": 2})
+    result = CandidateRunner("w").evaluate(RetimeTask("r", "xla", PROBLEM, configs, timing, rounds=2))
+    assert result.error == "" and calls == [list(timing)] * 4
 
 
 def test_a_baseline_is_timed_with_the_sweep_backends_timer_when_that_timer_takes_any_jax_program(monkeypatch):
