@@ -70,13 +70,13 @@ if [ -n "${E2E_RESUME_DB:-}" ]; then
   cp "$E2E_RESUME_DB" "$OUT/sweep.db" && chmod u+w "$OUT/sweep.db"
   "${MOETUNE[@]}" trials --sweep 1 --limit 0 --json >"$OUT/trials-before-resume.json" 2>/dev/null
   start=$(date +%s)
-  timeout "$(cap $((SWEEP_S + 60)))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --resume 1 --workers "$WORKERS" \
+  timeout "$(cap $((SWEEP_S + ${E2E_SWEEP_GRACE_S:-60})))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --resume 1 --workers "$WORKERS" \
     --minutes "$(python3 -c "print($SWEEP_S / 60)")" --json >"$OUT/sweep.json" 2>"$OUT/sweep.log"
   echo "resumed sweep rc=$? in $(( $(date +%s) - start )) s"; grep -v "logging.cc\|^    @" "$OUT/sweep.log" | tail -4
 else
   step "GPU 0: sweep $MODEL on $BACKEND, tpe budget $BUDGET per problem, routing $ROUTING, $WORKERS workers"
   start=$(date +%s)
-  timeout "$(cap $((SWEEP_S + 60)))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --model "$MODEL" "${bucket_args[@]}" --backend "$BACKEND" \
+  timeout "$(cap $((SWEEP_S + ${E2E_SWEEP_GRACE_S:-60})))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --model "$MODEL" "${bucket_args[@]}" --backend "$BACKEND" \
     --strategy tpe --budget "$BUDGET" --routing "$ROUTING" --workers "$WORKERS" --timeout-s 120 \
     --minutes "$(python3 -c "print($SWEEP_S / 60)")" --json >"$OUT/sweep.json" 2>"$OUT/sweep.log"
   echo "sweep rc=$? in $(( $(date +%s) - start )) s"; grep -v "logging.cc\|^    @" "$OUT/sweep.log" | tail -4
