@@ -24,6 +24,7 @@ _TOLERANCE = {"bfloat16": 1e-2, "float16": 1e-3, "float32": 1e-5}
 # costs seconds per new shape and buys nothing for a program that runs once per draw. Never for the
 # kernels or the XLA baseline being timed. Ignored where there is nothing to autotune (CPU).
 UNTUNED_COMPILE = {"xla_gpu_autotune_level": 0}
+_HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # Each op's epilogue after the product ("" for none).
 _ACTIVATIONS = {GROUPED_MATMUL: "", GROUPED_MATMUL_SWIGLU: "swiglu"}
 
@@ -37,22 +38,24 @@ _TRANSPOSED = lax.RaggedDotDimensionNumbers(
 def reference_grouped_matmul(
     lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_rhs: bool = False
 ) -> jax.Array:
-    """jax.lax.ragged_dot of the float32-cast operands at full float32 precision; rhs is [G, N, K] when
-    `transpose_rhs`."""
-    lhs32, rhs32 = jnp.asarray(lhs, jnp.float32), jnp.asarray(rhs, jnp.float32)
+    """jax.lax.ragged_dot with float32 products and float32 accumulation, a float32 result; rhs is
+    [G, N, K] when `transpose_rhs`.
+
+    Operands of one 16-bit dtype (bf16 or f16) go in as they are, accumulated in float32: the product of
+    two such values is exact in float32, so this is the float32 computation, and on a GPU it runs on the
+    tensor cores. Casting them to float32 first would force a full-precision float32 GEMM, an order of
+    magnitude slower on Hopper, which a tuner pays for every new problem while it holds the GPU. Other
+    operands are cast to float32 and multiplied at HIGHEST precision."""
+    same_half = jnp.dtype(lhs.dtype) == jnp.dtype(rhs.dtype) and jnp.dtype(lhs.dtype) in _HALF_DTYPES
+    if not same_half:
+        lhs, rhs = jnp.asarray(lhs, jnp.float32), jnp.asarray(rhs, jnp.float32)
+    precision = lax.Precision.DEFAULT if same_half else lax.Precision.HIGHEST
     sizes = jnp.asarray(group_sizes, jnp.int32)
     if transpose_rhs:
         return lax.ragged_dot_general(
-            lhs32,
-            rhs32,
-            sizes,
-            _TRANSPOSED,
-            precision=lax.Precision.HIGHEST,
-            preferred_element_type=jnp.float32,
+            lhs, rhs, sizes, _TRANSPOSED, precision=precision, preferred_element_type=jnp.float32
         )
-    return lax.ragged_dot(
-        lhs32, rhs32, sizes, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32
-    )
+    return lax.ragged_dot(lhs, rhs, sizes, precision=precision, preferred_element_type=jnp.float32)
 
 
 @functools.partial(jax.jit, static_argnames=("transpose_rhs", "activation"), compiler_options=UNTUNED_COMPILE)

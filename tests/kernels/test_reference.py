@@ -136,3 +136,22 @@ def test_rows_reference_program_is_the_reference_of_the_chosen_rows(op):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
     full = np.asarray(reference_of(problem)(lhs, rhs, sizes))
     np.testing.assert_allclose(np.asarray(got)[:4], full[[0, 3, 4, 8]], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_half_precision_operands_give_the_float32_result(dtype):
+    # 16-bit operands skip the cast to float32 (their products are exact in float32): the result must be
+    # that of the float32-cast operands, up to float32 summation order.
+    rng = np.random.default_rng(3)
+    lhs = jnp.asarray(rng.standard_normal((37, 256)), dtype)
+    rhs = jnp.asarray(rng.standard_normal((3, 256, 24)), dtype)
+    sizes = jnp.asarray([20, 0, 15], jnp.int32)
+    got = reference_grouped_matmul(lhs, rhs, sizes)
+    assert got.dtype == jnp.float32
+    expected = np.zeros((37, 24))
+    l64, r64 = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
+    expected[:20], expected[20:35] = l64[:20] @ r64[0], l64[20:35] @ r64[2]
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-4)
+    # Far closer than one rounding to the 16-bit dtype, which a reference computed in it would show.
+    rounded = np.asarray(jnp.asarray(expected, dtype), np.float64)
+    assert np.abs(np.asarray(got) - expected).max() < 0.01 * np.abs(rounded - expected).max()
