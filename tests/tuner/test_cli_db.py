@@ -179,7 +179,19 @@ def test_best_filters_by_problem_fields(db_url):
     rows = json.loads(ok("best", "--db", db_url, "--no-packs", "--json").stdout)
     assert sorted((r["problem"]["m"], r["config"]["block_m"]) for r in rows) == [(64, 16), (4096, 128)]
     (row,) = json.loads(
-        ok("best", "--db", db_url, "--gpu", "NVIDIA H200", "--m", "4096", "--k", "4096", "--json").stdout
+        ok(
+            "best",
+            "--db",
+            db_url,
+            "--no-packs",
+            "--gpu",
+            "NVIDIA H200",
+            "--m",
+            "4096",
+            "--k",
+            "4096",
+            "--json",
+        ).stdout
     )
     assert (
         row["problem"]["key"] == PROBLEM.key
@@ -187,7 +199,9 @@ def test_best_filters_by_problem_fields(db_url):
         and row["state"] == "active"
     )
     assert json.loads(ok("best", "--db", db_url, "--n", "1", "--json").stdout) == []
-    history = json.loads(ok("best", "--db", db_url, "--m", "4096", "--history", "--json").stdout)
+    history = json.loads(
+        ok("best", "--db", db_url, "--no-packs", "--m", "4096", "--history", "--json").stdout
+    )
     assert [r["state"] for r in history] == ["active", "superseded"]
     table = ok("best", "--db", db_url, "--backend", "fake").stdout
     assert "2 winners" in table and "H200" in table and "fake" in table
@@ -376,7 +390,7 @@ def test_rollback_restores_the_previous_winner(db_url):
         "rollback", "--gpu", "NVIDIA H200", "--backend", "fake", "--problem", PROBLEM.key, "--db", db_url
     ).stdout
     assert "restored winner" in out
-    (row,) = json.loads(ok("best", "--db", db_url, "--m", "4096", "--json").stdout)
+    (row,) = json.loads(ok("best", "--db", db_url, "--no-packs", "--m", "4096", "--json").stdout)
     assert row["config"]["block_m"] == 64
     before = snapshot(db_url)
     bad(
