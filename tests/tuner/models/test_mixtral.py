@@ -125,3 +125,13 @@ def test_bad_names_and_shapes_are_rejected_with_the_choices():
         dataclasses.replace(model_config("tiny"), heads=6, kv_heads=4)
     with pytest.raises(ConfigInvalid, match="unknown MoE path 'fast'; known: dense, ragged, moetune"):
         moe_path("fast")
+
+
+def test_the_layers_share_one_lowering_of_the_moe_block():
+    # The moetune path's kernels are lowered per call site: the layers must call one shared function, not
+    # inline a copy each (32 copies of the Mosaic GPU kernels took minutes to compile on the H200).
+    config = dataclasses.replace(model_config("tiny"), layers=3)
+    params = init_params(config, seed=0)
+    text = mixtral.forward_full.lower(params, _tokens(config, 5), config=config, moe_path="moetune").as_text()
+    assert text.count("func.func private @moe_mlp(") == 1
+    assert text.count("call @moe_mlp(") == config.layers
