@@ -8,6 +8,7 @@
 #          (E2E_GPU1_TESTS), `moetune bench tuner`, and with E2E_MODEL_LAYERS=N, once the sweep has ended,
 #          benchmarks/bench_model.py on an N-layer Mixtral reading the sweep's winners from its database.
 # Every step is time-boxed; logs and artifacts land under $OUT (bundled: a call returns at most 8 files).
+# The defaults are those of the 2026-11-29 session-3 run (README, "End to end"), except the steps it skipped.
 #
 # On the GPU machine, from the repository root with .devdeps carried:
 #   bash benchmarks/device_e2e.sh
@@ -21,8 +22,8 @@ MODEL=${E2E_MODEL:-mixtral-8x7b}
 BUCKETS=${E2E_BUCKETS:-}
 BACKEND=${E2E_BACKEND:-mosaic_gpu}
 BUDGET=${E2E_BUDGET:-16}
-WORKERS=${E2E_WORKERS:-12}
-SWEEP_S=${E2E_SWEEP_S:-270}
+WORKERS=${E2E_WORKERS:-14}
+SWEEP_S=${E2E_SWEEP_S:-290}
 ROUTING=${E2E_ROUTING:-balanced,zipf:1.2}
 GPU_KIND=${E2E_GPU:-NVIDIA H200}
 export MOETUNE_DB="sqlite:///$OUT/sweep.db"
@@ -49,8 +50,8 @@ if [ "$gpus" -ge 2 ]; then
      echo "gpu tests rc=$?" >>"$OUT/gpu-tests.log"
    fi
    # The tuner's throughput on this GPU: Ray against one by one, same candidates, in one run.
-   timeout "$(cap ${E2E_BENCH_S:-150})" "${on_gpu1[@]}" "${MOETUNE[@]}" bench tuner --model "$MODEL" --buckets "${E2E_BENCH_BUCKETS:-256}" \
-     --backend "$BACKEND" --budget "${E2E_BENCH_BUDGET:-12}" --sequential-budget "${E2E_SEQ_BUDGET:-3}" --routing "$ROUTING" \
+   timeout "$(cap ${E2E_BENCH_S:-150})" "${on_gpu1[@]}" "${MOETUNE[@]}" bench tuner --model "$MODEL" --buckets "${E2E_BENCH_BUCKETS:-64,256}" \
+     --backend "$BACKEND" --budget "${E2E_BENCH_BUDGET:-16}" --sequential-budget "${E2E_SEQ_BUDGET:-4}" --routing "$ROUTING" \
      --workers "$WORKERS" --timeout-s 120 --out "$OUT/throughput.json" >"$OUT/throughput.log" 2>&1
    echo "bench rc=$?" >>"$OUT/throughput.log"
    if [ -n "${E2E_MODEL_LAYERS:-}" ]; then
