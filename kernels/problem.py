@@ -88,6 +88,11 @@ class Problem:
         return self.n // 2 if self.op in _HALF_N_OPS else self.n
 
     @property
+    def rhs_shape(self) -> tuple[int, int, int]:
+        """The weights' shape: [g, n, k] when `transpose_rhs`, else [g, k, n]."""
+        return (self.g, self.n, self.k) if self.transpose_rhs else (self.g, self.k, self.n)
+
+    @property
     def flops(self) -> int:
         return 2 * self.m * self.k * self.n
 

@@ -58,12 +58,25 @@ def reference_grouped_matmul(
     return lax.ragged_dot(lhs, rhs, sizes, precision=precision, preferred_element_type=jnp.float32)
 
 
+def _activation(problem: Problem) -> str:
+    """The epilogue `problem`'s op applies after the product ("" for none)."""
+    if problem.op not in _ACTIVATIONS:
+        raise Unsupported(f"no reference for op={problem.op!r}")
+    return _ACTIVATIONS[problem.op]
+
+
+def _product_then_epilogue(
+    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, transpose_rhs: bool, activation: str
+) -> jax.Array:
+    product = reference_grouped_matmul(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs)
+    return gated_activation(activation, product) if activation else product
+
+
 @functools.partial(jax.jit, static_argnames=("transpose_rhs", "activation"), compiler_options=UNTUNED_COMPILE)
 def _reference(
     lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_rhs: bool, activation: str
 ) -> jax.Array:
-    product = reference_grouped_matmul(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs)
-    return gated_activation(activation, product) if activation else product
+    return _product_then_epilogue(lhs, rhs, group_sizes, transpose_rhs, activation)
 
 
 @functools.partial(jax.jit, static_argnames=("transpose_rhs", "activation"), compiler_options=UNTUNED_COMPILE)
@@ -76,8 +89,7 @@ def _reference_of_rows(
     transpose_rhs: bool,
     activation: str,
 ) -> jax.Array:
-    product = reference_grouped_matmul(lhs[rows], rhs, group_sizes, transpose_rhs=transpose_rhs)
-    return gated_activation(activation, product) if activation else product
+    return _product_then_epilogue(lhs[rows], rhs, group_sizes, transpose_rhs, activation)
 
 
 @functools.lru_cache(maxsize=64)
@@ -85,14 +97,11 @@ def rows_reference_program(problem: Problem, rows: int) -> Callable[[Any, Any, A
     """Compiled, not run: (lhs [m, k], row ids int32 [rows], rhs, group sizes int32 [g] of those rows) ->
     the float32 reference of lhs[row ids], [rows, out_n]. Compiling apart from running lets a tuner worker
     compile while another worker times a kernel, and run it only while it holds the device."""
-    activation = _ACTIVATIONS.get(problem.op)
-    if activation is None:
-        raise Unsupported(f"no reference for op={problem.op!r}")
-    rhs = (problem.g, problem.n, problem.k) if problem.transpose_rhs else (problem.g, problem.k, problem.n)
+    activation = _activation(problem)
     return _reference_of_rows.lower(
         jax.ShapeDtypeStruct((problem.m, problem.k), jnp.dtype(problem.lhs_dtype)),
         jax.ShapeDtypeStruct((rows,), jnp.int32),
-        jax.ShapeDtypeStruct(rhs, jnp.dtype(problem.rhs_dtype)),
+        jax.ShapeDtypeStruct(problem.rhs_shape, jnp.dtype(problem.rhs_dtype)),
         jax.ShapeDtypeStruct((problem.g,), jnp.int32),
         transpose_rhs=problem.transpose_rhs,
         activation=activation,
@@ -103,11 +112,7 @@ def reference_of(problem: Problem) -> Callable[[Any, Any, Any], jax.Array]:
     """(lhs, rhs, group_sizes) -> the float32 result a kernel for `problem` must match, [m, out_n]: one
     compiled program per shape (without autotuning, UNTUNED_COMPILE). Call it outside jit: options like
     these are only taken by a top-level jit."""
-    if problem.op not in _ACTIVATIONS:
-        raise Unsupported(f"no reference for op={problem.op!r}")
-    return functools.partial(
-        _reference, transpose_rhs=problem.transpose_rhs, activation=_ACTIVATIONS[problem.op]
-    )
+    return functools.partial(_reference, transpose_rhs=problem.transpose_rhs, activation=_activation(problem))
 
 
 def tolerance(dtype: Any) -> float:

@@ -47,12 +47,8 @@ HOST_CACHE_BYTES = 2 << 30
 DEVICE_CACHE_FRACTION = 0.75
 
 
-def rhs_shape(problem: Problem) -> tuple[int, int, int]:
-    return (problem.g, problem.n, problem.k) if problem.transpose_rhs else (problem.g, problem.k, problem.n)
-
-
 def input_set_count(problem: Problem) -> int:
-    weight_bytes = math.prod(rhs_shape(problem)) * jnp.dtype(problem.rhs_dtype).itemsize
+    weight_bytes = math.prod(problem.rhs_shape) * jnp.dtype(problem.rhs_dtype).itemsize
     return max(2, min(MAX_INPUT_SETS, -(-ROTATE_BYTES // max(weight_bytes, 1))))
 
 
@@ -72,7 +68,7 @@ def make_weights(problem: Problem, seed: int) -> tuple[jax.Array, ...]:
     # rhs scaled by 1/sqrt(k) keeps outputs near unit size for every k, so tolerances mean the same.
     scale = 1.0 / math.sqrt(problem.k)
     keys = _set_keys(seed, input_set_count(problem))
-    return tuple(_normal(key, rhs_shape(problem), problem.rhs_dtype, scale) for key in keys[:, 1])
+    return tuple(_normal(key, problem.rhs_shape, problem.rhs_dtype, scale) for key in keys[:, 1])
 
 
 @dataclasses.dataclass(frozen=True)

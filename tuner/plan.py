@@ -229,6 +229,11 @@ def for_backend(planned: PlannedProblem, backend: Any) -> PlannedProblem:
     return planned
 
 
+def dispatched_on(planned: list[PlannedProblem], backend: Any) -> list[PlannedProblem]:
+    """Every problem as moe_mlp dispatches it on `backend` (`for_backend`), repeats dropped (`dedupe`)."""
+    return dedupe([for_backend(p, backend) for p in planned])
+
+
 def dedupe(planned: list[PlannedProblem]) -> list[PlannedProblem]:
     """Drop repeated Problems (two models may share a shape), keeping the first label."""
     seen: dict[Problem, PlannedProblem] = {}

@@ -15,7 +15,7 @@ from moetune.kernels.backend import Backend
 from moetune.kernels.device import DeviceFingerprint, compile_only_device
 from moetune.kernels.errors import ConfigInvalid, MoetuneError, Unsupported
 from moetune.tuner.executors import Executor, InlineExecutor
-from moetune.tuner.plan import PlannedProblem, dedupe, for_backend, load_model, parse_problem
+from moetune.tuner.plan import PlannedProblem, dispatched_on, load_model, parse_problem
 from moetune.tuner.spec import SweepSpec
 
 
@@ -78,8 +78,7 @@ class NothingToTune(MoetuneError):
 def resolve_problems(
     spec: SweepSpec, store: Any, backend: Backend, device: DeviceFingerprint
 ) -> list[PlannedProblem]:
-    planned = model_problems(spec) + store_problems(spec, store, backend, device)
-    planned = dedupe([for_backend(p, backend) for p in planned])
+    planned = dispatched_on(model_problems(spec) + store_problems(spec, store, backend, device), backend)
     if not planned and (spec.misses or spec.stale) and not (spec.models or spec.problems):
         asked = " or ".join(name for name, on in (("missed", spec.misses), ("stale", spec.stale)) if on)
         raise NothingToTune(

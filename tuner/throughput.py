@@ -134,7 +134,7 @@ def measure(
             startup = time.perf_counter() - start
             try:
                 backend = sweep_setup.resolve_backend(backend_name or spec.backend, executor.device)
-                planned = plan.dedupe([plan.for_backend(p, backend) for p in planned])
+                planned = plan.dispatched_on(planned, backend)
                 ray_mode = _sweep(
                     executor,
                     spec,

@@ -28,14 +28,14 @@ import numpy as np
 from moetune.kernels import reference
 from moetune.kernels.errors import WrongResult
 from moetune.kernels.problem import Problem
-from moetune.tuner.input_cache import InputCache, Inputs, Reference, reference_row_count, rhs_shape
+from moetune.tuner.input_cache import InputCache, Inputs, Reference, reference_row_count
 
 
 def shape_dtypes(problem: Problem) -> tuple[jax.ShapeDtypeStruct, ...]:
     """The argument shapes a kernel is compiled for: lhs [m, k], rhs, group sizes int32 [g]."""
     return (
         jax.ShapeDtypeStruct((problem.m, problem.k), jnp.dtype(problem.lhs_dtype)),
-        jax.ShapeDtypeStruct(rhs_shape(problem), jnp.dtype(problem.rhs_dtype)),
+        jax.ShapeDtypeStruct(problem.rhs_shape, jnp.dtype(problem.rhs_dtype)),
         jax.ShapeDtypeStruct((problem.g,), jnp.int32),
     )
 
@@ -127,8 +127,8 @@ def warm(inputs: Inputs, cache: InputCache) -> tuple[float, float]:
     reference.rows_reference_program(problem, rows)
     compiled = time.perf_counter()
     stand_in = jnp.zeros((problem.m, problem.out_n), jnp.dtype(problem.out_dtype))
-    ref = Reference(jnp.zeros((rows, problem.out_n), jnp.float32), jnp.arange(rows, dtype=jnp.int32))
-    jax.block_until_ready(_compare(stand_in, ref.values, ref.rows, np.int32(0)))
+    stand_in_ref = jnp.zeros((rows, problem.out_n), jnp.float32)
+    jax.block_until_ready(_compare(stand_in, stand_in_ref, jnp.arange(rows, dtype=jnp.int32), np.int32(0)))
     _nan_filled((problem.m, problem.out_n), jnp.dtype(problem.out_dtype)).delete()
     cache.mark_checks_compiled(inputs)
     return compiled - started, time.perf_counter() - compiled
