@@ -86,6 +86,11 @@ class Backend(abc.ABC):
     def build(self, problem: Problem, config: KernelConfig) -> KernelFn:
         """A JAX-callable computing `problem` with `config`; raises ConfigInvalid/Unsupported early."""
 
+    def compiles_on_device(self) -> bool:
+        """Whether compiling runs work on this process's device. The tuner then compiles while holding the
+        device's lane, as it does to time: that work would otherwise run beside another kernel's timing."""
+        return False
+
     def timer(self) -> Timer:
         return WallTimer()
 

@@ -45,12 +45,19 @@ class Timer(abc.ABC):
     ) -> list[float]: ...
 
     def time_each(
-        self, fn: Callable[..., Any], rotations: Sequence[Sequence[tuple] | Rotation], *, runs: int = 10
+        self,
+        fn: Callable[..., Any],
+        rotations: Sequence[Sequence[tuple] | Rotation],
+        *,
+        runs: int = 10,
+        warmed: bool = False,
     ) -> list[list[float]]:
         """The samples `time` would return for each of `rotations`, in order.
 
         Implementations whose set-up costs more than the timing (a profiler session) may time all the
-        rotations in one session; each rotation's samples must still be its own.
+        rotations in one session; each rotation's samples must still be its own. `warmed`: the caller ran
+        `fn` on this device since it was compiled (the tuner verifies before it times), so a timer may
+        skip its warm-up pass.
         """
         return [self.time(fn, rotation, runs=runs) for rotation in rotations]
 

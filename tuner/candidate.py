@@ -61,6 +61,8 @@ class Prepared:
     started_at: datetime.datetime
     setup: dict[str, float] = dataclasses.field(default_factory=dict)  # _warm's phases
     ready_at: float = 0.0  # time.perf_counter() when `prepare` ended: the lane wait starts there
+    compile_in_run: bool = False  # the backend compiles on the device: `run` compiles, holding the lane
+    lane_at: float = 0.0  # when `run` began: the device's lane is held from there
 
 
 # A trial's phases after compiling, in seconds (CandidateResult.phases, the trial details' "phases"):
@@ -70,7 +72,8 @@ class Prepared:
 #   setup_check_s      compiling (and running once) the check's programs;
 #   setup_rotation_s   the timer's rotations of the timing routings;
 #   lane_wait_s        from the end of `prepare` to the start of `run` in this worker: waiting for the
-#                      device's exclusive lane, plus the driver's and Ray's latency;
+#                      device's exclusive lane, plus the driver's and Ray's latency (a backend that
+#                      compiles on the device compiles after it, holding the lane: compile_s);
 #   verify_s, time_s   verifying on every draw (on a worker's first trial of a problem, making its
 #                      references too), timing on every routing (until the failure, if any).
 SETUP_PARTS = ("setup_inputs_s", "setup_reference_s", "setup_check_s", "setup_rotation_s")
@@ -115,27 +118,38 @@ class CandidateRunner:
         return self._timers[backend]
 
     def prepare(self, task: Task) -> Prepared | Result:
-        """Compile every config of `task`; a CandidateTask that fails here is finished (compile_error),
+        """Compile every config of `task` (in `run` instead when the backend compiles on the device) and
+        make what its problem needs; a CandidateTask that fails to compile is finished (compile_error),
         and a CompileOnlyTask always is (it never reaches a device)."""
         started = now()
         if isinstance(task, CompileOnlyTask):
             return self._compile_only(task, started)
+        prepared = Prepared(task, [], [], 0.0, started)
+        prepared.compile_in_run = registry.get(task.backend).compiles_on_device()
+        if not prepared.compile_in_run and (failed := self._compile(prepared)) is not None:
+            return failed
+        prepared.setup = self._warm(task)
+        prepared.ready_at = time.perf_counter()
+        return prepared
+
+    def _compile(self, prepared: Prepared) -> CandidateResult | None:
+        """Compile every config of the task into `prepared`; the finished result when a CandidateTask's
+        one config fails (compile_error), else None."""
+        task = prepared.task
         configs = task.configs if isinstance(task, RetimeTask) else (task.config,)
-        executables: list[Callable[..., Any] | None] = []
-        errors: list[str] = []
         t0 = time.perf_counter()
         for config in configs:
             try:
-                executables.append(compile_config(task.backend, task.problem, config))
-                errors.append("")
+                prepared.executables.append(compile_config(task.backend, task.problem, config))
+                prepared.errors.append("")
             except Exception as e:  # the edge where a failure becomes data (the trial's status)
-                executables.append(None)
-                errors.append(error_text(e))
-        compile_s = time.perf_counter() - t0
-        if isinstance(task, CandidateTask) and executables[0] is None:
-            return self._ended(task, COMPILE_ERROR, started, compile_s, error=errors[0])
-        setup = self._warm(task)
-        return Prepared(task, executables, errors, compile_s, started, setup, time.perf_counter())
+                prepared.executables.append(None)
+                prepared.errors.append(error_text(e))
+        prepared.compile_s = time.perf_counter() - t0
+        if isinstance(task, CandidateTask) and prepared.executables[0] is None:
+            error = prepared.errors[0]
+            return self._ended(task, COMPILE_ERROR, prepared.started_at, prepared.compile_s, error=error)
+        return None
 
     def _warm(self, task: CandidateTask | RetimeTask) -> dict[str, float]:
         """Make the problem's inputs and timing rotations now, and compile the programs that make the
@@ -167,8 +181,12 @@ class CandidateRunner:
         return phases
 
     def run(self, prepared: Prepared) -> Result:
-        """Verify and time (CandidateTask) or re-time interleaved (RetimeTask) on this process's device."""
+        """Verify and time (CandidateTask) or re-time interleaved (RetimeTask) on this process's device;
+        compile first when the backend compiles on the device (`compile_in_run`)."""
         try:
+            prepared.lane_at = time.perf_counter()
+            if prepared.compile_in_run and (failed := self._compile(prepared)) is not None:
+                return failed
             if isinstance(prepared.task, RetimeTask):
                 return self._retime(prepared)
             return self._verify_and_time(prepared)
@@ -180,14 +198,16 @@ class CandidateRunner:
         fn = prepared.executables[0]
         device_started = now()
         clock = time.perf_counter()
-        phases = prepared.setup | {"lane_wait_s": clock - prepared.ready_at}
+        phases = prepared.setup | {"lane_wait_s": prepared.lane_at - prepared.ready_at}
         stage = "verify"
         try:
             inputs = self.cache.inputs(task.problem, task.seed)
             verify_error = verify.verify(fn, inputs, self.cache, task.verify_sizes)
             phases["verify_s"], clock = time.perf_counter() - clock, time.perf_counter()
             stage = "time"
-            samples = self._time_on_routings(self._task_timer(task), fn, inputs, task.timing_sizes, task.runs)
+            samples = self._time_on_routings(
+                self._task_timer(task), fn, inputs, task.timing_sizes, task.runs, warmed=True
+            )
             phases["time_s"] = time.perf_counter() - clock
         except WrongResult as e:
             phases[f"{stage}_s"] = time.perf_counter() - clock
@@ -222,11 +242,14 @@ class CandidateRunner:
         inputs: Any,
         timing_sizes: tuple[tuple[int, ...], ...],
         runs: int,
+        *,
+        warmed: bool,
     ) -> list[float]:
         """`runs` samples, each the mean over the routings of one run on each (paired by run index): an
-        estimate of the time per call when calls come in those routings alike, whose median is robust."""
+        estimate of the time per call when calls come in those routings alike, whose median is robust.
+        `warmed`: `fn` ran already (verified, or timed in an earlier round): no warm-up pass."""
         rotations = [self.cache.rotation(inputs, sizes, timer) for sizes in timing_sizes]
-        per_routing = timer.time_each(fn, rotations, runs=runs)
+        per_routing = timer.time_each(fn, rotations, runs=runs, warmed=warmed)
         return [sum(run) / len(run) for run in zip(*per_routing, strict=True)]
 
     def _compile_only(self, task: CompileOnlyTask, started: datetime.datetime) -> CandidateResult:
@@ -271,6 +294,7 @@ class CandidateRunner:
                         inputs,
                         task.timing_sizes,
                         task.runs_per_round,
+                        warmed=round_index > 0,
                     )
                 except Exception as e:  # one finalist failing must not cost the others their numbers
                     errors.append(error_text(e))

@@ -351,6 +351,11 @@ class RayExecutor(Executor):
                 slot.actor.prepare.remote(task),
                 self._deadline(task),
             )
+        self._grant_lanes()
+
+    def _grant_lanes(self) -> None:
+        """Start the run of the longest-waiting ready worker on every free lane. `_poll` calls it too, as
+        soon as a run ends, so a lane never idles while the driver records results."""
         waiting = sorted((s for s in self._slots if s.phase == "ready"), key=lambda s: s.ready_since)
         for slot in waiting:
             lane = slot.info.lane
@@ -372,6 +377,8 @@ class RayExecutor(Executor):
         results = []
         for ref in done:
             results += self._finish(busy[ref], ref)
+        if done:
+            self._grant_lanes()
         now = time.monotonic()
         for slot in list(self._slots):
             if slot.ref is not None and slot.ref not in done and now > slot.deadline:

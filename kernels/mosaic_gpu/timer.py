@@ -106,14 +106,20 @@ class CuptiTimer(Timer):
         return self.time_each(fn, [arg_sets], runs=runs)[0]
 
     def time_each(
-        self, fn: Callable[..., Any], rotations: Sequence[Sequence[tuple] | Rotation], *, runs: int = MIN_RUNS
+        self,
+        fn: Callable[..., Any],
+        rotations: Sequence[Sequence[tuple] | Rotation],
+        *,
+        runs: int = MIN_RUNS,
+        warmed: bool = False,
     ) -> list[list[float]]:
-        """All rotations in one CUPTI session: starting and stopping one costs more than the passes."""
+        """All rotations in one CUPTI session: starting and stopping one costs more than the passes.
+        Without `warmed`, one untimed pass over every rotation first, so first-launch costs stay out."""
         import jax
 
         runs = max(runs, MIN_RUNS)
         each = [self.rotated(r) for r in rotations]
-        for sets in each:  # warm-up: first-launch costs stay out
+        for sets in [] if warmed else each:
             jax.block_until_ready([fn(*s) for s in sets])
         session = self._session()
         session.start()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 
 from moetune.kernels.backend import Backend, KernelFn
@@ -34,6 +35,11 @@ class XlaBackend(Backend):
     def check(self, problem: Problem) -> None:
         if problem.op not in OPS:
             raise Unsupported(f"xla computes op={' or '.join(OPS)}, not op={problem.op!r}")
+
+    def compiles_on_device(self) -> bool:
+        # On a GPU, XLA's GEMM autotuner times candidate kernels on the device while it compiles. On the
+        # H200 those compiles (the sweep's XLA baselines) slowed other workers' timings up to 2.5x.
+        return jax.default_backend() == "gpu"
 
     def search_space(self, problem: Problem, device: DeviceFingerprint):
         from moetune.search_spaces import xla as xla_space

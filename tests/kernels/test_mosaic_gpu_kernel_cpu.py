@@ -238,6 +238,25 @@ def test_cupti_time_each_splits_one_session_into_what_separate_time_calls_return
     assert together[0][0] == pytest.approx((1 + 2) * 1e-3 / 2)  # first pass over small: launches 1, 2
 
 
+def test_cupti_time_each_skips_the_warm_up_pass_only_when_the_caller_warmed_fn():
+    """The tuner verifies a candidate right before timing it, so the timer's own warm-up pass would be
+    lane time spent for nothing; every other caller keeps it."""
+    cupti = timer.CuptiTimer(min_rotation_bytes=0, session=TimedCupti)
+    rotation = cupti.rotation([(jnp.ones((8,), jnp.float32),)] * 2)
+    TimedCupti.launches = [1.0] * (2 * timer.MIN_RUNS)
+    calls = []
+
+    def fn(*args):
+        calls.append(TimedCupti.recording)
+        return _recorded_by_timed_cupti(*args)
+
+    cupti.time_each(fn, [rotation], runs=timer.MIN_RUNS)
+    assert calls.count(False) == 2 and calls.count(True) == 2 * timer.MIN_RUNS
+    calls.clear()
+    cupti.time_each(fn, [rotation], runs=timer.MIN_RUNS, warmed=True)
+    assert calls.count(False) == 0 and calls.count(True) == 2 * timer.MIN_RUNS
+
+
 def test_cupti_time_each_splits_several_launches_per_call():
     cupti = timer.CuptiTimer(min_rotation_bytes=0, session=TimedCupti)
     rotations = [

@@ -154,9 +154,9 @@ def test_a_candidate_is_timed_on_every_routing_in_one_call_of_the_timer(monkeypa
     calls: list[list[tuple[int, ...]]] = []
     real_time_each = WallTimer.time_each
 
-    def recorded(self, fn, rotations, *, runs):
+    def recorded(self, fn, rotations, *, runs, warmed):
         calls.append([tuple(int(x) for x in rotation.sets[0][2]) for rotation in rotations])
-        return real_time_each(self, fn, rotations, runs=runs)
+        return real_time_each(self, fn, rotations, runs=runs, warmed=warmed)
 
     monkeypatch.setattr(WallTimer, "time_each", recorded)
     routings = parse_routings("balanced,zipf:1.2")
@@ -240,3 +240,31 @@ def test_a_failed_trial_keeps_the_phases_it_reached(faulty):
     wrong = runner.evaluate(task("faulty", {"mode": "wrong", "variant": 0}))
     assert wrong.status == "wrong_result" and wrong.phases["verify_s"] > 0 and "time_s" not in wrong.phases
     assert runner.evaluate(task("faulty", {"mode": "raise", "variant": 0})).phases is None  # never set up
+
+
+def test_a_backend_that_compiles_on_the_device_is_compiled_in_run_where_the_lane_is_held(monkeypatch):
+    """XLA on a GPU autotunes its GEMMs on the device while compiling: compiled in `prepare`, beside
+    another worker's timing, the sweep's XLA baselines slowed those timings up to 2.5x on the H200."""
+    from moetune.kernels.xla.backend import XlaBackend
+
+    monkeypatch.setattr(XlaBackend, "compiles_on_device", lambda self: True)
+    runner = CandidateRunner("w")
+    prepared = runner.prepare(task("xla", {"strategy": "ragged_dot"}))
+    assert isinstance(prepared, Prepared) and prepared.compile_in_run
+    assert prepared.executables == [] and prepared.compile_s == 0.0
+    prepared.ready_at -= 5.0  # as if it had waited 5 s for the lane
+    result = runner.run(prepared)
+    assert result.status == "ok", result.error
+    assert result.compile_s > 0
+    assert 5.0 <= result.phases["lane_wait_s"] < 5.0 + result.compile_s  # the compile is not lane wait
+
+    bad = runner.prepare(task("xla", {"strategy": "chunked", "tile": 3}))
+    assert isinstance(bad, Prepared)
+    assert runner.run(bad).status == "compile_error"
+
+
+def test_only_xla_on_a_gpu_compiles_on_the_device():
+    from moetune.kernels import registry
+
+    assert not registry.get("xla").compiles_on_device()  # these tests run on a CPU
+    assert not registry.get("mosaic_gpu").compiles_on_device()
