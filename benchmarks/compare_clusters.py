@@ -1,8 +1,14 @@
-"""Compare two `moetune bench tuner --out` results of the same sweep on different clusters (one GPU, two):
-the Ray throughput ratio, and per problem whether the best candidates agree (the same config, or best
-times within --tolerance of each other).
+"""Compare two runs of the same tuning work on different clusters (one GPU, two): the Ray throughput
+ratio, and per problem whether the best candidates agree (the same config, or best times within
+--tolerance of each other). A run is a `moetune bench tuner --out` JSON file or a sweep's database: for a
+database, the throughput is sweep --sweep's trials per minute from the first start to the last result, and
+each problem's best is its promoted winner (re-timed interleaved), else its fastest ok trial; and every
+config that both databases timed for the same problem is compared too (the spread of their time ratios:
+two sweeps over the same candidates should time each alike, and a ratio far from 1 means a disturbed
+timing in one of them).
 
     python3 benchmarks/compare_clusters.py one_gpu.json two_gpus.json --out multi_gpu.json
+    python3 benchmarks/compare_clusters.py one_gpu.db two_gpus.db --out multi_gpu.json
 """
 
 from __future__ import annotations
@@ -10,8 +16,47 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
+
+
+def from_database(path: Path, sweep_id: int) -> dict:
+    """A sweep's database in the shape of `bench tuner --out`'s "ray" run."""
+    from moetune.db import open_store
+
+    with open_store(f"sqlite:///{path}") as store:
+        trials = [t for t in store.trials(sweep_id=sweep_id) if t.started_at and t.finished_at]
+        if not trials:
+            raise SystemExit(f"{path}: sweep {sweep_id} has no finished trials")
+        span = (max(t.finished_at for t in trials) - min(t.started_at for t in trials)).total_seconds()
+        best, times = {}, {}
+        for t in trials:
+            if t.status == "ok" and t.median_s and t.config.get("strategy") is None:  # not the XLA baseline
+                times.setdefault(t.problem.key, {})[json.dumps(t.config, sort_keys=True)] = t.median_s
+        for key in sorted({t.problem.key for t in trials}):
+            winners = store.winners(problem_key=key)
+            ok = [t for t in trials if t.problem.key == key and t.status == "ok" and t.median_s]
+            chosen = winners[0] if winners else min(ok, key=lambda t: t.median_s) if ok else None
+            if chosen is not None:
+                best[key] = {"config": chosen.config, "median_s": chosen.median_s}
+        workers = len({t.worker for t in trials})
+    return {
+        "source": str(path),
+        "ray": {
+            "variants": len(trials),
+            "elapsed_s": span,
+            "per_minute": len(trials) / span * 60 if span else 0.0,
+            "workers": workers,
+            "best": best,
+        },
+        "times": times,
+    }
+
+
+def load(path: Path, sweep_id: int) -> dict:
+    return from_database(path, sweep_id) if path.suffix == ".db" else json.loads(path.read_text())
 
 
 def compare(base: dict, other: dict, tolerance: float) -> dict:
@@ -31,7 +76,7 @@ def compare(base: dict, other: dict, tolerance: float) -> dict:
             "other": theirs,
         }
     ratio = other["ray"]["per_minute"] / base["ray"]["per_minute"] if base["ray"]["per_minute"] else 0.0
-    return {
+    return _same_configs(base, other) | {
         "throughput_ratio": ratio,
         "base_per_minute": base["ray"]["per_minute"],
         "other_per_minute": other["ray"]["per_minute"],
@@ -41,14 +86,38 @@ def compare(base: dict, other: dict, tolerance: float) -> dict:
     }
 
 
+def _same_configs(base: dict, other: dict) -> dict:
+    """How alike the two runs timed the configs both timed: other / base, per (problem, config)."""
+    ratios = [
+        theirs / mine
+        for key, configs in base.get("times", {}).items()
+        for config, mine in configs.items()
+        if (theirs := other.get("times", {}).get(key, {}).get(config))
+    ]
+    if not ratios:
+        return {}
+    q = statistics.quantiles(ratios, n=20)
+    return {
+        "same_configs": {
+            "count": len(ratios),
+            "ratio_p5": q[0],
+            "ratio_median": statistics.median(ratios),
+            "ratio_p95": q[-1],
+            "off_by_10pct": sum(abs(math.log(r)) > math.log(1.1) for r in ratios),
+            "off_by_30pct": sum(abs(math.log(r)) > math.log(1.3) for r in ratios),
+        }
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("base", type=Path)
     parser.add_argument("other", type=Path)
     parser.add_argument("--tolerance", type=float, default=0.02)
+    parser.add_argument("--sweep", type=int, default=1, help="the sweep to read from a database")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    base, other = (json.loads(p.read_text()) for p in (args.base, args.other))
+    base, other = (load(p, args.sweep) for p in (args.base, args.other))
     result = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(sys.argv),
@@ -63,6 +132,13 @@ def main() -> None:
         f"({result['throughput_ratio']:.2f}x); best configs agree on {result['winners_agree']} of "
         f"{len(result['problems'])} problems"
     )
+    if "same_configs" in result:
+        c = result["same_configs"]
+        print(
+            f"configs timed by both: {c['count']}, time ratio p5 {c['ratio_p5']:.3f} median "
+            f"{c['ratio_median']:.3f} p95 {c['ratio_p95']:.3f}; off by >10%: {c['off_by_10pct']}, "
+            f">30%: {c['off_by_30pct']}"
+        )
     for key, p in result["problems"].items():
         print(
             f"  {key}: agree={p['agree']} same_config={p.get('same_config')} gap={p.get('time_gap', 0):+.2%}"

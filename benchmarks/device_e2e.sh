@@ -7,6 +7,7 @@
 #          decode, two prefill), compared with the sweep's winners (benchmarks/compare_grid.py), GPU tests
 #          (E2E_GPU1_TESTS), `moetune bench tuner`, and with E2E_MODEL_LAYERS=N, once the sweep has ended,
 #          benchmarks/bench_model.py on an N-layer Mixtral reading the sweep's winners from its database.
+#          E2E_SKIP_GPU1=1 leaves GPU 1 (and its cores) to another job of the same call.
 # Every step is time-boxed; logs and artifacts land under $OUT (bundled: a call returns at most 8 files).
 # The defaults are those of the 2026-11-29 session-3 run (README, "End to end"), except the steps it skipped.
 #
@@ -35,7 +36,7 @@ share=$(( gpus >= 2 ? cores / 2 : cores ))
 bucket_args=(); [ -n "$BUCKETS" ] && bucket_args=(--buckets "$BUCKETS")
 on_gpu0=(env); [ "$gpus" -ge 2 ] && on_gpu0=(env CUDA_VISIBLE_DEVICES=0 taskset -c "0-$((share - 1))")
 
-if [ "$gpus" -ge 2 ]; then
+if [ "$gpus" -ge 2 ] && [ -z "${E2E_SKIP_GPU1:-}" ]; then
   step "GPU 1: ${E2E_SKIP_GRID:+no }exhaustive grid (benchmarks/grid_check.yaml), GPU tests: ${E2E_GPU1_TESTS:-none}, then the tuner's throughput"
   on_gpu1=(env CUDA_VISIBLE_DEVICES=1 taskset -c "$share-$((cores - 1))")
   (if [ -z "${E2E_SKIP_GRID:-}" ]; then

@@ -1,0 +1,66 @@
+"""The benchmark scripts behind the README's H200 numbers, run on the committed raw results: each must
+reproduce what the README says of them, and the shipped pack must be what its provenance says."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import compare_clusters, merge_packs, tuning_table
+from moetune.kernels import packs
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+SESSION4 = RESULTS / "2026-11-29_h200_session4"
+
+
+def _run(name: str) -> Path:
+    return Path(f"{SESSION4}_{name}")
+
+
+def _compare(base: str, other: str) -> dict:
+    load = compare_clusters.load
+    return compare_clusters.compare(load(_run(base), 1), load(_run(other), 1), 0.02)
+
+
+def test_two_gpus_against_one_after_the_baseline_fix():
+    result = _compare("call3_one_gpu.db", "call3_two_gpus.db")
+    assert result["throughput_ratio"] == pytest.approx(1.77, abs=0.005)
+    assert result["winners_agree"] == 28 and len(result["problems"]) == 30
+    assert result["same_configs"]["count"] == 480 and result["same_configs"]["off_by_30pct"] == 0
+
+
+def test_before_the_fix_the_same_configs_timed_far_apart():
+    result = _compare("call2_one_gpu.db", "call2_two_gpus.db")
+    assert result["winners_agree"] == 24
+    assert result["same_configs"]["off_by_30pct"] == 59
+
+
+def test_the_shipped_pack_is_the_fastest_entry_of_the_three_sweeps_packs():
+    session3 = RESULTS / "2026-11-29_h200_session3_pack.json"
+    inputs = [session3, _run("call1_pack.json"), _run("call3_pack.json")]
+    merged, origin = merge_packs.merge([packs.load(p) for p in inputs])
+    shipped = packs.load(ROOT / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json")
+    assert merged.entries == shipped.entries
+    assert sorted(origin.values()).count(2) == 8  # eight entries from the clean sweep (call 3)
+
+
+def test_merging_refuses_packs_of_another_kernel_source():
+    pack = packs.load(_run("call3_pack.json"))
+    other = dataclasses.replace(pack, kernel_source_hash="0" * 16)
+    with pytest.raises(SystemExit, match="kernel source"):
+        merge_packs.merge([pack, other])
+
+
+def test_the_tuning_table_row_of_gate_up_at_4096_tokens():
+    sweep = json.loads(_run("call3_one_gpu_outcome.json").read_text())
+    xla = [json.loads(_run(n).read_text()) for n in ("call3_check_outcome.json", "call1_sweep_outcome.json")]
+    pack = packs.load(ROOT / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json")
+    rows = tuning_table.table(sweep, xla, pack, top_k=2)
+    row = next(r for r in rows if r.startswith("| gate_up+SwiGLU | 4096 |"))
+    assert row == "| gate_up+SwiGLU | 4096 | 16 | 2.807 | 2.807 | 18.83 | 1.00x | 6.71x | 2.802 |"
+    small = next(r for r in rows if r.startswith("| down | 1 |"))
+    assert "0.2126*" in small  # XLA from the second outcome is marked
