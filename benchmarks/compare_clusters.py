@@ -23,22 +23,31 @@ from pathlib import Path
 
 
 def from_database(path: Path, sweep_id: int) -> dict:
-    """A sweep's database in the shape of `bench tuner --out`'s "ray" run."""
+    """A sweep's database in the shape of `bench tuner --out`'s "ray" run: its candidates only (trials of
+    the sweep's backend; the XLA baselines of another backend's sweep are left out), and per problem the
+    winner this sweep promoted, else its fastest ok candidate."""
     from moetune.db import open_store
 
     with open_store(f"sqlite:///{path}") as store:
-        trials = [t for t in store.trials(sweep_id=sweep_id) if t.started_at and t.finished_at]
+        backend = store.get_sweep(sweep_id).backend
+        trials = [
+            t
+            for t in store.trials(sweep_id=sweep_id)
+            if t.started_at and t.finished_at and t.backend == backend
+        ]
         if not trials:
-            raise SystemExit(f"{path}: sweep {sweep_id} has no finished trials")
+            raise SystemExit(f"{path}: sweep {sweep_id} has no finished {backend} trials")
         span = (max(t.finished_at for t in trials) - min(t.started_at for t in trials)).total_seconds()
-        best, times = {}, {}
-        for t in trials:
-            if t.status == "ok" and t.median_s and t.config.get("strategy") is None:  # not the XLA baseline
-                times.setdefault(t.problem.key, {})[json.dumps(t.config, sort_keys=True)] = t.median_s
+        ok = [t for t in trials if t.status == "ok" and t.median_s]
+        times: dict[str, dict[str, float]] = {}
+        for t in ok:
+            times.setdefault(t.problem.key, {})[json.dumps(t.config, sort_keys=True)] = t.median_s
+        ids = {t.id for t in trials}
+        best = {}
         for key in sorted({t.problem.key for t in trials}):
-            winners = store.winners(problem_key=key)
-            ok = [t for t in trials if t.problem.key == key and t.status == "ok" and t.median_s]
-            chosen = winners[0] if winners else min(ok, key=lambda t: t.median_s) if ok else None
+            promoted = [w for w in store.winners(problem_key=key, backend=backend) if w.trial_id in ids]
+            mine = [t for t in ok if t.problem.key == key]
+            chosen = promoted[0] if promoted else min(mine, key=lambda t: t.median_s) if mine else None
             if chosen is not None:
                 best[key] = {"config": chosen.config, "median_s": chosen.median_s}
         workers = len({t.worker for t in trials})
@@ -96,7 +105,7 @@ def _same_configs(base: dict, other: dict) -> dict:
     ]
     if not ratios:
         return {}
-    q = statistics.quantiles(ratios, n=20)
+    q = statistics.quantiles(ratios, n=20) if len(ratios) > 1 else ratios * 2
     return {
         "same_configs": {
             "count": len(ratios),

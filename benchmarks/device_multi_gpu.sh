@@ -71,7 +71,7 @@ for db in "$OUT"/*.db; do
   rm -f "$db-wal" "$db-shm"
 done
 python3 benchmarks/sweep_timeline.py "$OUT/one_gpu.db" --sweep 1 >"$OUT/timeline_one.log" 2>&1
-python3 benchmarks/sweep_timeline.py "$OUT/two_gpus.db" --sweep 1 >"$OUT/timeline_two.log" 2>&1
+[ -s "$OUT/two_gpus.db" ] && python3 benchmarks/sweep_timeline.py "$OUT/two_gpus.db" --sweep 1 >"$OUT/timeline_two.log" 2>&1
 head -12 "$OUT"/timeline_*.log
 (cd "$OUT" && tar czf logs.tgz --remove-files $(ls ./*.log one_gpu.json two_gpus.json check.json bench.db 2>/dev/null | grep -v '^./mg.log$'))
 ls -la "$OUT"

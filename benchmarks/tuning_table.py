@@ -1,6 +1,6 @@
-"""What tuning bought, per problem, as a Markdown table: the sweep's winner against the backend's heuristic
-default (both from one sweep's `moetune tune --json` outcome), XLA's ragged_dot (from the first of the
---xla outcomes that timed it: sweeps with their baselines), and the shipped pack's entry.
+"""What tuning bought, per Mixtral-8x7B problem, as a Markdown table: the sweep's winner against the
+backend's heuristic default (both from one sweep's `moetune tune --json` outcome), XLA's ragged_dot (from
+the first of the --xla outcomes that timed it: sweeps with their baselines), and the shipped pack's entry.
 
     python3 benchmarks/tuning_table.py one_gpu.json --xla check.json sweep.json --pack configs/tuned/x.json
 """
@@ -16,6 +16,15 @@ from moetune.kernels import packs
 
 def _ms(value: str) -> float | None:
     return None if value in ("", "-", None) else float(value)
+
+
+# The pack's problems of each Mixtral-8x7B GEMM: (op, k); m is T * top_k.
+MIXTRAL_GEMMS = {"gate_up": ("grouped_matmul_swiglu", 4096), "down": ("grouped_matmul", 14336)}
+
+
+def _trial_count(text: str) -> int:
+    """All trials of a summary's "16 ok, 1 wrong_result"; 0 for ""."""
+    return sum(int(part.split()[0]) for part in text.split(",") if part.strip())
 
 
 def _label_key(label: str) -> tuple[str, int]:
@@ -40,13 +49,12 @@ def table(sweep: dict, xla_runs: list[dict], pack: packs.Pack, top_k: int) -> li
         gemm, tokens = _label_key(row["problem"])
         winner, heuristic = _ms(row["winner_ms"]), _ms(row["heuristic_ms"])
         xla_ms, source = xla.get((gemm, tokens), (None, None))
-        k = {"gate_up": 4096, "down": 14336}[gemm]
-        op = "grouped_matmul_swiglu" if gemm == "gate_up" else "grouped_matmul"
+        op, k = MIXTRAL_GEMMS[gemm]
         pack_s = shipped.get((k, tokens * top_k, op))
         cells = [
             "gate_up+SwiGLU" if gemm == "gate_up" else gemm,
             str(tokens),
-            row["trials"].split()[0],
+            str(_trial_count(row["trials"])),
             f"{winner:.4g}" if winner else "-",
             f"{heuristic:.4g}" if heuristic else "-",
             f"{xla_ms:.4g}" + ("*" * source) if xla_ms else "-",

@@ -63,6 +63,7 @@ class Prepared:
     ready_at: float = 0.0  # time.perf_counter() when `prepare` ended: the lane wait starts there
     compile_in_run: bool = False  # the backend compiles on the device: `run` compiles, holding the lane
     lane_at: float = 0.0  # when `run` began: the device's lane is held from there
+    device_started_at: datetime.datetime | None = None  # the same moment, as the trial records it
 
 
 # A trial's phases after compiling, in seconds (CandidateResult.phases, the trial details' "phases"):
@@ -125,7 +126,10 @@ class CandidateRunner:
         if isinstance(task, CompileOnlyTask):
             return self._compile_only(task, started)
         prepared = Prepared(task, [], [], 0.0, started)
-        prepared.compile_in_run = registry.get(task.backend).compiles_on_device()
+        try:
+            prepared.compile_in_run = registry.get(task.backend).compiles_on_device()
+        except Exception:  # noqa: S110 - compile_config meets the same failure and records it (compile_error)
+            pass
         if not prepared.compile_in_run and (failed := self._compile(prepared)) is not None:
             return failed
         prepared.setup = self._warm(task)
@@ -184,9 +188,12 @@ class CandidateRunner:
         """Verify and time (CandidateTask) or re-time interleaved (RetimeTask) on this process's device;
         compile first when the backend compiles on the device (`compile_in_run`)."""
         try:
-            prepared.lane_at = time.perf_counter()
+            prepared.lane_at, prepared.device_started_at = time.perf_counter(), now()
             if prepared.compile_in_run and (failed := self._compile(prepared)) is not None:
-                return failed
+                lane = {"lane_wait_s": prepared.lane_at - prepared.ready_at}
+                return dataclasses.replace(
+                    failed, device_started_at=prepared.device_started_at, phases=prepared.setup | lane
+                )
             if isinstance(prepared.task, RetimeTask):
                 return self._retime(prepared)
             return self._verify_and_time(prepared)
@@ -196,7 +203,7 @@ class CandidateRunner:
     def _verify_and_time(self, prepared: Prepared) -> CandidateResult:
         task: CandidateTask = prepared.task
         fn = prepared.executables[0]
-        device_started = now()
+        device_started = prepared.device_started_at
         clock = time.perf_counter()
         phases = prepared.setup | {"lane_wait_s": prepared.lane_at - prepared.ready_at}
         stage = "verify"

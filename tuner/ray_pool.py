@@ -10,7 +10,8 @@ Design (a JAX executable cannot move between processes, so compile and time shar
 A lane is one GPU (workers hold a fraction of it, so Ray pins each worker to one GPU and sets
 CUDA_VISIBLE_DEVICES), or the CPU of a host without GPUs. The driver owns the lanes, so no lock can
 leak when a worker dies, and a timeout measures only the worker's own phase, never time spent queueing
-for the device. Waiting for a lane does not count against `timeout_s`; each phase gets `timeout_s`.
+for the device. Waiting for a lane does not count against `timeout_s`; each phase gets `timeout_s`
+(a backend that compiles on the device, `Backend.compiles_on_device`, compiles in the second phase).
 Lanes belong to one sweep's driver: two sweeps timing on the same GPU at once would overlap, so run one
 sweep per device at a time.
 

@@ -105,7 +105,7 @@ class CandidateResult:
     worker: str = ""
     started_at: datetime.datetime | None = None  # compilation began
     finished_at: datetime.datetime | None = None
-    device_started_at: datetime.datetime | None = None  # verification began: the device was this task's
+    device_started_at: datetime.datetime | None = None  # the device phase began: the lane was this task's
     static: dict[str, Any] | None = None  # compile-only: binary hash and static metrics (trial details)
     # Seconds per phase after compiling (candidate.PHASES; the trial details' "phases"): where a worker's
     # time went. None where the trial ended before its set-up (compile errors, compile-only, executor's).

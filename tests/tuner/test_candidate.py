@@ -260,7 +260,15 @@ def test_a_backend_that_compiles_on_the_device_is_compiled_in_run_where_the_lane
 
     bad = runner.prepare(task("xla", {"strategy": "chunked", "tile": 3}))
     assert isinstance(bad, Prepared)
-    assert runner.run(bad).status == "compile_error"
+    bad.ready_at -= 2.0
+    failed = runner.run(bad)
+    assert failed.status == "compile_error"
+    assert failed.phases["lane_wait_s"] >= 2.0 and failed.device_started_at is not None
+
+
+def test_an_unknown_backend_is_a_compile_error_not_an_exception():
+    result = CandidateRunner("w").prepare(task("no_such_backend", {}))
+    assert result.status == "compile_error" and "no_such_backend" in result.error
 
 
 def test_only_xla_on_a_gpu_compiles_on_the_device():
