@@ -23,6 +23,7 @@ from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.problem import Problem
 from moetune.tuner.cli import app
 from moetune.tuner.cli.common import json_text
+from tests.db.db_factories import trial
 
 GPU = DeviceFingerprint(
     "NVIDIA H200", "gpu", 132, 150_000_000_000, "9.0", "580.65", "13.0", "0.11.2", "0.11.2"
@@ -573,15 +574,12 @@ def test_trials_show_compile_only_details(db_url, monkeypatch):
     }
     with open_store(db_url) as store:
         compiled = store.record_trial(
-            TrialRecord(
-                sweep_id=None,
+            trial(
                 device=GPU,
-                backend="fake",
-                family="sm90",
-                source_hash="src1",
                 problem=PROBLEM,
                 config={"block_m": 32, "block_n": 128},
                 status="pruned",
+                median_s=None,
                 error="spills 4 registers",
                 details=facts,
             )
@@ -593,15 +591,12 @@ def test_trials_show_compile_only_details(db_url, monkeypatch):
     assert "details" in table and "9f3c9f3c" in table and "spills=4" in table
     with open_store(db_url) as store:  # a device trial's details hold only its phase times
         store.record_trial(
-            TrialRecord(
-                sweep_id=None,
+            trial(
                 device=GPU,
-                backend="fake",
-                family="sm90",
-                source_hash="src1",
                 problem=PROBLEM,
                 config={"block_m": 64, "block_n": 64},
                 status="crashed",
+                median_s=None,
                 error="raised during time",
                 details={"phases": {"setup_s": 1.5, "verify_s": 0.1}},
             )
