@@ -122,10 +122,7 @@ if [ -n "${gpu1:-}" ]; then
 fi
 
 step "pack up: merge the databases' WAL, bundle the logs"
-for db in "$OUT"/*.db; do
-  python3 -c "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()" "$db"
-  rm -f "$db-wal" "$db-shm"
-done
+merge_wal "$OUT"
 rm -f "$OUT/empty.db" "$OUT/sweep.done"
 (cd "$OUT" && find . -maxdepth 1 -type f \( -name '*.log' -o -name '*.json' \) ! -name pack.json ! -name grid_vs_sweep.json ! -name throughput.json ! -name model_layers.json ! -name e2e.log -print0 \
   | tar --null -T - -czf logs.tgz --remove-files)

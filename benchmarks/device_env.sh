@@ -15,3 +15,10 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
 # would read that as pressure and kill workers, so it stays off here.
 export RAY_memory_monitor_refresh_ms=0
 step() { printf '\n=== [%s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+# Fold each SQLite database's write-ahead log into it, so that $OUT brings back one file per database.
+merge_wal() {
+  for db in "$1"/*.db; do
+    python3 -c "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()" "$db"
+    rm -f "$db-wal" "$db-shm"
+  done
+}

@@ -66,10 +66,7 @@ if [ -s "$OUT/check.db" ]; then
   step "the sweep with baselines (GPU 1) against the one-GPU sweep without (GPU 0), config by config"
   python3 benchmarks/compare_clusters.py "$OUT/check.db" "$OUT/one_gpu.db" --out "$OUT/check_vs_one.json"
 fi
-for db in "$OUT"/*.db; do
-  python3 -c "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()" "$db"
-  rm -f "$db-wal" "$db-shm"
-done
+merge_wal "$OUT"
 python3 benchmarks/sweep_timeline.py "$OUT/one_gpu.db" --sweep 1 >"$OUT/timeline_one.log" 2>&1
 [ -s "$OUT/two_gpus.db" ] && python3 benchmarks/sweep_timeline.py "$OUT/two_gpus.db" --sweep 1 >"$OUT/timeline_two.log" 2>&1
 head -12 "$OUT"/timeline_*.log
