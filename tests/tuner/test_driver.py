@@ -71,6 +71,21 @@ def test_each_trial_is_written_before_the_next_candidate_runs(store, sim):
     assert store.get_sweep(outcome.sweep_id).status == "done"
 
 
+def test_the_largest_problem_gets_the_first_worker_and_reports_keep_plan_order(store, sim):
+    small, large = (parse_problem(f"m={m},k=64,n=64,g=4,dtype=bf16") for m in (8, 512))
+    started: list[int] = []
+
+    def noting_runner(task):
+        if isinstance(task, CandidateTask) and task.backend == "sim":
+            started.append(task.problem.m)
+        return sim_backend.simulate(task)
+
+    outcome = sweep(store, planned=(small, large), runner=noting_runner, baseline=False, budget=2)
+    # One worker (the inline executor): whenever it is free, the larger problem is asked first.
+    assert started == [512, 512, 8, 8]
+    assert [p.problem_key for p in outcome.problems] == [small.problem.key, large.problem.key]
+
+
 def test_failed_candidates_are_recorded_and_never_win(store, sim):
     sim_backend.COSTS.update({1: 5e-4, 2: None, 3: 4e-4, 4: None})  # 2 and 4 would be fastest if they counted
     outcome = sweep(store, planned=[parse_problem("m=4,k=64,n=64,g=4")], baseline=False)
@@ -160,7 +175,7 @@ def test_minutes_budget_stops_asking(store, sim):
         clock=lambda: next(clock),
         poll_s=0,
     )
-    late = parse_problem("m=16,k=64,n=64,g=4,dtype=bf16")
+    late = parse_problem("m=8,k=32,n=64,g=4,dtype=bf16")  # fewer FLOPs: scheduled after PROBLEM
     outcome = driver.run([PROBLEM, late], sweep_id=sweep_id)
     assert 0 < len(sim_trials(store, sweep_id=sweep_id)) < 8
     first, second = outcome.problems
