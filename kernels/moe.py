@@ -77,11 +77,23 @@ class SortedRows:
     group_sizes: Array  # [E] int32 rows per expert, summing to T*k
 
 
+# Up to these sizes routing is computed by pairwise comparison (reductions that XLA fuses into a couple
+# of kernels) instead of lax.top_k and a sort (XLA's sort, scatter and scatter-add kernels, one launch
+# each). Decode runs the layer for a handful of tokens, where each launch costs more than its work; the
+# comparisons grow as E^2 per token and (T*k)^2, so prefill keeps the sort.
+COMPARE_MAX_EXPERTS = 16
+COMPARE_MAX_ROWS = 64
+
+
 def route(router_logits: Array, top_k: int, renormalize: bool) -> Routing:
     """Top-k experts per token from the logits; weights are the softmax over all E experts, or with
-    `renormalize` over the chosen k (the same values as renormalising those probabilities)."""
+    `renormalize` over the chosen k (the same values as renormalising those probabilities). Ties go to
+    the lower expert index, as in lax.top_k."""
     logits = router_logits.astype(jnp.float32)
-    top_logits, expert_ids = jax.lax.top_k(logits, top_k)
+    if logits.shape[1] <= COMPARE_MAX_EXPERTS:
+        top_logits, expert_ids = _top_k_by_comparison(logits, top_k)
+    else:
+        top_logits, expert_ids = jax.lax.top_k(logits, top_k)
     if renormalize:
         weights = jax.nn.softmax(top_logits, axis=-1)
     else:
@@ -89,18 +101,54 @@ def route(router_logits: Array, top_k: int, renormalize: bool) -> Routing:
     return Routing(expert_ids=expert_ids.astype(jnp.int32), weights=weights)
 
 
+def _top_k_by_comparison(logits: Array, top_k: int) -> tuple[Array, Array]:
+    """lax.top_k's result from ranks: expert e's rank is the number of experts ordered before it (a
+    larger logit, or an equal one at a lower index), so ranks are distinct and the top k are ranks 0..k-1.
+    Logits compare in IEEE total order as lax.top_k's do (+0 above -0, NaNs by sign)."""
+    experts = logits.shape[1]
+    index = jnp.arange(experts)
+    key = _total_order_key(logits)
+    mine, other = key[:, :, None], key[:, None, :]
+    ahead = (other > mine) | ((other == mine) & (index[None, :] < index[:, None]))  # [T, E, E]
+    rank = jnp.sum(ahead, axis=2, dtype=jnp.int32)  # [T, E]
+    pick = rank[:, None, :] == jnp.arange(top_k)[None, :, None]  # [T, k, E]: expert with rank j
+    expert_ids = jnp.sum(jnp.where(pick, index, 0), axis=2, dtype=jnp.int32)
+    top_logits = jnp.sum(jnp.where(pick, logits[:, None, :], 0.0), axis=2)
+    return top_logits, expert_ids
+
+
+def _total_order_key(x: Array) -> Array:
+    """int32 keys of float32 values that order as IEEE totalOrder: flip the magnitude bits of negatives."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.int32)
+    return bits ^ ((bits >> 31) & jnp.int32(0x7FFFFFFF))
+
+
 def sort_by_expert(expert_ids: Array, num_experts: int) -> SortedRows:
     """Stable sort of the flattened (token, slot) pairs by expert; see SortedRows for an example."""
     flat = expert_ids.reshape(-1)
     rows = flat.shape[0]
-    order = jnp.argsort(flat, stable=True).astype(jnp.int32)
-    slot_row = (
-        jnp.zeros((rows,), jnp.int32)
-        .at[order]
-        .set(jnp.arange(rows, dtype=jnp.int32), unique_indices=True, mode="promise_in_bounds")
-    )
-    group_sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    if rows <= COMPARE_MAX_ROWS:
+        slot_row, order = _sorted_rows_by_comparison(flat)
+    else:
+        order = jnp.argsort(flat, stable=True).astype(jnp.int32)
+        slot_row = (
+            jnp.zeros((rows,), jnp.int32)
+            .at[order]
+            .set(jnp.arange(rows, dtype=jnp.int32), unique_indices=True, mode="promise_in_bounds")
+        )
+    group_sizes = jnp.sum(flat[None, :] == jnp.arange(num_experts)[:, None], axis=1, dtype=jnp.int32)
     return SortedRows(row_token=order // expert_ids.shape[1], slot_row=slot_row, group_sizes=group_sizes)
+
+
+def _sorted_rows_by_comparison(flat: Array) -> tuple[Array, Array]:
+    """(slot_row, order) of the stable sort of `flat`: a slot's sorted row is the number of slots that
+    sort before it (a smaller expert, or the same expert at an earlier slot); `order` inverts that."""
+    index = jnp.arange(flat.shape[0], dtype=jnp.int32)
+    mine, other = flat[:, None], flat[None, :]
+    before = (other < mine) | ((other == mine) & (index[None, :] < index[:, None]))
+    slot_row = jnp.sum(before, axis=1, dtype=jnp.int32)
+    order = jnp.sum(jnp.where(slot_row[None, :] == index[:, None], index, 0), axis=1, dtype=jnp.int32)
+    return slot_row, order
 
 
 def _gate_up(

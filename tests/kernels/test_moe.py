@@ -39,6 +39,7 @@ def _rel_l2(value, reference):
         (37, 8, 2, False),  # odd token count, full-softmax weights (Qwen-MoE style)
         (64, 4, 1, True),  # top-1 (Switch style): renormalised weights are all 1
         (96, 16, 4, False),  # more experts, wider top-k
+        (40, 32, 2, True),  # past COMPARE_MAX_EXPERTS: lax.top_k and the argsort
         (5, 8, 8, True),  # every expert for every token
     ],
 )
@@ -100,6 +101,29 @@ def test_sort_by_expert_worked_example():
     assert rows.row_token.tolist() == [0, 2, 1, 2, 0, 1]
     assert rows.slot_row.tolist() == [4, 0, 2, 5, 1, 3]
     assert rows.group_sizes.tolist() == [2, 2, 2]
+
+
+@pytest.mark.parametrize("experts, top_k", [(4, 1), (8, 2), (8, 8), (16, 4)])
+def test_top_k_by_comparison_equals_lax_top_k_with_ties_and_masked_experts(monkeypatch, experts, top_k):
+    # Logits on a coarse grid tie often; -inf experts (masked out) must still come back as distinct ids.
+    logits = jnp.round(jax.random.normal(jax.random.key(experts + top_k), (300, experts)) * 2) / 2
+    logits = logits.at[::7, : experts // 2].set(-jnp.inf)
+    got = route(logits, top_k, renormalize=False)
+    monkeypatch.setattr(moe_module, "COMPARE_MAX_EXPERTS", 0)  # lax.top_k
+    want = route(logits, top_k, renormalize=False)
+    assert got.expert_ids.tolist() == want.expert_ids.tolist()
+    np.testing.assert_array_equal(got.weights, want.weights)
+
+
+@pytest.mark.parametrize("tokens, top_k, experts", [(1, 2, 8), (5, 2, 3), (16, 4, 8), (32, 2, 2)])
+def test_sort_by_comparison_equals_the_stable_argsort(monkeypatch, tokens, top_k, experts):
+    ids = jax.random.randint(jax.random.key(tokens), (tokens, top_k), 0, experts, jnp.int32)
+    assert tokens * top_k <= moe_module.COMPARE_MAX_ROWS
+    got = sort_by_expert(ids, experts)
+    monkeypatch.setattr(moe_module, "COMPARE_MAX_ROWS", 0)  # argsort and scatter
+    want = sort_by_expert(ids, experts)
+    for field in ("row_token", "slot_row", "group_sizes"):
+        assert getattr(got, field).tolist() == getattr(want, field).tolist(), field
 
 
 def _recording(monkeypatch):
