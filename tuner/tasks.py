@@ -93,6 +93,18 @@ class CompileOnlyTask:
 Task = CandidateTask | RetimeTask | CompileOnlyTask
 
 
+def device_work(task: Task) -> int:
+    """A task's expected time on its device, in arbitrary units for comparing tasks: the FLOPs of one
+    kernel launch times the launches it times (a retime's finalists, rounds and runs; a candidate's runs),
+    per routing. Verification and set-up are left out; they scale alike."""
+    routings = max(1, len(getattr(task, "timing_sizes", ())))
+    if isinstance(task, RetimeTask):
+        launches = len(task.configs) * task.rounds * task.runs_per_round
+    else:
+        launches = getattr(task, "runs", 1)
+    return task.problem.flops * launches * routings
+
+
 @dataclasses.dataclass(frozen=True)
 class CandidateResult:
     task_id: str

@@ -1,14 +1,18 @@
 """The Ray executor hands a GPU's lane to the next ready worker as soon as a run ends, before the driver
 records that run's result (a database write, the strategy's next ask): the lane is the sweep's
-bottleneck, so it must not idle while the driver works."""
+bottleneck, so it must not idle while the driver works. The next worker is the one with the least device
+work, unless another has waited past LANE_PATIENCE_S."""
 
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from types import SimpleNamespace
 
-from moetune.tuner.ray_pool import RayExecutor, _Slot
+from moetune.kernels.problem import Problem
+from moetune.tuner.ray_pool import LANE_PATIENCE_S, RayExecutor, _Slot
+from moetune.tuner.tasks import CandidateTask, RetimeTask, device_work
 
 
 class _Run:
@@ -32,27 +36,65 @@ class _FakeRay:
         return f"result of {ref}"
 
 
-def _slot(name: str, phase: str, log: list, task_id: str, ready_since: float = 0.0) -> _Slot:
+def _problem(m: int) -> Problem:
+    return Problem(
+        "grouped_matmul", m=m, k=4096, n=1024, g=8, lhs_dtype="bf16", rhs_dtype="bf16", out_dtype="bf16"
+    )
+
+
+def _slot(name: str, phase: str, log: list, task_id: str, ready_since: float = 0.0, m: int = 64) -> _Slot:
     slot = _Slot(name, SimpleNamespace(run=_Run(log, name)), phase=phase)
     slot.info = SimpleNamespace(lane="host:gpu0")
-    slot.task = SimpleNamespace(task_id=task_id, label=task_id)
+    slot.task = CandidateTask(task_id, "xla", _problem(m), {}, ((m,),), ((m,),), label=task_id)
     slot.ready_since = ready_since
     return slot
 
 
-def test_a_finished_run_hands_its_lane_over_before_the_driver_sees_the_result():
-    log: list = []
+def _pool(slots: list, lanes: dict) -> RayExecutor:
     pool = object.__new__(RayExecutor)
     pool._ray, pool.timeout_s, pool._queue = _FakeRay(), 60.0, deque()
+    pool._slots, pool._lanes = slots, lanes
+    return pool
+
+
+def test_a_finished_run_hands_its_lane_over_before_the_driver_sees_the_result():
+    log: list = []
     running = _slot("w0", "run", log, "a")
     running.ref = "run-a"
-    later, first = _slot("w1", "ready", log, "b", 2.0), _slot("w2", "ready", log, "c", 1.0)
-    pool._slots = [running, later, first]
-    pool._lanes = {"host:gpu0": running}
+    now = time.monotonic()
+    later, first = _slot("w1", "ready", log, "b", now), _slot("w2", "ready", log, "c", now - 1.0)
+    pool = _pool([running, later, first], {"host:gpu0": running})
 
     results = pool._poll(math.inf)
 
     assert results == ["result of run-a"]
-    assert log == [("w2", "c")]  # the longest-waiting ready worker, and only one per lane
+    assert log == [("w2", "c")]  # equal work: the longer-waiting ready worker, and only one per lane
     assert pool._lanes["host:gpu0"] is first and first.phase == "run"
     assert later.phase == "ready" and running.phase == "idle"
+
+
+def test_a_free_lane_goes_to_the_least_device_work_unless_someone_waited_too_long():
+    log: list = []
+    now = time.monotonic()
+    large = _slot("w0", "ready", log, "large", now - 2.0, m=8192)
+    small = _slot("w1", "ready", log, "small", now, m=16)
+    pool = _pool([large, small], {"host:gpu0": None})
+    pool._grant_lanes()
+    assert log == [("w1", "small")] and large.phase == "ready"
+
+    log.clear()
+    large.ready_since = now - LANE_PATIENCE_S - 1.0
+    other_small = _slot("w2", "ready", log, "small2", now, m=16)
+    pool = _pool([large, other_small], {"host:gpu0": None})
+    pool._grant_lanes()
+    assert log == [("w0", "large")]  # overdue: first, whatever its size
+
+
+def test_device_work_counts_every_timed_launch():
+    candidate = CandidateTask("c", "xla", _problem(256), {}, ((256,), (256,)), (), runs=10)
+    retime = RetimeTask("r", "xla", _problem(256), ({}, {}, {}), ((256,), (256,)), rounds=5, runs_per_round=4)
+    assert device_work(candidate) == _problem(256).flops * 10 * 2
+    assert device_work(retime) == _problem(256).flops * 3 * 5 * 4 * 2
+    assert device_work(candidate) < device_work(
+        CandidateTask("d", "xla", _problem(512), {}, ((512,), (512,)), ())
+    )
