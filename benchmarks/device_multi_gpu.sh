@@ -8,7 +8,9 @@
 #   check (default): the same sweep with its XLA baselines on the buckets MG_CHECK_BUCKETS, whose
 #          configs' times are compared with the one-GPU sweep's (a baseline compiling beside a timing
 #          once disturbed it; see tuner/candidate.py);
-#   bench: `moetune bench tuner`, Ray against one by one on the same candidates (issue 6's ratio).
+#   bench: `moetune bench tuner`, Ray against one by one on the same candidates (issue 6's ratio);
+#   command: the shell command MG_GPU1_CMD (another measurement that needs a GPU, e.g. decode_probe.py),
+#          its output in gpu1.log.
 # Writes one_gpu.db, two_gpus.db, multi_gpu.json (benchmarks/compare_clusters.py: throughput ratio,
 # winners' agreement, same-config times), and check.db with check_vs_one.json, or throughput.json.
 #
@@ -44,6 +46,10 @@ if [ "$gpus" -ge 2 ]; then
     MOETUNE_DB="sqlite:///$OUT/check.db" "${on_gpu1[@]}" "${sweep[@]}" --buckets "${MG_CHECK_BUCKETS:-512,1024,2048,4096,8192}" \
       --workers "$PER_GPU" --minutes "$(python3 -c "print($MG_ONE_S / 60 - 0.5)")" >"$OUT/check.json" 2>"$OUT/check.log"
     echo "check sweep rc=$?"; grep -v "logging.cc\|^    @" "$OUT/check.log" | tail -2
+  elif [ "${MG_GPU1_JOB}" = command ]; then
+    step "meanwhile on GPU 1 and cores $half-$((cores - 1)): ${MG_GPU1_CMD:?set MG_GPU1_CMD}"
+    "${on_gpu1[@]}" bash -c "$MG_GPU1_CMD" >"$OUT/gpu1.log" 2>&1
+    echo "GPU 1 command rc=$?"; tail -25 "$OUT/gpu1.log"
   else
     step "meanwhile on GPU 1 and cores $half-$((cores - 1)): bench tuner, Ray against one by one"
     MOETUNE_DB="sqlite:///$OUT/bench.db" "${on_gpu1[@]}" "${MOETUNE[@]}" bench tuner --model "$MODEL" \

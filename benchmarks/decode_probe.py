@@ -1,0 +1,293 @@
+"""Where a decode step's time goes (issue 7), on one GPU, in one run.
+
+For each routing implementation of the moetune MoE layer ("sort": lax.top_k, argsort and scatters; "compare":
+the pairwise-comparison routing moetune.kernels.moe uses for a few tokens), and for the GEMMs alone:
+  layer   one MoE block (RMSNorm, router, MoE MLP) per step of a jitted fori_loop, `--reps` steps: the
+          per-layer time, host dispatch excluded (as bench_model's MoE-layer timing);
+  model   greedy decode of a Mixtral-shaped model with 4 and with 8 layers (`--gen` steps, one fori_loop,
+          cache of 2048 + gen positions, decoding from position 2048): per-token time; the difference per
+          layer and the intercept project the 32-layer model's tokens/s;
+  trace   a jax.profiler trace of the layer loop: every device kernel's count and total time per layer,
+          and the device's idle share (the gaps between kernels).
+`--xla-flags` runs the layer timing again in a child process per XLA_FLAGS value.
+
+    python3 benchmarks/decode_probe.py --out probe.json [--trace-dir traces] [--xla-flags='--xla_a=1' ...]
+
+Host wall clock around block_until_ready, median of `--runs`; the weights are random bf16 made on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from moetune.kernels import moe  # noqa: E402
+from moetune.kernels.api import grouped_matmul, grouped_matmul_swiglu  # noqa: E402
+from moetune.kernels.lookup import LOOKUP  # noqa: E402
+from moetune.tuner.models import mixtral  # noqa: E402
+from moetune.tuner.models.config import model_config  # noqa: E402
+from moetune.tuner.models.weights import init_params  # noqa: E402
+
+ROUTINGS = {"sort": (0, 0), "compare": (moe.COMPARE_MAX_EXPERTS, moe.COMPARE_MAX_ROWS)}
+
+
+def log(message: str) -> None:
+    print(f"[probe {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def routing(name: str):
+    """Trace with one routing implementation; jit caches are cleared so nothing traced before is reused."""
+    saved = moe.COMPARE_MAX_EXPERTS, moe.COMPARE_MAX_ROWS
+    moe.COMPARE_MAX_EXPERTS, moe.COMPARE_MAX_ROWS = ROUTINGS[name]
+    jax.clear_caches()
+    mixtral._shared_moe.cache_clear()
+    try:
+        yield
+    finally:
+        moe.COMPARE_MAX_EXPERTS, moe.COMPARE_MAX_ROWS = saved
+
+
+def timed(fn, runs: int) -> list[float]:
+    jax.block_until_ready(fn())
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def layer_loop(config, variant: str):
+    """reps MoE blocks in a fori_loop on one layer's weights; "gemms" runs only the two grouped GEMMs on
+    a fixed routing (each token's rows to experts 0 and 1) plus the row copy and sum that feed them."""
+
+    def block(layer, x):
+        h = mixtral.rms_norm(x, layer.moe_norm, config.norm_eps)
+        if variant == "gemms":
+            tokens = h.shape[0]
+            rows = jnp.concatenate([h, h])  # expert 0's rows, then expert 1's
+            sizes = jnp.zeros((config.experts,), jnp.int32).at[:2].set(tokens)
+            hidden = grouped_matmul_swiglu(rows, layer.w_gate_up, sizes)
+            down = grouped_matmul(hidden, layer.w_down, sizes)
+            return (down[:tokens].astype(jnp.float32) + down[tokens:]).astype(h.dtype)
+        logits = jnp.dot(h, layer.router, preferred_element_type=jnp.float32)
+        return moe.moe_mlp(h, logits, layer.w_gate_up, layer.w_down, top_k=config.top_k)
+
+    @jax.jit
+    def loop(x, layer, reps):
+        return jax.lax.fori_loop(0, reps, lambda _, x: block(layer, x), x)
+
+    return loop
+
+
+def time_layers(config, layer, tokens: int, reps: int, runs: int) -> dict[str, Any]:
+    out = {}
+    x = jax.random.normal(jax.random.key(tokens), (tokens, config.hidden)).astype(jnp.bfloat16)
+    for variant in ("sort", "compare", "gemms"):
+        with routing("compare" if variant == "gemms" else variant):
+            loop = layer_loop(config, variant)
+            n = jnp.asarray(reps, jnp.int32)
+            samples = [s / reps for s in timed(lambda loop=loop, n=n: loop(x, layer, n), runs)]
+        out[variant] = {
+            "median_ms": float(np.median(samples)) * 1e3,
+            "samples_ms": [s * 1e3 for s in samples],
+        }
+        log(f"layer T={tokens} {variant}: {out[variant]['median_ms']:.4f} ms")
+    return out
+
+
+def time_model(model: str, layers: int, gen: int, runs: int) -> dict[str, Any]:
+    config = model_config(model, layers)
+    params = init_params(config, seed=0)
+    out = {}
+    for variant in ("sort", "compare"):
+        with routing(variant):
+            cache = mixtral.KVCache.empty(config, 1, 2048 + gen)
+            state = {"cache": cache}
+            first = jnp.zeros((1,), jnp.int32)
+            pos = jnp.asarray(2048 - 1, jnp.int32)
+            start = time.perf_counter()
+            decode = mixtral.decode_loop.lower(
+                params, first, cache, pos, steps=gen, config=config, moe_path="moetune"
+            ).compile()
+            compile_s = time.perf_counter() - start
+
+            def run(decode=decode, state=state, first=first, pos=pos):
+                tokens, state["cache"] = decode(params, first, state["cache"], pos)
+                return tokens
+
+            samples = timed(run, runs)
+        per_token = float(np.median(samples)) / gen
+        out[variant] = {"per_token_ms": per_token * 1e3, "samples_s": samples, "compile_s": compile_s}
+        log(
+            f"model {layers} layers {variant}: {per_token * 1e3:.3f} ms per token ({1 / per_token:.1f} tok/s)"
+        )
+    return out
+
+
+def kernel_table(trace_dir: Path, reps: int) -> dict[str, Any]:
+    """Device kernels of a perfetto trace: per name, count and time per layer; and the device idle share."""
+    files = sorted(trace_dir.rglob("*.trace.json.gz")) or sorted(trace_dir.rglob("perfetto_trace.json.gz"))
+    if not files:
+        return {"error": f"no trace file under {trace_dir}"}
+    events = json.load(gzip.open(files[-1])).get("traceEvents", [])
+    process = {
+        e["pid"]: e["args"].get("name", "")
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
+    thread = {
+        (e["pid"], e["tid"]): e["args"].get("name", "")
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
+    by_name: dict[str, list[float]] = collections.defaultdict(list)
+    spans = []
+    for e in events:
+        if e.get("ph") != "X" or "GPU" not in process.get(e.get("pid"), ""):
+            continue
+        if "stream" not in thread.get((e["pid"], e.get("tid")), "").lower():
+            continue
+        by_name[e["name"]].append(float(e.get("dur", 0)))
+        spans.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))))
+    gpu_threads = sorted({name for (pid, _), name in thread.items() if "GPU" in process.get(pid, "")})
+    if not spans:
+        return {
+            "error": "no device stream events",
+            "processes": sorted(set(process.values())),
+            "threads": gpu_threads,
+        }
+    spans.sort()
+    busy, end = 0.0, spans[0][0]
+    for a, b in spans:  # union of the kernels' intervals
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    span = spans[-1][1] - spans[0][0]
+    table = sorted(
+        ({"name": n[:120], "count": len(d), "us_per_layer": sum(d) / reps} for n, d in by_name.items()),
+        key=lambda row: -row["us_per_layer"],
+    )
+    return {
+        "span_us_per_layer": span / reps,
+        "busy_us_per_layer": busy / reps,
+        "threads": gpu_threads,
+        "kernels": table[:40],
+    }
+
+
+def trace_layers(config, layer, trace_dir: Path, reps: int) -> dict[str, Any]:
+    out = {}
+    x = jax.random.normal(jax.random.key(1), (1, config.hidden)).astype(jnp.bfloat16)
+    for variant in ("sort", "compare"):
+        with routing(variant):
+            loop = layer_loop(config, variant)
+            n = jnp.asarray(reps, jnp.int32)
+            jax.block_until_ready(loop(x, layer, n))
+            folder = trace_dir / variant
+            with jax.profiler.trace(str(folder), create_perfetto_trace=True):
+                jax.block_until_ready(loop(x, layer, n))
+        out[variant] = kernel_table(folder, reps)
+        log(f"trace {variant}: {json.dumps({k: v for k, v in out[variant].items() if k != 'kernels'})}")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", default="mixtral_8x7b", help="model preset ('tiny' for a CPU smoke run)")
+    parser.add_argument("--tokens", default="1,8", help="token counts of the layer timing")
+    parser.add_argument("--reps", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--gen", type=int, default=64)
+    parser.add_argument(
+        "--model-layers", default="4,8", help="layer counts of the model timing ('' skips it)"
+    )
+    parser.add_argument("--trace-dir", type=Path)
+    parser.add_argument(
+        "--xla-flags",
+        action="append",
+        default=[],
+        help="an XLA_FLAGS value to time the layer under (repeatable; write --xla-flags='--xla_...')",
+    )
+    parser.add_argument("--layer-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    tokens = [int(t) for t in args.tokens.split(",") if t]
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join(sys.argv),
+        "device": jax.devices()[0].device_kind,
+        "jax": jax.__version__,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+
+    def save():
+        args.out.write_text(json.dumps(result, indent=1))
+
+    with LOOKUP.using_db(None):  # the shipped packs only
+        config = model_config(args.model, 1)
+        layer = init_params(config, seed=0).layers[0]
+        result["layer"] = {str(t): time_layers(config, layer, t, args.reps, args.runs) for t in tokens}
+        save()
+        if args.layer_only:
+            return 0
+        if args.trace_dir:
+            result["trace"] = trace_layers(config, layer, args.trace_dir, 8)
+            save()
+        del layer
+        result["model"] = {}
+        for layers in [int(n) for n in args.model_layers.split(",") if n]:
+            result["model"][str(layers)] = time_model(args.model, layers, args.gen, args.runs)
+            save()
+        counts = sorted(int(n) for n in result["model"])
+        if len(counts) >= 2:
+            lo, hi = counts[0], counts[-1]
+            result["projection_32"] = {}
+            for variant in ("sort", "compare"):
+                a, b = (result["model"][str(n)][variant]["per_token_ms"] for n in (lo, hi))
+                per_layer = (b - a) / (hi - lo)
+                t32 = a + (32 - lo) * per_layer
+                result["projection_32"][variant] = {
+                    "per_layer_ms": per_layer,
+                    "outside_layers_ms": a - lo * per_layer,
+                    "per_token_ms": t32,
+                    "tokens_per_s": 1e3 / t32,
+                }
+                log(f"32 layers projected, {variant}: {1e3 / t32:.1f} tok/s ({per_layer:.4f} ms per layer)")
+        save()
+    for flags in args.xla_flags:
+        child = args.out.with_name(f"{args.out.stem}_flags{len(result.setdefault('flags', []))}.json")
+        env = {**os.environ, "XLA_FLAGS": flags}
+        command = [sys.executable, __file__, "--out", str(child), "--model", args.model, "--tokens", "1"]
+        command += ["--reps", str(args.reps), "--runs", str(args.runs), "--layer-only"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        entry = {"xla_flags": flags, "rc": done.returncode, "stderr_tail": done.stderr[-1500:]}
+        if child.exists():
+            entry["layer"] = json.loads(child.read_text())["layer"]
+            child.unlink()
+        result["flags"].append(entry)
+        log(f"XLA_FLAGS={flags!r}: rc={done.returncode}")
+        save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
