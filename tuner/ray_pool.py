@@ -43,6 +43,7 @@ goes on. Ray never restarts or retries on its own (max_restarts=0), so every fau
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import logging
@@ -155,6 +156,11 @@ class _Slot:
     info: WorkerInfo | None = None
     ready_since: float = 0.0
     served: deque[Task] = dataclasses.field(default_factory=lambda: deque(maxlen=AFFINITY_MEMORY))
+
+
+def _lane(slot: _Slot) -> str:
+    """The lane of a started worker ("" before it reports one)."""
+    return slot.info.lane if slot.info is not None else ""
 
 
 def affinity(slot: _Slot, task: Task) -> int:
@@ -354,9 +360,15 @@ class RayExecutor(Executor):
 
     def _dispatch(self) -> None:
         idle = [slot for slot in self._slots if slot.phase == "idle"]
+        load = self._lane_load()
         while idle and self._queue:
             task = self._queue.popleft()
-            slot = max(idle, key=lambda s: affinity(s, task))  # ties: the first idle worker
+            # Among workers equally likely to hold the inputs, one on the device with the least work
+            # queued: on two H200s, first-idle order sent the sweep's first 14 tasks (its largest
+            # problems) to GPU 0's 14 workers, whose lane then stayed saturated while GPU 1's idled
+            # half the time. Ties after that: the first idle worker.
+            slot = max(idle, key=lambda s: (affinity(s, task), -load[_lane(s)]))
+            load[_lane(slot)] += device_work(task)
             idle.remove(slot)
             slot.task = task
             slot.served.append(task)
@@ -366,6 +378,14 @@ class RayExecutor(Executor):
                 self._deadline(task),
             )
         self._grant_lanes()
+
+    def _lane_load(self) -> collections.Counter:
+        """Device work (tasks.device_work) of the tasks each lane's workers hold, in any phase."""
+        load: collections.Counter = collections.Counter()
+        for slot in self._slots:
+            if slot.task is not None:
+                load[_lane(slot)] += device_work(slot.task)
+        return load
 
     def _grant_lanes(self) -> None:
         """Start a ready worker's run on every free lane: shortest device work first, except that a worker

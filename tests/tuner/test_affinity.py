@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from types import SimpleNamespace
 
 from moetune.kernels.problem import Problem
 from moetune.tuner.ray_pool import RayExecutor, _Slot, affinity
@@ -77,3 +78,18 @@ def test_without_affinity_tasks_go_to_idle_workers_in_order():
     pool._dispatch()
     assert log == [("w0", "a"), ("w1", "b")]
     assert [t.task_id for t in pool._queue] == ["c"]
+
+
+def test_tasks_without_affinity_spread_over_the_devices_by_their_queued_work():
+    # Workers w0, w1 time on GPU 0 and w2, w3 on GPU 1 (listed first to last, as Ray starts them).
+    pool, log = idle_pool({"w0": [], "w1": [], "w2": [], "w3": []})
+    for slot, lane in zip(pool._slots, ("gpu0", "gpu0", "gpu1", "gpu1"), strict=True):
+        slot.info = SimpleNamespace(lane=lane)
+    large, small = Problem("grouped_matmul", m=8192, k=4096, n=28672, g=8), DOWN
+    for t in (task(large, "a"), task(large, "b"), task(small, "c"), task(small, "d")):
+        pool.submit(t)
+    pool._dispatch()
+    # The two large tasks go to different GPUs; each small one then joins the GPU with less work queued.
+    lane = {slot.name: slot.info.lane for slot in pool._slots}
+    assert [lane[worker] for worker, _ in log] == ["gpu0", "gpu1", "gpu0", "gpu1"]
+    assert {lane[worker] for worker, task_id in log if task_id in ("a", "b")} == {"gpu0", "gpu1"}
