@@ -6,10 +6,11 @@ the pairwise-comparison routing moetune.kernels.moe uses for a few tokens), and 
           per-layer time, host dispatch excluded (as bench_model's MoE-layer timing);
   model   greedy decode of a Mixtral-shaped model with 4 and with 8 layers (`--gen` steps, one fori_loop,
           cache of 2048 + gen positions, decoding from position 2048): per-token time; the difference per
-          layer and the intercept project the 32-layer model's tokens/s;
-  trace   a jax.profiler trace of the layer loop: every device kernel's count and total time per layer,
-          and the device's idle share (the gaps between kernels).
-`--xla-flags` runs the layer timing again in a child process per XLA_FLAGS value.
+          layer and the intercept project the 32-layer model's tokens/s (session 5's call 2 timed one more
+          variant, "qkv": the q, k and v projections as one GEMM, which the model now is);
+  trace   jax.profiler traces of the layer loop and of 4 decode steps of the smallest model: every device
+          kernel's count and time per layer, and the device's busy time (the rest is gaps between kernels).
+`--xla-flags` runs the layer and model timings again in a child process per XLA_FLAGS value.
 
     python3 benchmarks/decode_probe.py --out probe.json [--trace-dir traces] [--xla-flags='--xla_a=1' ...]
 
@@ -96,10 +97,10 @@ def layer_loop(config, variant: str):
     return loop
 
 
-def time_layers(config, layer, tokens: int, reps: int, runs: int) -> dict[str, Any]:
+def time_layers(config, layer, tokens: int, reps: int, runs: int, variants: list[str]) -> dict[str, Any]:
     out = {}
     x = jax.random.normal(jax.random.key(tokens), (tokens, config.hidden)).astype(jnp.bfloat16)
-    for variant in ("sort", "compare", "gemms"):
+    for variant in variants:
         with routing("compare" if variant == "gemms" else variant):
             loop = layer_loop(config, variant)
             n = jnp.asarray(reps, jnp.int32)
@@ -112,29 +113,53 @@ def time_layers(config, layer, tokens: int, reps: int, runs: int) -> dict[str, A
     return out
 
 
-def time_model(model: str, layers: int, gen: int, runs: int) -> dict[str, Any]:
+def decode_program(config, params, gen: int):
+    cache = mixtral.KVCache.empty(config, 1, 2048 + gen)
+    first = jnp.zeros((1,), jnp.int32)
+    pos = jnp.asarray(2048 - 1, jnp.int32)
+    start = time.perf_counter()
+    decode = mixtral.decode_loop.lower(
+        params, first, cache, pos, steps=gen, config=config, moe_path="moetune"
+    ).compile()
+    compile_s = time.perf_counter() - start
+    state = {"cache": cache}
+
+    def run():
+        tokens, state["cache"] = decode(params, first, state["cache"], pos)
+        return tokens
+
+    return run, compile_s
+
+
+def time_model(
+    model: str, layers: int, gen: int, runs: int, variants: list[str], trace_dir: Path | None
+) -> dict[str, Any]:
+    """Per-token decode time of each routing variant ("sort", "compare"). With `trace_dir`, also a trace
+    of 4 steps of each."""
     config = model_config(model, layers)
     params = init_params(config, seed=0)
     out = {}
-    for variant in ("sort", "compare"):
-        with routing(variant):
-            cache = mixtral.KVCache.empty(config, 1, 2048 + gen)
-            state = {"cache": cache}
-            first = jnp.zeros((1,), jnp.int32)
-            pos = jnp.asarray(2048 - 1, jnp.int32)
-            start = time.perf_counter()
-            decode = mixtral.decode_loop.lower(
-                params, first, cache, pos, steps=gen, config=config, moe_path="moetune"
-            ).compile()
-            compile_s = time.perf_counter() - start
-
-            def run(decode=decode, state=state, first=first, pos=pos):
-                tokens, state["cache"] = decode(params, first, state["cache"], pos)
-                return tokens
-
+    for variant in variants:
+        with routing("sort" if variant == "sort" else "compare"):
+            run, compile_s = decode_program(config, params, gen)
             samples = timed(run, runs)
+            tokens = np.asarray(run())[0, :16].tolist()  # the cache is reused: same position, same inputs
+            if trace_dir is not None:
+                short, _ = decode_program(config, params, 4)
+                jax.block_until_ready(short())
+                with jax.profiler.trace(
+                    str(trace_dir / f"model{layers}_{variant}"), create_perfetto_trace=True
+                ):
+                    jax.block_until_ready(short())
         per_token = float(np.median(samples)) / gen
-        out[variant] = {"per_token_ms": per_token * 1e3, "samples_s": samples, "compile_s": compile_s}
+        out[variant] = {
+            "per_token_ms": per_token * 1e3,
+            "samples_s": samples,
+            "compile_s": compile_s,
+            "tokens": tokens,
+        }
+        if trace_dir is not None:
+            out[variant]["trace"] = kernel_table(trace_dir / f"model{layers}_{variant}", 4 * layers)
         log(
             f"model {layers} layers {variant}: {per_token * 1e3:.3f} ms per token ({1 / per_token:.1f} tok/s)"
         )
@@ -208,6 +233,10 @@ def trace_layers(config, layer, trace_dir: Path, reps: int) -> dict[str, Any]:
     return out
 
 
+def _csv(text: str) -> list[str]:
+    return [part for part in text.split(",") if part]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -215,22 +244,21 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model", default="mixtral_8x7b", help="model preset ('tiny' for a CPU smoke run)")
     parser.add_argument("--tokens", default="1,8", help="token counts of the layer timing")
+    parser.add_argument("--layer-variants", default="sort,compare,gemms")
     parser.add_argument("--reps", type=int, default=64)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--gen", type=int, default=64)
-    parser.add_argument(
-        "--model-layers", default="4,8", help="layer counts of the model timing ('' skips it)"
-    )
-    parser.add_argument("--trace-dir", type=Path)
+    parser.add_argument("--model-layers", default="4,8", help="layer counts of the model timing ('' skips)")
+    parser.add_argument("--model-variants", default="sort,compare")
+    parser.add_argument("--trace-dir", type=Path, help="trace the layer loop and the smallest model here")
     parser.add_argument(
         "--xla-flags",
         action="append",
         default=[],
-        help="an XLA_FLAGS value to time the layer under (repeatable; write --xla-flags='--xla_...')",
+        help="an XLA_FLAGS value to time the layer (compare, gemms) and the model (compare) under, in "
+        "a child process (repeatable; write --xla-flags='--xla_...')",
     )
-    parser.add_argument("--layer-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    tokens = [int(t) for t in args.tokens.split(",") if t]
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join(sys.argv),
@@ -245,48 +273,70 @@ def main() -> int:
     with LOOKUP.using_db(None):  # the shipped packs only
         config = model_config(args.model, 1)
         layer = init_params(config, seed=0).layers[0]
-        result["layer"] = {str(t): time_layers(config, layer, t, args.reps, args.runs) for t in tokens}
+        variants = _csv(args.layer_variants)
+        result["layer"] = {
+            t: time_layers(config, layer, int(t), args.reps, args.runs, variants) for t in _csv(args.tokens)
+        }
         save()
-        if args.layer_only:
-            return 0
         if args.trace_dir:
             result["trace"] = trace_layers(config, layer, args.trace_dir, 8)
             save()
         del layer
         result["model"] = {}
-        for layers in [int(n) for n in args.model_layers.split(",") if n]:
-            result["model"][str(layers)] = time_model(args.model, layers, args.gen, args.runs)
+        counts = sorted(int(n) for n in _csv(args.model_layers))
+        for layers in counts:
+            trace = args.trace_dir if layers == counts[0] else None
+            variants = _csv(args.model_variants)
+            result["model"][str(layers)] = time_model(
+                args.model, layers, args.gen, args.runs, variants, trace
+            )
             save()
-        counts = sorted(int(n) for n in result["model"])
         if len(counts) >= 2:
-            lo, hi = counts[0], counts[-1]
-            result["projection_32"] = {}
-            for variant in ("sort", "compare"):
-                a, b = (result["model"][str(n)][variant]["per_token_ms"] for n in (lo, hi))
-                per_layer = (b - a) / (hi - lo)
-                t32 = a + (32 - lo) * per_layer
-                result["projection_32"][variant] = {
-                    "per_layer_ms": per_layer,
-                    "outside_layers_ms": a - lo * per_layer,
-                    "per_token_ms": t32,
-                    "tokens_per_s": 1e3 / t32,
-                }
-                log(f"32 layers projected, {variant}: {1e3 / t32:.1f} tok/s ({per_layer:.4f} ms per layer)")
+            result["projection_32"] = project(result["model"], counts[0], counts[-1])
         save()
     for flags in args.xla_flags:
         child = args.out.with_name(f"{args.out.stem}_flags{len(result.setdefault('flags', []))}.json")
         env = {**os.environ, "XLA_FLAGS": flags}
         command = [sys.executable, __file__, "--out", str(child), "--model", args.model, "--tokens", "1"]
-        command += ["--reps", str(args.reps), "--runs", str(args.runs), "--layer-only"]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        command += ["--reps", str(args.reps), "--runs", str(args.runs), "--layer-variants", "compare,gemms"]
+        command += [
+            "--model-layers",
+            args.model_layers,
+            "--model-variants",
+            "compare,qkv",
+            "--gen",
+            str(args.gen),
+        ]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
         entry = {"xla_flags": flags, "rc": done.returncode, "stderr_tail": done.stderr[-1500:]}
         if child.exists():
-            entry["layer"] = json.loads(child.read_text())["layer"]
+            entry |= {
+                k: v
+                for k, v in json.loads(child.read_text()).items()
+                if k in ("layer", "model", "projection_32")
+            }
             child.unlink()
         result["flags"].append(entry)
         log(f"XLA_FLAGS={flags!r}: rc={done.returncode}")
         save()
     return 0
+
+
+def project(model: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
+    """The 32-layer decode time per variant, from the per-layer difference between `lo` and `hi` layers."""
+    out = {}
+    for variant in model[str(lo)]:
+        a, b = (model[str(n)][variant]["per_token_ms"] for n in (lo, hi))
+        per_layer = (b - a) / (hi - lo)
+        t32 = a + (32 - lo) * per_layer
+        out[variant] = {
+            "per_layer_ms": per_layer,
+            "outside_layers_ms": a - lo * per_layer,
+            "per_token_ms": t32,
+            "tokens_per_s": 1e3 / t32,
+        }
+        log(f"32 layers projected, {variant}: {1e3 / t32:.1f} tok/s ({per_layer:.4f} ms per layer)")
+    return out
 
 
 if __name__ == "__main__":

@@ -97,9 +97,11 @@ def _attention(
     """
     batch, seq = x.shape[:2]
     h = rms_norm(x, p.attn_norm, config.norm_eps)
-    q = (h @ p.wq).reshape(batch, seq, config.heads, config.head_dim)
-    k = (h @ p.wk).reshape(batch, seq, config.kv_heads, config.head_dim)
-    v = (h @ p.wv).reshape(batch, seq, config.kv_heads, config.head_dim)
+    qkv = h @ p.wqkv
+    q_width, kv_width = config.heads * config.head_dim, config.kv_heads * config.head_dim
+    q = qkv[..., :q_width].reshape(batch, seq, config.heads, config.head_dim)
+    k = qkv[..., q_width : q_width + kv_width].reshape(batch, seq, config.kv_heads, config.head_dim)
+    v = qkv[..., q_width + kv_width :].reshape(batch, seq, config.kv_heads, config.head_dim)
     q, k = rope(q, positions, config.rope_theta), rope(k, positions, config.rope_theta)
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # the cache's [B, kv_heads, S, D]
     if layer_cache is None:

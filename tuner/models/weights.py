@@ -24,9 +24,9 @@ Array = Any
 @dataclasses.dataclass(frozen=True)
 class LayerParams:
     attn_norm: Array  # [H]
-    wq: Array  # [H, heads * D]
-    wk: Array  # [H, kv_heads * D]
-    wv: Array  # [H, kv_heads * D]
+    # q, k and v projections side by side, [H, (heads + 2 * kv_heads) * D]: one GEMM reads all three (in
+    # decode, three separate GEMVs cost 38 us more per layer on the H200: benchmarks/decode_probe.py).
+    wqkv: Array
     wo: Array  # [heads * D, H]
     moe_norm: Array  # [H]
     router: Array  # [H, E]
@@ -52,18 +52,16 @@ def _uniform(key: Array, shape: tuple[int, ...], fan_in: int, dtype: Any) -> Arr
 def _init_layer(key: Array, config: ModelConfig) -> LayerParams:
     c = config
     dtype = jnp.dtype(c.dtype)
-    keys = jax.random.split(key, 7)
+    keys = jax.random.split(key, 5)
     q_width, kv_width = c.heads * c.head_dim, c.kv_heads * c.head_dim
     return LayerParams(
         attn_norm=jnp.ones((c.hidden,), dtype),
-        wq=_uniform(keys[0], (c.hidden, q_width), c.hidden, dtype),
-        wk=_uniform(keys[1], (c.hidden, kv_width), c.hidden, dtype),
-        wv=_uniform(keys[2], (c.hidden, kv_width), c.hidden, dtype),
-        wo=_uniform(keys[3], (q_width, c.hidden), q_width, dtype),
+        wqkv=_uniform(keys[0], (c.hidden, q_width + 2 * kv_width), c.hidden, dtype),
+        wo=_uniform(keys[1], (q_width, c.hidden), q_width, dtype),
         moe_norm=jnp.ones((c.hidden,), dtype),
-        router=_uniform(keys[4], (c.hidden, c.experts), c.hidden, dtype),
-        w_gate_up=_uniform(keys[5], (c.experts, c.hidden, 2 * c.intermediate), c.hidden, dtype),
-        w_down=_uniform(keys[6], (c.experts, c.intermediate, c.hidden), c.intermediate, dtype),
+        router=_uniform(keys[2], (c.hidden, c.experts), c.hidden, dtype),
+        w_gate_up=_uniform(keys[3], (c.experts, c.hidden, 2 * c.intermediate), c.hidden, dtype),
+        w_down=_uniform(keys[4], (c.experts, c.intermediate, c.hidden), c.intermediate, dtype),
     )
 
 

@@ -97,13 +97,13 @@ def test_weights_are_deterministic_per_seed_and_shaped_like_the_config():
     assert len(a.layers) == config.layers
     assert layer.w_gate_up.shape == (config.experts, config.hidden, 2 * config.intermediate)
     assert layer.w_down.shape == (config.experts, config.intermediate, config.hidden)
-    assert layer.wk.shape == (config.hidden, config.kv_heads * config.head_dim)
+    assert layer.wqkv.shape == (config.hidden, (config.heads + 2 * config.kv_heads) * config.head_dim)
     assert layer.w_gate_up.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(a.layers[1].w_down), np.asarray(b.layers[1].w_down))
     assert not np.array_equal(np.asarray(a.layers[1].w_down), np.asarray(c.layers[1].w_down))
     assert not np.array_equal(np.asarray(a.layers[0].w_down), np.asarray(a.layers[1].w_down))
     # Variance 1/fan_in: a unit input keeps unit scale through a projection.
-    assert 0.8 < float(jnp.std(layer.wq.astype(jnp.float32))) * config.hidden**0.5 < 1.2
+    assert 0.8 < float(jnp.std(layer.wqkv.astype(jnp.float32))) * config.hidden**0.5 < 1.2
 
 
 def test_mixtral_preset_has_mixtral_8x7b_shapes():
