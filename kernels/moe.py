@@ -12,7 +12,9 @@ What runs, on every backend (`xla` on CPU, `mosaic_gpu` on Hopper), and what is 
     writes only [T*k, F]; xla (the plain fallback) runs ragged_dot in float32, then the activation. A
     backend that declines the op (or another activation, e.g. geglu) gets the unfused path: the
     "grouped_matmul" GEMM writes [T*k, 2F] in the inputs' dtype and an XLA op applies the activation.
-  * The token permutation is NOT fused into the first GEMM: a stable argsort by expert, then a row gather
+  * Routing (top-k, then the stable sort of the rows by expert) is pairwise comparisons that XLA fuses into
+    a few reductions while T*k and E are small (decode), lax.top_k and an argsort otherwise.
+  * The token permutation is NOT fused into the first GEMM: a stable sort by expert, then a row gather
     (`jnp.take`) that writes a permuted [T*k, H] copy of the activations. See "grouped_matmul_gather".
   * The combine is NOT fused into the down GEMM: an XLA gather through the inverse permutation plus a
     float32 weighted sum over k (elementwise, which XLA can fuse into one pass over the [T*k, H] output).

@@ -15,6 +15,7 @@ from moetune.kernels import packs
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 SESSION4 = RESULTS / "2026-11-29_h200_session4"
+SESSION5 = RESULTS / "2026-11-30_h200_session5"
 
 
 def _run(name: str) -> Path:
@@ -31,6 +32,19 @@ def test_two_gpus_against_one_after_the_baseline_fix():
     assert result["throughput_ratio"] == pytest.approx(1.77, abs=0.005)
     assert result["winners_agree"] == 28 and len(result["problems"]) == 30
     assert result["same_configs"]["count"] == 480 and result["same_configs"]["off_by_30pct"] == 0
+
+
+@pytest.mark.parametrize(
+    "call, ratio, agree",
+    [(1, 1.746, 27), (2, 1.728, 29), (3, 2.077, 29), (4, 1.776, 30)],  # the README's table, 2026-11-30
+)
+def test_the_session5_scheduling_runs(call, ratio, agree):
+    load = compare_clusters.load
+    one, two = (load(Path(f"{SESSION5}_call{call}_{name}.db"), 1) for name in ("one_gpu", "two_gpus"))
+    result = compare_clusters.compare(one, two, 0.02)
+    assert result["throughput_ratio"] == pytest.approx(ratio, abs=0.001)
+    assert result["winners_agree"] == agree
+    assert result["same_configs"]["count"] == 480 and result["same_configs"]["off_by_10pct"] <= 1
 
 
 def test_before_the_fix_the_same_configs_timed_far_apart():
