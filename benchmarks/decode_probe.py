@@ -303,7 +303,7 @@ def main() -> int:
             "--model-layers",
             args.model_layers,
             "--model-variants",
-            "compare,qkv",
+            "compare",
             "--gen",
             str(args.gen),
         ]

@@ -3,7 +3,8 @@ to the result, split by whether it was the worker's first trial of that problem 
 problem's inputs and compiled their XLA programs then) or a later one; the trials' phases (set-up and its
 parts, waiting for the device's lane, verifying, timing; recorded in the trials' details since they
 exist, see tuner/candidate.py PHASES); how idle each worker was between its trials (the driver's and
-Ray's stalls); and the sweep's throughput. Works on any moetune database.
+Ray's stalls); how busy each device lane was over time (lanes inferred from the trials); and the sweep's
+throughput. Works on any moetune database.
 
     python3 benchmarks/sweep_timeline.py results/2026-11-29_h200_e2e_sweep.db --sweep 1 [--json]
 """
@@ -56,6 +57,62 @@ def _idle(trials: list) -> dict:
     return out
 
 
+# Bin width of the lanes' busy fractions over the sweep.
+LANE_BIN_S = 5.0
+
+
+def _device_spans(trials: list, start) -> dict[str, list[tuple[float, float]]]:
+    """Per worker, the seconds (from `start`) each trial held its lane: verify and time, which end at the
+    result. Trials without phase times have none."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for t in trials:
+        phases = (t.details or {}).get("phases")
+        if not phases:
+            continue
+        end = (t.finished_at - start).total_seconds()
+        held = phases.get("verify_s", 0.0) + phases.get("time_s", 0.0)
+        spans.setdefault(t.worker, []).append((end - held, end))
+    return spans
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> bool:
+    # 10 ms of slack: the lane passes from one worker to the next within the same instant.
+    return any(x0 < y1 - 0.01 and y0 < x1 - 0.01 for x0, x1 in a for y0, y1 in b)
+
+
+def lanes(trials: list, start, span_s: float) -> list[dict]:
+    """Which workers shared a device lane, and how busy each lane was, inferred from the trials (the
+    database does not name a trial's lane): two workers that held the device at the same moment are on
+    different lanes. Workers join the first lane none of whose workers overlaps them (first fit)."""
+    spans = _device_spans(trials, start)
+    groups: list[list[str]] = []
+    for worker in sorted(spans, key=lambda w: (len(w), w)):
+        for group in groups:
+            if not any(_overlap(spans[worker], spans[other]) for other in group):
+                group.append(worker)
+                break
+        else:
+            groups.append([worker])
+    bins = max(1, int(span_s // LANE_BIN_S) + 1)
+    out = []
+    for group in groups:
+        busy = [0.0] * bins
+        for worker in group:
+            for a, b in spans[worker]:
+                for i in range(max(0, int(a // LANE_BIN_S)), min(bins, int(b // LANE_BIN_S) + 1)):
+                    lo, hi = i * LANE_BIN_S, (i + 1) * LANE_BIN_S
+                    busy[i] += max(0.0, min(b, hi) - max(a, lo))
+        total = sum(b - a for w in group for a, b in spans[w])
+        out.append(
+            {
+                "workers": group,
+                "busy_fraction": total / span_s if span_s else None,
+                "busy_per_bin": [round(x / LANE_BIN_S, 2) for x in busy],
+            }
+        )
+    return out
+
+
 def timeline(url: str, sweep_id: int) -> dict:
     with open_store(url) as store:
         trials = [t for t in store.trials(sweep_id=sweep_id) if t.started_at and t.finished_at]
@@ -91,6 +148,7 @@ def timeline(url: str, sweep_id: int) -> dict:
             sum(w["span_s"] - w["busy_s"] for w in idle.values()) / total_span if total_span else None
         ),
         "worker_idle": idle,
+        "lanes": lanes(trials, start, span),
     }
 
 
@@ -130,6 +188,13 @@ def _print(result: dict) -> None:
             f"  {worker:<12} {w['trials']:4d} trials, busy {w['busy_s']:7.0f} s of {w['span_s']:7.0f} s, "
             f"idle {fraction}"
         )
+    print(
+        "device lanes (inferred: workers that held the device at once are on different lanes), "
+        f"busy per {LANE_BIN_S:.0f} s:"
+    )
+    for i, lane in enumerate(result["lanes"]):
+        print(f"  lane {i}: {len(lane['workers'])} workers, busy {lane['busy_fraction']:.0%} of the span")
+        print("    " + " ".join(f"{x:.2f}" for x in lane["busy_per_bin"]))
 
 
 def main() -> None:

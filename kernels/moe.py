@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from moetune.kernels.api import explain, grouped_matmul, grouped_matmul_swiglu, problem_of
-from moetune.kernels.errors import Unsupported
+from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.moe_reference import check_moe_args, gated_activation
 from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name
 
@@ -79,10 +79,11 @@ class SortedRows:
     group_sizes: Array  # [E] int32 rows per expert, summing to T*k
 
 
-# Up to these sizes routing is computed by pairwise comparison (reductions that XLA fuses into a couple
-# of kernels) instead of lax.top_k and a sort (XLA's sort, scatter and scatter-add kernels, one launch
-# each). Decode runs the layer for a handful of tokens, where each launch costs more than its work; the
-# comparisons grow as E^2 per token and (T*k)^2, so prefill keeps the sort.
+# Up to these sizes routing is computed by pairwise comparison (reductions that XLA fuses into a few
+# kernels) instead of lax.top_k and a sort (XLA's sort, scatter and scatter-add kernels, one launch each).
+# Top-k compares E^2 logits per token, cheap at any T for E <= 16 (prefill included); the sort compares
+# (T*k)^2 rows, so only decode-sized batches use it and prefill keeps the argsort and bincount. On the
+# H200 (benchmarks/decode_probe.py) this took 9 us off one MoE block at T=1, nothing measurable in decode.
 COMPARE_MAX_EXPERTS = 16
 COMPARE_MAX_ROWS = 64
 
@@ -92,6 +93,8 @@ def route(router_logits: Array, top_k: int, renormalize: bool) -> Routing:
     `renormalize` over the chosen k (the same values as renormalising those probabilities). Ties go to
     the lower expert index, as in lax.top_k."""
     logits = router_logits.astype(jnp.float32)
+    if not 1 <= top_k <= logits.shape[1]:
+        raise ConfigInvalid(f"top_k={top_k} must be between 1 and the {logits.shape[1]} experts")
     if logits.shape[1] <= COMPARE_MAX_EXPERTS:
         top_logits, expert_ids = _top_k_by_comparison(logits, top_k)
     else:
@@ -115,7 +118,7 @@ def _top_k_by_comparison(logits: Array, top_k: int) -> tuple[Array, Array]:
     rank = jnp.sum(ahead, axis=2, dtype=jnp.int32)  # [T, E]
     pick = rank[:, None, :] == jnp.arange(top_k)[None, :, None]  # [T, k, E]: expert with rank j
     expert_ids = jnp.sum(jnp.where(pick, index, 0), axis=2, dtype=jnp.int32)
-    top_logits = jnp.sum(jnp.where(pick, logits[:, None, :], 0.0), axis=2)
+    top_logits = jnp.take_along_axis(logits, expert_ids, axis=1)  # a gather: -0.0 and NaN as they are
     return top_logits, expert_ids
 
 
@@ -131,6 +134,7 @@ def sort_by_expert(expert_ids: Array, num_experts: int) -> SortedRows:
     rows = flat.shape[0]
     if rows <= COMPARE_MAX_ROWS:
         slot_row, order = _sorted_rows_by_comparison(flat)
+        group_sizes = jnp.sum(flat[None, :] == jnp.arange(num_experts)[:, None], axis=1, dtype=jnp.int32)
     else:
         order = jnp.argsort(flat, stable=True).astype(jnp.int32)
         slot_row = (
@@ -138,7 +142,7 @@ def sort_by_expert(expert_ids: Array, num_experts: int) -> SortedRows:
             .at[order]
             .set(jnp.arange(rows, dtype=jnp.int32), unique_indices=True, mode="promise_in_bounds")
         )
-    group_sizes = jnp.sum(flat[None, :] == jnp.arange(num_experts)[:, None], axis=1, dtype=jnp.int32)
+        group_sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
     return SortedRows(row_token=order // expert_ids.shape[1], slot_row=slot_row, group_sizes=group_sizes)
 
 

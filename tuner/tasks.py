@@ -96,7 +96,9 @@ Task = CandidateTask | RetimeTask | CompileOnlyTask
 def device_work(task: Task) -> int:
     """A task's expected time on its device, in arbitrary units for comparing tasks: the FLOPs of one
     kernel launch times the launches it times (a retime's finalists, rounds and runs; a candidate's runs),
-    per routing. Verification and set-up are left out; they scale alike."""
+    per routing. Verification and set-up are left out; they scale alike. A compile-only task uses none."""
+    if isinstance(task, CompileOnlyTask):
+        return 0
     routings = max(1, len(getattr(task, "timing_sizes", ())))
     if isinstance(task, RetimeTask):
         launches = len(task.configs) * task.rounds * task.runs_per_round

@@ -96,6 +96,11 @@ def test_routing_weights_equal_the_reference_combine_matrix(renormalize):
         assert np.all(sums < 1.0)
 
 
+def test_route_refuses_a_top_k_beyond_the_experts():
+    with pytest.raises(ConfigInvalid, match="top_k=3"):
+        route(jnp.zeros((4, 2)), 3, renormalize=True)
+
+
 def test_sort_by_expert_worked_example():
     rows = sort_by_expert(jnp.array([[2, 0], [1, 2], [0, 1]], jnp.int32), 3)
     assert rows.row_token.tolist() == [0, 2, 1, 2, 0, 1]
@@ -105,9 +110,15 @@ def test_sort_by_expert_worked_example():
 
 @pytest.mark.parametrize("experts, top_k", [(4, 1), (8, 2), (8, 8), (16, 4)])
 def test_top_k_by_comparison_equals_lax_top_k_with_ties_and_masked_experts(monkeypatch, experts, top_k):
-    # Logits on a coarse grid tie often; -inf experts (masked out) must still come back as distinct ids.
+    # Logits on a coarse grid tie often (signed zeros among them); -inf experts (masked out) must still
+    # come back as distinct ids; NaNs order by sign, as in lax.top_k.
     logits = jnp.round(jax.random.normal(jax.random.key(experts + top_k), (300, experts)) * 2) / 2
     logits = logits.at[::7, : experts // 2].set(-jnp.inf)
+    logits = logits.at[::11, 0].set(jnp.nan).at[::13, -1].set(-jnp.nan)
+    values, _ = moe_module._top_k_by_comparison(logits, top_k)
+    want_values, _ = jax.lax.top_k(logits, top_k)
+    np.testing.assert_array_equal(values, want_values)
+    assert np.array_equal(np.signbit(values), np.signbit(want_values))  # -0.0 stays -0.0
     got = route(logits, top_k, renormalize=False)
     monkeypatch.setattr(moe_module, "COMPARE_MAX_EXPERTS", 0)  # lax.top_k
     want = route(logits, top_k, renormalize=False)
@@ -122,8 +133,9 @@ def test_sort_by_comparison_equals_the_stable_argsort(monkeypatch, tokens, top_k
     got = sort_by_expert(ids, experts)
     monkeypatch.setattr(moe_module, "COMPARE_MAX_ROWS", 0)  # argsort and scatter
     want = sort_by_expert(ids, experts)
-    for field in ("row_token", "slot_row", "group_sizes"):
+    for field in ("row_token", "slot_row"):
         assert getattr(got, field).tolist() == getattr(want, field).tolist(), field
+    assert got.group_sizes.tolist() == np.bincount(np.asarray(ids).ravel(), minlength=experts).tolist()
 
 
 def _recording(monkeypatch):

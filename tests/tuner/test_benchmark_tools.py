@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import compare_clusters, merge_packs, tuning_table
+from benchmarks import compare_clusters, merge_packs, sweep_timeline, tuning_table
 from moetune.kernels import packs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +45,22 @@ def test_the_session5_scheduling_runs(call, ratio, agree):
     assert result["throughput_ratio"] == pytest.approx(ratio, abs=0.001)
     assert result["winners_agree"] == agree
     assert result["same_configs"]["count"] == 480 and result["same_configs"]["off_by_10pct"] <= 1
+
+
+def _lane_bins(call: int) -> list[list[float]]:
+    """Each inferred lane's busy fraction per 5 s of a session-5 two-GPU sweep, GPU 0's (w0's) first."""
+    url = f"sqlite:///{SESSION5}_call{call}_two_gpus.db"
+    lanes = sweep_timeline.timeline(url, 1)["lanes"]
+    assert [len(lane["workers"]) for lane in lanes] == [14, 14]
+    return [lane["busy_per_bin"] for lane in sorted(lanes, key=lambda lane: "w0" not in lane["workers"])]
+
+
+def test_one_gpu_took_the_large_problems_until_tasks_were_spread_by_queued_work():
+    gpu0, gpu1 = _lane_bins(2)  # the README: 10-35 s, GPU 0 98-99% busy, GPU 1 39-50%
+    assert min(gpu0[2:7]) >= 0.98 and 0.39 <= min(gpu1[2:7]) and max(gpu1[2:7]) <= 0.50
+    for call in (3, 4):  # both lanes 65-99% busy from 5 s to 50 s
+        for lane in _lane_bins(call):
+            assert 0.65 <= min(lane[1:10]) and max(lane[1:10]) <= 0.995
 
 
 def test_before_the_fix_the_same_configs_timed_far_apart():

@@ -163,7 +163,7 @@ def test_warm_start_tries_heuristic_then_winners_of_neighbouring_m(store, sim):
     assert sorted(order) == list(sim_backend.TILES)
 
 
-def test_minutes_budget_stops_asking(store, sim):
+def test_minutes_budget_stops_asking_and_leaves_the_smallest_problems(store, sim):
     clock = iter(range(0, 10_000, 30))  # every reading of the clock is 30 s later
     spec = SweepSpec(backend="sim", minutes=1.5, baseline=False)
     sweep_id = store.create_sweep(backend="sim", strategy="grid", spec={}, host="h", user="u")
@@ -175,12 +175,15 @@ def test_minutes_budget_stops_asking(store, sim):
         clock=lambda: next(clock),
         poll_s=0,
     )
-    late = parse_problem("m=8,k=32,n=64,g=4,dtype=bf16")  # fewer FLOPs: scheduled after PROBLEM
-    outcome = driver.run([PROBLEM, late], sweep_id=sweep_id)
+    # Planned first, but with fewer FLOPs than PROBLEM: workers go to the largest problems first, so this
+    # is the one the deadline leaves for --resume.
+    small = parse_problem("m=8,k=32,n=64,g=4,dtype=bf16")
+    outcome = driver.run([small, PROBLEM], sweep_id=sweep_id)
     assert 0 < len(sim_trials(store, sweep_id=sweep_id)) < 8
-    first, second = outcome.problems
-    assert "not reached" not in first.decision
-    assert second.decision.startswith("not reached: the sweep's --minutes ran out")
+    first, second = outcome.problems  # reported in plan order
+    assert first.problem_key == small.problem.key
+    assert first.decision.startswith("not reached: the sweep's --minutes ran out")
+    assert "not reached" not in second.decision
 
 
 def test_misses_and_stale_winners_become_problems(store, sim):

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 from moetune.kernels.problem import Problem
 from moetune.tuner.ray_pool import LANE_PATIENCE_S, RayExecutor, _Slot
-from moetune.tuner.tasks import CandidateTask, RetimeTask, device_work
+from moetune.tuner.tasks import CandidateTask, CompileOnlyTask, RetimeTask, device_work
 
 
 class _Run:
@@ -89,6 +89,13 @@ def test_a_free_lane_goes_to_the_least_device_work_unless_someone_waited_too_lon
     pool._grant_lanes()
     assert log == [("w0", "large")]  # overdue: first, whatever its size
 
+    log.clear()
+    newer = _slot("w3", "ready", log, "newer", now - LANE_PATIENCE_S - 1.0, m=16)
+    older = _slot("w4", "ready", log, "older", now - LANE_PATIENCE_S - 5.0, m=8192)
+    pool = _pool([newer, older], {"host:gpu0": None})
+    pool._grant_lanes()
+    assert log == [("w4", "older")]  # among the overdue, the longest-waiting
+
 
 def test_device_work_counts_every_timed_launch():
     candidate = CandidateTask("c", "xla", _problem(256), {}, ((256,), (256,)), (), runs=10)
@@ -98,3 +105,4 @@ def test_device_work_counts_every_timed_launch():
     assert device_work(candidate) < device_work(
         CandidateTask("d", "xla", _problem(512), {}, ((512,), (512,)), ())
     )
+    assert device_work(CompileOnlyTask("e", "xla", _problem(512), {}, "gfx942")) == 0

@@ -77,3 +77,17 @@ def test_a_database_from_before_phases_reads_and_prints(tmp_path, monkeypatch, c
     result = json.loads(capsys.readouterr().out)
     assert result["later_trials"]["phases"] == {} and result["trials"] > 0
     assert 0 <= result["idle_fraction"] <= 1
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_workers_that_held_the_device_at_once_are_put_on_different_lanes(store, db_url):
+    sweep_id = store.create_sweep(backend="fake", strategy="grid", spec={}, host="h", user="u")
+    # Device phases (verify + time, ending at the result): w0 8-10 s, w1 9-10 s (overlaps w0: another
+    # lane), w2 12-14 s (overlaps neither: w0's lane, the first that fits).
+    record(store, sweep_id, "w0", A, 0, 10, phases=phases(0.0, verify_s=1.0, time_s=1.0))
+    record(store, sweep_id, "w1", A, 0, 10, phases=phases(0.0, verify_s=1.0))
+    record(store, sweep_id, "w2", B, 0, 14, phases=phases(0.0, time_s=2.0))
+    lanes = sweep_timeline.timeline(db_url, sweep_id)["lanes"]
+    assert [lane["workers"] for lane in lanes] == [["w0", "w2"], ["w1"]]
+    assert lanes[0]["busy_fraction"] == pytest.approx(4.0 / 14.0)
+    assert lanes[0]["busy_per_bin"] == [0.0, 0.4, 0.4]  # 8-10 s in the second 5 s, 12-14 s in the third
