@@ -80,19 +80,37 @@ def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> bool
     return any(x0 < y1 - 0.01 and y0 < x1 - 0.01 for x0, x1 in a for y0, y1 in b)
 
 
+def _recorded_lanes(trials: list, workers: list[str]) -> list[list[str]] | None:
+    """Workers per lane as the trials' details name it (sweeps since lanes were recorded), else None."""
+    lane_of: dict[str, str] = {}
+    for t in trials:
+        lane = (t.details or {}).get("lane")
+        if lane:
+            lane_of.setdefault(t.worker, lane)
+    if not workers or any(w not in lane_of for w in workers):
+        return None
+    return [
+        sorted((w for w in workers if lane_of[w] == lane), key=lambda w: (len(w), w))
+        for lane in sorted(set(lane_of.values()))
+    ]
+
+
 def lanes(trials: list, start, span_s: float) -> list[dict]:
-    """Which workers shared a device lane, and how busy each lane was, inferred from the trials (the
-    database does not name a trial's lane): two workers that held the device at the same moment are on
-    different lanes. Workers join the first lane none of whose workers overlaps them (first fit)."""
+    """Which workers shared a device lane, and how busy each lane was. Trials record their lane since
+    2026-11-30; for older sweeps the lanes are inferred: two workers that held the device at the same
+    moment are on different lanes, and workers join the first lane none of whose workers overlaps them
+    (first fit)."""
     spans = _device_spans(trials, start)
-    groups: list[list[str]] = []
-    for worker in sorted(spans, key=lambda w: (len(w), w)):
-        for group in groups:
-            if not any(_overlap(spans[worker], spans[other]) for other in group):
-                group.append(worker)
-                break
-        else:
-            groups.append([worker])
+    groups = _recorded_lanes(trials, list(spans))
+    if groups is None:
+        groups = []
+        for worker in sorted(spans, key=lambda w: (len(w), w)):
+            for group in groups:
+                if not any(_overlap(spans[worker], spans[other]) for other in group):
+                    group.append(worker)
+                    break
+            else:
+                groups.append([worker])
     bins = max(1, int(span_s // LANE_BIN_S) + 1)
     out = []
     for group in groups:
@@ -189,8 +207,8 @@ def _print(result: dict) -> None:
             f"idle {fraction}"
         )
     print(
-        "device lanes (inferred: workers that held the device at once are on different lanes), "
-        f"busy per {LANE_BIN_S:.0f} s:"
+        "device lanes (recorded, or for older sweeps inferred: workers that held the device at once are "
+        f"on different lanes), busy per {LANE_BIN_S:.0f} s:"
     )
     for i, lane in enumerate(result["lanes"]):
         print(f"  lane {i}: {len(lane['workers'])} workers, busy {lane['busy_fraction']:.0%} of the span")

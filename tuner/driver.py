@@ -419,6 +419,8 @@ class SweepDriver:
 
         if result.phases:  # where the worker's time went (benchmarks/sweep_timeline.py reads them)
             details = (details or {}) | {"phases": dict(result.phases)}
+        if result.lane:  # which device timed it (sweep_timeline.py's per-lane busy time)
+            details = (details or {}) | {"lane": result.lane}
         record = TrialRecord(
             sweep_id=self.sweep_id,
             device=self.device,

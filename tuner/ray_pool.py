@@ -60,6 +60,7 @@ from moetune.tuner.executors import Executor
 from moetune.tuner.tasks import (
     CRASHED,
     TIMEOUT,
+    CandidateResult,
     Result,
     RetimeTask,
     Task,
@@ -450,6 +451,8 @@ class RayExecutor(Executor):
             return []
         if phase == "run":
             self._lanes[slot.info.lane] = None
+            if isinstance(value, CandidateResult):
+                value = dataclasses.replace(value, lane=slot.info.lane)
         slot.phase, slot.task, slot.deadline = "idle", None, math.inf
         return [value]
 

@@ -124,6 +124,7 @@ class CandidateResult:
     # Seconds per phase after compiling (candidate.PHASES; the trial details' "phases"): where a worker's
     # time went. None where the trial ended before its set-up (compile errors, compile-only, executor's).
     phases: dict[str, float] | None = None
+    lane: str = ""  # the device lane the run held (the executor's name for it; trial details' "lane")
 
     @property
     def median_s(self) -> float | None:

@@ -107,7 +107,16 @@ def sweep(executor: ray_pool.RayExecutor, db_url: str, budget: int | None, backe
             }
             for r in recording.candidates
         ],
-        "trials": [{"problem": t.problem.key, "config": t.config, "status": t.status} for t in trials],
+        "trials": [
+            {
+                "problem": t.problem.key,
+                "config": t.config,
+                "status": t.status,
+                "worker": t.worker,
+                "lane": (t.details or {}).get("lane"),
+            }
+            for t in trials
+        ],
         "winners": sum(1 for p in outcome.problems if p.winner_config is not None),
     }
 

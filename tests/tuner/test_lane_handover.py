@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 from moetune.kernels.problem import Problem
 from moetune.tuner.ray_pool import LANE_PATIENCE_S, RayExecutor, _Slot
-from moetune.tuner.tasks import CandidateTask, CompileOnlyTask, RetimeTask, device_work
+from moetune.tuner.tasks import CandidateResult, CandidateTask, CompileOnlyTask, RetimeTask, device_work
 
 
 class _Run:
@@ -106,3 +106,15 @@ def test_device_work_counts_every_timed_launch():
         CandidateTask("d", "xla", _problem(512), {}, ((512,), (512,)), ())
     )
     assert device_work(CompileOnlyTask("e", "xla", _problem(512), {}, "gfx942")) == 0
+
+
+def test_a_finished_run_names_the_lane_that_timed_it():
+    log: list = []
+    running = _slot("w0", "run", log, "a")
+    running.ref = "run-a"
+    pool = _pool([running], {"host:gpu0": running})
+    pool._ray = SimpleNamespace(
+        wait=_FakeRay().wait, get=lambda ref: CandidateResult("a", "ok"), exceptions=_FakeRay.exceptions
+    )
+    [result] = pool._poll(math.inf)
+    assert result.lane == "host:gpu0" and pool._lanes["host:gpu0"] is None

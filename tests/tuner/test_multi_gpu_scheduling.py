@@ -69,6 +69,8 @@ def test_workers_are_spread_over_both_gpus_and_each_lane_is_the_gpu_ray_assigned
     assert {t["pid"] for t in two["timings"]} == set(lane_by_pid), "every worker timed something"
     for timing in two["timings"]:
         assert lane_by_pid[timing["pid"]] == f"{host}:gpu{timing['cuda_visible_devices']}"
+    # Each trial records the lane that timed it (sweep_timeline.py reads it): its worker's.
+    assert all(t["lane"] == lane_of(two)[t["worker"]] for t in two["sweep"]["trials"])
     # With one GPU, all four workers share it: one lane.
     assert runs[1]["lanes"] == [f"{host}:gpu0"]
     assert {t["cuda_visible_devices"] for t in runs[1]["timings"]} == {"0"}

@@ -91,3 +91,13 @@ def test_workers_that_held_the_device_at_once_are_put_on_different_lanes(store, 
     assert [lane["workers"] for lane in lanes] == [["w0", "w2"], ["w1"]]
     assert lanes[0]["busy_fraction"] == pytest.approx(4.0 / 14.0)
     assert lanes[0]["busy_per_bin"] == [0.0, 0.4, 0.4]  # 8-10 s in the second 5 s, 12-14 s in the third
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_recorded_lanes_win_over_the_inference(store, db_url):
+    sweep_id = store.create_sweep(backend="fake", strategy="grid", spec={}, host="h", user="u")
+    # Never at the device together, so inference would put both on one lane; the trials say otherwise.
+    record(store, sweep_id, "w0", A, 0, 4, phases=phases(0.0, time_s=1.0), lane="h:gpu0")
+    record(store, sweep_id, "w1", A, 0, 9, phases=phases(0.0, time_s=1.0), lane="h:gpu1")
+    lanes = sweep_timeline.timeline(db_url, sweep_id)["lanes"]
+    assert [lane["workers"] for lane in lanes] == [["w0"], ["w1"]]
