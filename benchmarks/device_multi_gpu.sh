@@ -75,7 +75,7 @@ fi
 merge_wal "$OUT"
 python3 benchmarks/sweep_timeline.py "$OUT/one_gpu.db" --sweep 1 >"$OUT/timeline_one.log" 2>&1
 [ -s "$OUT/two_gpus.db" ] && python3 benchmarks/sweep_timeline.py "$OUT/two_gpus.db" --sweep 1 >"$OUT/timeline_two.log" 2>&1
-head -12 "$OUT"/timeline_*.log
+for f in "$OUT"/timeline_*.log; do echo "== $f"; head -3 "$f"; grep -A4 "device lanes" "$f"; done
 (cd "$OUT" && tar czf logs.tgz --remove-files $(ls ./*.log one_gpu.json two_gpus.json check.json bench.db 2>/dev/null | grep -v '^./mg.log$'))
 ls -la "$OUT"
 step "done"
