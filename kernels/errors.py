@@ -21,10 +21,6 @@ class WrongResult(MoetuneError):
     """A candidate's output differs from the reference beyond the dtype's tolerance, or holds NaN."""
 
 
-class StaleFingerprint(MoetuneError):
-    """A stored winner was tuned on a different device or kernel source than the one running."""
-
-
 class UnknownBackend(MoetuneError, KeyError):
     """No backend of that name is registered."""
 
