@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import functools
 import gzip
 import json
 import os
@@ -40,7 +41,7 @@ import numpy as np  # noqa: E402
 from moetune.kernels import moe  # noqa: E402
 from moetune.kernels.api import grouped_matmul, grouped_matmul_swiglu  # noqa: E402
 from moetune.kernels.lookup import LOOKUP  # noqa: E402
-from moetune.tuner.models import mixtral  # noqa: E402
+from moetune.tuner.models import bench, mixtral  # noqa: E402
 from moetune.tuner.models.config import model_config  # noqa: E402
 from moetune.tuner.models.weights import init_params  # noqa: E402
 
@@ -64,31 +65,19 @@ def routing(name: str):
         moe.COMPARE_MAX_EXPERTS, moe.COMPARE_MAX_ROWS = saved
 
 
-def timed(fn, runs: int) -> list[float]:
-    jax.block_until_ready(fn())
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        samples.append(time.perf_counter() - start)
-    return samples
-
-
-def layer_loop(config, variant: str):
-    """reps MoE blocks in a fori_loop on one layer's weights; "gemms" runs only the two grouped GEMMs on
-    a fixed routing (each token's rows to experts 0 and 1) plus the row copy and sum that feed them."""
+def gemms_loop(config):
+    """`reps` steps of the two grouped GEMMs alone, in a fori_loop on one layer's weights: a fixed routing
+    (each token's rows to experts 0 and 1) plus the row copy and sum that feed them; the RMSNorm as in
+    bench.moe_block_loop, which times the whole MoE block the same way."""
 
     def block(layer, x):
         h = mixtral.rms_norm(x, layer.moe_norm, config.norm_eps)
-        if variant == "gemms":
-            tokens = h.shape[0]
-            rows = jnp.concatenate([h, h])  # expert 0's rows, then expert 1's
-            sizes = jnp.zeros((config.experts,), jnp.int32).at[:2].set(tokens)
-            hidden = grouped_matmul_swiglu(rows, layer.w_gate_up, sizes)
-            down = grouped_matmul(hidden, layer.w_down, sizes)
-            return (down[:tokens].astype(jnp.float32) + down[tokens:]).astype(h.dtype)
-        logits = jnp.dot(h, layer.router, preferred_element_type=jnp.float32)
-        return moe.moe_mlp(h, logits, layer.w_gate_up, layer.w_down, top_k=config.top_k)
+        tokens = h.shape[0]
+        rows = jnp.concatenate([h, h])  # expert 0's rows, then expert 1's
+        sizes = jnp.zeros((config.experts,), jnp.int32).at[:2].set(tokens)
+        hidden = grouped_matmul_swiglu(rows, layer.w_gate_up, sizes)
+        down = grouped_matmul(hidden, layer.w_down, sizes)
+        return (down[:tokens].astype(jnp.float32) + down[tokens:]).astype(h.dtype)
 
     @jax.jit
     def loop(x, layer, reps):
@@ -102,9 +91,13 @@ def time_layers(config, layer, tokens: int, reps: int, runs: int, variants: list
     x = jax.random.normal(jax.random.key(tokens), (tokens, config.hidden)).astype(jnp.bfloat16)
     for variant in variants:
         with routing("compare" if variant == "gemms" else variant):
-            loop = layer_loop(config, variant)
+            if variant == "gemms":
+                loop = gemms_loop(config)
+            else:
+                loop = functools.partial(bench.moe_block_loop, config=config, path="moetune")
             n = jnp.asarray(reps, jnp.int32)
-            samples = [s / reps for s in timed(lambda loop=loop, n=n: loop(x, layer, n), runs)]
+            samples, _ = bench.timed(lambda loop=loop, n=n: loop(x, layer, n), runs)
+            samples = [s / reps for s in samples]
         out[variant] = {
             "median_ms": float(np.median(samples)) * 1e3,
             "samples_ms": [s * 1e3 for s in samples],
@@ -117,11 +110,9 @@ def decode_program(config, params, gen: int):
     cache = mixtral.KVCache.empty(config, 1, 2048 + gen)
     first = jnp.zeros((1,), jnp.int32)
     pos = jnp.asarray(2048 - 1, jnp.int32)
-    start = time.perf_counter()
-    decode = mixtral.decode_loop.lower(
-        params, first, cache, pos, steps=gen, config=config, moe_path="moetune"
-    ).compile()
-    compile_s = time.perf_counter() - start
+    decode, compile_s = bench.compiled(
+        mixtral.decode_loop, params, first, cache, pos, steps=gen, config=config, moe_path="moetune"
+    )
     state = {"cache": cache}
 
     def run():
@@ -142,8 +133,8 @@ def time_model(
     for variant in variants:
         with routing("sort" if variant == "sort" else "compare"):
             run, compile_s = decode_program(config, params, gen)
-            samples = timed(run, runs)
-            tokens = np.asarray(run())[0, :16].tolist()  # the cache is reused: same position, same inputs
+            samples, tokens = bench.timed(run, runs)
+            tokens = np.asarray(tokens)[0, :16].tolist()
             if trace_dir is not None:
                 short, _ = decode_program(config, params, 4)
                 jax.block_until_ready(short())
@@ -222,7 +213,7 @@ def trace_layers(config, layer, trace_dir: Path, reps: int) -> dict[str, Any]:
     x = jax.random.normal(jax.random.key(1), (1, config.hidden)).astype(jnp.bfloat16)
     for variant in ("sort", "compare"):
         with routing(variant):
-            loop = layer_loop(config, variant)
+            loop = functools.partial(bench.moe_block_loop, config=config, path="moetune")
             n = jnp.asarray(reps, jnp.int32)
             jax.block_until_ready(loop(x, layer, n))
             folder = trace_dir / variant

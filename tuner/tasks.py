@@ -99,12 +99,11 @@ def device_work(task: Task) -> int:
     per routing. Verification and set-up are left out; they scale alike. A compile-only task uses none."""
     if isinstance(task, CompileOnlyTask):
         return 0
-    routings = max(1, len(getattr(task, "timing_sizes", ())))
     if isinstance(task, RetimeTask):
         launches = len(task.configs) * task.rounds * task.runs_per_round
     else:
-        launches = getattr(task, "runs", 1)
-    return task.problem.flops * launches * routings
+        launches = task.runs
+    return task.problem.flops * launches * max(1, len(task.timing_sizes))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -95,7 +95,7 @@ class BenchPlan:
         return tuple(sorted({*self.moe_tokens, self.batch * self.prompt, self.batch}, reverse=True))
 
 
-def _timed(fn: Callable[[], Any], runs: int) -> tuple[list[float], Any]:
+def timed(fn: Callable[[], Any], runs: int) -> tuple[list[float], Any]:
     """One warm-up call, then `runs` timed calls; returns the samples and the last call's result."""
     result = jax.block_until_ready(fn())
     samples = []
@@ -110,7 +110,8 @@ def _stats(samples: Sequence[float], **extra: Any) -> dict[str, Any]:
     return {"samples_s": list(samples), "median_s": float(np.median(samples)), **extra}
 
 
-def _compiled(jitted: Any, *args: Any, **static: Any) -> tuple[Any, float]:
+def compiled(jitted: Any, *args: Any, **static: Any) -> tuple[Any, float]:
+    """`jitted` lowered and compiled ahead of time for these arguments, and the seconds that took."""
     start = time.perf_counter()
     executable = jitted.lower(*args, **static).compile()
     return executable, time.perf_counter() - start
@@ -122,7 +123,7 @@ def _bench_model_path(
     """Prefill and decode timings of one path, and its last-position prefill logits [B, V]."""
     static = {"config": plan.config, "moe_path": path}
     cache = mixtral.KVCache.empty(plan.config, plan.batch, plan.prompt + plan.gen)
-    prefill, prefill_compile_s = _compiled(mixtral.prefill, params, prompt_tokens, cache, **static)
+    prefill, prefill_compile_s = compiled(mixtral.prefill, params, prompt_tokens, cache, **static)
     progress(f"{path}: prefill compiled in {prefill_compile_s:.1f} s")
     state = {"cache": cache}
 
@@ -130,10 +131,10 @@ def _bench_model_path(
         logits, state["cache"] = prefill(params, prompt_tokens, state["cache"])
         return logits
 
-    prefill_samples, logits = _timed(run_prefill, plan.runs)
+    prefill_samples, logits = timed(run_prefill, plan.runs)
     first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     start_pos = jnp.asarray(plan.prompt, jnp.int32)
-    decode, decode_compile_s = _compiled(
+    decode, decode_compile_s = compiled(
         mixtral.decode_loop, params, first, state["cache"], start_pos, steps=plan.gen, **static
     )
     progress(f"{path}: decode compiled in {decode_compile_s:.1f} s")
@@ -142,7 +143,7 @@ def _bench_model_path(
         tokens, state["cache"] = decode(params, first, state["cache"], start_pos)
         return tokens
 
-    decode_samples, tokens = _timed(run_decode, plan.runs)
+    decode_samples, tokens = timed(run_decode, plan.runs)
     del state["cache"]
     prefill_stats = _stats(prefill_samples, compile_s=prefill_compile_s)
     decode_stats = _stats(decode_samples, compile_s=decode_compile_s)
@@ -153,7 +154,7 @@ def _bench_model_path(
 
 
 @functools.partial(jax.jit, static_argnames=("config", "path"))
-def _moe_block_loop(x: Any, layer: LayerParams, reps: Any, *, config: ModelConfig, path: str) -> Any:
+def moe_block_loop(x: Any, layer: LayerParams, reps: Any, *, config: ModelConfig, path: str) -> Any:
     """`reps` MoE blocks in a row, each output the next input; reps is traced, so one compile serves the
     single block of the parity check and the timing loop."""
     fn = moe_path(path)
@@ -178,9 +179,9 @@ def _bench_moe_layer(
     x = jax.random.normal(jax.random.key(plan.seed + tokens), (tokens, plan.config.hidden))
     x = x.astype(jnp.dtype(plan.config.dtype))
     one, reps = jnp.asarray(1, jnp.int32), jnp.asarray(_reps(tokens), jnp.int32)
-    loop, compile_s = _compiled(_moe_block_loop, x, layer, reps, config=plan.config, path=path)
+    loop, compile_s = compiled(moe_block_loop, x, layer, reps, config=plan.config, path=path)
     output = np.asarray(loop(x, layer, one), np.float32)
-    samples, _ = _timed(lambda: loop(x, layer, reps), plan.runs + 2)
+    samples, _ = timed(lambda: loop(x, layer, reps), plan.runs + 2)
     per_layer = [s / int(reps) for s in samples]
     progress(f"{path}: MoE layer at T={tokens}: {np.median(per_layer) * 1e3:.3f} ms")
     return _stats(per_layer, tokens=tokens, reps=int(reps), compile_s=compile_s), output
