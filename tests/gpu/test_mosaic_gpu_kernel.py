@@ -167,7 +167,9 @@ def test_heuristic_config_builds_and_runs():
 
 def test_cupti_timer_returns_ten_positive_samples():
     problem = Problem("grouped_matmul", m=256, k=512, n=1024, g=4)
-    fn = _backend().build(problem, WS_N)
+    # Jitted, as the tuner hands the timer a compiled kernel: build() returns the plain kernel function,
+    # which would trace and compile the Pallas kernel again on each of the ~200 timed calls.
+    fn = jax.jit(_backend().build(problem, WS_N))
     lhs = jax.random.normal(jax.random.key(0), (256, 512), jnp.bfloat16)
     rhs = jax.random.normal(jax.random.key(1), (4, 512, 1024), jnp.bfloat16)
     sizes = jnp.asarray([64, 64, 64, 64], jnp.int32)
