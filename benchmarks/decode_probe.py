@@ -208,15 +208,22 @@ def kernel_table(trace_dir: Path, reps: int) -> dict[str, Any]:
     }
 
 
-def trace_layers(config, layer, trace_dir: Path, reps: int) -> dict[str, Any]:
+def trace_layers(config, layer, trace_dir: Path, reps: int, tokens: int = 1) -> dict[str, Any]:
+    """Kernel tables of the MoE block loop at `tokens` tokens, per routing (only "compare" past
+    COMPARE_MAX_ROWS rows, where both routings take the argsort path), and the routing's rows per expert."""
     out = {}
-    x = jax.random.normal(jax.random.key(1), (1, config.hidden)).astype(jnp.bfloat16)
-    for variant in ("sort", "compare"):
+    x = jax.random.normal(jax.random.key(1), (tokens, config.hidden)).astype(jnp.bfloat16)
+    h = mixtral.rms_norm(x, layer.moe_norm, config.norm_eps)
+    experts = moe.route(jnp.dot(h, layer.router, preferred_element_type=jnp.float32), config.top_k, True)
+    ids = np.asarray(experts.expert_ids).ravel()
+    out["rows_per_expert"] = np.bincount(ids, minlength=config.experts).tolist()
+    small = tokens * config.top_k <= moe.COMPARE_MAX_ROWS
+    for variant in ("sort", "compare") if small else ("compare",):
         with routing(variant):
             loop = functools.partial(bench.moe_block_loop, config=config, path="moetune")
             n = jnp.asarray(reps, jnp.int32)
             jax.block_until_ready(loop(x, layer, n))
-            folder = trace_dir / variant
+            folder = trace_dir / f"{variant}_T{tokens}"
             with jax.profiler.trace(str(folder), create_perfetto_trace=True):
                 jax.block_until_ready(loop(x, layer, n))
         out[variant] = kernel_table(folder, reps)
@@ -242,6 +249,7 @@ def main() -> int:
     parser.add_argument("--model-layers", default="4,8", help="layer counts of the model timing ('' skips)")
     parser.add_argument("--model-variants", default="sort,compare")
     parser.add_argument("--trace-dir", type=Path, help="trace the layer loop and the smallest model here")
+    parser.add_argument("--trace-tokens", type=int, default=1, help="tokens of the traced layer loop")
     parser.add_argument(
         "--xla-flags",
         action="append",
@@ -270,7 +278,7 @@ def main() -> int:
         }
         save()
         if args.trace_dir:
-            result["trace"] = trace_layers(config, layer, args.trace_dir, 8)
+            result["trace"] = trace_layers(config, layer, args.trace_dir, 8, args.trace_tokens)
             save()
         del layer
         result["model"] = {}

@@ -1,0 +1,407 @@
+"""A decode token's kernels one by one, each way we could run it, timed with CUPTI (issue 7).
+
+At batch 1 every weight GEMM reads its weights once and does almost no arithmetic, so the question for
+each is how close to the HBM read roofline it gets. For the Mixtral-8x7B shapes, one H200:
+  proj       the dense projections (wqkv, wo, lm_head) at M=1: XLA's dot against moetune's Hopper kernel
+             as a one-group grouped GEMM, for each config in PROJ_CONFIGS;
+  gate_up    the MoE gate_up GEMM at T=1 (two experts of one row each): SwiGLU fused, and unfused with
+             split-K (the activation then an XLA op on the small output), for each config; and XLA's
+             dot on the same two experts' weights;
+  down       the MoE down GEMM at T=1, likewise;
+  stride     (only when asked) the same GEMVs with rows of a multiple of 8 KiB or not;
+  attention  one decode position's attention over a 2176-position cache (position 2100): the model's
+             einsum path, and JAX's Pallas (Triton) decode-attention kernel with several splits.
+Each variant is first checked against a float32 reference (relative L2 error); then the median of 10
+CUPTI passes over input copies larger than twice the L2 (the sum of every kernel the variant launches).
+The HBM roofline uses --read-tbps. `--hlo-out` also writes the optimized HLO of a 2-layer decode step.
+
+    python3 benchmarks/decode_ops.py --out ops.json [--only proj,gate_up] [--hlo-out decode_hlo.txt.gz]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gzip
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moetune.kernels.mosaic_gpu import kernel_sm90
+from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C
+from moetune.kernels.mosaic_gpu.timer import CuptiTimer
+
+PLAIN = dict(warp_specialized=False, wg_split="none")
+NP = dict(persistent=False)
+
+# Memory-bound configs: wide weight tiles (long contiguous rows), split-K to fill the SMs.
+N256 = dict(block_m=64, block_n=256, block_k=64, **PLAIN, **NP)
+N128 = dict(block_m=64, block_n=128, block_k=64, **NP)
+PROJ_CONFIGS = (
+    [C(max_concurrent_steps=3, split_k=s, **N256) for s in (1, 2, 4, 8)]
+    + [C(max_concurrent_steps=4, split_k=s, **PLAIN, **N128) for s in (2, 4, 8)]
+    + [C(max_concurrent_steps=4, wg_split="n", split_k=s, **N128) for s in (2, 4)]
+)
+GATE_UP_FUSED = [
+    C(
+        block_m=64,
+        block_n=128,
+        block_k=64,
+        max_concurrent_steps=5,
+        grid_minor_dim="n",
+        grid_tile_width=1,
+        wg_split="none",
+        **NP,
+    ),  # the shipped pack's winner
+    C(
+        block_m=64,
+        block_n=128,
+        block_k=64,
+        max_concurrent_steps=4,
+        grid_minor_dim="n",
+        grid_tile_width=4,
+        **PLAIN,
+        **NP,
+    ),
+    C(block_m=64, block_n=128, block_k=32, max_concurrent_steps=4, wg_split="n", **NP),  # CTA 256 wide
+    C(block_m=64, block_n=128, block_k=32, max_concurrent_steps=5, wg_split="n", **NP),
+    C(
+        block_m=64,
+        block_n=128,
+        block_k=32,
+        max_concurrent_steps=5,
+        wg_split="n",
+        grid_minor_dim="n",
+        grid_tile_width=1,
+        **NP,
+    ),
+    C(
+        block_m=64,
+        block_n=128,
+        block_k=64,
+        max_concurrent_steps=2,
+        wg_split="none",
+        grid_minor_dim="n",
+        grid_tile_width=1,
+        **NP,
+    ),  # ~97 KB: two CTAs per SM
+    C(
+        block_m=64,
+        block_n=128,
+        block_k=32,
+        max_concurrent_steps=4,
+        wg_split="none",
+        grid_minor_dim="n",
+        grid_tile_width=1,
+        **NP,
+    ),
+    C(
+        block_m=64,
+        block_n=128,
+        block_k=32,
+        max_concurrent_steps=4,
+        **PLAIN,
+        grid_minor_dim="n",
+        grid_tile_width=1,
+        **NP,
+    ),
+]
+# Small CTAs (<= 113 KB of shared memory): two per SM, more loads in flight per SM.
+GATE_UP_FUSED += [
+    C(
+        block_m=64,
+        block_n=64,
+        block_k=64,
+        max_concurrent_steps=s,
+        grid_minor_dim="n",
+        grid_tile_width=1,
+        **PLAIN,
+        **NP,
+    )
+    for s in (3, 4)
+] + [
+    C(
+        block_m=64,
+        block_n=64,
+        block_k=128,
+        max_concurrent_steps=2,
+        grid_minor_dim="n",
+        grid_tile_width=1,
+        **PLAIN,
+        **NP,
+    ),
+    C(
+        block_m=64,
+        block_n=64,
+        block_k=64,
+        max_concurrent_steps=4,
+        grid_minor_dim="n",
+        grid_tile_width=1,
+        wg_split="none",
+        **NP,
+    ),
+]
+GATE_UP_UNFUSED = (
+    [C(max_concurrent_steps=3, split_k=s, **N256) for s in (1, 2, 4)]
+    + [C(max_concurrent_steps=4, split_k=s, **N256) for s in (2, 4)]
+    + [C(max_concurrent_steps=4, wg_split="n", split_k=s, **N128) for s in (1, 2)]
+    + [C(max_concurrent_steps=4, split_k=2, **PLAIN, **N128)]
+)
+DOWN = [
+    C(
+        block_m=64,
+        block_n=256,
+        block_k=64,
+        max_concurrent_steps=3,
+        grid_tile_width=1,
+        split_k=4,
+        **PLAIN,
+        **NP,
+    ),  # the shipped pack's winner
+    C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=4, split_k=4, **PLAIN, **NP),
+    C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=3, split_k=8, **PLAIN, **NP),
+    C(block_m=64, block_n=256, block_k=128, max_concurrent_steps=2, split_k=4, **PLAIN, **NP),
+    C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n", split_k=4, **NP),
+]
+# (splits, block_k): the 2176-position cache split evenly into whole blocks.
+ATTENTION_SPLITS = [(17, 128), (34, 64), (17, 64), (68, 32)]
+
+
+def log(message: str) -> None:
+    print(f"[ops {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def rel_err(value, reference) -> float:
+    v = np.asarray(value, np.float32)
+    r = np.asarray(reference, np.float32)
+    return float(np.linalg.norm(v - r) / max(np.linalg.norm(r), 1e-30))
+
+
+class Bench:
+    def __init__(self, read_tbps: float):
+        self.timer = CuptiTimer()
+        self.read_tbps = read_tbps
+        self.rows: list[dict[str, Any]] = []
+
+    def run(self, case: str, variant: str, fn, args: tuple, reference, weight_bytes: int) -> None:
+        row: dict[str, Any] = {"case": case, "variant": variant, "weight_bytes": weight_bytes}
+        try:
+            jitted = jax.jit(fn)
+            out = jax.block_until_ready(jitted(*args))
+            row["rel_err"] = rel_err(out, reference)
+            samples = self.timer.time(jitted, [args])
+            median = float(np.median(samples))
+            row |= {
+                "median_us": median * 1e6,
+                "samples_us": [s * 1e6 for s in samples],
+                "roofline_frac": weight_bytes / (self.read_tbps * 1e12) / median,
+            }
+            log(
+                f"{case:10s} {variant:60s} {median * 1e6:8.1f} us  {row['roofline_frac']:.1%} of roofline"
+                f"  err {row['rel_err']:.1e}"
+            )
+        except Exception as e:  # one broken variant must not lose the others
+            row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+            log(f"{case:10s} {variant:60s} FAILED {row['error'][:200]}")
+            traceback.print_exc(limit=2)
+        self.rows.append(row)
+
+
+def normal(key, shape, scale=1.0):
+    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(jnp.bfloat16)
+
+
+def tag(c: C) -> str:
+    return kernel_sm90.kernel_name(c)
+
+
+def proj_cases(b: Bench, num_sms: int) -> None:
+    for name, k, n in (("wqkv", 4096, 6144), ("wo", 4096, 4096), ("lm_head", 4096, 32000)):
+        kx, kw = jax.random.split(jax.random.key(n))
+        x, w = normal(kx, (1, k)), normal(kw, (k, n), k**-0.5)
+        reference = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
+        nbytes = k * n * 2
+        b.run(name, "xla_dot", lambda x, w: x @ w, (x, w), reference, nbytes)
+        sizes = jnp.ones((1,), jnp.int32)
+        for c in PROJ_CONFIGS:
+            if n % c.cta_n:
+                continue
+            fn = functools.partial(_one_group, config=c, num_sms=num_sms)
+            b.run(name, tag(c), fn, (x, w, sizes), reference, nbytes)
+
+
+def _one_group(x, w, sizes, *, config, num_sms):
+    return kernel_sm90.grouped_matmul(x, w[None], sizes, config=config, num_sms=num_sms)
+
+
+def _swiglu(h):
+    gate, up = jnp.split(h.astype(jnp.float32), 2, axis=-1)
+    return (jax.nn.silu(gate) * up).astype(jnp.bfloat16)
+
+
+def moe_cases(b: Bench, num_sms: int, which: set[str]) -> None:
+    hidden, inter, experts = 4096, 14336, 8
+    sizes = jnp.zeros((experts,), jnp.int32).at[jnp.array([2, 5])].set(1)  # one token, top-2
+    ks = jax.random.split(jax.random.key(7), 4)
+    if "gate_up" in which:
+        x = normal(ks[0], (2, hidden))
+        w = normal(ks[1], (experts, hidden, 2 * inter), hidden**-0.5)
+        raw = jax.lax.ragged_dot(x.astype(jnp.float32), w.astype(jnp.float32), sizes)
+        ref = _swiglu(raw)
+        nbytes = 2 * hidden * 2 * inter * 2
+        # What XLA's own GEMV reaches on the same two experts' weights, given as two arrays.
+        two = lambda x, a, b: jnp.concatenate([x[:1] @ a, x[1:] @ b])  # noqa: E731
+        b.run("gate_up", "xla_dot, one per expert", two, (x, w[2], w[5]), raw, nbytes)
+        for c in GATE_UP_FUSED:
+            fn = functools.partial(kernel_sm90.grouped_matmul_swiglu, config=c, num_sms=num_sms)
+            b.run("gate_up", "fused " + tag(c), fn, (x, w, sizes), ref, nbytes)
+        for c in GATE_UP_UNFUSED:
+            gemm = functools.partial(kernel_sm90.grouped_matmul, config=c, num_sms=num_sms)
+            fn = lambda x, w, s, gemm=gemm: _swiglu(gemm(x, w, s))
+            b.run("gate_up", "unfused " + tag(c), fn, (x, w, sizes), ref, nbytes)
+        del w
+    if "down" in which:
+        x = normal(ks[2], (2, inter))
+        w = normal(ks[3], (experts, inter, hidden), inter**-0.5)
+        ref = jax.lax.ragged_dot(x.astype(jnp.float32), w.astype(jnp.float32), sizes)
+        nbytes = 2 * inter * hidden * 2
+        two = lambda x, a, b: jnp.concatenate([x[:1] @ a, x[1:] @ b])  # noqa: E731
+        b.run("down", "xla_dot, one per expert", two, (x, w[2], w[5]), ref, nbytes)
+        for c in DOWN:
+            fn = functools.partial(kernel_sm90.grouped_matmul, config=c, num_sms=num_sms)
+            b.run("down", tag(c), fn, (x, w, sizes), ref, nbytes)
+
+
+def attention_cases(b: Bench) -> None:
+    from jax.experimental.pallas.ops.gpu import decode_attention
+
+    heads, kv_heads, dim, max_len, pos = 32, 8, 128, 2176, 2100
+    ks = jax.random.split(jax.random.key(3), 3)
+    q = normal(ks[0], (1, heads, dim))
+    k = normal(ks[1], (1, kv_heads, max_len, dim))
+    v = normal(ks[2], (1, kv_heads, max_len, dim))
+    position = jnp.asarray(pos, jnp.int32)
+    nbytes = 2 * kv_heads * (pos + 1) * dim * 2
+
+    def einsum_path(q, k, v, position):
+        group = heads // kv_heads
+        qg = q.reshape(1, kv_heads, group, dim)
+        scores = jnp.einsum("bgrd,bgkd->bgrk", qg, k, preferred_element_type=jnp.float32)
+        mask = jnp.arange(max_len) <= position
+        scores = jnp.where(mask, scores * dim**-0.5, -jnp.inf)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        return jnp.einsum("bgrk,bgkd->bgrd", probs, v).reshape(1, heads * dim)
+
+    reference = einsum_path(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), position)
+    args = (q, k, v, position)
+    b.run("attention", "einsum (the model's)", einsum_path, args, reference, nbytes)
+    for splits, block_k in ATTENTION_SPLITS:
+
+        def pallas(q, k, v, position, splits=splits, block_k=block_k):
+            out = decode_attention.gqa(
+                q,
+                jnp.swapaxes(k, 1, 2),
+                jnp.swapaxes(v, 1, 2),
+                kv_seq_len=(position + 1)[None],
+                k_splits=splits,
+                block_k=block_k,
+            )
+            return out.reshape(1, heads * dim)
+
+        b.run("attention", f"pallas_gqa splits={splits} block_k={block_k}", pallas, args, reference, nbytes)
+
+
+def stride_cases(b: Bench, num_sms: int) -> None:
+    """Same GEMVs with the weights' row length a multiple of 8 KiB (the Mixtral shapes) or not: whether
+    the row stride, not the kernel, sets the read bandwidth."""
+    for k, widths in ((4096, (28672, 28928, 32000, 32768)), (14336, (4096, 4352))):
+        for n in widths:
+            kx, kw = jax.random.split(jax.random.key(n))
+            x, w = normal(kx, (1, k)), normal(kw, (k, n), k**-0.5)
+            ref = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
+            dot = lambda x, w: x @ w  # noqa: E731
+            b.run("stride", f"xla_dot K={k} N={n} (row {n * 2} B)", dot, (x, w), ref, k * n * 2)
+            del w
+    sizes = jnp.zeros((8,), jnp.int32).at[jnp.array([2, 5])].set(1)
+    for inter in (14336, 14464):
+        x = normal(jax.random.key(1), (2, 4096))
+        w = normal(jax.random.key(2), (8, 4096, 2 * inter), 4096**-0.5)
+        ref = _swiglu(jax.lax.ragged_dot(x.astype(jnp.float32), w.astype(jnp.float32), sizes))
+        for c in GATE_UP_FUSED[:2]:
+            fn = functools.partial(kernel_sm90.grouped_matmul_swiglu, config=c, num_sms=num_sms)
+            b.run("stride", f"gate_up F={inter} fused {tag(c)}", fn, (x, w, sizes), ref, 2 * 4096 * 4 * inter)
+        del w
+    for hidden in (4096, 4352):
+        x = normal(jax.random.key(3), (2, 14336))
+        w = normal(jax.random.key(4), (8, 14336, hidden), 14336**-0.5)
+        ref = jax.lax.ragged_dot(x.astype(jnp.float32), w.astype(jnp.float32), sizes)
+        fn = functools.partial(kernel_sm90.grouped_matmul, config=DOWN[0], num_sms=num_sms)
+        b.run("stride", f"down H={hidden} {tag(DOWN[0])}", fn, (x, w, sizes), ref, 2 * 14336 * hidden * 2)
+        del w
+
+
+def dump_hlo(path: Path) -> None:
+    """The optimized HLO of a 2-layer decode step (moetune path): names the small fusions a trace shows."""
+    from moetune.tuner.models import mixtral
+    from moetune.tuner.models.config import model_config
+    from moetune.tuner.models.weights import init_params
+
+    config = model_config("mixtral_8x7b", 2)
+    params = init_params(config, seed=0)
+    cache = mixtral.KVCache.empty(config, 1, 2176)
+    tokens = jnp.zeros((1,), jnp.int32)
+    lowered = mixtral.decode_step.lower(
+        params, tokens, cache, jnp.asarray(2100, jnp.int32), config=config, moe_path="moetune"
+    )
+    with gzip.open(path, "wt") as f:
+        f.write(lowered.compile().as_text())
+    log(f"wrote {path}")
+
+
+def main() -> int:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--only", default="proj,gate_up,down,attention", help="also: stride")
+    parser.add_argument("--read-tbps", type=float, default=4.69, help="measured HBM read bandwidth")
+    parser.add_argument("--hlo-out", type=Path)
+    args = parser.parse_args()
+    which = set(args.only.split(","))
+    device = jax.devices()[0]
+    num_sms = int(getattr(device, "core_count", 132))
+    b = Bench(args.read_tbps)
+    result = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join(sys.argv),
+        "device": device.device_kind,
+        "jax": jax.__version__,
+        "read_tbps": args.read_tbps,
+        "rows": b.rows,
+    }
+    save = lambda: args.out.write_text(json.dumps(result, indent=1))  # noqa: E731
+    if args.hlo_out:
+        dump_hlo(args.hlo_out)
+    if "attention" in which:
+        attention_cases(b)
+        save()
+    if "proj" in which:
+        proj_cases(b, num_sms)
+        save()
+    if "stride" in which:
+        stride_cases(b, num_sms)
+        save()
+    if which & {"gate_up", "down"}:
+        moe_cases(b, num_sms, which)
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
