@@ -167,6 +167,22 @@ def moe_block_loop(x: Any, layer: LayerParams, reps: Any, *, config: ModelConfig
     return jax.lax.fori_loop(0, reps, block, x)
 
 
+@functools.partial(jax.jit, static_argnames=("reps", "config", "path"))
+def moe_block_routing(x: Any, layer: LayerParams, *, reps: int, config: ModelConfig, path: str) -> Any:
+    """Rows per expert [reps, E] that each block of `moe_block_loop` routes: the load of the timed layers
+    (each block's input is the previous block's output, so later blocks route differently)."""
+    fn = moe_path(path)
+
+    def block(x: Any, _: Any) -> tuple[Any, Any]:
+        h = mixtral.rms_norm(x, layer.moe_norm, config.norm_eps)
+        logits = jnp.dot(h, layer.router, preferred_element_type=jnp.float32)
+        _, experts = jax.lax.top_k(logits, config.top_k)
+        rows = jnp.sum(experts[..., None] == jnp.arange(config.experts), axis=(0, 1), dtype=jnp.int32)
+        return fn(h, logits, layer.w_gate_up, layer.w_down, top_k=config.top_k), rows
+
+    return jax.lax.scan(block, x, length=reps)[1]
+
+
 def _reps(tokens: int) -> int:
     # Enough layers per call that host dispatch is noise; empirical, not tuned per device.
     return 5 if tokens >= 1024 else 20
@@ -183,8 +199,10 @@ def _bench_moe_layer(
     output = np.asarray(loop(x, layer, one), np.float32)
     samples, _ = timed(lambda: loop(x, layer, reps), plan.runs + 2)
     per_layer = [s / int(reps) for s in samples]
+    routing = np.asarray(moe_block_routing(x, layer, reps=int(reps), config=plan.config, path=path))
     progress(f"{path}: MoE layer at T={tokens}: {np.median(per_layer) * 1e3:.3f} ms")
-    return _stats(per_layer, tokens=tokens, reps=int(reps), compile_s=compile_s), output
+    stats = _stats(per_layer, tokens=tokens, reps=int(reps), compile_s=compile_s)
+    return stats | {"rows_per_expert": routing.tolist()}, output
 
 
 def _dispatch_report(plan: BenchPlan) -> list[dict[str, Any]]:

@@ -50,6 +50,13 @@ def test_bench_model_writes_the_json_the_lead_publishes(tmp_path, monkeypatch):
             assert stats["tokens_per_s"] == pytest.approx(tokens / stats["median_s"])
         assert [m["tokens"] for m in entry["moe"]] == [16, 8, 1]
         assert all(_positive(m["median_s"]) for m in entry["moe"])
+        # Each timed block's rows per expert: T * top_k rows (the tiny model's top_k is 2) in every block.
+        for m in entry["moe"]:
+            assert len(m["rows_per_expert"]) == m["reps"]
+            assert all(sum(rows) == 2 * m["tokens"] and min(rows) >= 0 for rows in m["rows_per_expert"])
+    # Both paths route the first block's input identically.
+    first = [written["results"][p]["moe"][0]["rows_per_expert"][0] for p in ("dense", "moetune")]
+    assert first[0] == first[1]
     parity = written["parity"]["moetune"]
     assert parity["ok"] and parity["logits"]["rel_l2"] < parity["logits"]["tolerance"]
     assert set(parity["moe_layer"]) == {"16", "8", "1"}
