@@ -348,7 +348,8 @@ def stride_cases(b: Bench, num_sms: int) -> None:
 
 
 def dump_hlo(path: Path) -> None:
-    """The optimized HLO of a 2-layer decode step (moetune path): names the small fusions a trace shows."""
+    """The optimized HLO of a 2-layer decode step and of a 4-step decode loop (moetune path): names the
+    small fusions a trace shows. The loop's goes beside `path`, named *_loop*."""
     from moetune.tuner.models import mixtral
     from moetune.tuner.models.config import model_config
     from moetune.tuner.models.weights import init_params
@@ -356,13 +357,14 @@ def dump_hlo(path: Path) -> None:
     config = model_config("mixtral_8x7b", 2)
     params = init_params(config, seed=0)
     cache = mixtral.KVCache.empty(config, 1, 2176)
-    tokens = jnp.zeros((1,), jnp.int32)
-    lowered = mixtral.decode_step.lower(
-        params, tokens, cache, jnp.asarray(2100, jnp.int32), config=config, moe_path="moetune"
-    )
-    with gzip.open(path, "wt") as f:
-        f.write(lowered.compile().as_text())
-    log(f"wrote {path}")
+    tokens, pos = jnp.zeros((1,), jnp.int32), jnp.asarray(2100, jnp.int32)
+    static = dict(config=config, moe_path="moetune")
+    step = mixtral.decode_step.lower(params, tokens, cache, pos, **static)
+    loop = mixtral.decode_loop.lower(params, tokens, cache, pos, steps=4, **static)
+    for lowered, out in ((step, path), (loop, path.with_name(path.name.replace(".txt", "_loop.txt")))):
+        with gzip.open(out, "wt") as f:
+            f.write(lowered.compile().as_text())
+        log(f"wrote {out}")
 
 
 def main() -> int:
