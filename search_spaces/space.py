@@ -27,9 +27,13 @@ class Pruned:
 
 @dataclasses.dataclass(frozen=True)
 class SearchSpace:
+    """`seeds`: configs known to be good for this problem (a backend's preferred configs beyond the one its
+    heuristic picks), which a search tries early; the driver drops those a narrowed space excludes."""
+
     config_cls: type[KernelConfig]
     domains: Mapping[str, tuple[Any, ...]]
     constraints: tuple[Constraint, ...] = ()
+    seeds: tuple[KernelConfig, ...] = ()
 
     @property
     def size(self) -> int:

@@ -124,7 +124,7 @@ class SweepDriver:
         winner = self.store.current_winner(
             fingerprint_hash=device.hash, backend=self.backend.name, problem_key=problem.key
         )
-        warm, heuristic = warm_start_configs(self.store, self.backend, problem, device)
+        warm, heuristic = warm_start_configs(self.store, self.backend, problem, device, search_space.seeds)
         baseline = baseline_config() if self.spec.baseline and not self.compile_target else None
         if baseline is not None and self.backend.name == BASELINE_BACKEND:
             warm.append(self.backend.config_cls.from_dict(baseline))  # the baseline is one of the candidates

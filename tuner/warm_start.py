@@ -3,7 +3,8 @@
 Order: the backend's heuristic default (so the table can show what tuning gained over it), the current
 winner of this problem on this device, then winners of the same shape at the nearest token counts
 (neighbouring M), including stale ones from an older driver or kernel source: a good tile for M=4096
-is rarely bad at M=8192. Configs that the current space forbids are dropped by the strategy.
+is rarely bad at M=8192; last the search space's seeds (the backend's other preferred configs). Configs
+that the current space forbids are dropped by the strategy.
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ def baseline_config() -> dict[str, Any]:
 
 
 def warm_start_configs(
-    store: Any, backend: Backend, problem: Problem, device: DeviceFingerprint
+    store: Any,
+    backend: Backend,
+    problem: Problem,
+    device: DeviceFingerprint,
+    seeds: tuple[KernelConfig, ...] = (),
 ) -> tuple[list[KernelConfig], KernelConfig | None]:
     """(configs to try first, the heuristic default or None if the backend has none for this problem)."""
     try:
@@ -49,4 +54,4 @@ def warm_start_configs(
             configs.append(backend.config_cls.from_dict(row.config))
         except (ConfigInvalid, TypeError):  # a winner of an older Config schema
             continue
-    return list(dict.fromkeys(configs)), heuristic
+    return list(dict.fromkeys([*configs, *seeds])), heuristic

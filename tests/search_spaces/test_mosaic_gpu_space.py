@@ -162,6 +162,23 @@ def test_heuristic_picks_by_rows_per_expert():
     assert space.heuristic(GATE_UP, HOPPER).cta_n == 256
 
 
+def test_the_space_seeds_every_admissible_preferred_config_heuristic_first():
+    swiglu = dataclasses.replace(GATE_UP, op="grouped_matmul_swiglu")
+    seeds = space.space(swiglu, HOPPER).seeds
+    # Both SwiGLU compute-bound shapes (128x64 split along N, 64x128 split along M), then the memory-bound.
+    shapes = [(c.block_m, c.block_n, c.wg_split) for c in seeds]
+    assert shapes == [(128, 64, "n"), (64, 128, "m"), (64, 64, "n")]
+    assert seeds[0] == space.heuristic(swiglu, HOPPER)
+    for problem in (GATE_UP, DECODE, swiglu):
+        seeded = space.space(problem, HOPPER)
+        assert seeded.seeds and all(seeded.violation(problem, c, HOPPER) is None for c in seeded.seeds)
+    # Preferred configs the problem cannot run are left out: K=96 admits none (all have block_k 64 or 128),
+    # and the heuristic falls back to the always-valid config.
+    odd = Problem("grouped_matmul", m=8192, k=96, n=4096, g=8)
+    assert space.space(odd, HOPPER).seeds == ()
+    assert space.heuristic(odd, HOPPER).block_k == 32
+
+
 def test_a_sweep_may_narrow_some_domains_to_subsets():
     full = space.space(GATE_UP, HOPPER)
     narrow = full.restricted({"block_n": [256, 128], "split_k": 1, "persistent": [False]})

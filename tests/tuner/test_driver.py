@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import pytest
 
 from moetune.kernels.device import DeviceFingerprint
+from moetune.search_spaces.space import SearchSpace
 from moetune.tuner.driver import SweepDriver
 from moetune.tuner.executors import InlineExecutor
 from moetune.tuner.plan import PlannedProblem, parse_problem
@@ -14,6 +16,7 @@ from moetune.tuner.spec import SweepSpec
 from moetune.tuner.sweep_setup import store_problems
 from moetune.tuner.tasks import CandidateTask, canonical
 from tests.tuner import sim_backend
+from tests.tuner.sim_backend import SimConfig
 
 DEVICE = DeviceFingerprint("Simulated GPU", "gpu", 4, 1 << 30, "9.0", "1", "1", "0", "0")
 PROBLEM = parse_problem("m=8,k=64,n=64,g=4,dtype=bf16")  # every tile 1..8 is valid
@@ -161,6 +164,22 @@ def test_warm_start_tries_heuristic_then_winners_of_neighbouring_m(store, sim):
     sweep(store, runner=recording(order), baseline=False)
     assert order[:2] == [sim_backend.HEURISTIC_TILE, 5]
     assert sorted(order) == list(sim_backend.TILES)
+
+
+def test_search_space_seeds_come_after_the_measured_warm_starts(store, sim, monkeypatch):
+    seeded = SearchSpace(SimConfig, {"tile": sim_backend.TILES}, (sim_backend.tile_fits,))
+    seeded = dataclasses.replace(seeded, seeds=(SimConfig(7), SimConfig(sim_backend.HEURISTIC_TILE)))
+    monkeypatch.setattr(sim_backend.SimBackend, "search_space", lambda self, problem, device: seeded)
+    sim_backend.COSTS.update({5: 1e-4})
+    sweep(store, planned=[PlannedProblem(PROBLEM.problem.with_m(16), "neighbour")], baseline=False)
+    order = []
+    sweep(store, runner=recording(order), baseline=False)
+    assert order[:3] == [sim_backend.HEURISTIC_TILE, 5, 7]  # heuristic, neighbour's winner, seed
+    order.clear()
+    # A narrowed space keeps only the seeds inside it.
+    narrowed = PlannedProblem(PROBLEM.problem.with_m(32), "narrowed")
+    sweep(store, planned=[narrowed], runner=recording(order), baseline=False, space={"tile": [5, 6]})
+    assert sorted(order) == [5, 6]
 
 
 def test_minutes_budget_stops_asking_and_leaves_the_smallest_problems(store, sim):
