@@ -131,7 +131,10 @@ class CompilerProcess:
             )
             stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
             threading.Thread(target=self._pump, args=(self._proc, self._answers), daemon=True).start()
-            threading.Thread(target=_drain, args=(self._proc.stderr, stderr_tail), daemon=True).start()
+            self._stderr_reader = threading.Thread(
+                target=_drain, args=(self._proc.stderr, stderr_tail), daemon=True
+            )
+            self._stderr_reader.start()
             self._stderr_tail = stderr_tail
         return self._proc
 
@@ -155,6 +158,9 @@ class CompilerProcess:
             self._stderr_tail.append(str(e))
         if line is None:
             proc.wait(timeout=30)
+            # The process has exited, so its stderr ends soon: let the reader take the last lines (the
+            # reason it died) before quoting them.
+            self._stderr_reader.join(timeout=10)
             tail = "".join(self._stderr_tail).strip()[-2000:]
             self._proc = None
             raise CompileFailed(f"compile worker exited with status {proc.returncode} and no result: {tail}")

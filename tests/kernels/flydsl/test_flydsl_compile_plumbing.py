@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,19 @@ def test_errors_map_by_type(fake_worker):
         flycompile.compile_one(PROBLEM, FlyDSLConfig(tile_m=256, tile_n=256), "gfx942")
     with pytest.raises(ConfigInvalid, match="arch='gfx90a'"):
         flycompile.compile_one(PROBLEM, FlyDSLConfig(), "gfx90a")
+
+
+def test_a_crash_quotes_the_worker_s_last_words_even_when_its_stderr_is_read_late(fake_worker, monkeypatch):
+    # The stderr reader is a thread: the crash must wait for it, not race it (CI once lost that race).
+    drain = flycompile._drain
+
+    def late_drain(stream, tail):
+        time.sleep(0.5)
+        drain(stream, tail)
+
+    monkeypatch.setattr(flycompile, "_drain", late_drain)
+    with pytest.raises(flycompile.CompileFailed, match="no result: worker died"):
+        flycompile.compile_one(PROBLEM, FlyDSLConfig(tile_m=16, waves_m=1), "gfx942")
 
 
 def test_a_worker_process_serves_many_requests_and_is_replaced_after_a_crash(fake_worker):
