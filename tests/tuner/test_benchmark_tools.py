@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,3 +125,24 @@ def test_decode_gemms_read_as_fast_as_xlas_own_gemv():
         ours = min(mine, key=lambda r: r["median_us"])
         assert 0.97 <= ours["median_us"] / xla["median_us"] <= 1.0
         assert 0.84 <= xla["roofline_frac"] <= ours["roofline_frac"] <= 0.88
+
+
+DEVICE_SCRIPTS = ["decode_ops.py", "decode_probe.py", "layer_clocks.py", "sustained_timing.py"]
+
+
+@pytest.mark.parametrize("script", DEVICE_SCRIPTS)
+def test_device_only_scripts_import_and_parse_on_a_cpu(script):
+    # They only run on the GPU machine: this catches an import or argument error before a device call does.
+    # That machine has no Ray, Optuna or SQLAlchemy, so the scripts must not import them.
+    probe = (
+        "import runpy, sys\n"
+        f"sys.argv = [{script!r}, '--help']\n"
+        "try:\n"
+        f"    runpy.run_path({str(ROOT / 'benchmarks' / script)!r}, run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    print('exit', e.code)\n"
+        "print('loaded', sorted(m for m in ('ray', 'optuna', 'sqlalchemy') if m in sys.modules))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert "exit 0" in run.stdout and "usage:" in run.stdout, run.stdout + run.stderr
+    assert "loaded []" in run.stdout, run.stdout
