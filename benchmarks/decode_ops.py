@@ -34,12 +34,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moetune.kernels.moe_reference import gated_activation
 from moetune.kernels.mosaic_gpu import kernel_sm90
 from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C
 from moetune.kernels.mosaic_gpu.timer import CuptiTimer
+from moetune.kernels.reference import relative_error
 
 PLAIN = dict(warp_specialized=False, wg_split="none")
 NP = dict(persistent=False)
+SNAKE_N = dict(grid_minor_dim="n", grid_tile_width=1)  # column tiles one at a time, all experts each
 
 # Memory-bound configs: wide weight tiles (long contiguous rows), split-K to fill the SMs.
 N256 = dict(block_m=64, block_n=256, block_k=64, **PLAIN, **NP)
@@ -50,103 +53,19 @@ PROJ_CONFIGS = (
     + [C(max_concurrent_steps=4, wg_split="n", split_k=s, **N128) for s in (2, 4)]
 )
 GATE_UP_FUSED = [
-    C(
-        block_m=64,
-        block_n=128,
-        block_k=64,
-        max_concurrent_steps=5,
-        grid_minor_dim="n",
-        grid_tile_width=1,
-        wg_split="none",
-        **NP,
-    ),  # the shipped pack's winner
-    C(
-        block_m=64,
-        block_n=128,
-        block_k=64,
-        max_concurrent_steps=4,
-        grid_minor_dim="n",
-        grid_tile_width=4,
-        **PLAIN,
-        **NP,
-    ),
-    C(block_m=64, block_n=128, block_k=32, max_concurrent_steps=4, wg_split="n", **NP),  # CTA 256 wide
-    C(block_m=64, block_n=128, block_k=32, max_concurrent_steps=5, wg_split="n", **NP),
-    C(
-        block_m=64,
-        block_n=128,
-        block_k=32,
-        max_concurrent_steps=5,
-        wg_split="n",
-        grid_minor_dim="n",
-        grid_tile_width=1,
-        **NP,
-    ),
-    C(
-        block_m=64,
-        block_n=128,
-        block_k=64,
-        max_concurrent_steps=2,
-        wg_split="none",
-        grid_minor_dim="n",
-        grid_tile_width=1,
-        **NP,
-    ),  # ~97 KB: two CTAs per SM
-    C(
-        block_m=64,
-        block_n=128,
-        block_k=32,
-        max_concurrent_steps=4,
-        wg_split="none",
-        grid_minor_dim="n",
-        grid_tile_width=1,
-        **NP,
-    ),
-    C(
-        block_m=64,
-        block_n=128,
-        block_k=32,
-        max_concurrent_steps=4,
-        **PLAIN,
-        grid_minor_dim="n",
-        grid_tile_width=1,
-        **NP,
-    ),
-]
-# Small CTAs (<= 113 KB of shared memory): two per SM, more loads in flight per SM.
-GATE_UP_FUSED += [
-    C(
-        block_m=64,
-        block_n=64,
-        block_k=64,
-        max_concurrent_steps=s,
-        grid_minor_dim="n",
-        grid_tile_width=1,
-        **PLAIN,
-        **NP,
-    )
-    for s in (3, 4)
-] + [
-    C(
-        block_m=64,
-        block_n=64,
-        block_k=128,
-        max_concurrent_steps=2,
-        grid_minor_dim="n",
-        grid_tile_width=1,
-        **PLAIN,
-        **NP,
-    ),
-    C(
-        block_m=64,
-        block_n=64,
-        block_k=64,
-        max_concurrent_steps=4,
-        grid_minor_dim="n",
-        grid_tile_width=1,
-        wg_split="none",
-        **NP,
-    ),
+    C(max_concurrent_steps=5, wg_split="none", **SNAKE_N, **N128),  # the shipped pack's winner
+    C(max_concurrent_steps=4, grid_minor_dim="n", grid_tile_width=4, **PLAIN, **N128),
+    C(max_concurrent_steps=4, wg_split="n", **N128 | dict(block_k=32)),  # CTA 256 wide
+    C(max_concurrent_steps=5, wg_split="n", **N128 | dict(block_k=32)),
+    C(max_concurrent_steps=5, wg_split="n", **SNAKE_N, **N128 | dict(block_k=32)),
+    C(max_concurrent_steps=2, wg_split="none", **SNAKE_N, **N128),  # ~97 KB: two CTAs per SM
+    C(max_concurrent_steps=4, wg_split="none", **SNAKE_N, **N128 | dict(block_k=32)),
+    C(max_concurrent_steps=4, **PLAIN, **SNAKE_N, **N128 | dict(block_k=32)),
+    # Small CTAs (<= 113 KB of shared memory): two per SM, more loads in flight per SM.
+    C(max_concurrent_steps=3, **PLAIN, **SNAKE_N, **N128 | dict(block_n=64)),
+    C(max_concurrent_steps=4, **PLAIN, **SNAKE_N, **N128 | dict(block_n=64)),
+    C(max_concurrent_steps=2, **PLAIN, **SNAKE_N, **N128 | dict(block_n=64, block_k=128)),
+    C(max_concurrent_steps=4, wg_split="none", **SNAKE_N, **N128 | dict(block_n=64)),
 ]
 GATE_UP_UNFUSED = (
     [C(max_concurrent_steps=3, split_k=s, **N256) for s in (1, 2, 4)]
@@ -155,20 +74,11 @@ GATE_UP_UNFUSED = (
     + [C(max_concurrent_steps=4, split_k=2, **PLAIN, **N128)]
 )
 DOWN = [
-    C(
-        block_m=64,
-        block_n=256,
-        block_k=64,
-        max_concurrent_steps=3,
-        grid_tile_width=1,
-        split_k=4,
-        **PLAIN,
-        **NP,
-    ),  # the shipped pack's winner
-    C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=4, split_k=4, **PLAIN, **NP),
-    C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=3, split_k=8, **PLAIN, **NP),
-    C(block_m=64, block_n=256, block_k=128, max_concurrent_steps=2, split_k=4, **PLAIN, **NP),
-    C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n", split_k=4, **NP),
+    C(max_concurrent_steps=3, grid_tile_width=1, split_k=4, **N256),  # the shipped pack's winner
+    C(max_concurrent_steps=4, split_k=4, **N256),
+    C(max_concurrent_steps=3, split_k=8, **N256),
+    C(max_concurrent_steps=2, split_k=4, **N256 | dict(block_k=128)),
+    C(max_concurrent_steps=4, wg_split="n", split_k=4, **N128),
 ]
 # (splits, block_k): the 2176-position cache split evenly into whole blocks.
 ATTENTION_SPLITS = [(17, 128), (34, 64), (17, 64), (68, 32)]
@@ -176,12 +86,6 @@ ATTENTION_SPLITS = [(17, 128), (34, 64), (17, 64), (68, 32)]
 
 def log(message: str) -> None:
     print(f"[ops {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def rel_err(value, reference) -> float:
-    v = np.asarray(value, np.float32)
-    r = np.asarray(reference, np.float32)
-    return float(np.linalg.norm(v - r) / max(np.linalg.norm(r), 1e-30))
 
 
 class Bench:
@@ -195,7 +99,7 @@ class Bench:
         try:
             jitted = jax.jit(fn)
             out = jax.block_until_ready(jitted(*args))
-            row["rel_err"] = rel_err(out, reference)
+            row["rel_err"] = relative_error(out, reference)
             samples = self.timer.time(jitted, [args])
             median = float(np.median(samples))
             row |= {
@@ -218,10 +122,6 @@ def normal(key, shape, scale=1.0):
     return (jax.random.normal(key, shape, jnp.float32) * scale).astype(jnp.bfloat16)
 
 
-def tag(c: C) -> str:
-    return kernel_sm90.kernel_name(c)
-
-
 def proj_cases(b: Bench, num_sms: int) -> None:
     for name, k, n in (("wqkv", 4096, 6144), ("wo", 4096, 4096), ("lm_head", 4096, 32000)):
         kx, kw = jax.random.split(jax.random.key(n))
@@ -234,7 +134,7 @@ def proj_cases(b: Bench, num_sms: int) -> None:
             if n % c.cta_n:
                 continue
             fn = functools.partial(_one_group, config=c, num_sms=num_sms)
-            b.run(name, tag(c), fn, (x, w, sizes), reference, nbytes)
+            b.run(name, kernel_sm90.kernel_name(c), fn, (x, w, sizes), reference, nbytes)
 
 
 def _one_group(x, w, sizes, *, config, num_sms):
@@ -242,8 +142,12 @@ def _one_group(x, w, sizes, *, config, num_sms):
 
 
 def _swiglu(h):
-    gate, up = jnp.split(h.astype(jnp.float32), 2, axis=-1)
-    return (jax.nn.silu(gate) * up).astype(jnp.bfloat16)
+    return gated_activation("swiglu", h).astype(jnp.bfloat16)
+
+
+def _per_expert_dots(x, a, b):
+    """XLA's own GEMV of each of the two rows on its expert's weights, given as two arrays."""
+    return jnp.concatenate([x[:1] @ a, x[1:] @ b])
 
 
 def moe_cases(b: Bench, num_sms: int, which: set[str]) -> None:
@@ -256,27 +160,24 @@ def moe_cases(b: Bench, num_sms: int, which: set[str]) -> None:
         raw = jax.lax.ragged_dot(x.astype(jnp.float32), w.astype(jnp.float32), sizes)
         ref = _swiglu(raw)
         nbytes = 2 * hidden * 2 * inter * 2
-        # What XLA's own GEMV reaches on the same two experts' weights, given as two arrays.
-        two = lambda x, a, b: jnp.concatenate([x[:1] @ a, x[1:] @ b])  # noqa: E731
-        b.run("gate_up", "xla_dot, one per expert", two, (x, w[2], w[5]), raw, nbytes)
+        b.run("gate_up", "xla_dot, one per expert", _per_expert_dots, (x, w[2], w[5]), raw, nbytes)
         for c in GATE_UP_FUSED:
             fn = functools.partial(kernel_sm90.grouped_matmul_swiglu, config=c, num_sms=num_sms)
-            b.run("gate_up", "fused " + tag(c), fn, (x, w, sizes), ref, nbytes)
+            b.run("gate_up", "fused " + kernel_sm90.kernel_name(c), fn, (x, w, sizes), ref, nbytes)
         for c in GATE_UP_UNFUSED:
             gemm = functools.partial(kernel_sm90.grouped_matmul, config=c, num_sms=num_sms)
             fn = lambda x, w, s, gemm=gemm: _swiglu(gemm(x, w, s))
-            b.run("gate_up", "unfused " + tag(c), fn, (x, w, sizes), ref, nbytes)
+            b.run("gate_up", "unfused " + kernel_sm90.kernel_name(c), fn, (x, w, sizes), ref, nbytes)
         del w
     if "down" in which:
         x = normal(ks[2], (2, inter))
         w = normal(ks[3], (experts, inter, hidden), inter**-0.5)
         ref = jax.lax.ragged_dot(x.astype(jnp.float32), w.astype(jnp.float32), sizes)
         nbytes = 2 * inter * hidden * 2
-        two = lambda x, a, b: jnp.concatenate([x[:1] @ a, x[1:] @ b])  # noqa: E731
-        b.run("down", "xla_dot, one per expert", two, (x, w[2], w[5]), ref, nbytes)
+        b.run("down", "xla_dot, one per expert", _per_expert_dots, (x, w[2], w[5]), ref, nbytes)
         for c in DOWN:
             fn = functools.partial(kernel_sm90.grouped_matmul, config=c, num_sms=num_sms)
-            b.run("down", tag(c), fn, (x, w, sizes), ref, nbytes)
+            b.run("down", kernel_sm90.kernel_name(c), fn, (x, w, sizes), ref, nbytes)
 
 
 def attention_cases(b: Bench) -> None:
@@ -336,14 +237,16 @@ def stride_cases(b: Bench, num_sms: int) -> None:
         ref = _swiglu(jax.lax.ragged_dot(x.astype(jnp.float32), w.astype(jnp.float32), sizes))
         for c in GATE_UP_FUSED[:2]:
             fn = functools.partial(kernel_sm90.grouped_matmul_swiglu, config=c, num_sms=num_sms)
-            b.run("stride", f"gate_up F={inter} fused {tag(c)}", fn, (x, w, sizes), ref, 2 * 4096 * 4 * inter)
+            label = f"gate_up F={inter} fused {kernel_sm90.kernel_name(c)}"
+            b.run("stride", label, fn, (x, w, sizes), ref, 2 * 4096 * 4 * inter)
         del w
     for hidden in (4096, 4352):
         x = normal(jax.random.key(3), (2, 14336))
         w = normal(jax.random.key(4), (8, 14336, hidden), 14336**-0.5)
         ref = jax.lax.ragged_dot(x.astype(jnp.float32), w.astype(jnp.float32), sizes)
         fn = functools.partial(kernel_sm90.grouped_matmul, config=DOWN[0], num_sms=num_sms)
-        b.run("stride", f"down H={hidden} {tag(DOWN[0])}", fn, (x, w, sizes), ref, 2 * 14336 * hidden * 2)
+        label = f"down H={hidden} {kernel_sm90.kernel_name(DOWN[0])}"
+        b.run("stride", label, fn, (x, w, sizes), ref, 2 * 14336 * hidden * 2)
         del w
 
 

@@ -213,10 +213,8 @@ def trace_layers(config, layer, trace_dir: Path, reps: int, tokens: int = 1) -> 
     COMPARE_MAX_ROWS rows, where both routings take the argsort path), and the routing's rows per expert."""
     out = {}
     x = jax.random.normal(jax.random.key(1), (tokens, config.hidden)).astype(jnp.bfloat16)
-    h = mixtral.rms_norm(x, layer.moe_norm, config.norm_eps)
-    experts = moe.route(jnp.dot(h, layer.router, preferred_element_type=jnp.float32), config.top_k, True)
-    ids = np.asarray(experts.expert_ids).ravel()
-    out["rows_per_expert"] = np.bincount(ids, minlength=config.experts).tolist()
+    routed = bench.moe_block_routing(x, layer, reps=1, config=config, path="moetune")
+    out["rows_per_expert"] = np.asarray(routed[0]).tolist()
     small = tokens * config.top_k <= moe.COMPARE_MAX_ROWS
     for variant in ("sort", "compare") if small else ("compare",):
         with routing(variant):

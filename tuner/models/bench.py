@@ -157,30 +157,29 @@ def _bench_model_path(
 def moe_block_loop(x: Any, layer: LayerParams, reps: Any, *, config: ModelConfig, path: str) -> Any:
     """`reps` MoE blocks in a row, each output the next input; reps is traced, so one compile serves the
     single block of the parity check and the timing loop."""
-    fn = moe_path(path)
-
-    def block(_: Any, x: Any) -> Any:
-        h = mixtral.rms_norm(x, layer.moe_norm, config.norm_eps)
-        logits = jnp.dot(h, layer.router, preferred_element_type=jnp.float32)
-        return fn(h, logits, layer.w_gate_up, layer.w_down, top_k=config.top_k)
-
-    return jax.lax.fori_loop(0, reps, block, x)
+    return jax.lax.fori_loop(0, reps, lambda _, x: _moe_block(x, layer, config, path)[0], x)
 
 
 @functools.partial(jax.jit, static_argnames=("reps", "config", "path"))
 def moe_block_routing(x: Any, layer: LayerParams, *, reps: int, config: ModelConfig, path: str) -> Any:
     """Rows per expert [reps, E] that each block of `moe_block_loop` routes: the load of the timed layers
     (each block's input is the previous block's output, so later blocks route differently)."""
-    fn = moe_path(path)
 
     def block(x: Any, _: Any) -> tuple[Any, Any]:
-        h = mixtral.rms_norm(x, layer.moe_norm, config.norm_eps)
-        logits = jnp.dot(h, layer.router, preferred_element_type=jnp.float32)
+        out, logits = _moe_block(x, layer, config, path)
         _, experts = jax.lax.top_k(logits, config.top_k)
         rows = jnp.sum(experts[..., None] == jnp.arange(config.experts), axis=(0, 1), dtype=jnp.int32)
-        return fn(h, logits, layer.w_gate_up, layer.w_down, top_k=config.top_k), rows
+        return out, rows
 
     return jax.lax.scan(block, x, length=reps)[1]
+
+
+def _moe_block(x: Any, layer: LayerParams, config: ModelConfig, path: str) -> tuple[Any, Any]:
+    """One MoE block (RMSNorm, router, the path's MoE MLP): its output and its router logits."""
+    h = mixtral.rms_norm(x, layer.moe_norm, config.norm_eps)
+    logits = jnp.dot(h, layer.router, preferred_element_type=jnp.float32)
+    out = moe_path(path)(h, logits, layer.w_gate_up, layer.w_down, top_k=config.top_k)
+    return out, logits
 
 
 def _reps(tokens: int) -> int:
