@@ -4,11 +4,11 @@ Semantics are jax.lax.ragged_dot's: rows are grouped contiguously by expert, acc
 rows past sum(group_sizes) come out zero, and an expert with no rows reads none of its weights.
 
 Work is a grid of (row tile, column tile, K split) triples walked by `plgpu.nd_loop`, either one CTA per
-SM looping (persistent) or one CTA per triple. A row tile is one expert's rows inside one `cta_m` row
-block (tiling.py); each CTA streams [cta_m, block_k] slices of lhs and [block_k, cta_n] slices of that
-expert's weights through a TMA pipeline into wgmma, then writes the expert's rows of the block back
-through shared memory with TMA stores whose row counts are powers of two (a store cannot be told "only
-rows 3..9" at run time, so 7 rows leave as 4 + 2 + 1).
+SM looping (persistent) or one CTA per triple. A row tile is one expert's rows inside a window of `cta_m`
+rows that starts at a multiple of 8 (row_tile, tiling.py); each CTA streams [cta_m, block_k] slices of lhs
+and [block_k, cta_n] slices of that expert's weights through a TMA pipeline into wgmma, then writes the
+expert's rows of the window back through shared memory with TMA stores whose row counts are powers of two
+(a store cannot be told "only rows 3..9" at run time, so 7 rows leave as 4 + 2 + 1).
 
 Two pipelines: with warp specialization a producer warpgroup issues the copies and one or two consumer
 warpgroups multiply (split along M or N); without it one warpgroup does both, keeping one wgmma in flight.
@@ -44,30 +44,40 @@ CTA_AXIS = "sm"
 
 @dataclasses.dataclass(frozen=True)
 class RowTile:
-    """The rows one row tile covers: rows [lo, hi) of expert `group`, all inside row block `block`.
+    """The rows one row tile covers: rows [lo, hi) of expert `group`, inside the window of `cta_m` rows that
+    starts at row `row0` (what the tile loads from lhs and stores from).
 
     `group` is G for the zero-filled rows past sum(group_sizes); `hi <= lo` means the tile is idle.
     """
 
     group: jax.Array
-    block: jax.Array
+    row0: jax.Array
     lo: jax.Array
     hi: jax.Array
+
+
+# An expert's windows start at its first row rounded down to this: lhs tiles are tiled by 8 rows in
+# shared memory (plgpu.TilingTransform), so a TMA load may start on any multiple of 8.
+ROW_ALIGN = 8
 
 
 def row_tile(group_sizes_ref: Any, t: jax.Array, *, g: int, m: int, cta_m: int) -> RowTile:
     """Row tile number `t`, found by walking the groups in order (unrolled: G is small and static).
 
+    Each expert's tiles are consecutive windows of `cta_m` rows from its first row rounded down to 8, so an
+    expert of s rows takes cdiv(s + (start % 8), cta_m) tiles wherever its rows start (tiles aligned to
+    global cta_m-row blocks would take one more whenever its rows straddle a block boundary).
     Example: group_sizes=[3, 0, 6], m=12, cta_m=4. Expert 0 owns rows 0-2, expert 1 none, expert 2 rows
-    3-8, the zero group rows 9-11. The tiles are (expert 0, block 0, rows 0-2), (expert 2, block 0, row
-    3), (expert 2, block 1, rows 4-7), (expert 2, block 2, row 8), (zero group, block 2, rows 9-11); tile
-    5, the last of cdiv(12, 4) + 3 = 6, is idle. Expert 1 gets no tile, so its weights are never read.
-    Sizes are clamped so that rows past M (sum(group_sizes) > M) are dropped, as ragged_dot drops them.
+    3-8, the zero group rows 9-11. The tiles are (expert 0, window 0-3, rows 0-2), (expert 2, window 0-3,
+    row 3), (expert 2, window 4-7, rows 4-7), (expert 2, window 8-11, row 8), (zero group, window 8-11,
+    rows 9-11); tiles past them, up to tiling.row_tile_bound, are idle. Expert 1 gets no tile, so its
+    weights are never read. Sizes are clamped so that rows past M (sum(group_sizes) > M) are dropped, as
+    ragged_dot drops them.
     """
     i32 = jnp.int32
     end = i32(0)
     tiles_before = i32(0)
-    group, block, g_start, g_end = i32(g + 1), i32(0), i32(0), i32(0)
+    group, row0, lo, hi = i32(g + 1), i32(0), i32(0), i32(0)
     for i in range(g + 1):
         start = end
         if i < g:
@@ -75,21 +85,16 @@ def row_tile(group_sizes_ref: Any, t: jax.Array, *, g: int, m: int, cta_m: int) 
             end = jnp.minimum(start + size, m)
         else:
             end = i32(m)
-        first_block = lax.div(start, i32(cta_m))
-        count = jnp.where(end > start, lax.div(end - 1, i32(cta_m)) - first_block + 1, 0)
+        first = start - lax.rem(start, i32(ROW_ALIGN))
+        count = jnp.where(end > start, lax.div(end - first + cta_m - 1, i32(cta_m)), 0)
         mine = (t >= tiles_before) & (t < tiles_before + count)
+        window = first + (t - tiles_before) * cta_m
         group = jnp.where(mine, i32(i), group)
-        block = jnp.where(mine, first_block + (t - tiles_before), block)
-        g_start = jnp.where(mine, start, g_start)
-        g_end = jnp.where(mine, end, g_end)
+        row0 = jnp.where(mine, window, row0)
+        lo = jnp.where(mine, jnp.maximum(start, window), lo)
+        hi = jnp.where(mine, jnp.minimum(end, window + cta_m), hi)
         tiles_before = tiles_before + count
-    block_start = block * cta_m
-    return RowTile(
-        group=group,
-        block=block,
-        lo=jnp.maximum(g_start, block_start),
-        hi=jnp.minimum(g_end, block_start + cta_m),
-    )
+    return RowTile(group=group, row0=row0, lo=lo, hi=hi)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,12 +152,16 @@ def _out_smem(s: _Static, warpgroups: int) -> Any:
     return plgpu.SMEM((warpgroups, 2, s.epi_m, s.epi_n), s.store_dtype, transforms=transforms)
 
 
-def _in_specs(s: _Static, block: jax.Array, col: jax.Array, k0: jax.Array, delay_release: int) -> list:
-    """lhs, then one weight tile per accumulator: column tile `col` (the gate under swiglu), and under
-    swiglu the up tile `up_col_offset` column tiles further."""
+def _in_specs(s: _Static, row0: jax.Array, col: jax.Array, k0: jax.Array, delay_release: int) -> list:
+    """lhs rows [row0, row0 + cta_m) (element-indexed: row0 is any multiple of ROW_ALIGN), then one weight
+    tile per accumulator: column tile `col` (the gate under swiglu), and under swiglu the up tile
+    `up_col_offset` column tiles further."""
     transforms = _operand_transforms(s)
     lhs = plgpu.BlockSpec(
-        (s.cta_m, s.block_k), lambda kk: (block, k0 + kk), transforms=transforms, delay_release=delay_release
+        (pl.Element(s.cta_m), s.block_k),
+        lambda kk: (pl.multiple_of(row0, ROW_ALIGN), k0 + kk),
+        transforms=transforms,
+        delay_release=delay_release,
     )
 
     def rhs(c):
@@ -270,7 +279,7 @@ def _plain_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -> None:
             rows = row_tile(gs_ref, t.row, g=s.g, m=s.m, cta_m=s.cta_m)
             has_rows = rows.hi > rows.lo
             out_view = out_ref.at[t.split] if s.split_k > 1 else out_ref
-            row0 = rows.block * s.cta_m
+            row0 = rows.row0
             col0 = t.col * s.cta_n
 
             @pl.when(has_rows & (rows.group < s.g))
@@ -286,7 +295,7 @@ def _plain_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -> None:
                     plgpu.emit_pipeline(
                         step,
                         grid=(s.k_steps,),
-                        in_specs=_in_specs(s, rows.block, t.col, t.split * s.k_steps, delay),
+                        in_specs=_in_specs(s, rows.row0, t.col, t.split * s.k_steps, delay),
                         max_concurrent_steps=s.stages,
                     )(lhs_ref, *_rhs_operands(s, rhs_ref.at[rows.group]))
                     return _epilogue(s, acc_refs)
@@ -307,12 +316,12 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
     """A producer warpgroup streams operands; `s.consumers` warpgroups multiply and write back."""
     wg = lax.axis_index(WARPGROUP_AXIS)
 
-    def pipeline(block, col, k0, body, context):
+    def pipeline(row0, col, k0, body, context):
         return plgpu.emit_pipeline_warp_specialized(
             body,
             grid=(s.k_steps,),
             memory_registers=PRODUCER_REGISTERS,
-            in_specs=_in_specs(s, block, col, k0, 0),
+            in_specs=_in_specs(s, row0, col, k0, 0),
             wg_axis=WARPGROUP_AXIS,
             num_compute_wgs=s.consumers,
             max_concurrent_steps=s.stages,
@@ -341,7 +350,7 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
             rows = row_tile(gs_ref, t.row, g=s.g, m=s.m, cta_m=s.cta_m)
             has_rows = rows.hi > rows.lo
             out_view = out_ref.at[t.split] if s.split_k > 1 else out_ref
-            row0 = rows.block * s.cta_m + (wg * s.block_m if s.wg_split == "m" else 0)
+            row0 = rows.row0 + (wg * s.block_m if s.wg_split == "m" else 0)
             col0 = t.col * s.cta_n + (wg * s.block_n if s.wg_split == "n" else 0)
 
             @pl.when(has_rows & (rows.group < s.g))
@@ -350,14 +359,23 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
                     *b_smems, acc_refs = b_smems_and_accs
                     if s.wg_split == "m":
                         a_smem = a_smem.at[pl.ds(wg * s.block_m, s.block_m)]
-                    for acc_ref, b_smem in zip(acc_refs, b_smems, strict=True):
-                        if s.transpose_rhs:
-                            if s.wg_split == "n":
-                                b_smem = b_smem.at[pl.ds(wg * s.block_n, s.block_n)]
-                            b_smem = b_smem.T
-                        elif s.wg_split == "n":
-                            b_smem = b_smem.at[:, pl.ds(wg * s.block_n, s.block_n)]
-                        plgpu.wgmma(acc_ref, a_smem, b_smem)
+
+                    def issue():
+                        for acc_ref, b_smem in zip(acc_refs, b_smems, strict=True):
+                            if s.transpose_rhs:
+                                if s.wg_split == "n":
+                                    b_smem = b_smem.at[pl.ds(wg * s.block_n, s.block_n)]
+                                b_smem = b_smem.T
+                            elif s.wg_split == "n":
+                                b_smem = b_smem.at[:, pl.ds(wg * s.block_n, s.block_n)]
+                            plgpu.wgmma(acc_ref, a_smem, b_smem)
+
+                    if s.wg_split == "m":
+                        # An expert's last window is often part empty: a consumer whose half holds none
+                        # of its rows multiplies nothing (its stores skip those rows anyway).
+                        pl.when(row0 < rows.hi)(issue)
+                    else:
+                        issue()
                     # The slot is released when the body returns, so its wgmmas must be done by then.
                     plgpu.wgmma_wait(0)
                     return acc_refs
@@ -378,7 +396,7 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
 
                     pl.run_scoped(_acc, *_accumulators(s, (s.block_m, s.block_n)))
 
-                pipeline(rows.block, t.col, t.split * s.k_steps, mma, context)(
+                pipeline(rows.row0, t.col, t.split * s.k_steps, mma, context)(
                     lhs_ref, *_rhs_operands(s, rhs_ref.at[rows.group]), allocations=pipeline_allocs
                 )
 

@@ -1,10 +1,10 @@
 """Tile geometry of the Hopper grouped GEMM: pure arithmetic shared by the kernel and its search space.
 
-Rows are grouped contiguously by expert. The kernel walks "row tiles": every row block of `cta_m` rows
-that holds rows of an expert, counted once per expert it touches (a block cut by a group boundary is
-visited once for each side). Past sum(group_sizes) the rows form one more group that is written with
-zeros. With G experts plus that zero group there are at most G boundaries inside the M range, so
-cdiv(M, cta_m) + G row tiles always suffice; tiles past the real count do nothing.
+Rows are grouped contiguously by expert. The kernel walks "row tiles": windows of `cta_m` rows, each
+expert's starting at its first row rounded down to 8 (kernel_sm90.row_tile). Past sum(group_sizes) the
+rows form one more group that is written with zeros. Group i of s_i rows starting at offset r_i (mod 8)
+takes cdiv(s_i + r_i, cta_m) windows, so the G + 1 groups together take at most
+cdiv(M + 7 (G + 1), cta_m) + G + 1 (`row_tile_bound`); tiles past the real count do nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +47,12 @@ class TileGeometry:
         return self.row_tiles * self.col_tiles * self.split_k
 
 
+def row_tile_bound(m: int, g: int, cta_m: int) -> int:
+    """Row tiles enough for any group sizes: sum over the G + 1 groups of cdiv(s_i + r_i, cta_m), with
+    r_i <= 7 and the s_i summing to M, is below (M + 7 (G + 1)) / cta_m + G + 1."""
+    return cdiv(m + 7 * (g + 1), cta_m) + g + 1
+
+
 def geometry(problem: Problem, config: MosaicGpuConfig) -> TileGeometry:
     k_steps = max(1, problem.k // (config.block_k * config.split_k))
     return TileGeometry(
@@ -55,7 +61,7 @@ def geometry(problem: Problem, config: MosaicGpuConfig) -> TileGeometry:
         consumers=config.consumers,
         k_steps=k_steps,
         stages=min(config.max_concurrent_steps, k_steps),
-        row_tiles=cdiv(problem.m, config.cta_m) + problem.g,
+        row_tiles=row_tile_bound(problem.m, problem.g, config.cta_m),
         col_tiles=cdiv(problem.out_n, config.cta_n),
         split_k=config.split_k,
         out_itemsize=4 if config.split_k > 1 else itemsize(problem.out_dtype),

@@ -30,17 +30,26 @@ def _tiles(sizes, m, cta_m):
     g = len(sizes)
     ref = jnp.asarray(sizes, jnp.int32)
     out = []
-    for t in range(-(-m // cta_m) + g):
+    for t in range(tiling.row_tile_bound(m, g, cta_m)):
         r = kernel_sm90.row_tile(ref, jnp.int32(t), g=g, m=m, cta_m=cta_m)
-        out.append((int(r.group), int(r.block), int(r.lo), int(r.hi)))
+        out.append((int(r.group), int(r.row0), int(r.lo), int(r.hi)))
     return out
 
 
 def test_row_tiles_worked_example():
     tiles = _tiles([3, 0, 6], m=12, cta_m=4)
     real = [t for t in tiles if t[3] > t[2]]
-    assert real == [(0, 0, 0, 3), (2, 0, 3, 4), (2, 1, 4, 8), (2, 2, 8, 9), (3, 2, 9, 12)]
-    assert len(tiles) == 6
+    assert real == [(0, 0, 0, 3), (2, 0, 3, 4), (2, 4, 4, 8), (2, 8, 8, 9), (3, 8, 9, 12)]
+
+
+def test_an_expert_s_windows_start_at_its_first_row_rounded_down_to_8():
+    # Three experts of 100 rows, 64-row windows. Windows on global 64-row blocks would cut expert 1 (rows
+    # 100-199) into three tiles (blocks 1, 2, 3); from row 96 it needs two.
+    real = [t for t in _tiles([100, 100, 100], m=300, cta_m=64) if t[3] > t[2]]
+    assert real == [
+        (0, 0, 0, 64), (0, 64, 64, 100), (1, 96, 100, 160), (1, 160, 160, 200), (2, 200, 200, 264),
+        (2, 264, 264, 300),
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -52,13 +61,19 @@ def test_row_tiles_cover_every_row_once(seed):
     owner = np.full(m, -1)
     ends = np.minimum(np.cumsum(sizes), m)
     expected = np.searchsorted(ends, np.arange(m), side="right")  # g means "past the last expert"
-    for group, block, lo, hi in _tiles(sizes, m, cta_m):
+    tiles = _tiles(sizes, m, cta_m)
+    for group, row0, lo, hi in tiles:
         if hi <= lo:
             continue
-        assert block * cta_m <= lo < hi <= (block + 1) * cta_m
+        assert row0 % kernel_sm90.ROW_ALIGN == 0 and row0 <= lo < hi <= row0 + cta_m
         assert (owner[lo:hi] == -1).all(), "a row belongs to two tiles"
         owner[lo:hi] = group
     assert (owner == expected).all()
+    # Each group takes cdiv(rows + start % 8, cta_m) tiles, and the bound leaves room for them.
+    starts = np.concatenate([[0], ends])
+    stops = np.concatenate([ends, [m]])
+    need = sum(-(-(b - a + a % 8) // cta_m) for a, b in zip(starts, stops, strict=True) if b > a)
+    assert sum(hi > lo for _, _, lo, hi in tiles) == need <= len(tiles)
 
 
 def _interpret(config, m, k, n, sizes, transpose=False):
@@ -90,6 +105,15 @@ def test_interpreted_warp_specialized_split_n_with_row_chunks():
 def test_interpreted_warp_specialized_split_m_transposed_tiny_m():
     config = C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, wg_split="m")
     _interpret(config, 5, 128, 128, [2, 0, 3, 0], transpose=True)
+
+
+def test_interpreted_windows_starting_off_any_block_boundary():
+    # Experts start at rows 0, 13, 14, 64, 64 and 71: windows from rows 8, 64 and 64 overlap their
+    # neighbours' rows, which the stores must leave alone; rows 71-79 are the zero tail.
+    sizes = [13, 1, 50, 0, 7]
+    split_m = C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, wg_split="m")
+    _interpret(split_m, 80, 128, 128, sizes)
+    _interpret(C(block_m=64, block_n=64, block_k=32, max_concurrent_steps=2, **PLAIN), 80, 64, 64, sizes)
 
 
 def _lower(config, m, k, n, g):
