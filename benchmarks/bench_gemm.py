@@ -2,7 +2,8 @@
 
 Per shape ([2T, 4096] x [8, 4096, 28672] gate_up and [2T, 14336] x [8, 14336, 4096] down) and routing
 (balanced, Zipf-skewed) it times, all with CUPTI device time (median of 10):
-  moetune           best of a small sweep of mosaic_gpu configs (candidates by regime, below)
+  moetune           best of a small sweep of mosaic_gpu configs: the tuned pack's winner for the shape
+                    (--pack, the shipped H200 pack by default), then candidates by regime (below)
   xla_ragged_dot    jax.lax.ragged_dot: what a JAX user gets without a kernel
   dense_einsum      every token through every expert, then the routed rows picked: 8x the FLOPs
   mgpu_default      JAX's ragged_dot_mgpu (pallas/ops/gpu) with block 128x128x64, 4 stages, grid_block_n 1
@@ -25,6 +26,7 @@ import statistics
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import moe_shapes
 import torch_timing
@@ -33,6 +35,7 @@ from moe_shapes import Shape
 
 from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C
 
+DEFAULT_PACK = Path(__file__).resolve().parent.parent / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json"
 PLAIN = dict(warp_specialized=False, wg_split="none")
 # moetune's small sweep, by regime (rows per expert); seeded from device_kernel_check.py's sweep.
 CANDIDATES = {
@@ -72,6 +75,14 @@ METHODS = (
     "cublas_xla",
     "dense_einsum",
 )
+
+
+def pack_winners(path: str) -> dict:
+    """Problem key -> the pack's winning config (a pack of another kernel source still names configs
+    worth trying; the sweep's recorded time is not used)."""
+    from moetune.kernels import packs
+
+    return {e.problem.key: C.from_dict(e.config) for e in packs.load(path).entries}
 
 
 def regime(shape: Shape) -> str:
@@ -120,9 +131,16 @@ class Runner:
     """Holds inputs for one projection and times every method on one (shape, routing)."""
 
     def __init__(
-        self, proj: str, deadline: float, candidates: dict, mgpu_sweep: list[dict], mgpu_sweep_min_tokens: int
+        self,
+        proj: str,
+        deadline: float,
+        candidates: dict,
+        mgpu_sweep: list[dict],
+        mgpu_sweep_min_tokens: int,
+        tuned: dict | None = None,
     ):
         self.proj = proj
+        self.tuned = tuned or {}  # problem key -> the pack's winner
         self.mgpu_sweep_min_tokens = mgpu_sweep_min_tokens
         self.deadline = deadline
         self.candidates = candidates
@@ -162,7 +180,10 @@ class Runner:
         ref = jax.jit(jax.lax.ragged_dot)(lhs, self.weights, gs).astype(jnp.float32)
         ref_norm = float(jnp.linalg.norm(ref.ravel()))
         best, tried = None, []
-        for config in self.candidates[regime(shape)]:
+        pack_winner = self.tuned.get(problem.key)
+        configs = [pack_winner] if pack_winner is not None else []
+        configs += [c for c in self.candidates[regime(shape)] if c != pack_winner]
+        for config in configs:
             if time.monotonic() > self.deadline:
                 break
             try:
@@ -175,7 +196,14 @@ class Runner:
                 tried.append({"config": config.to_dict(), "error": f"{type(e).__name__}: {e}"[:500]})
                 continue
             med = statistics.median(samples)
-            tried.append({"config": config.to_dict(), "median_ms": med * 1e3, "rel_err_vs_xla": err})
+            tried.append(
+                {
+                    "config": config.to_dict(),
+                    "median_ms": med * 1e3,
+                    "rel_err_vs_xla": err,
+                    "from_pack": config == pack_winner,
+                }
+            )
             if not err < 1e-2:
                 continue
             if best is None or med < statistics.median(best[1]):
@@ -332,6 +360,11 @@ def main() -> int:
     parser.add_argument("--routings", default=",".join(moe_shapes.ROUTINGS))
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--candidates", help="JSON {regime: [config dicts]} replacing the built-in lists")
+    parser.add_argument(
+        "--pack",
+        default=str(DEFAULT_PACK),
+        help="tuned pack whose winner for each shape moetune tries first ('' for none)",
+    )
     parser.add_argument("--no-mgpu-sweep", action="store_true", help="mgpu_best tries the default only")
     parser.add_argument("--mgpu-sweep-min-tokens", type=int, default=1024, help="smaller T: default only")
     args = parser.parse_args()
@@ -340,6 +373,7 @@ def main() -> int:
     if args.candidates:
         with open(args.candidates) as f:
             candidates = {r: [C.from_dict(c) for c in cs] for r, cs in json.load(f).items()}
+    tuned = pack_winners(args.pack) if args.pack else {}
     methods = [m for m in args.methods.split(",") if m]
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
@@ -348,6 +382,7 @@ def main() -> int:
     payload = {
         "environment": moe_shapes.environment(),
         "candidates": {r: [c.to_dict() for c in cs] for r, cs in candidates.items()},
+        "pack": args.pack or None,
         "mgpu_default": MGPU_DEFAULT,
         "mgpu_sweep": [] if args.no_mgpu_sweep else MGPU_SWEEP,
         "cases": [],
@@ -356,7 +391,9 @@ def main() -> int:
     print(f"bandwidth: {bandwidth}", flush=True)
     try:
         for proj in args.projs.split(","):
-            runner = Runner(proj, deadline, candidates, payload["mgpu_sweep"], args.mgpu_sweep_min_tokens)
+            runner = Runner(
+                proj, deadline, candidates, payload["mgpu_sweep"], args.mgpu_sweep_min_tokens, tuned
+            )
             for tokens in map(int, args.tokens.split(",")):
                 for routing in args.routings.split(","):
                     case = run_case(runner, Shape(proj, tokens), routing, methods, bandwidth)

@@ -7,7 +7,10 @@
 #          decode, two prefill), compared with the sweep's winners (benchmarks/compare_grid.py), GPU tests
 #          (E2E_GPU1_TESTS), `moetune bench tuner`, and with E2E_MODEL_LAYERS=N, once the sweep has ended,
 #          benchmarks/bench_model.py on an N-layer Mixtral reading the sweep's winners from its database.
-#          E2E_SKIP_GPU1=1 leaves GPU 1 (and its cores) to another job of the same call.
+#          E2E_SKIP_GPU1=1 leaves GPU 1 (and its cores) to another job of the same call; E2E_SKIP_BENCH=1
+#          skips the throughput bench there.
+# E2E_IMPORT_PACK=FILE imports a pack into the sweep's database first: its winners are then the sweep's
+# warm starts (after a kernel change they are of another source hash, so they are tried, not kept).
 # Every step is time-boxed; logs and artifacts land under $OUT (bundled: a call returns at most 8 files).
 # The defaults are those of the 2026-11-29 session-3 run (README, "End to end"), except the steps it skipped.
 #
@@ -28,6 +31,7 @@ SWEEP_S=${E2E_SWEEP_S:-290}
 ROUTING=${E2E_ROUTING:-balanced,zipf:1.2}
 GPU_KIND=${E2E_GPU:-NVIDIA H200}
 export MOETUNE_DB="sqlite:///$OUT/sweep.db"
+SWEEP=1  # the sweep's id in its database; an imported pack takes id 1
 DEADLINE=$(( $(date +%s) + ${E2E_DEADLINE_S:-560} ))
 cap() { local left=$(( DEADLINE - $(date +%s) )); [ "$left" -lt "$1" ] && echo $(( left > 5 ? left : 5 )) || echo "$1"; }
 gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c GPU)
@@ -51,10 +55,12 @@ if [ "$gpus" -ge 2 ] && [ -z "${E2E_SKIP_GPU1:-}" ]; then
      echo "gpu tests rc=$?" >>"$OUT/gpu-tests.log"
    fi
    # The tuner's throughput on this GPU: Ray against one by one, same candidates, in one run.
-   timeout "$(cap ${E2E_BENCH_S:-150})" "${on_gpu1[@]}" "${MOETUNE[@]}" bench tuner --model "$MODEL" --buckets "${E2E_BENCH_BUCKETS:-64,256}" \
-     --backend "$BACKEND" --budget "${E2E_BENCH_BUDGET:-16}" --sequential-budget "${E2E_SEQ_BUDGET:-4}" --routing "$ROUTING" \
-     --workers "$WORKERS" --timeout-s 120 --out "$OUT/throughput.json" >"$OUT/throughput.log" 2>&1
-   echo "bench rc=$?" >>"$OUT/throughput.log"
+   if [ -z "${E2E_SKIP_BENCH:-}" ]; then
+     timeout "$(cap ${E2E_BENCH_S:-150})" "${on_gpu1[@]}" "${MOETUNE[@]}" bench tuner --model "$MODEL" --buckets "${E2E_BENCH_BUCKETS:-64,256}" \
+       --backend "$BACKEND" --budget "${E2E_BENCH_BUDGET:-16}" --sequential-budget "${E2E_SEQ_BUDGET:-4}" --routing "$ROUTING" \
+       --workers "$WORKERS" --timeout-s 120 --out "$OUT/throughput.json" >"$OUT/throughput.log" 2>&1
+     echo "bench rc=$?" >>"$OUT/throughput.log"
+   fi
    if [ -n "${E2E_MODEL_LAYERS:-}" ]; then
      # The MoE layer on the sweep's winners (read from its database once GPU 0's sweep has ended) against
      # the dense and XLA ragged_dot layers: benchmarks/bench_model.py on a model E2E_MODEL_LAYERS deep.
@@ -76,6 +82,10 @@ if [ -n "${E2E_RESUME_DB:-}" ]; then
     --minutes "$(python3 -c "print($SWEEP_S / 60)")" --json >"$OUT/sweep.json" 2>"$OUT/sweep.log"
   echo "resumed sweep rc=$? in $(( $(date +%s) - start )) s"; grep -v "logging.cc\|^    @" "$OUT/sweep.log" | tail -4
 else
+  if [ -n "${E2E_IMPORT_PACK:-}" ]; then
+    step "import $E2E_IMPORT_PACK: its winners become the sweep's warm starts"
+    "${MOETUNE[@]}" import "$E2E_IMPORT_PACK" 2>&1 | tail -2 && SWEEP=2
+  fi
   step "GPU 0: sweep $MODEL on $BACKEND, tpe budget $BUDGET per problem, routing $ROUTING, $WORKERS workers"
   start=$(date +%s)
   timeout "$(cap $((SWEEP_S + ${E2E_SWEEP_GRACE_S:-60})))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --model "$MODEL" "${bucket_args[@]}" --backend "$BACKEND" \
@@ -87,8 +97,8 @@ fi
 touch "$OUT/sweep.done"
 step "export the pack, write the report"
 "${MOETUNE[@]}" export --gpu "$GPU_KIND" --backend "$BACKEND" -o "$OUT/pack.json" 2>&1 | tail -3
-"${MOETUNE[@]}" report 1 --out "$OUT/report.html" 2>&1 | tail -2
-"${MOETUNE[@]}" trials --sweep 1 --limit 0 --json >"$OUT/trials.json" 2>/dev/null; echo "trials rows: $(grep -c '"id"' "$OUT/trials.json")"
+"${MOETUNE[@]}" report "$SWEEP" --out "$OUT/report.html" 2>&1 | tail -2
+"${MOETUNE[@]}" trials --sweep "$SWEEP" --limit 0 --json >"$OUT/trials.json" 2>/dev/null; echo "trials rows: $(grep -c '"id"' "$OUT/trials.json")"
 
 if [ -z "${E2E_SKIP_GPU_TESTS:-}" ] && [ -s "$OUT/pack.json" ]; then
   step "dispatch from the new pack, shipped as configs/tuned/nvidia_h200__mosaic_gpu.json in this copy"
@@ -101,8 +111,8 @@ if [ -z "${E2E_SKIP_GPU_TESTS:-}" ] && [ -s "$OUT/pack.json" ]; then
 fi
 
 if [ -z "${E2E_SKIP_RESUME:-}" ]; then
-  step "resume: sweep 1 again must repeat no finished trial"
-  timeout "$(cap 90)" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --resume 1 --workers 2 --json >"$OUT/resume.json" 2>"$OUT/resume.log"
+  step "resume: sweep $SWEEP again must repeat no finished trial"
+  timeout "$(cap 90)" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --resume "$SWEEP" --workers 2 --json >"$OUT/resume.json" 2>"$OUT/resume.log"
   echo "resume rc=$?"; tail -3 "$OUT/resume.log"
   step "stale: nothing changed, so nothing is stale"
   timeout "$(cap 60)" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --stale --backend "$BACKEND" --workers 1 --json >"$OUT/stale.json" 2>"$OUT/stale.log"
@@ -112,7 +122,7 @@ if [ -z "${E2E_SKIP_RESUME:-}" ]; then
 fi
 
 step "where the sweep's time went"
-python3 benchmarks/sweep_timeline.py "$OUT/sweep.db" --sweep 1 2>&1 | tee "$OUT/timeline.log" | tail -40
+python3 benchmarks/sweep_timeline.py "$OUT/sweep.db" --sweep "$SWEEP" 2>&1 | tee "$OUT/timeline.log" | tail -40
 
 if [ -n "${gpu1:-}" ]; then
   step "wait for GPU 1 (grid, throughput, model layers), then compare the grid with the sweep"
