@@ -4,7 +4,9 @@
 #          MoE layer alone, for the dense, moetune and XLA ragged_dot paths, with parity against dense);
 #   GPU 1 (nvidia-h200-x2): the fused SwiGLU check (benchmarks/device_fused_check.py), then tests/gpu.
 # On a one-GPU machine the GPU 1 half runs after the model benchmark, in what time is left.
-# Knobs: MODEL_BATCH (1), MODEL_PROMPT (2048), MODEL_GEN (128), MODEL_S (480), FUSED_S (240), TESTS ("tests/gpu").
+# Knobs: MODEL_BATCH (1), MODEL_PROMPT (2048), MODEL_GEN (128), MODEL_S (480), FUSED_S (240), TESTS ("tests/gpu");
+# GPU1_CMD replaces the GPU 1 half with one command (its output in $OUT/gpu1.log), e.g.
+#   GPU1_CMD='cd benchmarks && python3 bench_gemm.py --out $OUT/bench_gemm.json --budget-s 400'
 #   bash benchmarks/device_model.sh          # with .devdeps carried; logs and JSON under $OUT
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for logs and artifacts}
@@ -26,6 +28,13 @@ second_half() {
   echo "gpu tests rc=$?" >>"$OUT/gpu-tests.log"
 }
 
+if [ -n "${GPU1_CMD:-}" ]; then
+  second_half() {
+    step "GPU 1: $GPU1_CMD"
+    (export OUT; timeout "$(cap 600)" bash -c "$GPU1_CMD") >"$OUT/gpu1.log" 2>&1
+    echo "gpu1 rc=$?" >>"$OUT/gpu1.log"
+  }
+fi
 if [ "$gpus" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=1; second_half) &
   other=$!
@@ -36,4 +45,5 @@ CUDA_VISIBLE_DEVICES=0 timeout "$(cap ${MODEL_S:-480})" python3 benchmarks/bench
   --out "$OUT/model.json" >"$OUT/model.log" 2>&1
 echo "model rc=$?" >>"$OUT/model.log"
 if [ "$gpus" -ge 2 ]; then wait "$other"; else CUDA_VISIBLE_DEVICES=0 second_half; fi
-tail -n 30 "$OUT/model.log"; tail -n 25 "$OUT/fused.log"; tail -n 40 "$OUT/gpu-tests.log"
+tail -n 30 "$OUT/model.log"
+if [ -n "${GPU1_CMD:-}" ]; then tail -n 45 "$OUT/gpu1.log"; else tail -n 25 "$OUT/fused.log"; tail -n 40 "$OUT/gpu-tests.log"; fi
