@@ -37,7 +37,9 @@ from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C
 
 DEFAULT_PACK = Path(__file__).resolve().parent.parent / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json"
 PLAIN = dict(warp_specialized=False, wg_split="none")
-# moetune's small sweep, by regime (rows per expert); seeded from device_kernel_check.py's sweep.
+# moetune's small sweep, by regime (rows per expert), after the tuned pack's winner for the shape: the first
+# three of each were seeded from device_kernel_check.py's sweep, the rest added on 2026-11-30 for the rows
+# that missed their targets (64x256 one-CTA-per-tile for decode; tile order, width and stages for prefill).
 CANDIDATES = {
     "memory_bound": [
         C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n"),
@@ -52,11 +54,46 @@ CANDIDATES = {
         ),
         # Small enough (113 KB) for two CTAs per SM, so one streams while the other switches tiles.
         C(block_m=64, block_n=128, block_k=128, max_concurrent_steps=2, persistent=False, **PLAIN),
+        C(
+            block_m=64,
+            block_n=256,
+            block_k=64,
+            max_concurrent_steps=3,
+            persistent=False,
+            grid_tile_width=1,
+            **PLAIN,
+        ),
+        C(
+            block_m=64,
+            block_n=256,
+            block_k=64,
+            max_concurrent_steps=4,
+            persistent=False,
+            grid_minor_dim="n",
+            grid_tile_width=4,
+            **PLAIN,
+        ),
+        C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=3, persistent=False, split_k=2, **PLAIN),
+        C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=3, wg_split="n"),
     ],
     "compute_bound": [
         C(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n"),
         C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=4, wg_split="m"),
         C(block_m=128, block_n=128, block_k=128, max_concurrent_steps=2, wg_split="n"),
+        C(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n", grid_tile_width=16),
+        C(
+            block_m=128,
+            block_n=128,
+            block_k=64,
+            max_concurrent_steps=4,
+            wg_split="n",
+            grid_minor_dim="n",
+            grid_tile_width=8,
+        ),
+        C(block_m=128, block_n=128, block_k=64, max_concurrent_steps=3, wg_split="n"),
+        C(block_m=128, block_n=128, block_k=128, max_concurrent_steps=2, wg_split="n", grid_tile_width=16),
+        C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=4, wg_split="m", grid_tile_width=16),
+        C(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n", grid_tile_width=4),
     ],
 }
 MGPU_DEFAULT = dict(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, grid_block_n=1)
@@ -340,11 +377,10 @@ def print_table(cases: list[dict]) -> None:
     for case in cases:
         ms = {c: case["methods"].get(c, {}).get("median_ms") for c in cols}
         cells = " ".join(f"{v:14.3f}" if v else f"{'-':>14s}" for v in ms.values())
-        peers = [v for c, v in ms.items() if c in ("torch_grouped_mm", "mgpu_best") and v]
-        mine = ms["moetune"]
-        vs_peer = f"{min(peers) / mine:7.2f}x" if mine and peers else "      -"
-        vs_cublas = f"{ms['cublas_torch'] / mine * 100:7.1f}" if mine and ms["cublas_torch"] else "      -"
-        vs_roof = f"{case['hbm_roofline_ms'] / mine * 100:6.1f}" if mine else "     -"
+        r = moe_shapes.target_ratios(case)
+        vs_peer = f"{r['vs_peer']:7.2f}x" if r["vs_peer"] else "      -"
+        vs_cublas = f"{r['vs_cublas'] * 100:7.1f}" if r["vs_cublas"] else "      -"
+        vs_roof = f"{r['vs_roofline'] * 100:6.1f}" if r["vs_roofline"] else "     -"
         head = f"{case['shape']:15s} {case['routing']:9s} {cells}"
         print(f"{head} {case['hbm_roofline_ms']:10.3f} {vs_peer} {vs_cublas} {vs_roof}")
 

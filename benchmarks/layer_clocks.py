@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -32,13 +33,22 @@ FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu"
 REASONS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
 
 
-def sample_gpu(log: Path) -> subprocess.Popen:
+def visible_gpu_index() -> int:
+    """nvidia-smi's index of the GPU this process runs on: the first of CUDA_VISIBLE_DEVICES, else 0.
+    (Without -i, nvidia-smi logs every GPU of the host, and another job's GPU would mix into the medians.)"""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return int(visible) if visible.isdigit() else 0
+
+
+def sample_gpu(log: Path, index: int) -> subprocess.Popen:
     for reasons in REASONS:
         query = f"--query-gpu={FIELDS},{reasons}"
-        probe = subprocess.run(["nvidia-smi", query, "--format=csv", "-c", "1"], capture_output=True)
+        probe = subprocess.run(
+            ["nvidia-smi", "-i", str(index), query, "--format=csv", "-c", "1"], capture_output=True
+        )
         if probe.returncode == 0:
             break
-    command = ["nvidia-smi", query, "--format=csv,noheader,nounits", "-lms", "100"]
+    command = ["nvidia-smi", "-i", str(index), query, "--format=csv,noheader,nounits", "-lms", "100"]
     return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.DEVNULL)
 
 
@@ -73,15 +83,20 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--paths", default="moetune,ragged")
+    parser.add_argument(
+        "--gpu-index", type=int, default=None, help="nvidia-smi index to sample (default: visible_gpu_index)"
+    )
     args = parser.parse_args()
+    gpu_index = visible_gpu_index() if args.gpu_index is None else args.gpu_index
     config = model_config("mixtral_8x7b", 1)
     layer = init_params(config, seed=0).layers[0]
     x = jax.random.normal(jax.random.key(args.tokens), (args.tokens, config.hidden)).astype(jnp.bfloat16)
     reps = jnp.asarray(args.reps, jnp.int32)
     log = args.out.with_suffix(".smi.csv")
-    smi = sample_gpu(log)
+    smi = sample_gpu(log, gpu_index)
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv)}
-    result |= {"device": jax.devices()[0].device_kind, "tokens": args.tokens, "paths": {}}
+    result |= {"device": jax.devices()[0].device_kind, "gpu_index": gpu_index, "tokens": args.tokens}
+    result["paths"] = {}
     try:
         with LOOKUP.using_db(None):
             for path in args.paths.split(","):

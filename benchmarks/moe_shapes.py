@@ -123,6 +123,21 @@ def environment() -> dict:
     return info
 
 
+def target_ratios(case: dict) -> dict[str, float | None]:
+    """Issue 5's three ratios for one bench_gemm case: the better peer's time (torch._grouped_mm or
+    ragged_dot_mgpu's best) over moetune's, cuBLAS's same-FLOP time over moetune's, and the HBM roofline of
+    the touched weights over moetune's time (None where a time is missing)."""
+    ms = {name: case["methods"].get(name, {}).get("median_ms") for name in case["methods"]}
+    mine = ms.get("moetune")
+    peers = [ms[name] for name in ("torch_grouped_mm", "mgpu_best") if ms.get(name)]
+    cublas = ms.get("cublas_torch")
+    return {
+        "vs_peer": min(peers) / mine if mine and peers else None,
+        "vs_cublas": cublas / mine if mine and cublas else None,
+        "vs_roofline": case["hbm_roofline_ms"] / mine if mine else None,
+    }
+
+
 def write_json(path: str, payload: dict) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
