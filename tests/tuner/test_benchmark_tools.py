@@ -242,3 +242,18 @@ def test_issue5_targets_as_the_readme_states_them():
         ("down_T1", "zipf"),
         ("down_T128", "zipf"),
     }
+
+
+def test_the_sustained_moe_layer_on_a_one_gpu_machine():
+    """README: the second 15 s run (call 5, layer_clocks sampling only its own GPU): 6.50x on the first call,
+    5.73x at the median, 1470 against 1710 MHz."""
+    run = json.loads(Path(f"{SESSION7}_call5_layer_clocks.json").read_text())
+    paths = run["paths"]
+    moetune, ragged = (paths[p]["layer_ms"] for p in ("moetune", "ragged"))
+    assert ragged[0] / moetune[0] == pytest.approx(6.50, abs=0.005)
+    assert paths["ragged"]["median_ms"] / paths["moetune"]["median_ms"] == pytest.approx(5.73, abs=0.005)
+    assert {p: paths[p]["gpu"]["sm_clock_mhz_median"] for p in paths} == {"moetune": 1470.0, "ragged": 1710.0}
+    stamps = [
+        line.split(",")[0] for line in Path(f"{SESSION7}_call5_layer_clocks.smi.csv").read_text().splitlines()
+    ]
+    assert run["gpu_index"] == 0 and len(stamps) == len(set(stamps))  # one GPU's lines only
