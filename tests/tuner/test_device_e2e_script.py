@@ -1,0 +1,53 @@
+"""benchmarks/device_e2e.sh rehearsed on the CPU (the xla backend, the tiny model): the plumbing a device call
+depends on, so that a broken flag costs a CI run rather than minutes of GPU time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json"
+
+
+def test_a_sweep_after_a_pack_import_reports_and_exports_its_own_sweep(tmp_path):
+    out = tmp_path / "out"
+    env = os.environ | {
+        "OUT": str(out),
+        # the scripts call python3: the one running the tests, with moetune, Ray and Optuna installed
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "HOME": str(tmp_path),
+        "E2E_MODEL": "tiny",
+        "E2E_BUCKETS": "1,64",
+        "E2E_BACKEND": "xla",
+        "E2E_GPU": "cpu",
+        "E2E_BUDGET": "3",
+        "E2E_WORKERS": "2",
+        "E2E_SWEEP_S": "120",
+        "E2E_SKIP_GPU_TESTS": "1",
+        "E2E_SKIP_GRID": "1",
+        "E2E_SKIP_RESUME": "1",
+        "E2E_IMPORT_PACK": str(SHIPPED),
+    }
+    run = subprocess.run(
+        ["bash", "benchmarks/device_e2e.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-4000:]
+    assert "imported 30 winners for NVIDIA H200 / mosaic_gpu" in log
+    assert "sweep rc=0" in log, log[-4000:]
+    pack = json.loads((out / "pack.json").read_text())
+    assert pack["backend"] == "xla" and len(pack["entries"]) == 4  # gate_up and down of T=1 and 64
+    assert (out / "report.html").stat().st_size > 0
+    with tarfile.open(out / "logs.tgz") as bundle:
+        sweep = json.loads(bundle.extractfile("./sweep.json").read())
+        trials = json.loads(bundle.extractfile("./trials.json").read())
+        timeline = bundle.extractfile("./timeline.log").read().decode()
+    assert sweep["sweep_id"] == 2 and sweep["status"] == "done"
+    # trials.json and the timeline are the tuning sweep's (xla trials), not the import's 30 winners
+    assert {(t["sweep_id"], t["backend"]) for t in trials} == {(2, "xla")} and len(trials) >= 4
+    assert timeline.startswith(f"{len(trials)} trials of 4 problems")
