@@ -199,6 +199,38 @@ _SWIGLU_COMPUTE_BOUND = (
     MosaicGpuConfig(block_m=128, block_n=64, block_k=64, max_concurrent_steps=3, wg_split="n"),
     MosaicGpuConfig(block_m=64, block_n=128, block_k=64, max_concurrent_steps=3, wg_split="m"),
 )
+# A quarter of a row per expert or less (decode: top-k rows over G experts, so at most that many experts'
+# weights are read): one warpgroup per 64x256 weight tile, one CTA per tile, and for the plain GEMM split-K
+# so that the touched experts' few column tiles fill the SMs. These were the winners of the 2026-11-30 H200
+# sweep at T=1 (Mixtral m=2): 1.15x (gate_up+SwiGLU) and 1.39x (down) over the memory-bound default
+# (benchmarks/results/2026-11-30_h200_session7_call1_sweep_outcome.json).
+_DECODE = (
+    MosaicGpuConfig(
+        block_m=64,
+        block_n=256,
+        block_k=64,
+        max_concurrent_steps=3,
+        grid_tile_width=1,
+        persistent=False,
+        warp_specialized=False,
+        wg_split="none",
+        split_k=4,
+    ),
+)
+_SWIGLU_DECODE = (
+    MosaicGpuConfig(
+        block_m=64,
+        block_n=128,
+        block_k=64,
+        max_concurrent_steps=4,
+        grid_minor_dim="n",
+        grid_tile_width=4,
+        persistent=False,
+        warp_specialized=False,
+        wg_split="none",
+    ),
+)
+DECODE_ROWS_PER_EXPERT = 0.25
 # Valid for every problem check_problem() accepts: K % 32 == 0, N (or F) % 64 == 0, 16-bit operands.
 _ALWAYS_VALID = MosaicGpuConfig(
     block_m=64, block_n=64, block_k=32, max_concurrent_steps=2, warp_specialized=False, wg_split="none"
@@ -211,10 +243,15 @@ def preferred(problem: Problem, device: DeviceFingerprint) -> list[MosaicGpuConf
     check_problem(problem)
     rows_per_expert = problem.m / problem.g
     if problem.op == GROUPED_MATMUL_SWIGLU:
-        memory_bound, compute_bound = _SWIGLU_MEMORY_BOUND, _SWIGLU_COMPUTE_BOUND
+        decode, memory_bound, compute_bound = _SWIGLU_DECODE, _SWIGLU_MEMORY_BOUND, _SWIGLU_COMPUTE_BOUND
     else:
-        memory_bound, compute_bound = _MEMORY_BOUND, _COMPUTE_BOUND
-    ranked = memory_bound if rows_per_expert <= 64 else compute_bound + memory_bound
+        decode, memory_bound, compute_bound = _DECODE, _MEMORY_BOUND, _COMPUTE_BOUND
+    if rows_per_expert <= DECODE_ROWS_PER_EXPERT:
+        ranked = decode + memory_bound
+    elif rows_per_expert <= 64:
+        ranked = memory_bound
+    else:
+        ranked = compute_bound + memory_bound
     return [c for c in ranked if all(check(problem, c, device) is None for check in VALIDITY_CONSTRAINTS)]
 
 
