@@ -372,13 +372,13 @@ def print_table(cases: list[dict]) -> None:
     print(
         "\nshape           routing   "
         + " ".join(f"{c[:14]:>14s}" for c in cols)
-        + "   roofline  vs-peer  %cuBLAS  %roof"
+        + "   roofline   vs-peer  %cuBLAS  %roof"
     )
     for case in cases:
         ms = {c: case["methods"].get(c, {}).get("median_ms") for c in cols}
         cells = " ".join(f"{v:14.3f}" if v else f"{'-':>14s}" for v in ms.values())
         r = moe_shapes.target_ratios(case)
-        vs_peer = f"{r['vs_peer']:7.2f}x" if r["vs_peer"] else "      -"
+        vs_peer = f"{r['vs_peer']:7.3f}x" if r["vs_peer"] else "       -"
         vs_cublas = f"{r['vs_cublas'] * 100:7.1f}" if r["vs_cublas"] else "      -"
         vs_roof = f"{r['vs_roofline'] * 100:6.1f}" if r["vs_roofline"] else "     -"
         head = f"{case['shape']:15s} {case['routing']:9s} {cells}"

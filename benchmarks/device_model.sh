@@ -6,7 +6,7 @@
 # On a one-GPU machine the GPU 1 half runs after the model benchmark, in what time is left.
 # Knobs: MODEL_BATCH (1), MODEL_PROMPT (2048), MODEL_GEN (128), MODEL_S (480), FUSED_S (240), TESTS ("tests/gpu");
 # GPU1_CMD replaces the GPU 1 half with one command (its output in $OUT/gpu1.log), e.g.
-#   GPU1_CMD='cd benchmarks && python3 bench_gemm.py --out $OUT/bench_gemm.json --budget-s 400'
+#   GPU1_CMD='python3 benchmarks/bench_gemm.py --out $OUT/bench_gemm.json --budget-s 420'
 #   bash benchmarks/device_model.sh          # with .devdeps carried; logs and JSON under $OUT
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for logs and artifacts}
