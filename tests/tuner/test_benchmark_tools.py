@@ -13,6 +13,9 @@ import pytest
 
 from benchmarks import compare_clusters, merge_packs, moe_shapes, sweep_timeline, tuning_table
 from moetune.kernels import packs, registry
+from moetune.kernels.problem import Problem
+from moetune.tuner.plan import parse_problem
+from moetune.tuner.spec import load_sweep_file
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -257,3 +260,11 @@ def test_the_sustained_moe_layer_on_a_one_gpu_machine():
         line.split(",")[0] for line in Path(f"{SESSION7}_call5_layer_clocks.smi.csv").read_text().splitlines()
     ]
     assert run["gpu_index"] == 0 and len(stamps) == len(set(stamps))  # one GPU's lines only
+
+
+def test_the_bench_sweep_tunes_exactly_bench_gemms_unfused_gate_up_shapes():
+    """configs/sweeps/mixtral-8x7b-bench.yaml: with it, bench_gemm's gate_up rows read sweep winners."""
+    spec, _ = load_sweep_file("mixtral-8x7b-bench")
+    tuned = {parse_problem(text).problem for text in spec.problems}
+    shapes = [moe_shapes.Shape("gate_up", tokens) for tokens in moe_shapes.TOKENS]
+    assert tuned == {Problem("grouped_matmul", m=s.m, k=s.k, n=s.n, g=moe_shapes.EXPERTS) for s in shapes}
