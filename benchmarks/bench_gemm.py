@@ -75,6 +75,11 @@ CANDIDATES = {
         ),
         C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=3, persistent=False, split_k=2, **PLAIN),
         C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=3, wg_split="n"),
+        # 128-row CTAs of two 64-row consumers (added after the session-7 run, not yet timed): at T=128 Zipf
+        # the largest expert's ~110 rows fit one tile, so its weights are read once, and a consumer whose
+        # half of a small expert's tile is empty issues no MMA.
+        C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="m"),
+        C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=4, wg_split="m"),
     ],
     "compute_bound": [
         C(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n"),
