@@ -9,6 +9,8 @@ each is how close to the HBM read roofline it gets. For the Mixtral-8x7B shapes,
              dot on the same two experts' weights;
   down       the MoE down GEMM at T=1, likewise;
   stride     (only when asked) the same GEMVs with rows of a multiple of 8 KiB or not;
+  orientation (only when asked) the down GEMM at T=1 with its weights stored [G, K, N] or [G, N, K]: a
+             tile then reads runs of block_n * 2 or of block_k * 2 contiguous bytes;
   attention  one decode position's attention over a 2176-position cache (position 2100): the model's
              einsum path, and JAX's Pallas (Triton) decode-attention kernel with several splits.
 Each variant is first checked against a float32 reference (relative L2 error); then the median of 10
@@ -80,6 +82,7 @@ DOWN = [
     C(max_concurrent_steps=2, split_k=4, **N256 | dict(block_k=128)),
     C(max_concurrent_steps=4, wg_split="n", split_k=4, **N128),
 ]
+ORIENTATION = [DOWN[0], DOWN[3], C(max_concurrent_steps=4, split_k=4, **N256 | dict(block_k=32))]
 # (splits, block_k): the 2176-position cache split evenly into whole blocks.
 ATTENTION_SPLITS = [(17, 128), (34, 64), (17, 64), (68, 32)]
 
@@ -250,6 +253,28 @@ def stride_cases(b: Bench, num_sms: int) -> None:
         del w
 
 
+def orientation_cases(b: Bench, num_sms: int) -> None:
+    """The T=1 down GEMM with the same weights stored [G, K, N] (a 64x256 tile reads 64 runs of 512
+    contiguous bytes) or [G, N, K] (256 runs of block_k * 2 bytes: 64, 128 or 256): whether the length of the
+    runs a tile reads sets the read rate. Were it so, a tile-contiguous weight layout would pay off at
+    decode, where both GEMMs sit at 86-88% of the measured read bandwidth."""
+    hidden, inter = 4096, 14336
+    sizes = jnp.zeros((8,), jnp.int32).at[jnp.array([2, 5])].set(1)
+    x = normal(jax.random.key(5), (2, inter))
+    w = normal(jax.random.key(6), (8, inter, hidden), inter**-0.5)
+    ref = jax.lax.ragged_dot(x.astype(jnp.float32), w.astype(jnp.float32), sizes)
+    for transpose in (False, True):
+        weights = jnp.swapaxes(w, 1, 2) if transpose else w  # a copy in the other layout
+        layout = "[G,N,K]" if transpose else "[G,K,N]"
+        for c in ORIENTATION:
+            fn = functools.partial(
+                kernel_sm90.grouped_matmul, config=c, num_sms=num_sms, transpose_rhs=transpose
+            )
+            label = f"{layout} {kernel_sm90.kernel_name(c)}"
+            b.run("orientation", label, fn, (x, weights, sizes), ref, 2 * inter * hidden * 2)
+        del weights
+
+
 def dump_hlo(path: Path) -> None:
     """The optimized HLO of a 2-layer decode step and of a 4-step decode loop (moetune path): names the
     small fusions a trace shows. The loop's goes beside `path`, named *_loop*."""
@@ -274,7 +299,7 @@ def main() -> int:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--only", default="proj,gate_up,down,attention", help="also: stride")
+    parser.add_argument("--only", default="proj,gate_up,down,attention", help="also: stride, orientation")
     parser.add_argument("--read-tbps", type=float, default=4.69, help="measured HBM read bandwidth")
     parser.add_argument("--hlo-out", type=Path)
     args = parser.parse_args()
@@ -301,6 +326,9 @@ def main() -> int:
         save()
     if "stride" in which:
         stride_cases(b, num_sms)
+        save()
+    if "orientation" in which:
+        orientation_cases(b, num_sms)
         save()
     if which & {"gate_up", "down"}:
         moe_cases(b, num_sms, which)
