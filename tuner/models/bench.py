@@ -39,7 +39,7 @@ import numpy as np
 from moetune.kernels.device import current_fingerprint
 from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.lookup import LOOKUP
-from moetune.kernels.moe import moe_problems
+from moetune.kernels.moe import moe_problems, route, sort_by_expert
 from moetune.tuner.models import mixtral
 from moetune.tuner.models.config import ModelConfig, model_config
 from moetune.tuner.models.moe_paths import MOE_PATHS, moe_path
@@ -167,9 +167,9 @@ def moe_block_routing(x: Any, layer: LayerParams, *, reps: int, config: ModelCon
 
     def block(x: Any, _: Any) -> tuple[Any, Any]:
         out, logits = _moe_block(x, layer, config, path)
-        _, experts = jax.lax.top_k(logits, config.top_k)
-        rows = jnp.sum(experts[..., None] == jnp.arange(config.experts), axis=(0, 1), dtype=jnp.int32)
-        return out, rows
+        # The routing moe_mlp does (the combine weights do not change which experts a row goes to).
+        experts = route(logits, config.top_k, renormalize=True).expert_ids
+        return out, sort_by_expert(experts, config.experts).group_sizes
 
     return jax.lax.scan(block, x, length=reps)[1]
 
