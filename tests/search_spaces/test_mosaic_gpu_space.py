@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
 import pytest
 
+from moetune.kernels import packs
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.mosaic_gpu import hardware, tiling
@@ -17,9 +17,8 @@ from moetune.kernels.problem import Problem
 from moetune.search_spaces import mosaic_gpu as space
 
 HOPPER = DeviceFingerprint("NVIDIA H200", "gpu", 132, 0, "9.0", "", "", "", "")
-SESSION7_SWEEP = (
-    Path(__file__).resolve().parents[2]
-    / "benchmarks/results/2026-11-30_h200_session7_call1_sweep_outcome.json"
+SESSION7_PACK = (
+    Path(__file__).resolve().parents[2] / "benchmarks/results/2026-11-30_h200_session7_call1_pack.json"
 )
 AMPERE = dataclasses.replace(HOPPER, device_kind="NVIDIA A100", compute_capability="8.0")
 GATE_UP = Problem("grouped_matmul", m=8192, k=4096, n=28672, g=8)
@@ -168,22 +167,15 @@ def test_heuristic_picks_by_rows_per_expert():
     assert space.heuristic(GATE_UP, HOPPER).cta_n == 256
 
 
-def _setting(text: str) -> tuple[str, object]:
-    """'block_m=64' -> ('block_m', 64): the sweep outcome's config strings."""
-    name, value = text.split("=")
-    return name, int(value) if value.isdigit() else {"True": True, "False": False}.get(value, value)
-
-
 def test_one_token_of_decode_starts_from_the_h200_sweeps_t1_winners():
     """Mixtral at T=1 (m=2, a quarter row per expert): the 2026-11-30 sweep's winners, one plain warpgroup per
     256 weight columns, one CTA per tile, split-K 4 for the plain GEMM; at m=4 the memory-bound default."""
     down = Problem("grouped_matmul", m=2, k=14336, n=4096, g=8)
     swiglu = Problem("grouped_matmul_swiglu", m=2, k=4096, n=28672, g=8)
-    winners = json.loads(SESSION7_SWEEP.read_text())["problems"]
-    for problem, label in ((down, "down T=1"), (swiglu, "gate_up T=1")):
+    winners = {entry.problem.key: entry.config for entry in packs.load(SESSION7_PACK).entries}
+    for problem in (down, swiglu):
         config = space.heuristic(problem, HOPPER)
-        winner = next(p for p in winners if p["problem"] == f"mixtral-8x7b {label}")
-        assert config == C.from_dict(dict(_setting(kv) for kv in winner["winner_config"].split(",")))
+        assert config == C.from_dict(winners[problem.key])
         assert not config.persistent and not config.warp_specialized
         assert space.space(problem, HOPPER).seeds[0] == config
     assert space.heuristic(dataclasses.replace(down, m=4), HOPPER).warp_specialized
