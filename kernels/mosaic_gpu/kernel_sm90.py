@@ -125,6 +125,9 @@ class _Static:
     store_dtype: Any
     swiglu: bool = False
     up_col_offset: int = 0  # column tiles between a gate tile and its up tile (F / cta_n) under swiglu
+    # Warp-specialized, persistent, and k_steps a multiple of stages: a CTA's tile pipelines run as one
+    # chain, so the producer loads the next tile's first stages while the consumers finish this one.
+    chain: bool = False
 
     @property
     def tiles(self) -> int:
@@ -316,7 +319,7 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
     """A producer warpgroup streams operands; `s.consumers` warpgroups multiply and write back."""
     wg = lax.axis_index(WARPGROUP_AXIS)
 
-    def pipeline(row0, col, k0, body, context):
+    def pipeline(row0, col, k0, body, context, state=None):
         return plgpu.emit_pipeline_warp_specialized(
             body,
             grid=(s.k_steps,),
@@ -326,6 +329,7 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
             num_compute_wgs=s.consumers,
             max_concurrent_steps=s.stages,
             compute_context=context,
+            pipeline_state=state,
         )
 
     # Allocated once, outside the tile loop: a scoped allocation per tile would synchronise warpgroups.
@@ -344,8 +348,13 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
     def _scope(pipeline_allocs, o_smem):
         smem = o_smem.at[wg]
 
-        @plgpu.nd_loop((s.tiles,), collective_axes=CTA_AXIS)
-        def _tile(info):
+        # Chained: a CTA's first tile with rows starts the chain (the producer fills every stage), later
+        # ones continue it (each load waits only for its slot to be consumed, so the next tile's first
+        # stages stream in while the consumers finish this tile and write it back). Which tile is a CTA's
+        # last with rows is not known in the loop, so no tile stops the chain; the producer waits for the
+        # last stages' consumption after the loop instead, as a stopping pipeline would.
+        @plgpu.nd_loop((s.tiles,), collective_axes=CTA_AXIS, init_carry=jnp.int32(0) if s.chain else None)
+        def _tile(info, carry=None):
             t = _tile_coords(info.index[0], s)
             rows = row_tile(gs_ref, t.row, g=s.g, m=s.m, cta_m=s.cta_m)
             has_rows = rows.hi > rows.lo
@@ -396,7 +405,11 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
 
                     pl.run_scoped(_acc, *_accumulators(s, (s.block_m, s.block_n)))
 
-                pipeline(rows.row0, t.col, t.split * s.k_steps, mma, context)(
+                state = None
+                if s.chain:
+                    start, steady = plgpu.PipelinePipeline.START, plgpu.PipelinePipeline.STEADY
+                    state = jnp.where(carry > 0, jnp.int32(steady), jnp.int32(start))
+                pipeline(rows.row0, t.col, t.split * s.k_steps, mma, context, state)(
                     lhs_ref, *_rhs_operands(s, rhs_ref.at[rows.group]), allocations=pipeline_allocs
                 )
 
@@ -404,9 +417,29 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
             def _zero_fill():
                 _store_rows(None, out_view, smem, row0=row0, lo=rows.lo, hi=rows.hi, col0=col0, s=s)
 
+            if s.chain:
+                return carry | (has_rows & (rows.group < s.g)).astype(jnp.int32)
+
+        if s.chain:
+            chained = _tile  # the loop's final carry: whether this CTA ran any pipeline
+
+            @pl.when((wg == s.consumers) & (chained > 0))
+            def _stop_chain():
+                # k_steps % stages == 0, so the chain's last stages used slots 0..stages-1 in order.
+                for slot in range(s.stages):
+                    for barrier in pipeline_allocs["flat_consumed_barrier_refs"]:
+                        plgpu.barrier_wait(barrier.at[slot])
+
         @pl.when(wg < s.consumers)
         def _drain():
             plgpu.wait_smem_to_gmem(0)
+
+
+def chains(problem: Problem, config: MosaicGpuConfig) -> bool:
+    """Whether a CTA runs its tiles' pipelines as one chain: warp-specialized, persistent, and the k-steps
+    of a tile a multiple of the stages (Pallas chains pipelines only when their slots line up)."""
+    geo = tiling.geometry(problem, config)
+    return config.warp_specialized and config.persistent and geo.k_steps % geo.stages == 0
 
 
 _NAME_PREFIX = {GROUPED_MATMUL: "moetune_gmm_", GROUPED_MATMUL_SWIGLU: "moetune_gmm_swiglu_"}
@@ -533,6 +566,7 @@ def _grouped(
         store_dtype=jnp.dtype(jnp.float32) if config.split_k > 1 else out_dtype,
         swiglu=swiglu,
         up_col_offset=problem.out_n // geo.cta_n if swiglu else 0,
+        chain=chains(problem, config),
     )
     if config.split_k > 1:
         out_type = jax.ShapeDtypeStruct((config.split_k, problem.m, problem.out_n), jnp.float32)

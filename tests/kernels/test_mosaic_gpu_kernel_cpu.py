@@ -21,6 +21,7 @@ plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
 
 from moetune.kernels.mosaic_gpu import kernel_sm90, tiling, timer  # noqa: E402
 from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C  # noqa: E402
+from moetune.kernels.problem import Problem  # noqa: E402
 from moetune.kernels.reference import reference_grouped_matmul, relative_error  # noqa: E402
 
 PLAIN = dict(warp_specialized=False, wg_split="none")
@@ -114,6 +115,18 @@ def test_interpreted_windows_starting_off_any_block_boundary():
     split_m = C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, wg_split="m")
     _interpret(split_m, 80, 128, 128, sizes)
     _interpret(C(block_m=64, block_n=64, block_k=32, max_concurrent_steps=2, **PLAIN), 80, 64, 64, sizes)
+
+
+def test_interpreted_chained_tile_pipelines_across_experts_and_tiles():
+    # 8 k-steps in 4 stages: each CTA (3 of them for 2 x 4 tiles) chains its tiles' pipelines, so the
+    # producer loads a tile's first stages while the consumers finish the previous one, across experts.
+    chained = C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=4, wg_split="n")
+    assert kernel_sm90.chains(Problem("grouped_matmul", m=200, k=512, n=256, g=4), chained)
+    _interpret(chained, 200, 512, 256, [70, 0, 90, 30])
+    # 8 k-steps in 3 stages do not chain (the slots would not line up between tiles): one pipeline a tile.
+    unchained = C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=3, wg_split="m")
+    assert not kernel_sm90.chains(Problem("grouped_matmul", m=200, k=512, n=256, g=4), unchained)
+    _interpret(unchained, 200, 512, 256, [70, 0, 90, 30])
 
 
 def _lower(config, m, k, n, g):
