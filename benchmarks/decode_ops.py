@@ -11,6 +11,9 @@ each is how close to the HBM read roofline it gets. For the Mixtral-8x7B shapes,
   stride     (only when asked) the same GEMVs with rows of a multiple of 8 KiB or not;
   orientation (only when asked) the down GEMM at T=1 with its weights stored [G, K, N] or [G, N, K]: a
              tile then reads runs of block_n * 2 or of block_k * 2 contiguous bytes;
+  stream     (only when asked) the T=1 GEMMs' weight tiles streamed through the same TMA pipeline with no
+             arithmetic at all, one CTA per column tile; and gate_up with both rows on one expert against
+             XLA's dot on that expert: what read rate the tiles alone reach, apart from the wgmmas;
   attention  one decode position's attention over a 2176-position cache (position 2100): the model's
              einsum path, and JAX's Pallas (Triton) decode-attention kernel with several splits.
 Each variant is first checked against a float32 reference (relative L2 error); then the median of 10
@@ -35,6 +38,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from moetune.kernels.moe_reference import gated_activation
 from moetune.kernels.mosaic_gpu import kernel_sm90
@@ -83,6 +88,8 @@ DOWN = [
     C(max_concurrent_steps=4, wg_split="n", split_k=4, **N128),
 ]
 ORIENTATION = [DOWN[0], DOWN[3], C(max_concurrent_steps=4, split_k=4, **N256 | dict(block_k=32))]
+# (block_k, block_n, stages) of the streaming probe: the shipped T=1 tiles, then deeper and wider ones.
+STREAM_TILES = [(64, 256, 3), (64, 256, 4), (64, 128, 4), (64, 256, 6), (128, 256, 3), (128, 128, 6)]
 # (splits, block_k): the 2176-position cache split evenly into whole blocks.
 ATTENTION_SPLITS = [(17, 128), (34, 64), (17, 64), (68, 32)]
 
@@ -102,7 +109,8 @@ class Bench:
         try:
             jitted = jax.jit(fn)
             out = jax.block_until_ready(jitted(*args))
-            row["rel_err"] = relative_error(out, reference)
+            if reference is not None:  # None: a probe whose output has no meaning
+                row["rel_err"] = relative_error(out, reference)
             samples = self.timer.time(jitted, [args])
             median = float(np.median(samples))
             row |= {
@@ -112,7 +120,7 @@ class Bench:
             }
             log(
                 f"{case:10s} {variant:60s} {median * 1e6:8.1f} us  {row['roofline_frac']:.1%} of roofline"
-                f"  err {row['rel_err']:.1e}"
+                f"  err {row.get('rel_err', float('nan')):.1e}"
             )
         except Exception as e:  # one broken variant must not lose the others
             row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
@@ -275,6 +283,65 @@ def orientation_cases(b: Bench, num_sms: int) -> None:
         del weights
 
 
+def stream_weights(w, experts: tuple[int, ...], *, block_k: int, block_n: int, stages: int):
+    """Every [block_k, block_n] tile of the given experts' [K, N] weights copied into shared memory by TMA
+    through a `stages`-deep pipeline whose body does nothing: one CTA per (expert, column tile), as the
+    plain T=1 kernels run. Returns a [CTAs] float32 array of no meaning (the copies are the work)."""
+    _, k, n = w.shape
+    col_tiles = n // block_n
+    transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+    def body(w_ref, out_ref):
+        cta = lax.axis_index("cta")
+        slot, col = cta // col_tiles, cta % col_tiles
+        expert = experts[0]
+        for i, e in enumerate(experts[1:], 1):
+            expert = jnp.where(slot == i, e, expert)
+
+        def step(_, tile_smem):  # the copy landed; nothing to compute
+            del tile_smem
+
+        spec = plgpu.BlockSpec((block_k, block_n), lambda kk: (kk, col), transforms=transforms)
+        plgpu.emit_pipeline(step, grid=(k // block_k,), in_specs=[spec], max_concurrent_steps=stages)(
+            w_ref.at[expert]
+        )
+
+    ctas = len(experts) * col_tiles
+    kernel = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((ctas,), jnp.float32),
+        grid=(ctas,),
+        grid_names=("cta",),
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        kernel_name=f"stream_k{block_k}n{block_n}s{stages}",
+    )
+    return kernel(w)
+
+
+def stream_cases(b: Bench, num_sms: int) -> None:
+    hidden, inter, experts = 4096, 14336, 8
+    for name, k, n in (("gate_up", hidden, 2 * inter), ("down", inter, hidden)):
+        w = normal(jax.random.key(k), (experts, k, n), k**-0.5)
+        for block_k, block_n, stages in STREAM_TILES:
+            fn = functools.partial(
+                stream_weights, experts=(2, 5), block_k=block_k, block_n=block_n, stages=stages
+            )
+            label = f"{name} two experts, TMA only, k{block_k} n{block_n} s{stages}"
+            b.run("stream", label, fn, (w,), None, 2 * k * n * 2)
+        if name == "gate_up":  # both rows on expert 2: one expert's 235 MB, as cuBLAS's same-FLOP GEMM reads
+            x = normal(jax.random.key(9), (2, k))
+            sizes = jnp.zeros((experts,), jnp.int32).at[2].set(2)
+            ref = _swiglu(jnp.dot(x.astype(jnp.float32), w[2].astype(jnp.float32)))
+            fn = functools.partial(
+                kernel_sm90.grouped_matmul_swiglu, config=GATE_UP_FUSED[1], num_sms=num_sms
+            )
+            label = f"gate_up one expert, fused {kernel_sm90.kernel_name(GATE_UP_FUSED[1])}"
+            b.run("stream", label, fn, (x, w, sizes), ref, k * n * 2)
+            dot = lambda x, w: _swiglu(x @ w[2])  # noqa: E731
+            b.run("stream", "gate_up one expert, xla_dot", dot, (x, w), ref, k * n * 2)
+        del w
+
+
 def dump_hlo(path: Path) -> None:
     """The optimized HLO of a 2-layer decode step and of a 4-step decode loop (moetune path): names the
     small fusions a trace shows. The loop's goes beside `path`, named *_loop*."""
@@ -299,7 +366,9 @@ def main() -> int:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--only", default="proj,gate_up,down,attention", help="also: stride, orientation")
+    parser.add_argument(
+        "--only", default="proj,gate_up,down,attention", help="also: stride, orientation, stream"
+    )
     parser.add_argument("--read-tbps", type=float, default=4.69, help="measured HBM read bandwidth")
     parser.add_argument("--hlo-out", type=Path)
     args = parser.parse_args()
@@ -329,6 +398,9 @@ def main() -> int:
         save()
     if "orientation" in which:
         orientation_cases(b, num_sms)
+        save()
+    if "stream" in which:
+        stream_cases(b, num_sms)
         save()
     if which & {"gate_up", "down"}:
         moe_cases(b, num_sms, which)

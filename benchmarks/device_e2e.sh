@@ -11,6 +11,8 @@
 #          skips the throughput bench there.
 # E2E_IMPORT_PACK=FILE imports a pack into the sweep's database first: its winners are then the sweep's
 # warm starts (after a kernel change they are of another source hash, so they are tried, not kept).
+# E2E_EXTRA_SWEEP=FILE runs that sweep file too, after the model's sweep and into the same database (budget
+# E2E_EXTRA_BUDGET, E2E_EXTRA_S seconds), so the exported pack holds its winners as well.
 # Every step is time-boxed; logs and artifacts land under $OUT (bundled: a call returns at most 8 files).
 # The defaults are those of the 2026-11-29 session-3 run (README, "End to end"), except the steps it skipped.
 #
@@ -92,6 +94,15 @@ else
     --strategy tpe --budget "$BUDGET" --routing "$ROUTING" --workers "$WORKERS" --timeout-s 120 \
     --minutes "$(python3 -c "print($SWEEP_S / 60)")" --json >"$OUT/sweep.json" 2>"$OUT/sweep.log"
   echo "sweep rc=$? in $(( $(date +%s) - start )) s"; grep -v "logging.cc\|^    @" "$OUT/sweep.log" | tail -4
+fi
+if [ -n "${E2E_EXTRA_SWEEP:-}" ]; then
+  EXTRA_S=${E2E_EXTRA_S:-120}
+  step "GPU 0: the extra sweep $E2E_EXTRA_SWEEP, budget ${E2E_EXTRA_BUDGET:-12} per problem, into the same database"
+  start=$(date +%s)
+  timeout "$(cap $((EXTRA_S + 45)))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --sweep "$E2E_EXTRA_SWEEP" --backend "$BACKEND" \
+    --budget "${E2E_EXTRA_BUDGET:-12}" --routing "$ROUTING" --workers "$WORKERS" --timeout-s 120 \
+    --minutes "$(python3 -c "print($EXTRA_S / 60)")" --json >"$OUT/extra_sweep.json" 2>"$OUT/extra_sweep.log"
+  echo "extra sweep rc=$? in $(( $(date +%s) - start )) s"; grep -v "logging.cc\|^    @" "$OUT/extra_sweep.log" | tail -4
 fi
 
 touch "$OUT/sweep.done"

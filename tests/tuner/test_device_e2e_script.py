@@ -16,6 +16,8 @@ SHIPPED = ROOT / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json"
 
 def test_a_sweep_after_a_pack_import_reports_and_exports_its_own_sweep(tmp_path):
     out = tmp_path / "out"
+    extra = tmp_path / "extra.yaml"  # a shape the tiny model's sweep does not tune
+    extra.write_text("problems:\n  - m=8,k=128,n=256,g=4,dtype=bf16\nstrategy: tpe\ntimeout_s: 120\n")
     env = os.environ | {
         "OUT": str(out),
         # the scripts call python3: the one running the tests, with moetune, Ray and Optuna installed
@@ -32,6 +34,8 @@ def test_a_sweep_after_a_pack_import_reports_and_exports_its_own_sweep(tmp_path)
         "E2E_SKIP_GRID": "1",
         "E2E_SKIP_RESUME": "1",
         "E2E_IMPORT_PACK": str(SHIPPED),
+        "E2E_EXTRA_SWEEP": str(extra),
+        "E2E_EXTRA_BUDGET": "2",
     }
     run = subprocess.run(
         ["bash", "benchmarks/device_e2e.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
@@ -39,9 +43,11 @@ def test_a_sweep_after_a_pack_import_reports_and_exports_its_own_sweep(tmp_path)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-4000:]
     assert "imported 30 winners for NVIDIA H200 / mosaic_gpu" in log
-    assert "sweep rc=0" in log, log[-4000:]
+    assert "sweep rc=0" in log and "extra sweep rc=0" in log, log[-4000:]
     pack = json.loads((out / "pack.json").read_text())
-    assert pack["backend"] == "xla" and len(pack["entries"]) == 4  # gate_up and down of T=1 and 64
+    # gate_up and down of T=1 and 64, and the extra sweep's one shape
+    assert pack["backend"] == "xla" and len(pack["entries"]) == 5
+    assert any(e["problem"]["m"] == 8 and e["problem"]["k"] == 128 for e in pack["entries"])
     assert (out / "report.html").stat().st_size > 0
     with tarfile.open(out / "logs.tgz") as bundle:
         sweep = json.loads(bundle.extractfile("./sweep.json").read())
