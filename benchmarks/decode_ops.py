@@ -288,14 +288,24 @@ def orientation_cases(b: Bench, num_sms: int) -> None:
 
 
 def stream_weights(
-    w, x, experts: tuple[int, ...], *, block_k: int, block_n: int, stages: int, lhs=False, mma=False
+    w,
+    x,
+    experts: tuple[int, ...],
+    *,
+    block_k: int,
+    block_n: int,
+    stages: int,
+    lhs=False,
+    mma=False,
+    lhs_rows=64,
 ):
     """Every [block_k, block_n] tile of the given experts' [K, N] weights copied into shared memory by TMA
     through a `stages`-deep pipeline, one CTA per (expert, column tile), as the plain T=1 kernels run.
     `lhs` also copies a 64-row tile of x [rows, K] each step (rows past x's are TMA's zero fill, as in the
     kernel at T=1); `mma` multiplies it (or, without `lhs`, a fixed shared-memory tile) into a float32
     accumulator with one wgmma group left in flight and the slot released a step late, as the plain kernel
-    does. Returns [CTAs, 64, 64] bfloat16: the accumulator's first 64 columns under `mma`, else junk."""
+    does. `lhs_rows` < 64 copies boxes that tall instead (no wgmma then: it needs 64 rows). Returns
+    [CTAs, 64, 64] bfloat16: the accumulator's first 64 columns under `mma`, else junk."""
     _, k, n = w.shape
     col_tiles = n // block_n
     transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -326,7 +336,10 @@ def stream_weights(
             operands = [w_ref.at[expert]]
             if lhs:
                 lhs_spec = plgpu.BlockSpec(
-                    (pl.Element(64), block_k), lambda kk: (0, kk), transforms=transforms, delay_release=delay
+                    (pl.Element(lhs_rows), block_k),
+                    lambda kk: (0, kk),
+                    transforms=transforms,
+                    delay_release=delay,
                 )
                 specs, operands = [lhs_spec, *specs], [x_ref, *operands]
             plgpu.emit_pipeline(step, grid=(k // block_k,), in_specs=specs, max_concurrent_steps=stages)(
@@ -381,6 +394,26 @@ def stream_cases(b: Bench, num_sms: int) -> None:
                 parts = " + ".join(p for p, on in (("lhs tiles", lhs), ("wgmma", mma)) if on)
                 label = f"{name} two experts, TMA + {parts}, k{block_k} n{block_n} s{stages}"
                 b.run("stream", label, fn, (w, x), None, 2 * k * n * 2)
+        # Whether the lhs copies cost for the zero fill of the 62 rows past x's 2 (x padded to 64 real rows),
+        # or for their size (8-row boxes).
+        x64 = jnp.pad(x, ((0, 62), (0, 0)))
+        for label, xs, kw in (
+            ("TMA + lhs tiles of a 64-row x", x64, dict(lhs=True)),
+            ("TMA + lhs tiles of a 64-row x + wgmma", x64, dict(lhs=True, mma=True)),
+            ("TMA + 8-row lhs boxes", x, dict(lhs=True, lhs_rows=8)),
+        ):
+            block_k, block_n, stages = STREAM_PARTS[0]
+            fn = functools.partial(
+                stream_weights, experts=(2, 5), block_k=block_k, block_n=block_n, stages=stages, **kw
+            )
+            b.run(
+                "stream",
+                f"{name} two experts, {label}, k{block_k} n{block_n} s{stages}",
+                fn,
+                (w, xs),
+                None,
+                2 * k * n * 2,
+            )
         if name == "gate_up":  # both rows on expert 2: one expert's 235 MB, as cuBLAS's same-FLOP GEMM reads
             sizes = jnp.zeros((experts,), jnp.int32).at[2].set(2)
             ref = _swiglu(jnp.dot(x.astype(jnp.float32), w[2].astype(jnp.float32)))
