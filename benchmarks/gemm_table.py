@@ -17,8 +17,8 @@ from pathlib import Path
 import moe_shapes
 
 HEADER = (
-    "| proj | T | routing | moetune | torch grouped_mm | mgpu best | mgpu default | XLA ragged_dot | dense einsum "
-    "| cuBLAS same FLOPs | HBM roofline | vs peer | cuBLAS | roof | moetune config |"
+    "| proj | T | routing | moetune | torch grouped_mm | mgpu best | mgpu default | XLA ragged_dot "
+    "| dense einsum | cuBLAS same FLOPs | HBM roofline | vs peer | cuBLAS | roof | moetune config |"
 )
 METHODS = ("moetune", "torch_grouped_mm", "mgpu_best", "mgpu_default", "xla_ragged_dot", "dense_einsum")
 
@@ -59,7 +59,8 @@ def rows(runs: list[dict]) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("runs", type=Path, nargs="+", help="bench_gemm.py --out files")
     args = parser.parse_args()
     print("\n".join(rows([json.loads(p.read_text()) for p in args.runs])))
