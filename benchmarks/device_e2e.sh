@@ -11,6 +11,7 @@
 #          skips the throughput bench there.
 # E2E_IMPORT_PACK=FILE imports a pack into the sweep's database first: its winners are then the sweep's
 # warm starts (after a kernel change they are of another source hash, so they are tried, not kept).
+# E2E_RESUME_DB=FILE resumes sweep E2E_RESUME_SWEEP (default 1) of a copy of that database instead.
 # E2E_EXTRA_SWEEP=FILE runs that sweep file too, after the model's sweep and into the same database (budget
 # E2E_EXTRA_BUDGET, E2E_EXTRA_S seconds), so the exported pack holds its winners as well.
 # Every step is time-boxed; logs and artifacts land under $OUT (bundled: a call returns at most 8 files).
@@ -76,11 +77,12 @@ if [ "$gpus" -ge 2 ] && [ -z "${E2E_SKIP_GPU1:-}" ]; then
 fi
 
 if [ -n "${E2E_RESUME_DB:-}" ]; then
-  step "GPU 0: resume sweep 1 of $E2E_RESUME_DB (cut short by its minutes before), $WORKERS workers"
+  SWEEP=${E2E_RESUME_SWEEP:-1}  # 2 when the database's first sweep was a pack import
+  step "GPU 0: resume sweep $SWEEP of $E2E_RESUME_DB (cut short by its minutes before), $WORKERS workers"
   cp "$E2E_RESUME_DB" "$OUT/sweep.db" && chmod u+w "$OUT/sweep.db"
-  "${MOETUNE[@]}" trials --sweep 1 --limit 0 --json >"$OUT/trials-before-resume.json" 2>/dev/null
+  "${MOETUNE[@]}" trials --sweep "$SWEEP" --limit 0 --json >"$OUT/trials-before-resume.json" 2>/dev/null
   start=$(date +%s)
-  timeout "$(cap $((SWEEP_S + ${E2E_SWEEP_GRACE_S:-60})))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --resume 1 --workers "$WORKERS" \
+  timeout "$(cap $((SWEEP_S + ${E2E_SWEEP_GRACE_S:-60})))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --resume "$SWEEP" --workers "$WORKERS" \
     --minutes "$(python3 -c "print($SWEEP_S / 60)")" --json >"$OUT/sweep.json" 2>"$OUT/sweep.log"
   echo "resumed sweep rc=$? in $(( $(date +%s) - start )) s"; grep -v "logging.cc\|^    @" "$OUT/sweep.log" | tail -4
 else

@@ -42,7 +42,7 @@ def test_a_sweep_after_a_pack_import_reports_and_exports_its_own_sweep(tmp_path)
     )
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-4000:]
-    assert "imported 30 winners for NVIDIA H200 / mosaic_gpu" in log
+    assert "imported 38 winners for NVIDIA H200 / mosaic_gpu" in log
     assert "sweep rc=0" in log and "extra sweep rc=0" in log, log[-4000:]
     pack = json.loads((out / "pack.json").read_text())
     # gate_up and down of T=1 and 64, and the extra sweep's one shape
@@ -57,3 +57,19 @@ def test_a_sweep_after_a_pack_import_reports_and_exports_its_own_sweep(tmp_path)
     # trials.json and the timeline are the tuning sweep's (xla trials), not the import's 30 winners
     assert {(t["sweep_id"], t["backend"]) for t in trials} == {(2, "xla")} and len(trials) >= 4
     assert timeline.startswith(f"{len(trials)} trials of 4 problems")
+
+    # Resuming that database's tuning sweep (id 2, after the import) repeats no finished trial.
+    again = {k: v for k, v in env.items() if not k.startswith("E2E_EXTRA")} | {
+        "OUT": str(tmp_path / "again"),
+        "E2E_RESUME_DB": str(out / "sweep.db"),
+        "E2E_RESUME_SWEEP": "2",
+    }
+    run = subprocess.run(
+        ["bash", "benchmarks/device_e2e.sh"], cwd=ROOT, env=again, capture_output=True, text=True, timeout=600
+    )
+    log = run.stdout + run.stderr
+    assert run.returncode == 0 and "resume sweep 2 of" in log and "resumed sweep rc=0" in log, log[-4000:]
+    with tarfile.open(tmp_path / "again" / "logs.tgz") as bundle:
+        before = json.loads(bundle.extractfile("./trials-before-resume.json").read())
+        after = json.loads(bundle.extractfile("./trials.json").read())
+    assert len(before) == len(trials) and sorted(t["id"] for t in after) == sorted(t["id"] for t in trials)
