@@ -11,6 +11,8 @@
 #          skips the throughput bench there.
 # E2E_IMPORT_PACK=FILE imports a pack into the sweep's database first: its winners are then the sweep's
 # warm starts (after a kernel change they are of another source hash, so they are tried, not kept).
+# E2E_STALE_BUDGET=N then re-tunes every winner left stale (`tune --stale`, budget N, E2E_STALE_S seconds):
+# with E2E_IMPORT_PACK and E2E_BUCKETS, a kernel change re-tunes some buckets fully and the rest cheaply.
 # E2E_RESUME_DB=FILE resumes sweep E2E_RESUME_SWEEP (default 1) of a copy of that database instead.
 # E2E_EXTRA_SWEEP=FILE runs that sweep file too, after the model's sweep and into the same database (budget
 # E2E_EXTRA_BUDGET, E2E_EXTRA_S seconds), so the exported pack holds its winners as well.
@@ -105,6 +107,18 @@ if [ -n "${E2E_EXTRA_SWEEP:-}" ]; then
     --budget "${E2E_EXTRA_BUDGET:-12}" --routing "$ROUTING" --workers "$WORKERS" --timeout-s 120 \
     --minutes "$(python3 -c "print($EXTRA_S / 60)")" --json >"$OUT/extra_sweep.json" 2>"$OUT/extra_sweep.log"
   echo "extra sweep rc=$? in $(( $(date +%s) - start )) s"; grep -v "logging.cc\|^    @" "$OUT/extra_sweep.log" | tail -4
+fi
+
+if [ -n "${E2E_STALE_BUDGET:-}" ]; then
+  # After a kernel change, a sweep of a few buckets (E2E_BUCKETS) leaves the imported winners of the others
+  # stale, and the export would drop them: re-tune those with a small budget (their old winner is a warm start).
+  STALE_S=${E2E_STALE_S:-120}
+  step "GPU 0: the stale winners, budget $E2E_STALE_BUDGET per problem, into the same database"
+  start=$(date +%s)
+  timeout "$(cap $((STALE_S + 45)))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --stale --backend "$BACKEND" --strategy tpe \
+    --budget "$E2E_STALE_BUDGET" --routing "$ROUTING" --workers "$WORKERS" --timeout-s 120 --no-baseline \
+    --minutes "$(python3 -c "print($STALE_S / 60)")" --json >"$OUT/stale_sweep.json" 2>"$OUT/stale_sweep.log"
+  echo "stale sweep rc=$? in $(( $(date +%s) - start )) s"; grep -v "logging.cc\|^    @" "$OUT/stale_sweep.log" | tail -3
 fi
 
 touch "$OUT/sweep.done"

@@ -73,3 +73,28 @@ def test_a_sweep_after_a_pack_import_reports_and_exports_its_own_sweep(tmp_path)
         before = json.loads(bundle.extractfile("./trials-before-resume.json").read())
         after = json.loads(bundle.extractfile("./trials.json").read())
     assert len(before) == len(trials) and sorted(t["id"] for t in after) == sorted(t["id"] for t in trials)
+
+    # After a kernel change: the pack imported as of another kernel source, one bucket swept in full, and
+    # E2E_STALE_BUDGET re-tunes the rest, so the export holds every problem on the current source.
+    stale = pack | {"kernel_source_hash": "0" * 16}
+    (tmp_path / "stale.json").write_text(json.dumps(stale))
+    changed = {k: v for k, v in env.items() if not k.startswith("E2E_EXTRA")} | {
+        "OUT": str(tmp_path / "changed"),
+        "E2E_IMPORT_PACK": str(tmp_path / "stale.json"),
+        "E2E_BUCKETS": "1",
+        "E2E_STALE_BUDGET": "1",
+    }
+    run = subprocess.run(
+        ["bash", "benchmarks/device_e2e.sh"],
+        cwd=ROOT,
+        env=changed,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    log = run.stdout + run.stderr
+    assert run.returncode == 0 and "imported 5 winners" in log and "stale sweep rc=0" in log, log[-4000:]
+    refreshed = json.loads((tmp_path / "changed" / "pack.json").read_text())
+    assert refreshed["kernel_source_hash"] == pack["kernel_source_hash"]
+    keys = lambda p: sorted(json.dumps(e["problem"], sort_keys=True) for e in p["entries"])  # noqa: E731
+    assert keys(refreshed) == keys(pack)  # T=1 from the sweep, T=64 and the extra shape from the stale pass
