@@ -339,3 +339,26 @@ def test_the_bench_sweep_tunes_exactly_bench_gemms_unfused_gate_up_shapes():
     tuned = {parse_problem(text).problem for text in spec.problems}
     shapes = [moe_shapes.Shape("gate_up", tokens) for tokens in moe_shapes.TOKENS]
     assert tuned == {Problem("grouped_matmul", m=s.m, k=s.k, n=s.n, g=moe_shapes.EXPERTS) for s in shapes}
+
+
+def test_the_stream_probe_multiplies_what_it_streams(monkeypatch):
+    """decode_ops --only stream: with the lhs copies and wgmmas on, the probe's output is x @ w[expert] for
+    the CTA's expert and column tile (first 64 columns), and zero in the rows TMA filled past x."""
+    jax = pytest.importorskip("jax")
+    plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
+    import numpy as np
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import stream_probe
+
+    jnp = jax.numpy
+    w = jax.random.normal(jax.random.key(0), (4, 256, 512), jnp.bfloat16)
+    x = jax.random.normal(jax.random.key(1), (2, 256), jnp.bfloat16)
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
+        out = stream_probe.stream_weights(w, x, (1, 3), block_k=64, block_n=256, stages=3, lhs=True, mma=True)
+    out = np.asarray(out.astype(jnp.float32))
+    assert out.shape == (4, 64, 64)  # (expert 1, expert 3) x 2 column tiles of 256
+    for cta, (expert, col) in enumerate([(1, 0), (1, 256), (3, 0), (3, 256)]):
+        ref = np.asarray(x.astype(jnp.float32) @ w[expert, :, col : col + 64].astype(jnp.float32))
+        np.testing.assert_allclose(out[cta, :2], ref, rtol=2e-2, atol=0.2)
+        assert not out[cta, 2:].any()
