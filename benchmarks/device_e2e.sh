@@ -39,6 +39,17 @@ export MOETUNE_DB="sqlite:///$OUT/sweep.db"
 SWEEP=1  # the sweep's id in its database; an imported pack takes id 1
 DEADLINE=$(( $(date +%s) + ${E2E_DEADLINE_S:-560} ))
 cap() { local left=$(( DEADLINE - $(date +%s) )); [ "$left" -lt "$1" ] && echo $(( left > 5 ? left : 5 )) || echo "$1"; }
+# One `moetune tune ARGS` on GPU 0 with a --minutes of SECONDS, killed GRACE seconds after that: the outcome to
+# NAME.json, the log to NAME.log, then "LABEL rc=... in ... s" and the log's last lines.
+timed_tune() {  # NAME LABEL SECONDS GRACE ARGS...
+  local name=$1 label=$2 seconds=$3 grace=$4 start rc
+  shift 4
+  start=$(date +%s)
+  timeout "$(cap $((seconds + grace)))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune "$@" --workers "$WORKERS" \
+    --minutes "$(python3 -c "print($seconds / 60)")" --json >"$OUT/$name.json" 2>"$OUT/$name.log"
+  rc=$?
+  echo "$label rc=$rc in $(( $(date +%s) - start )) s"; grep -v "logging.cc\|^    @" "$OUT/$name.log" | tail -4
+}
 gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c GPU)
 cores=$(nproc)
 share=$(( gpus >= 2 ? cores / 2 : cores ))
@@ -83,42 +94,28 @@ if [ -n "${E2E_RESUME_DB:-}" ]; then
   step "GPU 0: resume sweep $SWEEP of $E2E_RESUME_DB (cut short by its minutes before), $WORKERS workers"
   cp "$E2E_RESUME_DB" "$OUT/sweep.db" && chmod u+w "$OUT/sweep.db"
   "${MOETUNE[@]}" trials --sweep "$SWEEP" --limit 0 --json >"$OUT/trials-before-resume.json" 2>/dev/null
-  start=$(date +%s)
-  timeout "$(cap $((SWEEP_S + ${E2E_SWEEP_GRACE_S:-60})))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --resume "$SWEEP" --workers "$WORKERS" \
-    --minutes "$(python3 -c "print($SWEEP_S / 60)")" --json >"$OUT/sweep.json" 2>"$OUT/sweep.log"
-  echo "resumed sweep rc=$? in $(( $(date +%s) - start )) s"; grep -v "logging.cc\|^    @" "$OUT/sweep.log" | tail -4
+  timed_tune sweep "resumed sweep" "$SWEEP_S" "${E2E_SWEEP_GRACE_S:-60}" --resume "$SWEEP"
 else
   if [ -n "${E2E_IMPORT_PACK:-}" ]; then
     step "import $E2E_IMPORT_PACK: its winners become the sweep's warm starts"
     "${MOETUNE[@]}" import "$E2E_IMPORT_PACK" 2>&1 | tail -2 && SWEEP=2
   fi
   step "GPU 0: sweep $MODEL on $BACKEND, tpe budget $BUDGET per problem, routing $ROUTING, $WORKERS workers"
-  start=$(date +%s)
-  timeout "$(cap $((SWEEP_S + ${E2E_SWEEP_GRACE_S:-60})))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --model "$MODEL" "${bucket_args[@]}" --backend "$BACKEND" \
-    --strategy tpe --budget "$BUDGET" --routing "$ROUTING" --workers "$WORKERS" --timeout-s 120 \
-    --minutes "$(python3 -c "print($SWEEP_S / 60)")" --json >"$OUT/sweep.json" 2>"$OUT/sweep.log"
-  echo "sweep rc=$? in $(( $(date +%s) - start )) s"; grep -v "logging.cc\|^    @" "$OUT/sweep.log" | tail -4
+  timed_tune sweep sweep "$SWEEP_S" "${E2E_SWEEP_GRACE_S:-60}" --model "$MODEL" "${bucket_args[@]}" --backend "$BACKEND" \
+    --strategy tpe --budget "$BUDGET" --routing "$ROUTING" --timeout-s 120
 fi
 if [ -n "${E2E_EXTRA_SWEEP:-}" ]; then
-  EXTRA_S=${E2E_EXTRA_S:-120}
   step "GPU 0: the extra sweep $E2E_EXTRA_SWEEP, budget ${E2E_EXTRA_BUDGET:-12} per problem, into the same database"
-  start=$(date +%s)
-  timeout "$(cap $((EXTRA_S + 45)))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --sweep "$E2E_EXTRA_SWEEP" --backend "$BACKEND" \
-    --budget "${E2E_EXTRA_BUDGET:-12}" --routing "$ROUTING" --workers "$WORKERS" --timeout-s 120 \
-    --minutes "$(python3 -c "print($EXTRA_S / 60)")" --json >"$OUT/extra_sweep.json" 2>"$OUT/extra_sweep.log"
-  echo "extra sweep rc=$? in $(( $(date +%s) - start )) s"; grep -v "logging.cc\|^    @" "$OUT/extra_sweep.log" | tail -4
+  timed_tune extra_sweep "extra sweep" "${E2E_EXTRA_S:-120}" 45 --sweep "$E2E_EXTRA_SWEEP" --backend "$BACKEND" \
+    --budget "${E2E_EXTRA_BUDGET:-12}" --routing "$ROUTING" --timeout-s 120
 fi
 
 if [ -n "${E2E_STALE_BUDGET:-}" ]; then
   # After a kernel change, a sweep of a few buckets (E2E_BUCKETS) leaves the imported winners of the others
   # stale, and the export would drop them: re-tune those with a small budget (their old winner is a warm start).
-  STALE_S=${E2E_STALE_S:-120}
   step "GPU 0: the stale winners, budget $E2E_STALE_BUDGET per problem, into the same database"
-  start=$(date +%s)
-  timeout "$(cap $((STALE_S + 45)))" "${on_gpu0[@]}" "${MOETUNE[@]}" tune --stale --backend "$BACKEND" --strategy tpe \
-    --budget "$E2E_STALE_BUDGET" --routing "$ROUTING" --workers "$WORKERS" --timeout-s 120 --no-baseline \
-    --minutes "$(python3 -c "print($STALE_S / 60)")" --json >"$OUT/stale_sweep.json" 2>"$OUT/stale_sweep.log"
-  echo "stale sweep rc=$? in $(( $(date +%s) - start )) s"; grep -v "logging.cc\|^    @" "$OUT/stale_sweep.log" | tail -3
+  timed_tune stale_sweep "stale sweep" "${E2E_STALE_S:-120}" 45 --stale --backend "$BACKEND" --strategy tpe \
+    --budget "$E2E_STALE_BUDGET" --routing "$ROUTING" --timeout-s 120 --no-baseline
 fi
 
 touch "$OUT/sweep.done"
