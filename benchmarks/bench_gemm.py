@@ -75,9 +75,9 @@ CANDIDATES = {
         ),
         C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=3, persistent=False, split_k=2, **PLAIN),
         C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=3, wg_split="n"),
-        # 128-row CTAs of two 64-row consumers (added after the session-7 run, not yet timed): at T=128 Zipf
-        # the largest expert's ~110 rows fit one tile, so its weights are read once, and a consumer whose
-        # half of a small expert's tile is empty issues no MMA.
+        # 128-row CTAs of two 64-row consumers: at T=128 Zipf the largest expert's 94 rows fit one tile, so
+        # its weights are read once, and a consumer whose half of a small expert's tile is empty issues no
+        # MMA. In session 8 (call 2) the second won down T=128 Zipf and lost gate_up's.
         C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="m"),
         C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=4, wg_split="m"),
     ],

@@ -280,60 +280,34 @@ def orientation_cases(b: Bench, num_sms: int) -> None:
         del weights
 
 
+def _probe(b: Bench, name: str, w, what: str, tiles: tuple[int, int, int], x, **parts) -> None:
+    """stream_probe's kernel over experts 2 and 5 of `w` with these tiles and parts, timed as one row."""
+    block_k, block_n, stages = tiles
+    fn = functools.partial(
+        stream_probe.stream_weights, experts=(2, 5), block_k=block_k, block_n=block_n, stages=stages, **parts
+    )
+    label = f"{name} two experts, {what}, k{block_k} n{block_n} s{stages}"
+    b.run("stream", label, fn, (w, x), None, 2 * w.shape[1] * w.shape[2] * w.dtype.itemsize)
+
+
 def stream_cases(b: Bench, num_sms: int) -> None:
     hidden, inter, experts = 4096, 14336, 8
     for name, k, n in (("gate_up", hidden, 2 * inter), ("down", inter, hidden)):
         w = normal(jax.random.key(k), (experts, k, n), k**-0.5)
         x = normal(jax.random.key(9), (2, k))
-        for block_k, block_n, stages in stream_probe.STREAM_TILES:
-            fn = functools.partial(
-                stream_probe.stream_weights, experts=(2, 5), block_k=block_k, block_n=block_n, stages=stages
-            )
-            label = f"{name} two experts, TMA only, k{block_k} n{block_n} s{stages}"
-            b.run("stream", label, fn, (w, x), None, 2 * k * n * 2)
-        for (
-            block_k,
-            block_n,
-            stages,
-        ) in stream_probe.STREAM_PARTS:  # the plain kernel's parts, added one at a time
+        for tiles in stream_probe.STREAM_TILES:
+            _probe(b, name, w, "TMA only", tiles, x)
+        for tiles in stream_probe.STREAM_PARTS:  # the plain kernel's parts, added one at a time
             for lhs, mma in ((True, False), (False, True), (True, True)):
-                fn = functools.partial(
-                    stream_probe.stream_weights,
-                    experts=(2, 5),
-                    block_k=block_k,
-                    block_n=block_n,
-                    stages=stages,
-                    lhs=lhs,
-                    mma=mma,
-                )
                 parts = " + ".join(p for p, on in (("lhs tiles", lhs), ("wgmma", mma)) if on)
-                label = f"{name} two experts, TMA + {parts}, k{block_k} n{block_n} s{stages}"
-                b.run("stream", label, fn, (w, x), None, 2 * k * n * 2)
+                _probe(b, name, w, f"TMA + {parts}", tiles, x, lhs=lhs, mma=mma)
         # Whether the lhs copies cost for the zero fill of the 62 rows past x's 2 (x padded to 64 real rows),
         # or for their size (8-row boxes).
         x64 = jnp.pad(x, ((0, 62), (0, 0)))
-        for label, xs, kw in (
-            ("TMA + lhs tiles of a 64-row x", x64, dict(lhs=True)),
-            ("TMA + lhs tiles of a 64-row x + wgmma", x64, dict(lhs=True, mma=True)),
-            ("TMA + 8-row lhs boxes", x, dict(lhs=True, lhs_rows=8)),
-        ):
-            block_k, block_n, stages = stream_probe.STREAM_PARTS[0]
-            fn = functools.partial(
-                stream_probe.stream_weights,
-                experts=(2, 5),
-                block_k=block_k,
-                block_n=block_n,
-                stages=stages,
-                **kw,
-            )
-            b.run(
-                "stream",
-                f"{name} two experts, {label}, k{block_k} n{block_n} s{stages}",
-                fn,
-                (w, xs),
-                None,
-                2 * k * n * 2,
-            )
+        tiles = stream_probe.STREAM_PARTS[0]
+        _probe(b, name, w, "TMA + lhs tiles of a 64-row x", tiles, x64, lhs=True)
+        _probe(b, name, w, "TMA + lhs tiles of a 64-row x + wgmma", tiles, x64, lhs=True, mma=True)
+        _probe(b, name, w, "TMA + 8-row lhs boxes", tiles, x, lhs=True, lhs_rows=8)
         if name == "gate_up":  # both rows on expert 2: one expert's 235 MB, as cuBLAS's same-FLOP GEMM reads
             sizes = jnp.zeros((experts,), jnp.int32).at[2].set(2)
             ref = _swiglu(jnp.dot(x.astype(jnp.float32), w[2].astype(jnp.float32)))
