@@ -181,15 +181,28 @@ def test_device_only_scripts_import_and_parse_on_a_cpu(script):
     assert "loaded []" in run.stdout, run.stdout
 
 
-def test_the_moe_layer_at_4096_tokens_after_the_re_tune():
+def test_the_moe_layer_at_4096_tokens_after_the_re_tunes():
     """README: bench_model's MoE layer at T=4096, 6.19x and 6.24x the ragged_dot layer in two runs (calls 2
-    and 3 of session 7), decode 136.2 and 136.9 tokens/s, logits parity kept."""
-    for call, ratio, decode in ((2, 6.19, 136.2), (3, 6.24, 136.9)):
-        run = json.loads(Path(f"{SESSION7}_call{call}_model.json").read_text())
+    and 3 of session 7), 6.33x on the chained kernel (session 8, call 4); decode 136.2, 136.9 and 133.6
+    tokens/s; logits parity kept."""
+    runs = (
+        (f"{SESSION7}_call2", 6.19, 136.2),
+        (f"{SESSION7}_call3", 6.24, 136.9),
+        (f"{SESSION8}_call4", 6.33, 133.6),
+    )
+    for run_path, ratio, decode in runs:
+        run = json.loads(Path(f"{run_path}_model.json").read_text())
         assert run["moe_layer_speedup"]["moetune_vs_ragged"]["4096"] == pytest.approx(ratio, abs=0.005)
         assert run["results"]["moetune"]["decode"]["tokens_per_s"] == pytest.approx(decode, abs=0.05)
         parity = run["parity"]["moetune"]
         assert parity["ok"] and parity["logits"]["top1_agreement"] == 1.0
+
+
+def _sustained(path: Path) -> tuple[dict, float, float]:
+    """A layer_clocks run's paths, and ragged over moetune on the first call and at the medians."""
+    paths = json.loads(path.read_text())["paths"]
+    first = paths["ragged"]["layer_ms"][0] / paths["moetune"]["layer_ms"][0]
+    return paths, first, paths["ragged"]["median_ms"] / paths["moetune"]["median_ms"]
 
 
 def _gpu0_samples(csv: Path) -> list[list[str]]:
@@ -200,10 +213,8 @@ def _gpu0_samples(csv: Path) -> list[list[str]]:
 def test_the_sustained_moe_layer_after_the_re_tune():
     """README: 15 s back to back, moetune's layer 6.65x ragged on the first call and 5.96x at the median;
     GPU 0 (the layer's; GPU 1 ran the tests) at a median 1485 MHz and ~694 W, ragged at 1695 MHz."""
-    run = json.loads(Path(f"{SESSION7}_call4_layer_clocks.json").read_text())["paths"]
-    moetune, ragged = (run[p]["layer_ms"] for p in ("moetune", "ragged"))
-    assert ragged[0] / moetune[0] == pytest.approx(6.65, abs=0.005)
-    assert run["ragged"]["median_ms"] / run["moetune"]["median_ms"] == pytest.approx(5.96, abs=0.005)
+    _, first, median = _sustained(Path(f"{SESSION7}_call4_layer_clocks.json"))
+    assert first == pytest.approx(6.65, abs=0.005) and median == pytest.approx(5.96, abs=0.005)
     rows = _gpu0_samples(Path(f"{SESSION7}_call4_layer_clocks.smi.csv"))
     busy, windows = [], []
     for row in rows + [["", "0", "0"]]:  # a run of samples above 300 W is one path's window
@@ -264,16 +275,16 @@ def test_issue5_targets_as_the_readme_states_them(session, call):
 def test_the_sustained_moe_layer_on_a_one_gpu_machine():
     """README: the second 15 s run (call 5, layer_clocks sampling only its own GPU): 6.50x on the first call,
     5.73x at the median, 1470 against 1710 MHz."""
-    run = json.loads(Path(f"{SESSION7}_call5_layer_clocks.json").read_text())
-    paths = run["paths"]
-    moetune, ragged = (paths[p]["layer_ms"] for p in ("moetune", "ragged"))
-    assert ragged[0] / moetune[0] == pytest.approx(6.50, abs=0.005)
-    assert paths["ragged"]["median_ms"] / paths["moetune"]["median_ms"] == pytest.approx(5.73, abs=0.005)
+    path = Path(f"{SESSION7}_call5_layer_clocks.json")
+    paths, first, median = _sustained(path)
+    assert first == pytest.approx(6.50, abs=0.005) and median == pytest.approx(5.73, abs=0.005)
     assert {p: paths[p]["gpu"]["sm_clock_mhz_median"] for p in paths} == {"moetune": 1470.0, "ragged": 1710.0}
     stamps = [
         line.split(",")[0] for line in Path(f"{SESSION7}_call5_layer_clocks.smi.csv").read_text().splitlines()
     ]
-    assert run["gpu_index"] == 0 and len(stamps) == len(set(stamps))  # one GPU's lines only
+    assert json.loads(path.read_text())["gpu_index"] == 0 and len(stamps) == len(
+        set(stamps)
+    )  # one GPU's lines
 
 
 def test_the_readme_kernel_table_is_gemm_tables_output(monkeypatch):
@@ -296,18 +307,13 @@ def test_chaining_tile_pipelines_measured_against_draining_them():
     assert sum(r > 1.01 for r in ratios) == 2  # the SwiGLU configs of 4 stages, m=4096 and m=16384
 
 
-def test_the_model_and_the_sustained_layer_on_the_chained_kernel():
-    """README: bench_model 6.33x ragged at T=4096 and 133.6 tokens/s; layer_clocks on GPU 1, 6.65x on the
-    first call and 5.91x at the median, moetune at 1515 MHz and 689 W."""
-    run = json.loads(Path(f"{SESSION8}_call4_model.json").read_text())
-    assert run["moe_layer_speedup"]["moetune_vs_ragged"]["4096"] == pytest.approx(6.33, abs=0.005)
-    assert run["results"]["moetune"]["decode"]["tokens_per_s"] == pytest.approx(133.6, abs=0.05)
-    assert run["parity"]["moetune"]["ok"] and run["parity"]["moetune"]["logits"]["top1_agreement"] == 1.0
-    clocks = json.loads(Path(f"{SESSION8}_call4_layer_clocks.json").read_text())
-    paths = clocks["paths"]
-    first = paths["ragged"]["layer_ms"][0] / paths["moetune"]["layer_ms"][0]
-    assert first == pytest.approx(6.65, abs=0.005) and clocks["gpu_index"] == 1
-    assert paths["ragged"]["median_ms"] / paths["moetune"]["median_ms"] == pytest.approx(5.91, abs=0.005)
+def test_the_sustained_layer_on_the_chained_kernel():
+    """README: layer_clocks on GPU 1 (session 8, call 4), 6.65x on the first call and 5.91x at the median,
+    moetune at 1515 MHz and 689 W."""
+    path = Path(f"{SESSION8}_call4_layer_clocks.json")
+    paths, first, median = _sustained(path)
+    assert first == pytest.approx(6.65, abs=0.005) and json.loads(path.read_text())["gpu_index"] == 1
+    assert median == pytest.approx(5.91, abs=0.005)
     assert paths["moetune"]["gpu"]["sm_clock_mhz_median"] == 1515.0
     assert paths["moetune"]["gpu"]["power_w_median"] == pytest.approx(688.5, abs=0.1)
 
