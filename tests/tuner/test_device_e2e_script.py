@@ -14,6 +14,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json"
 
 
+def _e2e(env: dict) -> tuple[int, str]:
+    """Run the script with this environment: its exit status and its output (stdout, then stderr)."""
+    run = subprocess.run(
+        ["bash", "benchmarks/device_e2e.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    return run.returncode, run.stdout + run.stderr
+
+
 def test_a_sweep_after_a_pack_import_reports_and_exports_its_own_sweep(tmp_path):
     out = tmp_path / "out"
     extra = tmp_path / "extra.yaml"  # a shape the tiny model's sweep does not tune
@@ -37,11 +45,8 @@ def test_a_sweep_after_a_pack_import_reports_and_exports_its_own_sweep(tmp_path)
         "E2E_EXTRA_SWEEP": str(extra),
         "E2E_EXTRA_BUDGET": "2",
     }
-    run = subprocess.run(
-        ["bash", "benchmarks/device_e2e.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    log = run.stdout + run.stderr
-    assert run.returncode == 0, log[-4000:]
+    rc, log = _e2e(env)
+    assert rc == 0, log[-4000:]
     assert "imported 38 winners for NVIDIA H200 / mosaic_gpu" in log
     assert "sweep rc=0" in log and "extra sweep rc=0" in log, log[-4000:]
     pack = json.loads((out / "pack.json").read_text())
@@ -54,7 +59,7 @@ def test_a_sweep_after_a_pack_import_reports_and_exports_its_own_sweep(tmp_path)
         trials = json.loads(bundle.extractfile("./trials.json").read())
         timeline = bundle.extractfile("./timeline.log").read().decode()
     assert sweep["sweep_id"] == 2 and sweep["status"] == "done"
-    # trials.json and the timeline are the tuning sweep's (xla trials), not the import's 30 winners
+    # trials.json and the timeline are the tuning sweep's (xla trials), not the import's 38 winners
     assert {(t["sweep_id"], t["backend"]) for t in trials} == {(2, "xla")} and len(trials) >= 4
     assert timeline.startswith(f"{len(trials)} trials of 4 problems")
 
@@ -64,11 +69,8 @@ def test_a_sweep_after_a_pack_import_reports_and_exports_its_own_sweep(tmp_path)
         "E2E_RESUME_DB": str(out / "sweep.db"),
         "E2E_RESUME_SWEEP": "2",
     }
-    run = subprocess.run(
-        ["bash", "benchmarks/device_e2e.sh"], cwd=ROOT, env=again, capture_output=True, text=True, timeout=600
-    )
-    log = run.stdout + run.stderr
-    assert run.returncode == 0 and "resume sweep 2 of" in log and "resumed sweep rc=0" in log, log[-4000:]
+    rc, log = _e2e(again)
+    assert rc == 0 and "resume sweep 2 of" in log and "resumed sweep rc=0" in log, log[-4000:]
     with tarfile.open(tmp_path / "again" / "logs.tgz") as bundle:
         before = json.loads(bundle.extractfile("./trials-before-resume.json").read())
         after = json.loads(bundle.extractfile("./trials.json").read())
@@ -84,16 +86,8 @@ def test_a_sweep_after_a_pack_import_reports_and_exports_its_own_sweep(tmp_path)
         "E2E_BUCKETS": "1",
         "E2E_STALE_BUDGET": "1",
     }
-    run = subprocess.run(
-        ["bash", "benchmarks/device_e2e.sh"],
-        cwd=ROOT,
-        env=changed,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    log = run.stdout + run.stderr
-    assert run.returncode == 0 and "imported 5 winners" in log and "stale sweep rc=0" in log, log[-4000:]
+    rc, log = _e2e(changed)
+    assert rc == 0 and "imported 5 winners" in log and "stale sweep rc=0" in log, log[-4000:]
     refreshed = json.loads((tmp_path / "changed" / "pack.json").read_text())
     assert refreshed["kernel_source_hash"] == pack["kernel_source_hash"]
     keys = lambda p: sorted(json.dumps(e["problem"], sort_keys=True) for e in p["entries"])  # noqa: E731
