@@ -46,8 +46,14 @@ def unchained():
 
 def chained_entries(pack: packs.Pack, min_rows: int) -> list[tuple[packs.PackEntry, MosaicGpuConfig]]:
     """(entry, its config) for the entries of at least `min_rows` rows whose config chains."""
-    configs = [(e, MosaicGpuConfig(**e.config)) for e in pack.entries if e.problem.m >= min_rows]
+    configs = [(e, MosaicGpuConfig.from_dict(e.config)) for e in pack.entries if e.problem.m >= min_rows]
     return [(e, c) for e, c in configs if kernel_sm90.chains(e.problem, c)]
+
+
+def compiled(op, config: MosaicGpuConfig, num_sms: int, args: tuple):
+    """`op` with `config` compiled for `args`, traced afresh (a new jit), so it chains or not as
+    kernel_sm90.chains says at this moment."""
+    return jax.jit(functools.partial(op, config=config, num_sms=num_sms)).lower(*args).compile()
 
 
 def main() -> int:
@@ -71,26 +77,15 @@ def main() -> int:
         op = (
             kernel_sm90.grouped_matmul_swiglu if p.op == GROUPED_MATMUL_SWIGLU else kernel_sm90.grouped_matmul
         )
-        fn = jax.jit(functools.partial(op, config=config, num_sms=num_sms))
-        chained = fn.lower(lhs, rhs, sizes).compile()
+        chained = compiled(op, config, num_sms, (lhs, rhs, sizes))
         with unchained():
-            drained = (
-                jax.jit(functools.partial(op, config=config, num_sms=num_sms))
-                .lower(lhs, rhs, sizes)
-                .compile()
-            )
-        same = float(
-            np.max(
-                np.abs(
-                    np.asarray(chained(lhs, rhs, sizes), np.float32)
-                    - np.asarray(drained(lhs, rhs, sizes), np.float32)
-                )
-            )
-        )
+            drained = compiled(op, config, num_sms, (lhs, rhs, sizes))
+        outputs = [np.asarray(fn(lhs, rhs, sizes), np.float32) for fn in (chained, drained)]
+        same = float(np.max(np.abs(outputs[0] - outputs[1])))
         samples = {"chained": [], "drained": []}
         for _ in range(args.rounds):
-            for name, compiled in (("chained", chained), ("drained", drained)):
-                samples[name] += timer.time(compiled, [(lhs, rhs, sizes)])
+            for name, fn in (("chained", chained), ("drained", drained)):
+                samples[name] += timer.time(fn, [(lhs, rhs, sizes)])
         med = {k: float(np.median(v)) for k, v in samples.items()}
         row = {
             "problem": p.key,
