@@ -11,6 +11,7 @@ each is how close to the HBM read roofline it gets. For the Mixtral-8x7B shapes,
   stride     (only when asked) the same GEMVs with rows of a multiple of 8 KiB or not;
   orientation (only when asked) the down GEMM at T=1 with its weights stored [G, K, N] or [G, N, K]: a
              tile then reads runs of block_n * 2 or of block_k * 2 contiguous bytes;
+  pad        (only when asked) the shipped pack's decode winners (T = 1 to 16) with pad_lhs off and on;
   stream     (only when asked) the T=1 GEMMs' weight tiles streamed through the same TMA pipeline with no
              arithmetic at all, one CTA per column tile; and gate_up with both rows on one expert against
              XLA's dot on that expert: what read rate the tiles alone reach, apart from the wgmmas;
@@ -26,6 +27,7 @@ The HBM roofline uses --read-tbps. `--hlo-out` also writes the optimized HLO of 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import gzip
 import json
@@ -258,6 +260,38 @@ def stride_cases(b: Bench, num_sms: int) -> None:
         del w
 
 
+def pad_cases(b: Bench, num_sms: int) -> None:
+    """The shipped pack's decode winners (T = 1 to 16) with pad_lhs off and on."""
+    from moetune.kernels import packs
+
+    pack = packs.load(
+        Path(__file__).resolve().parents[1] / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json"
+    )
+    hidden, inter, experts = 4096, 14336, 8
+    weights = {
+        "grouped_matmul_swiglu": normal(jax.random.key(21), (experts, hidden, 2 * inter), hidden**-0.5),
+        "grouped_matmul": normal(jax.random.key(22), (experts, inter, hidden), inter**-0.5),
+    }
+    for entry in pack.entries:
+        p = entry.problem
+        if p.m > 32 or (p.op == "grouped_matmul" and p.k != inter):
+            continue
+        w = weights[p.op]
+        x = normal(jax.random.key(p.m), (p.m, p.k))
+        tokens = p.m // 2
+        sizes = jnp.zeros((experts,), jnp.int32).at[jnp.arange(2 * tokens) % experts].add(1)
+        swiglu = p.op == "grouped_matmul_swiglu"
+        op = kernel_sm90.grouped_matmul_swiglu if swiglu else kernel_sm90.grouped_matmul
+        ref = jax.lax.ragged_dot(x.astype(jnp.float32), w.astype(jnp.float32), sizes)
+        ref = _swiglu(ref) if swiglu else ref
+        touched = int(jnp.count_nonzero(sizes))
+        for pad in (False, True):
+            config = dataclasses.replace(C(**entry.config), pad_lhs=pad)
+            fn = functools.partial(op, config=config, num_sms=num_sms)
+            label = f"{p.op[-6:]} T={tokens} {kernel_sm90.kernel_name(config)}"
+            b.run("pad", label, fn, (x, w, sizes), ref, touched * p.k * p.n * 2)
+
+
 def orientation_cases(b: Bench, num_sms: int) -> None:
     """The T=1 down GEMM with the same weights stored [G, K, N] (a 64x256 tile reads 64 runs of 512
     contiguous bytes) or [G, N, K] (256 runs of block_k * 2 bytes: 64, 128 or 256): whether the length of the
@@ -345,7 +379,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
-        "--only", default="proj,gate_up,down,attention", help="also: stride, orientation, stream"
+        "--only", default="proj,gate_up,down,attention", help="also: stride, orientation, pad, stream"
     )
     parser.add_argument("--read-tbps", type=float, default=4.69, help="measured HBM read bandwidth")
     parser.add_argument("--hlo-out", type=Path)
@@ -376,6 +410,9 @@ def main() -> int:
         save()
     if "orientation" in which:
         orientation_cases(b, num_sms)
+        save()
+    if "pad" in which:
+        pad_cases(b, num_sms)
         save()
     if "stream" in which:
         stream_cases(b, num_sms)

@@ -41,6 +41,7 @@ DOMAINS: dict[str, tuple] = {
     "epi_tile_m": (64, 128),
     "epi_tile_n": (32, 64, 128),
     "split_k": (1, 2, 4),
+    "pad_lhs": (False, True),
 }
 
 
@@ -130,6 +131,13 @@ def split_k_only_small_m(problem: Problem, config: MosaicGpuConfig, device: Devi
     return None
 
 
+def pad_lhs_only_small_m(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    # The kernel pads only an lhs of at most one CTA tile's rows; for taller ones the flag changes nothing.
+    if config.pad_lhs and problem.m > config.cta_m:
+        return f"pad_lhs pads only M <= the {config.cta_m}-row CTA tile, not M={problem.m}"
+    return None
+
+
 def cta_rows_not_wasted(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
     # 64 rows is the smallest wgmma tile; beyond that a CTA taller than twice M only multiplies padding.
     if config.cta_m > max(64, 2 * problem.m):
@@ -148,6 +156,7 @@ VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (
 )
 PRUNING_CONSTRAINTS: tuple[Constraint, ...] = (
     split_k_only_small_m,
+    pad_lhs_only_small_m,
     cta_rows_not_wasted,
     pipeline_depth_useful,
 )
@@ -203,7 +212,9 @@ _SWIGLU_COMPUTE_BOUND = (
 # weights are read): one warpgroup per 64x256 weight tile, one CTA per tile, and for the plain GEMM split-K
 # so that the touched experts' few column tiles fill the SMs. These were the winners of the 2026-11-30 H200
 # sweep at T=1 (Mixtral m=2): 1.15x (gate_up+SwiGLU) and 1.39x (down) over the memory-bound default
-# (benchmarks/results/2026-11-30_h200_session7_call1_sweep_outcome.json).
+# (benchmarks/results/2026-11-30_h200_session7_call1_sweep_outcome.json). With pad_lhs, the T=1 SwiGLU
+# winner of the pack (this tile, column tiles one at a time) took 111.7 us against 118.0, and the down
+# one 60.9 against 57.7: its pad is a copy of its own (..._session9_call1_decode_ops_pad.json).
 _DECODE = (
     MosaicGpuConfig(
         block_m=64,
@@ -228,6 +239,7 @@ _SWIGLU_DECODE = (
         persistent=False,
         warp_specialized=False,
         wg_split="none",
+        pad_lhs=True,
     ),
 )
 DECODE_ROWS_PER_EXPERT = 0.25

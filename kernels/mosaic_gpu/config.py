@@ -30,6 +30,9 @@ class MosaicGpuConfig(KernelConfig):
     wg_split: two consumer warpgroups along "m" or "n", or one ("none"); needs warp_specialized.
     epi_tile_m, epi_tile_n: the block written per epilogue step (registers -> shared memory -> TMA).
     split_k: the K range split over this many CTAs, partial sums in float32 added afterwards (decode).
+    pad_lhs: when M fits in one CTA tile, pad lhs to the tile's rows first, so that no lhs copy reads
+        past its end (TMA zero-fills those rows, which slowed the H200's T=1 weight stream); the pad is
+        an XLA op, free where it fuses into the op that makes lhs and a copy where it does not.
     """
 
     block_m: int = 128
@@ -44,6 +47,7 @@ class MosaicGpuConfig(KernelConfig):
     epi_tile_m: int = 64
     epi_tile_n: int = 64
     split_k: int = 1
+    pad_lhs: bool = False
 
     def validate(self) -> None:
         ints = ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_tile_width", "split_k")
@@ -51,7 +55,7 @@ class MosaicGpuConfig(KernelConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigInvalid(f"{name}={value!r} must be an integer")
-        for name in ("persistent", "warp_specialized"):
+        for name in ("persistent", "warp_specialized", "pad_lhs"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigInvalid(f"{name}={getattr(self, name)!r} must be a bool")
         # wgmma computes 64 rows per warpgroup instruction.

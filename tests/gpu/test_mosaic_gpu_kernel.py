@@ -7,6 +7,7 @@ Outputs are checked for NaN (a poisoned allocation freed just before the call ma
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -120,6 +121,15 @@ def test_random_shapes(name, transpose):
     g = rng.choice([3, 8])
     sizes = _random_sizes(rng, m, g, empty=rng.randint(0, g - 2))
     _run(CONFIGS[name], m, 256, 512, sizes, transpose=transpose, seed=seed)
+
+
+@pytest.mark.parametrize("config", [PLAIN, WS_M, SPLIT_K], ids=["plain", "ws_m", "split_k"])
+def test_pad_lhs_at_small_m(config):
+    # The lhs is padded to the last window's end: rows of no group, rows past sum(group_sizes), and an
+    # expert whose window starts past row 0 must come out as without the padding.
+    config = dataclasses.replace(config, pad_lhs=True)
+    for m, sizes in ((2, [0, 1, 0, 1]), (3, [1, 0, 1, 0]), (40, [0, 13, 0, 20])):
+        _run(config, m, 256, 256, sizes)
 
 
 @pytest.mark.parametrize("name", ["ws_n", "ws_m", "plain"])

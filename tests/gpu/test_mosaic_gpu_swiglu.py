@@ -9,6 +9,7 @@ rows show).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -92,6 +93,13 @@ def test_edge_routings(name):
         _run(config, 200, 128, 512, sizes)
     _run(config, 3, 128, 512, [1, 0, 1, 1])  # M far below the CTA tile
     _run(config, 3, 128, 512, [1, 0, 1, 1], transpose=True)
+
+
+@pytest.mark.parametrize("name", ["ws_m", "plain"])
+def test_pad_lhs_at_small_m(name):
+    config = dataclasses.replace(CONFIGS[name], pad_lhs=True)
+    for m, sizes in ((2, [0, 1, 0, 1]), (3, [1, 0, 1, 0]), (40, [0, 13, 0, 20])):
+        _run(config, m, 256, 512, sizes)
 
 
 def test_float16():

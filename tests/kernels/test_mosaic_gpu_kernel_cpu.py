@@ -9,6 +9,7 @@ are tests/gpu's job.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 
@@ -127,6 +128,31 @@ def test_interpreted_chained_tile_pipelines_across_experts_and_tiles():
     unchained = C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=3, wg_split="m")
     assert not kernel_sm90.chains(Problem("grouped_matmul", m=200, k=512, n=256, g=4), unchained)
     _interpret(unchained, 200, 512, 256, [70, 0, 90, 30])
+
+
+@pytest.mark.parametrize("m, sizes", [(2, [0, 1, 0, 1]), (16, [3, 0, 6, 7]), (64, [64, 0, 0, 0])])
+def test_pad_lhs_pads_a_small_lhs_so_that_every_window_lies_inside_it(m, sizes):
+    # The last expert's window starts at its first row rounded down to 8 and is cta_m rows tall: the padded
+    # lhs must reach its end, so that TMA fills no row (the fill cost the T=1 GEMMs 12% on the H200).
+    config = C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, pad_lhs=True, **PLAIN)
+    assert _lhs_rows(config, m) == {m, (m - 1) // 8 * 8 + 64}
+    assert _lhs_rows(dataclasses.replace(config, pad_lhs=False), m) == {m}
+    _interpret(config, m, 128, 128, sizes)
+
+
+def test_pad_lhs_leaves_a_lhs_taller_than_one_window_uncopied():
+    config = C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, pad_lhs=True, **PLAIN)
+    assert _lhs_rows(config, 72) == {72}
+
+
+def _lhs_rows(config, m) -> set[int]:
+    """Row counts of the [rows, 128] bfloat16 arrays a traced call on an [m, 128] lhs makes: the lhs and
+    any padded copy of it."""
+    args = [jax.ShapeDtypeStruct(s, d) for s, d in (((m, 128), jnp.bfloat16), ((4, 128, 128), jnp.bfloat16))]
+    fn = functools.partial(kernel_sm90.grouped_matmul, config=config, num_sms=3)
+    jaxpr = jax.make_jaxpr(fn)(*args, jax.ShapeDtypeStruct((4,), jnp.int32))
+    avals = [v.aval for e in jaxpr.eqns for v in (*e.invars, *e.outvars) if hasattr(v, "aval")]
+    return {a.shape[0] for a in avals if a.shape[1:] == (128,) and a.dtype == jnp.bfloat16 and a.ndim == 2}
 
 
 def _lower(config, m, k, n, g):

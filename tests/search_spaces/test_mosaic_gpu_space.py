@@ -90,6 +90,11 @@ def test_pruning_constraints():
     split = C(block_m=64, split_k=2)
     assert "only pays for M <= 512" in _reason(space.split_k_only_small_m, GATE_UP, split)
     assert _reason(space.split_k_only_small_m, DECODE, split) is None
+    padded = C(block_m=64, pad_lhs=True)
+    assert "pads only M <= the 64-row CTA tile" in _reason(
+        space.pad_lhs_only_small_m, DECODE.with_m(72), padded
+    )
+    assert _reason(space.pad_lhs_only_small_m, DECODE.with_m(64), padded) is None
     assert "mostly padding" in _reason(space.cta_rows_not_wasted, DECODE, DEFAULT)
     assert _reason(space.cta_rows_not_wasted, DECODE, C(block_m=64)) is None
 
@@ -105,8 +110,9 @@ def test_pruning_counts_for_mixtral_gate_up():
     assert search.domains["split_k"] == (1,)  # M > 512: split-K is not in the space
     valid, pruned = search.enumerate(GATE_UP, HOPPER)
     assert search.size == len(valid) + len(pruned)
-    # Pinned: a change to the domains or constraints shows up here and in the tuner's budget.
-    assert (search.size, len(valid)) == (51840, 7040)
+    # Pinned: a change to the domains or constraints shows up here and in the tuner's budget. pad_lhs
+    # doubles the grid and adds no valid config at this M (the pad only applies within one CTA tile).
+    assert (search.size, len(valid)) == (103680, 7040)
     for config in valid:
         assert search.violation(GATE_UP, config, HOPPER) is None
         assert tiling.smem_bytes(GATE_UP, config) <= hardware.ARCHS["9.0"].smem_per_block
@@ -169,13 +175,14 @@ def test_heuristic_picks_by_rows_per_expert():
 
 def test_one_token_of_decode_starts_from_the_h200_sweeps_t1_winners():
     """Mixtral at T=1 (m=2, a quarter row per expert): the 2026-11-30 sweep's winners, one plain warpgroup per
-    256 weight columns, one CTA per tile, split-K 4 for the plain GEMM; at m=4 the memory-bound default."""
+    256 weight columns, one CTA per tile, split-K 4 for the plain GEMM; gate_up+SwiGLU with its lhs padded
+    (session 9: 111.7 against 118.0 us); at m=4 the memory-bound default."""
     down = Problem("grouped_matmul", m=2, k=14336, n=4096, g=8)
     swiglu = Problem("grouped_matmul_swiglu", m=2, k=4096, n=28672, g=8)
     winners = {entry.problem.key: entry.config for entry in packs.load(SESSION7_PACK).entries}
-    for problem in (down, swiglu):
+    for problem, pad in ((down, False), (swiglu, True)):
         config = space.heuristic(problem, HOPPER)
-        assert config == C.from_dict(winners[problem.key])
+        assert config == dataclasses.replace(C.from_dict(winners[problem.key]), pad_lhs=pad)
         assert not config.persistent and not config.warp_specialized
         assert space.space(problem, HOPPER).seeds[0] == config
     assert space.heuristic(dataclasses.replace(down, m=4), HOPPER).warp_specialized

@@ -23,6 +23,7 @@ SESSION4 = RESULTS / "2026-11-29_h200_session4"
 SESSION5 = RESULTS / "2026-11-30_h200_session5"
 SESSION7 = RESULTS / "2026-11-30_h200_session7"
 SESSION8 = RESULTS / "2026-11-30_h200_session8"
+SESSION9 = RESULTS / "2026-11-30_h200_session9"
 
 
 def _run(name: str) -> Path:
@@ -85,13 +86,18 @@ def _session4_pack() -> packs.Pack:
     return merged
 
 
-def test_the_shipped_pack_is_session8s_sweeps_on_the_current_kernel_source():
+def test_the_shipped_pack_is_session9s_sweeps_on_the_current_kernel_source():
     shipped = packs.load(ROOT / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json")
-    exported = packs.load(Path(f"{SESSION8}_call1_pack.json"))
+    exported = packs.load(Path(f"{SESSION9}_call3_pack.json"))
     assert shipped.entries == exported.entries and len(shipped.entries) == 38
     assert shipped.kernel_source_hash == registry.get("mosaic_gpu").source_hash()
     plain_gate_up = [e for e in shipped.entries if e.problem.op == "grouped_matmul" and e.problem.k == 4096]
     assert len(plain_gate_up) == 8  # the bench sweep's shapes, beside the model sweep's 30
+    # pad_lhs won where its pad fuses into the gather that makes lhs (gate_up+SwiGLU at T=1), and lost
+    # where it is a copy of its own (down at T=1, whose lhs is gate_up's output).
+    t1 = {(e.problem.op, e.problem.k): e.config["pad_lhs"] for e in shipped.entries if e.problem.m == 2}
+    swiglu, plain = "grouped_matmul_swiglu", "grouped_matmul"
+    assert t1 == {(swiglu, 4096): True, (plain, 14336): False, (plain, 4096): True}
 
 
 def test_merging_refuses_packs_of_another_kernel_source():
@@ -103,7 +109,7 @@ def test_merging_refuses_packs_of_another_kernel_source():
 
 def test_the_tuning_table_row_of_gate_up_at_4096_tokens():
     outcome = json.loads(Path(f"{SESSION8}_call1_sweep_outcome.json").read_text())
-    pack = packs.load(ROOT / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json")
+    pack = packs.load(Path(f"{SESSION8}_call1_pack.json"))
     rows = tuning_table.table(outcome, [outcome], pack, top_k=2)
     assert len(rows) == 2 + 30  # the README's table: header, rule, 30 problems
     row = next(r for r in rows if r.startswith("| gate_up+SwiGLU | 4096 |"))
@@ -368,3 +374,19 @@ def test_the_stream_probe_multiplies_what_it_streams(monkeypatch):
         ref = np.asarray(x.astype(jnp.float32) @ w[expert, :, col : col + 64].astype(jnp.float32))
         np.testing.assert_allclose(out[cta, :2], ref, rtol=2e-2, atol=0.2)
         assert not out[cta, 2:].any()
+
+
+def _timeline(name: str) -> dict:
+    return json.loads(Path(f"{SESSION9}_{name}.json").read_text())
+
+
+def test_pad_lhs_paid_for_gate_up_at_t1_and_not_for_down():
+    """search_spaces/mosaic_gpu.py and README: the pack's T=1 winners with pad_lhs off and on (session 9,
+    call 1): gate_up+SwiGLU 118.0 -> 111.7 us, down 57.7 -> 60.9 us."""
+    rows = _timeline("call1_decode_ops_pad")["rows"]
+    us = {r["variant"]: r["median_us"] for r in rows}
+    swiglu = "moetune_gmm_m64n128k64s4_n1_np_plain_e64x128_sk1"
+    down = "moetune_gmm_m64n256k64s3_m1_np_plain_e64x128_sk4"
+    # Labels of the tree that ran (a module switch then, pad_lhs now): "<op> T=<tokens> <padded?> <kernel>".
+    assert [round(us[f"swiglu T=1 {pad} {swiglu}"], 1) for pad in ("unpadded", "padded")] == [118.0, 111.7]
+    assert [round(us[f"matmul T=1 {pad} {down}"], 1) for pad in ("unpadded", "padded")] == [57.7, 60.9]
