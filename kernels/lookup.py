@@ -29,6 +29,8 @@ import importlib.resources
 import logging
 import math
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from importlib.resources.abc import Traversable
@@ -198,7 +200,11 @@ class WinnerLookup:
         self, *, winners: Iterable[Winner] = (), db: Any = _DEFAULT, packs_dir: Any = _DEFAULT
     ) -> Iterator[None]:
         """Within the block: `winners` take precedence over everything; `db` (a URL, or None for no
-        database) and `packs_dir` (a folder, or None for no packs) replace the configured ones."""
+        database) and `packs_dir` (a folder, or None for no packs) replace the configured ones.
+
+        Configs are looked up when a function is traced, so this reaches the traces made inside the block:
+        a jitted function traced before it, with the same arguments, keeps its configs (jax.clear_caches()
+        drops those traces)."""
         outer = self._current()
         sources = _Sources(
             winners=(*winners, *outer.winners),
@@ -221,6 +227,16 @@ class WinnerLookup:
 
     def using_packs(self, folder: str | Path | None) -> contextlib.AbstractContextManager[None]:
         return self.overlay(packs_dir=folder)
+
+    @contextlib.contextmanager
+    def using_pack_file(self, path: str | Path) -> Iterator[None]:
+        """Within the block: the winners of this one pack file, whatever its name, and no database or
+        other pack (benchmarks compare two packs on one GPU this way). Raises PackInvalid for a bad file."""
+        pack = packs.load(path)
+        with tempfile.TemporaryDirectory() as folder:
+            shutil.copy(path, Path(folder) / packs.file_name(pack.device.device_kind, pack.backend))
+            with self.overlay(db=None, packs_dir=folder):
+                yield
 
     def db_url(self) -> str | None:
         """The database winners come from now, or None when none is configured."""
@@ -460,3 +476,4 @@ clear = LOOKUP.clear
 overlay = LOOKUP.overlay
 using_db = LOOKUP.using_db
 using_packs = LOOKUP.using_packs
+using_pack_file = LOOKUP.using_pack_file

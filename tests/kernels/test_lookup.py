@@ -160,6 +160,19 @@ def test_pack_exact_and_nearest(tmp_path):
     assert resolve().source == "heuristic"
 
 
+def test_one_pack_file_served_alone_whatever_its_name(tmp_path, sqlite_url):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    path = write_pack(elsewhere, [(BASE, SEGMENTS)], name="an_old_session.json")
+    write_pack(tmp_path, [(BASE, DENSE)])
+    with lookup.using_db(sqlite_url), lookup.using_packs(tmp_path), lookup.using_pack_file(path):
+        served = resolve()
+        assert LOOKUP.db_url() is None
+    assert (served.config, served.source) == (SEGMENTS, "pack exact")
+    with lookup.using_packs(tmp_path):
+        assert resolve().config == DENSE
+
+
 def test_stale_pack_is_flagged(tmp_path):
     other_driver = dataclasses.replace(FP, driver="0.0-other")
     write_pack(tmp_path, [(BASE, SEGMENTS)], device=other_driver)

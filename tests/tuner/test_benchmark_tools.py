@@ -163,7 +163,10 @@ DEVICE_SCRIPTS = [
     "chain_ab.py",
     "decode_ops.py",
     "decode_probe.py",
+    "decode_timeline.py",
     "layer_clocks.py",
+    "pack_ab.py",
+    "routing_ab.py",
     "sustained_timing.py",
 ]
 
@@ -390,3 +393,17 @@ def test_pad_lhs_paid_for_gate_up_at_t1_and_not_for_down():
     # Labels of the tree that ran (a module switch then, pad_lhs now): "<op> T=<tokens> <padded?> <kernel>".
     assert [round(us[f"swiglu T=1 {pad} {swiglu}"], 1) for pad in ("unpadded", "padded")] == [118.0, 111.7]
     assert [round(us[f"matmul T=1 {pad} {down}"], 1) for pad in ("unpadded", "padded")] == [57.7, 60.9]
+
+
+def test_decode_timeline_groups_kernels_and_counts_per_token(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import decode_timeline
+
+    assert decode_timeline.kernel_group("loop_convert_fusion.12") == "loop_convert_fusion"
+    assert decode_timeline.kernel_group("input_reduce_fusion_3") == "input_reduce_fusion"
+    kernels = [("fusion.1", 0.002), ("fusion.2", 0.004), ("moetune_gmm_x_sk4", 0.1)] * 2
+    row = decode_timeline.summarize(kernels, steps=2, walls_s=[0.0004, 0.0002, 0.0003])
+    assert row["wall_us_per_token"] == pytest.approx(150)
+    assert row["kernel_us_per_token"] == pytest.approx(106) and row["kernels_per_token"] == 3
+    assert row["between_us_per_token"] == pytest.approx(44)
+    assert [(g["name"], g["per_token"]) for g in row["groups"]] == [("moetune_gmm_x_sk4", 1), ("fusion", 2)]
