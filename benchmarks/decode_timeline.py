@@ -5,7 +5,8 @@ clock around block_until_ready, and one more call of it is recorded by CUPTI, ke
   wall      the loop's time divided by its steps (what bench_model's decode tokens/s reads);
   kernels   the sum of the kernels' device times, and how many kernels ran;
   between   wall - kernels: the time the GPU spent between kernels (launch gaps, and host round trips
-            of the while loop, if any).
+            of the while loop, if any); negative when kernels overlap (XLA's command buffers and
+            programmatic dependent launch let the next kernel start before the last one ends).
 Kernels are grouped by name with trailing numbers dropped (XLA's fusion.12 and fusion.13 are one group;
 each Mosaic GPU kernel's name spells its config).
 

@@ -59,6 +59,8 @@ def main() -> int:
     missing = [str(p) for p in packs if not p.is_file()]
     if missing:
         parser.error(f"no such pack file: {', '.join(missing)}")
+    if len({p.name for p in packs} | {"ragged"}) != len(packs) + 1:  # the arms are named by file name
+        parser.error("the pack files need distinct names, none of them 'ragged'")
     config = model_config(args.model, 1)
     layer = init_params(config, seed=0).layers[0]
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv)}
