@@ -5,7 +5,8 @@ draw, and the draw is stored with the trial. Evenly split groups benchmark unrea
 tile is full and no expert is idle), so skewed draws matter:
 
     balanced        M // G rows per expert (the remainder to the first experts)
-    zipf:S          expert ranks drawn with P(rank r) ~ 1 / r**S over a random expert order
+    zipf:S          expert ranks drawn with P(rank r) ~ 1 / r**S over a random expert order; zipf:0 is a
+                    uniform multinomial draw (near-balanced, ragged counts, like a trained router's)
     FILE.npy        expert ids recorded from a real model, int array [T, top_k]; a draw takes M
                     consecutive ids from a random offset (wrapping around)
     A,B             several routings (e.g. "balanced,zipf:1.2"): every candidate is timed on each, and
