@@ -23,9 +23,8 @@ def test_zipf_is_skewed_seeded_and_sums_to_m():
     assert not np.array_equal(a, routing.group_sizes(4096, 8, seed=4))
     # With exponent 1.5 the most popular expert takes far more than an even share (512).
     assert a.max() > 1500
-    assert np.array_equal(
-        np.sort(Routing.parse("zipf:0").group_sizes(8000, 8, seed=1)) > 800, np.ones(8, bool)
-    )
+    uniform = Routing.parse("zipf:0").group_sizes(8000, 8, seed=1)
+    assert (uniform > 800).all() and len(set(uniform.tolist())) > 1  # near-balanced, but ragged
 
 
 def test_recorded_routing_counts_expert_ids(tmp_path):
