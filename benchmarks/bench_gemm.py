@@ -26,7 +26,6 @@ import statistics
 import sys
 import time
 import traceback
-from pathlib import Path
 
 import moe_shapes
 import torch_timing
@@ -35,7 +34,6 @@ from moe_shapes import Shape
 
 from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C
 
-DEFAULT_PACK = Path(__file__).resolve().parent.parent / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json"
 PLAIN = dict(warp_specialized=False, wg_split="none")
 # moetune's small sweep, by regime (rows per expert), after the tuned pack's winner for the shape: the first
 # three of each were seeded from device_kernel_check.py's sweep, the rest added on 2026-11-30 for the rows
@@ -403,7 +401,7 @@ def main() -> int:
     parser.add_argument("--candidates", help="JSON {regime: [config dicts]} replacing the built-in lists")
     parser.add_argument(
         "--pack",
-        default=str(DEFAULT_PACK),
+        default=str(moe_shapes.SHIPPED_PACK),
         help="tuned pack whose winner for each shape moetune tries first ('' for none)",
     )
     parser.add_argument("--no-mgpu-sweep", action="store_true", help="mgpu_best tries the default only")

@@ -30,8 +30,6 @@ from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig
 from moetune.kernels.mosaic_gpu.timer import CuptiTimer
 from moetune.kernels.problem import GROUPED_MATMUL_SWIGLU
 
-SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json"
-
 
 @contextlib.contextmanager
 def unchained():
@@ -61,7 +59,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--pack", type=Path, default=SHIPPED)
+    parser.add_argument("--pack", type=Path, default=moe_shapes.SHIPPED_PACK)
     parser.add_argument("--min-rows", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()

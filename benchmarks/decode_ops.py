@@ -39,6 +39,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import moe_shapes
 import numpy as np
 import stream_probe
 
@@ -264,9 +265,7 @@ def pad_cases(b: Bench, num_sms: int) -> None:
     """The shipped pack's decode winners (T = 1 to 16) with pad_lhs off and on."""
     from moetune.kernels import packs
 
-    pack = packs.load(
-        Path(__file__).resolve().parents[1] / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json"
-    )
+    pack = packs.load(moe_shapes.SHIPPED_PACK)
     hidden, inter, experts = 4096, 14336, 8
     weights = {
         "grouped_matmul_swiglu": normal(jax.random.key(21), (experts, hidden, 2 * inter), hidden**-0.5),

@@ -1,4 +1,5 @@
-"""Benchmark shapes, routings and inputs shared by bench_gemm.py and device_kernel_check.py.
+"""Benchmark shapes, routings, inputs and the shipped pack's path, shared by bench_gemm.py,
+device_kernel_check.py, chain_ab.py and decode_ops.py.
 
 Mixtral-8x7B: 8 experts, top-2 routing, so T tokens give M = 2T rows and an expert sees at most T rows.
 gate_up is [2T, 4096] x [8, 4096, 28672] (gate and up fused), down [2T, 14336] x [8, 14336, 4096].
@@ -13,12 +14,15 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 EXPERTS = 8
 TOP_K = 2
 PROJECTIONS = {"gate_up": (4096, 28672), "down": (14336, 4096)}  # (K, N)
 TOKENS = (1, 16, 64, 128, 512, 1024, 4096, 16384)
 ROUTINGS = ("balanced", "zipf")
+# The shipped H200 pack: the default of every script that reads its winners.
+SHIPPED_PACK = Path(__file__).resolve().parents[1] / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json"
 
 
 @dataclasses.dataclass(frozen=True)

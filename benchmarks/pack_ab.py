@@ -67,7 +67,7 @@ def main() -> int:
     result |= {"device": jax.devices()[0].device_kind, "packs": [str(p) for p in packs], "tokens": {}}
     for tokens in map(int, args.tokens.split(",")):
         x = jax.random.normal(jax.random.key(tokens), (tokens, config.hidden)).astype(jnp.bfloat16)
-        reps = jnp.asarray(5 if tokens >= 1024 else 20, jnp.int32)
+        reps = jnp.asarray(bench.layer_reps(tokens), jnp.int32)  # as bench_model's layer timing
         arms = {}
         for pack in packs:
             # Winners are looked up while tracing, and jit keeps a trace per function and static arguments:

@@ -390,14 +390,15 @@ def test_the_stream_probe_multiplies_what_it_streams(monkeypatch):
         assert not out[cta, 2:].any()
 
 
-def _timeline(name: str) -> dict:
+def _session9(name: str) -> dict:
+    """A session-9 result file, by the part of its name after the session."""
     return json.loads(Path(f"{SESSION9}_{name}.json").read_text())
 
 
 def test_pad_lhs_paid_for_gate_up_at_t1_and_not_for_down():
     """search_spaces/mosaic_gpu.py and README: the pack's T=1 winners with pad_lhs off and on (session 9,
     call 1): gate_up+SwiGLU 118.0 -> 111.7 us, down 57.7 -> 60.9 us."""
-    rows = _timeline("call1_decode_ops_pad")["rows"]
+    rows = _session9("call1_decode_ops_pad")["rows"]
     us = {r["variant"]: r["median_us"] for r in rows}
     swiglu = "moetune_gmm_m64n128k64s4_n1_np_plain_e64x128_sk1"
     down = "moetune_gmm_m64n256k64s3_m1_np_plain_e64x128_sk4"
@@ -411,7 +412,7 @@ def test_where_a_decode_token_goes():
     time (command buffers overlap them); without command buffers 2.8% fewer tokens/s; gate_up and down
     take 112.3 and 58.8 us a layer, XLA's GEMM fusions 33.8, and ~21 small XLA kernels 33.8 (all per token
     / 32 layers: once-a-token kernels such as the lm_head's count in)."""
-    rows = {r["variant"]: r for r in _timeline("call2_decode_timeline")["rows"]}
+    rows = {r["variant"]: r for r in _session9("call2_decode_timeline")["rows"]}
     default = rows["default"]
     assert round(default["kernels_per_token"]) == 874 and default["between_us_per_token"] < 0
     assert rows["no_command_buffers"]["tokens_per_s"] / default["tokens_per_s"] == pytest.approx(
@@ -424,7 +425,7 @@ def test_where_a_decode_token_goes():
     small = sum(v for n, v in per_layer.items() if n not in gemms and n != "gemm_fusion_dot")
     assert small == pytest.approx(33.8, abs=0.05)
     assert round(default["kernels_per_token"] / 32 - 2 - _per_layer_count(default, "gemm_fusion_dot")) == 21
-    cublas = {r["variant"]: r["tokens_per_s"] for r in _timeline("call3_decode_timeline")["rows"]}
+    cublas = {r["variant"]: r["tokens_per_s"] for r in _session9("call3_decode_timeline")["rows"]}
     assert cublas["no_triton_gemm"] / cublas["default"] == pytest.approx(0.925, abs=0.001)
 
 
@@ -437,11 +438,11 @@ def test_the_session9_pack_against_session8s_on_one_gpu():
     alternating on one GPU (call 6); the MoE layer in one process (call 9): 4.723 against 4.736 ms at T=4096
     (6.54x and 6.52x ragged), 0.248 against 0.237 ms at T=1, each arm on its own pack's kernels."""
     decode = {
-        r: _timeline(f"call6_decode_timeline_{r}")["rows"][0]["tokens_per_s"]
+        r: _session9(f"call6_decode_timeline_{r}")["rows"][0]["tokens_per_s"]
         for r in ("s8a", "s9a", "s8b", "s9b")
     }
     assert [round(decode[r], 1) for r in ("s8a", "s8b", "s9a", "s9b")] == [133.1, 133.6, 136.6, 136.5]
-    ab = _timeline("call9_pack_ab")["tokens"]
+    ab = _session9("call9_pack_ab")["tokens"]
     old, new = "2026-11-30_h200_session8_call1_pack.json", "nvidia_h200__mosaic_gpu.json"
     assert [round(ab["4096"][p]["median_ms"], 3) for p in (old, new)] == [4.723, 4.736]
     assert [round(ab["4096"][p]["ragged_over_this"], 2) for p in (old, new)] == [6.54, 6.52]
@@ -454,18 +455,18 @@ def test_the_session9_pack_against_session8s_on_one_gpu():
 def test_the_first_pack_ab_ran_one_packs_kernels_in_both_arms():
     """README: call 5's "3.6% slower" compared two copies of one program: without clearing jax's caches the
     second pack's trace was the first's (call 8 recorded the same kernels in both arms)."""
-    arms = _timeline("call8_pack_ab_kernels")["tokens"]["4096"]
+    arms = _session9("call8_pack_ab_kernels")["tokens"]["4096"]
     kernels = {p: {k for k in arms[p]["kernel_ms_per_layer"] if k.startswith("moetune_gmm")} for p in arms}
     assert len(kernels.pop("ragged")) == 0 and len(kernels) == 2
     assert [len(k) for k in kernels.values()] == [2, 2] and len({frozenset(k) for k in kernels.values()}) == 1
-    first = _timeline("call5_pack_ab")["tokens"]["4096"]["nvidia_h200__mosaic_gpu.json"]["vs_first_pack"]
+    first = _session9("call5_pack_ab")["tokens"]["4096"]["nvidia_h200__mosaic_gpu.json"]["vs_first_pack"]
     assert first == pytest.approx(1.036, abs=0.001)
 
 
 def test_the_tuners_routings_rank_the_m8192_configs_as_the_models_counts_do():
     """benchmarks/README: gate_up+SwiGLU at m=8192, session 9's configs within -2.8% to +0.8% of session 8's
     on every routing, and 1.3-1.7% faster on the model's recorded counts (call 7)."""
-    rows = _timeline("call7_routing_ab")["rows"]
+    rows = _session9("call7_routing_ab")["rows"]
     assert len(rows) == 8
     ratios = []
     for row in rows:

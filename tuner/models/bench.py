@@ -182,7 +182,8 @@ def _moe_block(x: Any, layer: LayerParams, config: ModelConfig, path: str) -> tu
     return out, logits
 
 
-def _reps(tokens: int) -> int:
+def layer_reps(tokens: int) -> int:
+    """MoE blocks per timed call of `moe_block_loop` at `tokens` tokens."""
     # Enough layers per call that host dispatch is noise; empirical, not tuned per device.
     return 5 if tokens >= 1024 else 20
 
@@ -193,7 +194,7 @@ def _bench_moe_layer(
     """Per-layer time of one MoE block at `tokens` tokens, and that block's output [T, H] for parity."""
     x = jax.random.normal(jax.random.key(plan.seed + tokens), (tokens, plan.config.hidden))
     x = x.astype(jnp.dtype(plan.config.dtype))
-    one, reps = jnp.asarray(1, jnp.int32), jnp.asarray(_reps(tokens), jnp.int32)
+    one, reps = jnp.asarray(1, jnp.int32), jnp.asarray(layer_reps(tokens), jnp.int32)
     loop, compile_s = compiled(moe_block_loop, x, layer, reps, config=plan.config, path=path)
     output = np.asarray(loop(x, layer, one), np.float32)
     samples, _ = timed(lambda: loop(x, layer, reps), plan.runs + 2)
