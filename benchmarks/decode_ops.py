@@ -15,8 +15,11 @@ each is how close to the HBM read roofline it gets. For the Mixtral-8x7B shapes,
   stream     (only when asked) the T=1 GEMMs' weight tiles streamed through the same TMA pipeline with no
              arithmetic at all, one CTA per column tile; and gate_up with both rows on one expert against
              XLA's dot on that expert: what read rate the tiles alone reach, apart from the wgmmas;
-  attention  one decode position's attention over a 2176-position cache (position 2100): the model's
-             einsum path, and JAX's Pallas (Triton) decode-attention kernel with several splits.
+  norm_router (only when asked) the MoE block's RMSNorm and router dot at T=1: XLA's ops, and
+             tuner/models/norm_router.py's kernel at 4, 8 and 16 warps;
+  attention  one decode position's attention over a 2176-position cache (position 2100), with RoPE and the
+             cache write: the einsum path (XLA's kernels) and moetune's two Pallas Triton kernels
+             (tuner/models/decode_attention.py) at each tiling in ATTENTION_TILINGS.
 Each variant is first checked against a float32 reference (relative L2 error); then the median of 10
 CUPTI passes over input copies larger than twice the L2 (the sum of every kernel the variant launches).
 The HBM roofline uses --read-tbps. `--hlo-out` also writes the optimized HLO of a 2-layer decode step.
@@ -46,7 +49,7 @@ import stream_probe
 from moetune.kernels.moe_reference import gated_activation
 from moetune.kernels.mosaic_gpu import kernel_sm90
 from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C
-from moetune.kernels.mosaic_gpu.timer import CuptiTimer
+from moetune.kernels.mosaic_gpu.timer import CuptiSession, CuptiTimer
 from moetune.kernels.reference import relative_error
 
 PLAIN = dict(warp_specialized=False, wg_split="none")
@@ -91,7 +94,18 @@ DOWN = [
 ]
 ORIENTATION = [DOWN[0], DOWN[3], C(max_concurrent_steps=4, split_k=4, **N256 | dict(block_k=32))]
 # (splits, block_k): the 2176-position cache split evenly into whole blocks.
-ATTENTION_SPLITS = [(17, 128), (34, 64), (17, 64), (68, 32)]
+# decode_attention's tilings; the first is its default.
+ATTENTION_TILINGS = [
+    {"block_k": 64, "splits": 32, "num_warps": 4, "num_stages": 2},
+    {"block_k": 64, "splits": 16, "num_warps": 4, "num_stages": 2},
+    {"block_k": 64, "splits": 64, "num_warps": 4, "num_stages": 2},
+    {"block_k": 32, "splits": 64, "num_warps": 4, "num_stages": 2},
+    {"block_k": 32, "splits": 128, "num_warps": 4, "num_stages": 2},
+    {"block_k": 128, "splits": 32, "num_warps": 4, "num_stages": 2},
+    {"block_k": 128, "splits": 32, "num_warps": 8, "num_stages": 2},
+    {"block_k": 64, "splits": 64, "num_warps": 2, "num_stages": 2},
+    {"block_k": 64, "splits": 64, "num_warps": 8, "num_stages": 2},
+]
 
 
 def log(message: str) -> None:
@@ -117,6 +131,7 @@ class Bench:
                 "median_us": median * 1e6,
                 "samples_us": [s * 1e6 for s in samples],
                 "roofline_frac": weight_bytes / (self.read_tbps * 1e12) / median,
+                "kernels_us": one_call_kernels(jitted, args),
             }
             log(
                 f"{case:10s} {variant:60s} {median * 1e6:8.1f} us  {row['roofline_frac']:.1%} of roofline"
@@ -127,6 +142,14 @@ class Bench:
             log(f"{case:10s} {variant:60s} FAILED {row['error'][:200]}")
             traceback.print_exc(limit=2)
         self.rows.append(row)
+
+
+def one_call_kernels(fn, args) -> list[tuple[str, float]]:
+    """(name, us) of each kernel one more call launches: which of a variant's kernels the median sums."""
+    session = CuptiSession()
+    session.start()
+    jax.block_until_ready(fn(*args))
+    return [(name, ms * 1e3) for name, ms in session.stop()]
 
 
 def normal(key, shape, scale=1.0):
@@ -192,42 +215,62 @@ def moe_cases(b: Bench, num_sms: int, which: set[str]) -> None:
 
 
 def attention_cases(b: Bench) -> None:
-    from jax.experimental.pallas.ops.gpu import decode_attention
+    """The model's decode attention both ways, each with RoPE and the cache write (what a layer runs)."""
+    from moetune.tuner.models import decode_attention, mixtral
+    from moetune.tuner.models.config import model_config
 
-    heads, kv_heads, dim, max_len, pos = 32, 8, 128, 2176, 2100
+    config = model_config("mixtral_8x7b")
+    heads, kv_heads, dim, max_len, pos = config.heads, config.kv_heads, config.head_dim, 2176, 2100
     ks = jax.random.split(jax.random.key(3), 3)
-    q = normal(ks[0], (1, heads, dim))
-    k = normal(ks[1], (1, kv_heads, max_len, dim))
-    v = normal(ks[2], (1, kv_heads, max_len, dim))
+    qkv = normal(ks[0], (1, (heads + 2 * kv_heads) * dim))
+    keys, values = normal(ks[1], (1, kv_heads, max_len, dim)), normal(ks[2], (1, kv_heads, max_len, dim))
     position = jnp.asarray(pos, jnp.int32)
     nbytes = 2 * kv_heads * (pos + 1) * dim * 2
 
-    def einsum_path(q, k, v, position):
-        group = heads // kv_heads
-        qg = q.reshape(1, kv_heads, group, dim)
-        scores = jnp.einsum("bgrd,bgkd->bgrk", qg, k, preferred_element_type=jnp.float32)
-        mask = jnp.arange(max_len) <= position
-        scores = jnp.where(mask, scores * dim**-0.5, -jnp.inf)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        return jnp.einsum("bgrk,bgkd->bgrd", probs, v).reshape(1, heads * dim)
+    def einsum_path(qkv, keys, values, position):
+        positions = position[None]
+        q = qkv[:, : heads * dim].reshape(1, 1, heads, dim)
+        k = qkv[:, heads * dim : (heads + kv_heads) * dim].reshape(1, 1, kv_heads, dim)
+        v = qkv[:, (heads + kv_heads) * dim :].reshape(1, kv_heads, 1, dim)
+        q = mixtral.rope(q, positions, config.rope_theta)
+        k = mixtral.rope(k, positions, config.rope_theta).transpose(0, 2, 1, 3)
+        keys = jax.lax.dynamic_update_slice(keys, k, (0, 0, position, 0))
+        values = jax.lax.dynamic_update_slice(values, v, (0, 0, position, 0))
+        mask = jnp.arange(max_len)[None, :] <= positions[:, None]
+        return mixtral._attend(config, q, keys, values, mask).reshape(1, heads * dim)
 
-    reference = einsum_path(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), position)
-    args = (q, k, v, position)
-    b.run("attention", "einsum (the model's)", einsum_path, args, reference, nbytes)
-    for splits, block_k in ATTENTION_SPLITS:
+    def kernel_path(qkv, keys, values, position, **tiling):
+        cos, sin = mixtral.rotation(position[None], dim // 2, config.rope_theta)
+        attend = decode_attention.decode_attention
+        return attend(qkv, keys, values, position, cos[0], sin[0], heads=heads, **tiling)[0]
 
-        def pallas(q, k, v, position, splits=splits, block_k=block_k):
-            out = decode_attention.gqa(
-                q,
-                jnp.swapaxes(k, 1, 2),
-                jnp.swapaxes(v, 1, 2),
-                kv_seq_len=(position + 1)[None],
-                k_splits=splits,
-                block_k=block_k,
-            )
-            return out.reshape(1, heads * dim)
+    f32 = lambda a: a.astype(jnp.float32)
+    reference = einsum_path(f32(qkv), f32(keys), f32(values), position)
+    args = (qkv, keys, values, position)
+    b.run("attention", "einsum (the model's prefill path)", einsum_path, args, reference, nbytes)
+    for tiling in ATTENTION_TILINGS:
+        label = "moetune kernels " + " ".join(f"{key}={value}" for key, value in tiling.items())
+        fn = functools.partial(kernel_path, **tiling)
+        b.run("attention", label, fn, args, reference, nbytes)
 
-        b.run("attention", f"pallas_gqa splits={splits} block_k={block_k}", pallas, args, reference, nbytes)
+
+def norm_router_cases(b: Bench) -> None:
+    """The MoE block's RMSNorm and router logits at T=1: XLA's ops, and the one kernel at several widths."""
+    from moetune.tuner.models import mixtral, norm_router
+
+    ks = jax.random.split(jax.random.key(4), 3)
+    x, weight, router = normal(ks[0], (1, 4096)), normal(ks[1], (4096,)), normal(ks[2], (4096, 8), 4096**-0.5)
+
+    def xla_ops(x, weight, router):
+        h = mixtral.rms_norm(x, weight, 1e-5)
+        return jnp.dot(h, router, preferred_element_type=jnp.float32)
+
+    reference = xla_ops(x.astype(jnp.float32), weight.astype(jnp.float32), router.astype(jnp.float32))
+    nbytes = (4096 + 4096 + 4096 * 8) * 2
+    b.run("norm_router", "xla ops (rms_norm, dot)", xla_ops, (x, weight, router), reference, nbytes)
+    for warps in (4, 8, 16):
+        fn = lambda x, w, r, warps=warps: norm_router.norm_and_router(x, w, r, 1e-5, num_warps=warps)[1]
+        b.run("norm_router", f"moetune kernel num_warps={warps}", fn, (x, weight, router), reference, nbytes)
 
 
 def stride_cases(b: Bench, num_sms: int) -> None:
@@ -378,7 +421,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
-        "--only", default="proj,gate_up,down,attention", help="also: stride, orientation, pad, stream"
+        "--only",
+        default="proj,gate_up,down,attention",
+        help="also: stride, orientation, pad, stream, norm_router",
     )
     parser.add_argument("--read-tbps", type=float, default=4.69, help="measured HBM read bandwidth")
     parser.add_argument("--hlo-out", type=Path)
@@ -400,6 +445,9 @@ def main() -> int:
         dump_hlo(args.hlo_out)
     if "attention" in which:
         attention_cases(b)
+        save()
+    if "norm_router" in which:
+        norm_router_cases(b)
         save()
     if "proj" in which:
         proj_cases(b, num_sms)

@@ -10,7 +10,8 @@ clock around block_until_ready, and one more call of it is recorded by CUPTI, ke
 Kernels are grouped by name with trailing numbers dropped (XLA's fusion.12 and fusion.13 are one group;
 each Mosaic GPU kernel's name spells its config).
 
-XLA reads its flags when jax starts, so each variant runs in a child process with its own XLA_FLAGS;
+XLA reads its flags when jax starts, so each variant runs in a child process with its own XLA_FLAGS (or
+other environment, as xla_attention's $MOETUNE_DECODE_ATTENTION);
 with --gpus 0,1 two children run at once, one per GPU. --pack serves one config pack file alone
 (no database), so that two packs can be compared on one GPU.
 
@@ -31,16 +32,32 @@ import sys
 import time
 from pathlib import Path
 
-# name -> the XLA_FLAGS it adds
-VARIANTS = {
-    "default": "",
-    "no_command_buffers": "--xla_gpu_enable_command_buffer=",
-    "command_buffer_while": (
-        "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
-    ),
+# name -> the environment it adds to the child's (XLA_FLAGS are appended to any already set)
+VARIANTS: dict[str, dict[str, str]] = {
+    "default": {},
+    "no_command_buffers": {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="},
+    "command_buffer_while": {
+        "XLA_FLAGS": "--xla_gpu_enable_command_buffer="
+        "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
+    },
     # The dense projections' dots through cuBLAS rather than XLA's Triton GEMM fusions.
-    "no_triton_gemm": "--xla_gpu_enable_triton_gemm=false",
+    "no_triton_gemm": {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false"},
+    # Decode attention as XLA's einsums (the path before tuner/models/decode_attention.py).
+    "xla_attention": {"MOETUNE_DECODE_ATTENTION": "xla"},
+    # The MoE layer's routing as XLA's reductions (the path before kernels/routing_kernel.py).
+    "xla_routing": {"MOETUNE_ROUTING": "xla"},
+    "xla_attention_routing": {"MOETUNE_DECODE_ATTENTION": "xla", "MOETUNE_ROUTING": "xla"},
+    # The MoE block's RMSNorm and router dot as XLA's ops (before tuner/models/norm_router.py).
+    "xla_norm_router": {"MOETUNE_NORM_ROUTER": "xla"},
+    # None of the three Pallas Triton kernels: the decode step as sessions 1-9 ran it.
+    "xla_all": {"MOETUNE_DECODE_ATTENTION": "xla", "MOETUNE_ROUTING": "xla", "MOETUNE_NORM_ROUTER": "xla"},
 }
+
+
+def child_env(variant: str, gpu: str) -> dict[str, str]:
+    extra = VARIANTS[variant]
+    flags = f"{os.environ.get('XLA_FLAGS', '')} {extra.get('XLA_FLAGS', '')}".strip()
+    return os.environ | extra | {"CUDA_VISIBLE_DEVICES": gpu, "XLA_FLAGS": flags}
 
 
 def log(message: str) -> None:
@@ -112,6 +129,7 @@ def measure(variant: str, args: argparse.Namespace) -> dict:
     call()
     kernels = session.stop()
     row = {"variant": variant, "xla_flags": os.environ.get("XLA_FLAGS", ""), "pack": args.pack}
+    row["env"] = {name: os.environ.get(name, "") for name in VARIANTS[variant] if name != "XLA_FLAGS"}
     return row | summarize(kernels, args.steps, walls)
 
 
@@ -125,10 +143,7 @@ def run_children(args: argparse.Namespace, variants: list[str]) -> list[dict]:
                 break
             variant = pending.pop(0)
             out = args.out.with_name(f"{args.out.stem}_{variant}.json")
-            env = os.environ | {
-                "CUDA_VISIBLE_DEVICES": gpu,
-                "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {VARIANTS[variant]}".strip(),
-            }
+            env = child_env(variant, gpu)
             child = [sys.executable, __file__, "--child", variant, "--out", str(out)]
             child += ["--model", args.model, "--prompt", str(args.prompt), "--steps", str(args.steps)]
             child += ["--runs", str(args.runs)] + (["--layers", str(args.layers)] if args.layers else [])

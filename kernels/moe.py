@@ -12,8 +12,9 @@ What runs, on every backend (`xla` on CPU, `mosaic_gpu` on Hopper), and what is 
     writes only [T*k, F]; xla (the plain fallback) runs ragged_dot in float32, then the activation. A
     backend that declines the op (or another activation, e.g. geglu) gets the unfused path: the
     "grouped_matmul" GEMM writes [T*k, 2F] in the inputs' dtype and an XLA op applies the activation.
-  * Routing (top-k, then the stable sort of the rows by expert) is pairwise comparisons that XLA fuses into
-    a few reductions while T*k and E are small (decode), lax.top_k and an argsort otherwise.
+  * Routing (top-k, then the stable sort of the rows by expert) is pairwise comparisons while T*k and E
+    are small (decode): on a GPU one Pallas Triton kernel (routing_kernel.py), elsewhere XLA reductions;
+    lax.top_k and an argsort otherwise.
   * The token permutation is NOT fused into the first GEMM: a stable sort by expert, then a row gather
     (`jnp.take`) that writes a permuted [T*k, H] copy of the activations. See "grouped_matmul_gather".
   * The combine is NOT fused into the down GEMM: an XLA gather through the inverse permutation plus a
@@ -47,6 +48,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from moetune.kernels import pallas_mode, routing_kernel
 from moetune.kernels.api import explain, grouped_matmul, grouped_matmul_swiglu, problem_of
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.moe_reference import check_moe_args, gated_activation
@@ -86,6 +88,7 @@ class SortedRows:
 # H200 (benchmarks/decode_probe.py) this took 9 us off one MoE block at T=1, nothing measurable in decode.
 COMPARE_MAX_EXPERTS = 16
 COMPARE_MAX_ROWS = 64
+ROUTING_ENV = "MOETUNE_ROUTING"
 
 
 def route(router_logits: Array, top_k: int, renormalize: bool) -> Routing:
@@ -157,6 +160,20 @@ def _sorted_rows_by_comparison(flat: Array) -> tuple[Array, Array]:
     return slot_row, order
 
 
+def route_rows(router_logits: Array, top_k: int, renormalize: bool) -> tuple[Routing, SortedRows]:
+    """`route`, then `sort_by_expert`: in one Pallas Triton kernel where it fits and $MOETUNE_ROUTING
+    allows (kernel, the default on a GPU; xla; or interpret: see pallas_mode), else as XLA ops."""
+    tokens, experts = router_logits.shape
+    mode = pallas_mode.mode(ROUTING_ENV)
+    if mode != "xla" and routing_kernel.fits(tokens, experts, top_k):
+        ids, weights, row_token, slot_row, sizes = routing_kernel.route_and_sort(
+            router_logits, top_k, renormalize, interpret=mode == "interpret"
+        )
+        return Routing(ids, weights), SortedRows(row_token=row_token, slot_row=slot_row, group_sizes=sizes)
+    routing = route(router_logits, top_k, renormalize)
+    return routing, sort_by_expert(routing.expert_ids, experts)
+
+
 def _gate_up(
     gemm: GroupedGemm,
     x: Array,
@@ -205,8 +222,7 @@ def moe_mlp_using(
     `fused_swiglu`, when given, computes the gate_up GEMM and SwiGLU in one op (used for swiglu only).
     """
     check_moe_args(x, router_logits, w_gate_up, w_down, top_k=top_k, activation=activation)
-    routing = route(router_logits, top_k, renormalize)
-    rows = sort_by_expert(routing.expert_ids, router_logits.shape[1])
+    routing, rows = route_rows(router_logits, top_k, renormalize)
     hidden = _gate_up(gemm, x, rows, w_gate_up, activation, fused_swiglu)
     return _down_and_combine(gemm, hidden, rows, w_down, routing)
 

@@ -9,6 +9,7 @@ they skip, except under CI=true, where a missing server is a failure rather than
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import types
@@ -104,3 +105,65 @@ def fake_backend(monkeypatch):
     registry.register("fake", module.__name__)
     yield module.BACKEND
     registry.unregister("fake")
+
+
+@pytest.fixture
+def triton_lowering_for_h200():
+    """Pallas's Triton lowering asks the local GPU for its compute capability; on a CPU, answer as an H200
+    would. Lowering to Triton IR happens in Python; only compiling that IR needs the GPU."""
+    import unittest.mock
+
+    from jax._src.pallas.triton import gpu_info
+    from jax.experimental.pallas import triton as pltriton
+
+    h200 = lambda: gpu_info.get_gpu_info_from_version(pltriton.GpuVersion.H200)  # noqa: E731
+    with unittest.mock.patch.object(gpu_info, "get_gpu_info", h200):
+        yield
+
+
+@pytest.fixture
+def assert_decode_same_across_modes(monkeypatch):
+    """check(env, modes): the float32 tiny model decodes alike with $env at each of two modes (a Pallas
+    kernel's "kernel"/"interpret" against "xla"): a 6-token prompt, one decode_step at position 6, then
+    decode_loop's 3 steps from 7. The mode is read while tracing, so jax's caches are cleared around each
+    run; float32 matmuls, so that XLA's dots do not round through TF32 on a GPU."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from moetune.tuner.models import mixtral
+    from moetune.tuner.models.config import model_config
+    from moetune.tuner.models.weights import init_params
+
+    config = dataclasses.replace(model_config("tiny"), dtype="float32")
+    params = init_params(config, seed=0)
+    prompt = jax.random.randint(jax.random.key(1), (2, 6), 0, config.vocab, dtype=jnp.int32)
+    run = functools.partial(mixtral.decode_step, config=config, moe_path="moetune")
+
+    def decode(env: str, mode: str):
+        monkeypatch.setenv(env, mode)
+        jax.clear_caches()
+        try:
+            with jax.default_matmul_precision("float32"):
+                cache = mixtral.KVCache.empty(config, 2, 12)
+                logits, cache = mixtral.prefill(params, prompt, cache, config=config, moe_path="moetune")
+                first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+                step_logits, cache = run(params, first, cache, 6)
+                emitted, cache = mixtral.decode_loop(
+                    params, first, cache, 7, steps=3, config=config, moe_path="moetune"
+                )
+        finally:
+            jax.clear_caches()
+        return logits, step_logits, emitted, cache
+
+    def check(env: str, modes: tuple[str, str]) -> None:
+        (logits_a, step_a, tokens_a, cache_a), (logits_b, step_b, tokens_b, cache_b) = (
+            decode(env, mode) for mode in modes
+        )
+        np.testing.assert_allclose(np.asarray(logits_a), np.asarray(logits_b), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(np.asarray(step_a), np.asarray(step_b), rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(np.asarray(tokens_a), np.asarray(tokens_b))
+        for a, b in zip(jax.tree.leaves(cache_a), jax.tree.leaves(cache_b), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+
+    return check

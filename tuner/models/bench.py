@@ -36,11 +36,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moetune.kernels import moe, pallas_mode
 from moetune.kernels.device import current_fingerprint
 from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.lookup import LOOKUP
 from moetune.kernels.moe import moe_problems, route, sort_by_expert
-from moetune.tuner.models import mixtral
+from moetune.tuner.models import decode_attention, mixtral, norm_router
 from moetune.tuner.models.config import ModelConfig, model_config
 from moetune.tuner.models.moe_paths import MOE_PATHS, moe_path
 from moetune.tuner.models.weights import LayerParams, ModelParams, init_params
@@ -282,6 +283,12 @@ def _environment(command: str) -> dict[str, Any]:
             "moetune": moetune_version,
         },
         "env": {k: v for k, v in os.environ.items() if k.startswith(("XLA_", "JAX_", "MOETUNE_"))},
+        # How the model-side Pallas kernels ran (each one's environment variable, else the backend's default).
+        "pallas_kernels": {
+            "decode_attention": decode_attention.mode(),
+            "norm_router": norm_router.mode(),
+            "routing": pallas_mode.mode(moe.ROUTING_ENV),
+        },
     }
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from moetune.tuner.models import decode_attention, norm_router
 from moetune.tuner.models.config import ModelConfig
 from moetune.tuner.models.moe_paths import moe_path as moe_fn
 from moetune.tuner.models.weights import LayerParams, ModelParams
@@ -57,12 +58,17 @@ def rms_norm(x: Array, weight: Array, eps: float) -> Array:
     return (normed * weight.astype(jnp.float32)).astype(x.dtype)
 
 
+def rotation(positions: Array, half: int, theta: float) -> tuple[Array, Array]:
+    """RoPE's cos and sin [S, D/2] (float32) at `positions` [S]."""
+    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
 def rope(x: Array, positions: Array, theta: float) -> Array:
     """Rotary embedding, half-split convention (as Mixtral's checkpoints): x [B, S, N, D], positions [S]."""
-    half = x.shape[-1] // 2
-    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]  # [S, D/2]
-    cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
+    cos, sin = rotation(positions, x.shape[-1] // 2, theta)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
@@ -99,6 +105,18 @@ def _attention(
     h = rms_norm(x, p.attn_norm, config.norm_eps)
     qkv = h @ p.wqkv
     q_width, kv_width = config.heads * config.head_dim, config.kv_heads * config.head_dim
+    if layer_cache is not None and seq == 1 and (mode := decode_attention.mode()) != "xla":
+        cos, sin = rotation(positions, config.head_dim // 2, config.rope_theta)
+        out, keys, values = decode_attention.decode_attention(
+            qkv[:, 0],
+            *layer_cache,
+            positions[0],
+            cos[0],
+            sin[0],
+            heads=config.heads,
+            interpret=mode == "interpret",
+        )
+        return out[:, None] @ p.wo, (keys, values)
     q = qkv[..., :q_width].reshape(batch, seq, config.heads, config.head_dim)
     k = qkv[..., q_width : q_width + kv_width].reshape(batch, seq, config.kv_heads, config.head_dim)
     v = qkv[..., q_width + kv_width :].reshape(batch, seq, config.kv_heads, config.head_dim)
@@ -124,8 +142,14 @@ def _shared_moe(moe_path: str) -> Any:
 
 def _moe_block(config: ModelConfig, p: LayerParams, x: Array, moe_path: str) -> Array:
     batch, seq, hidden = x.shape
-    h = rms_norm(x, p.moe_norm, config.norm_eps).reshape(batch * seq, hidden)
-    router_logits = jnp.dot(h, p.router, preferred_element_type=jnp.float32)
+    x_rows = x.reshape(batch * seq, hidden)
+    if (mode := norm_router.mode()) != "xla" and norm_router.fits(batch * seq):
+        h, router_logits = norm_router.norm_and_router(
+            x_rows, p.moe_norm, p.router, config.norm_eps, interpret=mode == "interpret"
+        )
+    else:
+        h = rms_norm(x_rows, p.moe_norm, config.norm_eps)
+        router_logits = jnp.dot(h, p.router, preferred_element_type=jnp.float32)
     out = _shared_moe(moe_path)(h, router_logits, p.w_gate_up, p.w_down, top_k=config.top_k)
     return out.reshape(batch, seq, hidden)
 

@@ -1,0 +1,73 @@
+"""The decode attention kernels compiled by Triton on a Hopper GPU, at Mixtral-8x7B's attention shapes,
+against the model's einsum path in float32; and the model's decode with them against its decode without them.
+
+Skipped without one (tests/gpu/conftest.py). On the GPU machine:
+    python3 -m pytest tests/gpu/test_decode_attention_gpu.py
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from moetune.kernels.lookup import LOOKUP
+from moetune.tuner.models import decode_attention as da
+from moetune.tuner.models import mixtral
+from moetune.tuner.models.config import model_config
+
+pytestmark = pytest.mark.gpu
+
+MIXTRAL = model_config("mixtral_8x7b")
+LENGTH = 2176
+
+
+@pytest.fixture(autouse=True)
+def packs_only():
+    with LOOKUP.using_db(None):
+        yield
+
+
+def _einsum_path(qkv, keys, values, pos):
+    batch, heads, kv_heads, dim = qkv.shape[0], MIXTRAL.heads, MIXTRAL.kv_heads, MIXTRAL.head_dim
+    positions = jnp.asarray([pos])
+    q = mixtral.rope(qkv[:, : heads * dim].reshape(batch, 1, heads, dim), positions, MIXTRAL.rope_theta)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].reshape(batch, 1, kv_heads, dim)
+    k = mixtral.rope(k, positions, MIXTRAL.rope_theta)[:, 0]
+    v = qkv[:, (heads + kv_heads) * dim :].reshape(batch, kv_heads, dim)
+    keys, values = keys.at[:, :, pos].set(k), values.at[:, :, pos].set(v)
+    mask = jnp.arange(keys.shape[2])[None, :] <= positions[:, None]
+    return mixtral._attend(MIXTRAL, q, keys, values, mask).reshape(batch, heads * dim), keys
+
+
+@pytest.mark.parametrize("tiling", [{}, {"block_k": 64, "splits": 64}, {"block_k": 128, "splits": 8}])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_kernels_match_the_float32_einsum_path_at_mixtral_shapes(batch, tiling):
+    ks = jax.random.split(jax.random.key(batch), 3)
+    heads, kv_heads, dim = MIXTRAL.heads, MIXTRAL.kv_heads, MIXTRAL.head_dim
+    normal = lambda k, shape: jax.random.normal(k, shape, jnp.float32).astype(jnp.bfloat16)
+    qkv = normal(ks[0], (batch, (heads + 2 * kv_heads) * dim))
+    keys = normal(ks[1], (batch, kv_heads, LENGTH, dim)) + 20  # junk past pos: large, so a leak shows
+    values = normal(ks[2], (batch, kv_heads, LENGTH, dim))
+    f32 = lambda a: a.astype(jnp.float32)
+    attend = jax.jit(functools.partial(da.decode_attention, heads=heads, **tiling))
+    for pos in (0, 63, 64, 2100, LENGTH - 1):
+        want, want_keys = _einsum_path(f32(qkv), f32(keys), f32(values), pos)
+        cos, sin = mixtral.rotation(jnp.asarray([pos]), dim // 2, MIXTRAL.rope_theta)
+        out, new_keys, _ = attend(qkv, keys, values, pos, cos[0], sin[0])
+        out, want = np.asarray(out, np.float64), np.asarray(want, np.float64)
+        rel_l2 = np.linalg.norm(out - want) / np.linalg.norm(want)
+        assert rel_l2 < 1e-2, f"pos {pos}: rel_l2={rel_l2:.3g}"
+        np.testing.assert_allclose(
+            np.asarray(new_keys[:, :, pos], np.float32),
+            np.asarray(want_keys[:, :, pos]),
+            rtol=1e-2,
+            atol=1e-2,
+        )
+
+
+def test_model_decode_with_the_kernels_matches_decode_without(assert_decode_same_across_modes):
+    assert_decode_same_across_modes(da.MODE_ENV, ("xla", "kernel"))
