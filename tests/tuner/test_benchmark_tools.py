@@ -24,6 +24,7 @@ SESSION5 = RESULTS / "2026-11-30_h200_session5"
 SESSION7 = RESULTS / "2026-11-30_h200_session7"
 SESSION8 = RESULTS / "2026-11-30_h200_session8"
 SESSION9 = RESULTS / "2026-11-30_h200_session9"
+SESSION10 = RESULTS / "2026-11-30_h200_session10"
 
 
 def _run(name: str) -> Path:
@@ -509,3 +510,86 @@ def test_decode_timeline_groups_kernels_and_counts_per_token(monkeypatch):
     assert row["kernel_us_per_token"] == pytest.approx(106) and row["kernels_per_token"] == 3
     assert row["between_us_per_token"] == pytest.approx(44)
     assert [(g["name"], g["per_token"]) for g in row["groups"]] == [("moetune_gmm_x_sk4", 1), ("fusion", 2)]
+
+
+def _session10(name: str) -> dict:
+    """A session-10 result file, by the part of its name after the session."""
+    return json.loads(Path(f"{SESSION10}_{name}.json").read_text())
+
+
+def _tokens_per_s(call: str) -> list[tuple[str, float]]:
+    return [(r["variant"], round(r["tokens_per_s"], 1)) for r in _session10(call)["rows"]]
+
+
+def test_the_decode_kernels_against_xlas_ops_on_one_gpu():
+    """README: 143.4 and 143.5 tokens/s with the three Pallas Triton kernels, 136.4 and 136.3 without (+5.2%),
+    alternating on one GPU (call 6); 14.3 against 26.3 kernels and 217.9 against 229.0 us a layer."""
+    assert _tokens_per_s("call6_decode_timeline") == [
+        ("default", 143.4),
+        ("xla_all", 136.4),
+        ("default", 143.5),
+        ("xla_all", 136.3),
+    ]
+    rows = _session10("call6_decode_timeline")["rows"]
+    gain = (rows[0]["tokens_per_s"] + rows[2]["tokens_per_s"]) / (
+        rows[1]["tokens_per_s"] + rows[3]["tokens_per_s"]
+    )
+    assert round(gain - 1, 3) == 0.052
+    assert [round(rows[i]["kernels_per_token"] / 32, 1) for i in (0, 1)] == [14.3, 26.3]
+    assert [round(rows[i]["wall_us_per_token"] / 32, 1) for i in (0, 1)] == [217.9, 229.0]
+    assert all(row["env"] for row in rows[1::2]) and not any(row["env"] for row in rows[0::2])
+
+
+def test_each_decode_kernels_share():
+    """README: attention +3.0% (139.8 -> 144.0), routing +1.3% (142.1 -> 144.0), norm+router +0.6% (144.2 ->
+    145.1); call 1's first attention gained nothing (136.0 against 136.3), call 2's +3.7%."""
+    call3 = dict(_tokens_per_s("call3_decode_timeline"))
+    assert call3 == {
+        "default": 144.0,
+        "xla_routing": 142.1,
+        "xla_attention": 139.8,
+        "xla_attention_routing": 137.9,
+    }
+    assert round(call3["default"] / call3["xla_attention"] - 1, 3) == 0.030
+    assert round(call3["default"] / call3["xla_routing"] - 1, 3) == 0.013
+    call4 = dict(_tokens_per_s("call4_decode_timeline"))
+    assert round(call4["default"] / call4["xla_norm_router"] - 1, 3) == 0.006
+    assert dict(_tokens_per_s("call1_decode_timeline")) == {"default": 136.0, "xla_attention": 136.3}
+    call2 = dict(_tokens_per_s("call2_decode_timeline"))
+    assert round(call2["default"] / call2["xla_attention"] - 1, 3) == 0.037
+
+
+def test_the_decode_kernels_alone():
+    """README: at block_k=64 and 32 splits the split kernel takes 5.7 us and the combine 1.7 (16 splits 6.8 +
+    1.8; one block per program 9.5 + 2.3), XLA's ten kernels 17.9 us; norm+router 2.5 against 4.1 (call 5)."""
+    rows = {r["variant"]: r for r in _session10("call5_decode_ops")["rows"]}
+
+    def kernels(variant):
+        return {n: us for n, us in rows[variant]["kernels_us"] if not n.startswith("memcpy")}
+
+    def attention(block_k, splits, warps=4):
+        k = kernels(f"moetune kernels block_k={block_k} splits={splits} num_warps={warps} num_stages=2")
+        return round(k["moetune_decode_attention"], 1), round(k["moetune_decode_attention_combine"], 1)
+
+    assert attention(64, 32) == (5.7, 1.7) and attention(64, 16) == (6.8, 1.8)
+    xla = kernels("einsum (the model's prefill path)")
+    assert len(xla) == 10 and round(sum(xla.values()), 1) == 17.9
+    assert round(sum(kernels("xla ops (rms_norm, dot)").values()), 1) == 4.1
+    assert round(kernels("moetune kernel num_warps=8")["moetune_norm_router"], 1) == 2.5
+    for row in rows.values():  # each variant passed its float32 check first
+        assert row["rel_err"] < 5e-3
+
+
+def test_the_model_with_the_decode_kernels():
+    """README: decode 145.0 and 144.9 tokens/s, prefill 18126 and 18206, the MoE layer at T=4096 5.96x and
+    6.20x ragged (calls 6 and 7), with all three kernels on; logits rel L2 3.7e-3 against dense."""
+    runs = [_session10(f"call{c}_model") for c in (6, 7)]
+    results = [dict(r["results"]) for r in runs]
+    assert [round(r["moetune"]["decode"]["tokens_per_s"], 1) for r in results] == [145.0, 144.9]
+    assert [round(r["moetune"]["prefill"]["tokens_per_s"]) for r in results] == [18126, 18206]
+    assert [round(r["moe_layer_speedup"]["moetune_vs_ragged"]["4096"], 2) for r in runs] == [5.96, 6.20]
+    assert all(
+        r["pallas_kernels"] == dict.fromkeys(("decode_attention", "norm_router", "routing"), "kernel")
+        for r in runs
+    )
+    assert all(round(r["parity"]["moetune"]["logits"]["rel_l2"], 4) == 0.0037 for r in runs)
