@@ -61,7 +61,8 @@ def decode_attention(
     qkv [B, (heads + 2 * kv_heads) * D]: the new token's projections side by side (q, k, v; q and k before
     RoPE), as the model's fused projection writes them: the kernel slices them, so XLA copies none out.
     keys, values [B, kv_heads, L, D]: the layer's cache; positions above `pos` hold junk and are masked.
-    pos: the token's position (int32 scalar, < L). cos, sin [D/2] float32: RoPE's rotation at `pos`.
+    pos: the token's position (int32 scalar; clamped into [0, L) as the einsum path's cache write clamps it).
+    cos, sin [D/2] float32: RoPE's rotation at `pos`.
     Returns (out [B, heads * D] in qkv's dtype, keys, values with the roped k and v written at `pos`).
     """
     batch, kv_heads, length, dim = keys.shape
@@ -114,7 +115,7 @@ def _split_kernel(
     b, g = bg // kv_heads, bg % kv_heads
     dim = keys_ref.shape[-1]
     group, half, dtype = heads // kv_heads, dim // 2, keys_ref.dtype
-    pos = pos_ref[0]
+    pos = jnp.clip(pos_ref[0], 0, length - 1)  # as XLA's dynamic_update_slice clamps its start
     cos, sin = cos_ref[...], sin_ref[...]
 
     def rope(x1, x2):

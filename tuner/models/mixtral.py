@@ -6,6 +6,10 @@ Entry points (all jitted; `config` and `moe_path` are static, the cache is donat
   decode_step(params, tokens, cache, pos)         -> (logits [B, V], cache); tokens [B] sit at `pos`
   decode_loop(params, tokens, cache, pos, steps)  -> (greedy tokens [B, steps], cache), one fori_loop
 
+On a GPU a decode step (one new token, with a cache) attends through decode_attention.py's Pallas Triton
+kernels, and up to 64 tokens take the MoE block's RMSNorm and router logits from norm_router.py's kernel;
+$MOETUNE_DECODE_ATTENTION and $MOETUNE_NORM_ROUTER=xla keep XLA's ops (see moetune.kernels.pallas_mode).
+
 Layers are a Python loop, unrolled into the program, rather than a scan over stacked [L, ...] weights:
 inside a loop, a layer's weights would be a dynamic slice of the stacked array, which XLA on GPU may copy
 to a buffer of its own before a GEMM reads it; a copy of all the expert weights per step would cost more
@@ -99,7 +103,8 @@ def _attention(
 
     Without a cache the S tokens attend causally among themselves and their own keys and values are
     returned. With one, they are written at `positions[0]` and the tokens attend to every cached position
-    up to their own; the updated cache arrays are returned.
+    up to their own; the updated cache arrays are returned. One token with a cache (a decode step) goes
+    through decode_attention's kernels unless its mode is "xla".
     """
     batch, seq = x.shape[:2]
     h = rms_norm(x, p.attn_norm, config.norm_eps)

@@ -105,6 +105,18 @@ def test_interpreted_kernels_equal_the_einsum_path(
             np.testing.assert_allclose(new[:, :, pos], want[:, :, pos], rtol=tol, atol=tol)
 
 
+def test_a_position_past_the_cache_clamps_to_its_last_row_as_the_einsum_paths_write_does():
+    # dynamic_update_slice clamps its start, so the einsum path writes row L-1 and attends to every row;
+    # an unclamped kernel would write past the cache's end.
+    qkv, keys, values = _inputs(1, 4, 2, 16, 32, jnp.float32)
+    cos, sin = mixtral.rotation(jnp.asarray([31]), 8, 1e4)
+    at = lambda pos: da.decode_attention(
+        qkv, keys, values, pos, cos[0], sin[0], heads=4, block_k=16, interpret=True
+    )
+    for got, want in zip(at(40), at(31), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_bad_shapes_and_tilings_are_refused():
     qkv, keys, values = _inputs(1, 4, 2, 16, 32, jnp.float32)
     cos = sin = jnp.ones((8,), jnp.float32)
