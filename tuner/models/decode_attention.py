@@ -5,12 +5,17 @@ its RoPE), the two einsums, and the softmax's max, exp, sum and normalise, and a
 launch of ~1.4 us on the H200, so together they cost several times the 2 us that reading the cache takes.
 Here it is two:
 
-  split kernel   grid (batch * kv_heads, splits). Each program ropes its group's query heads and the new key,
-                 reads its share of the cache's blocks up to `pos` in place (no transposed copy), and keeps a
-                 flash-style running max, sum and weighted value sum. The new key and value are taken from
-                 registers at row `pos`, and the program whose share holds `pos` writes them into the cache
-                 (aliased in place), so no program reads a row that another writes.
-  combine        grid (batch * kv_heads,): rescales the splits' partial sums to their common max and divides.
+  split kernel   grid (batch * kv_heads, splits). Each program reads its group's query heads and the new key
+                 and value out of the fused projection's output in place, ropes q and k, reads its share of
+                 the cache's blocks up to `pos` in place (no transposed copy), and keeps a flash-style
+                 running max, sum and weighted value sum. The new key and value are taken from registers at
+                 row `pos`, and the program whose share holds `pos` writes them into the cache (aliased in
+                 place), so no program reads a row that another writes.
+  combine        grid (batch * heads, head_dim / 32): rescales one head's split partial sums to their common
+                 max and divides, 32 output columns a program.
+
+Both are latency-bound at decode sizes (H200, session 10): one program's few dependent loads, not the
+cache's bytes, set their time, so they want many programs each doing little.
 
 Numerics follow the model's `_attend`: q and k roped in float32 then rounded to the cache dtype, scores in
 float32 scaled by head_dim**-0.5, probabilities rounded to the value dtype before the value dot (here the
