@@ -228,16 +228,8 @@ def attention_cases(b: Bench) -> None:
     nbytes = 2 * kv_heads * (pos + 1) * dim * 2
 
     def einsum_path(qkv, keys, values, position):
-        positions = position[None]
-        q = qkv[:, : heads * dim].reshape(1, 1, heads, dim)
-        k = qkv[:, heads * dim : (heads + kv_heads) * dim].reshape(1, 1, kv_heads, dim)
-        v = qkv[:, (heads + kv_heads) * dim :].reshape(1, kv_heads, 1, dim)
-        q = mixtral.rope(q, positions, config.rope_theta)
-        k = mixtral.rope(k, positions, config.rope_theta).transpose(0, 2, 1, 3)
-        keys = jax.lax.dynamic_update_slice(keys, k, (0, 0, position, 0))
-        values = jax.lax.dynamic_update_slice(values, v, (0, 0, position, 0))
-        mask = jnp.arange(max_len)[None, :] <= positions[:, None]
-        return mixtral._attend(config, q, keys, values, mask).reshape(1, heads * dim)
+        out, _ = mixtral.einsum_attention(config, qkv[:, None], position[None], (keys, values))
+        return out.reshape(1, heads * dim)
 
     def kernel_path(qkv, keys, values, position, **tiling):
         cos, sin = mixtral.rotation(position[None], dim // 2, config.rope_theta)

@@ -32,15 +32,9 @@ def packs_only():
 
 
 def _einsum_path(qkv, keys, values, pos):
-    batch, heads, kv_heads, dim = qkv.shape[0], MIXTRAL.heads, MIXTRAL.kv_heads, MIXTRAL.head_dim
-    positions = jnp.asarray([pos])
-    q = mixtral.rope(qkv[:, : heads * dim].reshape(batch, 1, heads, dim), positions, MIXTRAL.rope_theta)
-    k = qkv[:, heads * dim : (heads + kv_heads) * dim].reshape(batch, 1, kv_heads, dim)
-    k = mixtral.rope(k, positions, MIXTRAL.rope_theta)[:, 0]
-    v = qkv[:, (heads + kv_heads) * dim :].reshape(batch, kv_heads, dim)
-    keys, values = keys.at[:, :, pos].set(k), values.at[:, :, pos].set(v)
-    mask = jnp.arange(keys.shape[2])[None, :] <= positions[:, None]
-    return mixtral._attend(MIXTRAL, q, keys, values, mask).reshape(batch, heads * dim), keys
+    """The model's einsum path: (out [B, heads * D], keys with the new key at pos)."""
+    out, (keys, _) = mixtral.einsum_attention(MIXTRAL, qkv[:, None], jnp.asarray([pos]), (keys, values))
+    return out.reshape(qkv.shape[0], -1), keys
 
 
 @pytest.mark.parametrize("tiling", [{}, {"block_k": 64, "splits": 64}, {"block_k": 128, "splits": 8}])

@@ -92,36 +92,18 @@ def _attend(config: ModelConfig, q: Array, k: Array, v: Array, mask: Array) -> A
     return out.reshape(batch, q_len, config.heads * config.head_dim)
 
 
-def _attention(
-    config: ModelConfig,
-    p: LayerParams,
-    x: Array,
-    positions: Array,
-    layer_cache: tuple[Array, Array] | None,
+def einsum_attention(
+    config: ModelConfig, qkv: Array, positions: Array, layer_cache: tuple[Array, Array] | None
 ) -> tuple[Array, tuple[Array, Array]]:
-    """Attention sub-block output [B, S, H] and this layer's (keys, values).
+    """Attention from the fused projection's output qkv [B, S, (heads + 2 * kv_heads) * D] as XLA ops:
+    [B, S, heads * D] and this layer's (keys, values).
 
     Without a cache the S tokens attend causally among themselves and their own keys and values are
     returned. With one, they are written at `positions[0]` and the tokens attend to every cached position
-    up to their own; the updated cache arrays are returned. One token with a cache (a decode step) goes
-    through decode_attention's kernels unless its mode is "xla".
+    up to their own; the updated cache arrays are returned.
     """
-    batch, seq = x.shape[:2]
-    h = rms_norm(x, p.attn_norm, config.norm_eps)
-    qkv = h @ p.wqkv
+    batch, seq = qkv.shape[:2]
     q_width, kv_width = config.heads * config.head_dim, config.kv_heads * config.head_dim
-    if layer_cache is not None and seq == 1 and (mode := decode_attention.mode()) != "xla":
-        cos, sin = rotation(positions, config.head_dim // 2, config.rope_theta)
-        out, keys, values = decode_attention.decode_attention(
-            qkv[:, 0],
-            *layer_cache,
-            positions[0],
-            cos[0],
-            sin[0],
-            heads=config.heads,
-            interpret=mode == "interpret",
-        )
-        return out[:, None] @ p.wo, (keys, values)
     q = qkv[..., :q_width].reshape(batch, seq, config.heads, config.head_dim)
     k = qkv[..., q_width : q_width + kv_width].reshape(batch, seq, config.kv_heads, config.head_dim)
     v = qkv[..., q_width + kv_width :].reshape(batch, seq, config.kv_heads, config.head_dim)
@@ -134,7 +116,35 @@ def _attention(
         k = jax.lax.dynamic_update_slice(layer_cache[0], k, (0, 0, start, 0))
         v = jax.lax.dynamic_update_slice(layer_cache[1], v, (0, 0, start, 0))
         mask = jnp.arange(k.shape[2])[None, :] <= positions[:, None]
-    return _attend(config, q, k, v, mask) @ p.wo, (k, v)
+    return _attend(config, q, k, v, mask), (k, v)
+
+
+def _attention(
+    config: ModelConfig,
+    p: LayerParams,
+    x: Array,
+    positions: Array,
+    layer_cache: tuple[Array, Array] | None,
+) -> tuple[Array, tuple[Array, Array]]:
+    """Attention sub-block output [B, S, H] and this layer's (keys, values), as `einsum_attention` gives
+    them. One token with a cache (a decode step) goes through decode_attention's kernels unless its mode
+    is "xla"."""
+    h = rms_norm(x, p.attn_norm, config.norm_eps)
+    qkv = h @ p.wqkv
+    if layer_cache is not None and x.shape[1] == 1 and (mode := decode_attention.mode()) != "xla":
+        cos, sin = rotation(positions, config.head_dim // 2, config.rope_theta)
+        out, keys, values = decode_attention.decode_attention(
+            qkv[:, 0],
+            *layer_cache,
+            positions[0],
+            cos[0],
+            sin[0],
+            heads=config.heads,
+            interpret=mode == "interpret",
+        )
+        return out[:, None] @ p.wo, (keys, values)
+    out, kv = einsum_attention(config, qkv, positions, layer_cache)
+    return out @ p.wo, kv
 
 
 @functools.cache

@@ -42,17 +42,8 @@ def _config(heads, kv_heads, dim, dtype):
 
 def _reference(config: ModelConfig, qkv, keys, values, pos):
     """The model's einsum path: rope, the cache written at pos, masked softmax attention."""
-    batch, heads, kv_heads, dim = qkv.shape[0], config.heads, config.kv_heads, config.head_dim
-    q = qkv[:, : heads * dim].reshape(batch, 1, heads, dim)
-    k = qkv[:, heads * dim : (heads + kv_heads) * dim].reshape(batch, 1, kv_heads, dim)
-    v = qkv[:, (heads + kv_heads) * dim :].reshape(batch, kv_heads, dim)
-    positions = jnp.asarray([pos])
-    q = mixtral.rope(q, positions, config.rope_theta)
-    k = mixtral.rope(k, positions, config.rope_theta)[:, 0]
-    keys = keys.at[:, :, pos].set(k)
-    values = values.at[:, :, pos].set(v)
-    mask = jnp.arange(keys.shape[2])[None, :] <= positions[:, None]
-    return mixtral._attend(config, q, keys, values, mask).reshape(batch, heads * dim), keys, values
+    out, (keys, values) = mixtral.einsum_attention(config, qkv[:, None], jnp.asarray([pos]), (keys, values))
+    return out.reshape(qkv.shape[0], -1), keys, values
 
 
 def _rel_l2(value, reference):
