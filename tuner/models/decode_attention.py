@@ -151,20 +151,18 @@ def _split_kernel(
         key = start + jnp.arange(block_k)
         stored, new = (key < length)[:, None], (key == pos)[:, None]
         rows = pl.ds(start, block_k)
-        k1 = jnp.where(
-            new, k1_new[None, :], pltriton.load(keys_ref.at[b, g, rows, first], mask=stored, other=0)
-        )
-        k2 = jnp.where(
-            new, k2_new[None, :], pltriton.load(keys_ref.at[b, g, rows, second], mask=stored, other=0)
-        )
+
+        def read(cache_ref, columns, new_row):  # the block's rows, with row pos from registers
+            stored_rows = pltriton.load(cache_ref.at[b, g, rows, columns], mask=stored, other=0)
+            return jnp.where(new, new_row[None, :], stored_rows)
+
+        k1, k2 = read(keys_ref, first, k1_new), read(keys_ref, second, k2_new)
         scores = dot_t(q1, k1) + dot_t(q2, k2)  # [QUERY_ROWS, block_k]
         scores = jnp.where((key <= pos)[None, :], scores * scale, -jnp.inf)
         new_max = jnp.maximum(row_max, jnp.max(scores, axis=1))  # finite: the block starts at or before pos
         rescale = jnp.exp(row_max - new_max)
         probs = jnp.exp(scores - new_max[:, None])
-        value = jnp.where(
-            new, v_new[None, :], pltriton.load(values_ref.at[b, g, rows, :], mask=stored, other=0)
-        )
+        value = read(values_ref, pl.ds(0, dim), v_new)
         acc = acc * rescale[:, None] + jax.lax.dot(
             probs.astype(dtype), value, preferred_element_type=jnp.float32
         )
