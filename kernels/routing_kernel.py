@@ -18,6 +18,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from moetune.kernels.pallas_mode import pow2_at_least
+
 Array = Any
 MAX_EXPERTS = 16
 MAX_ROWS = 64  # tokens * top_k; the comparisons grow as its square
@@ -55,13 +57,9 @@ def route_and_sort(
     return expert_ids, weights, row_token, slot_row.reshape(-1), group_sizes
 
 
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
-
-
 def _kernel(logits_ref, ids_ref, weights_ref, slot_row_ref, row_token_ref, sizes_ref, *, top_k, renormalize):
     tokens, experts = logits_ref.shape
-    tp, ep, kp, rp = _pow2(tokens), _pow2(experts), _pow2(top_k), _pow2(tokens * top_k)
+    tp, ep, kp, rp = map(pow2_at_least, (tokens, experts, top_k, tokens * top_k))
     token, expert, slot = jnp.arange(tp), jnp.arange(ep), jnp.arange(kp)
     real_token, real_expert, real_slot = token < tokens, expert < experts, slot < top_k
     logits = pltriton.load(

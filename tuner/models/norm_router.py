@@ -19,6 +19,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from moetune.kernels import pallas_mode
+from moetune.kernels.pallas_mode import pow2_at_least
 
 Array = Any
 MODE_ENV = "MOETUNE_NORM_ROUTER"  # kernel, xla or interpret: see moetune.kernels.pallas_mode
@@ -54,14 +55,10 @@ def norm_and_router(
     )(x, weight, router)
 
 
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
-
-
 def _kernel(x_ref, weight_ref, router_ref, h_ref, logits_ref, *, eps):
     token = pl.program_id(0)
     hidden, experts = router_ref.shape
-    hp, ep = _pow2(hidden), _pow2(experts)
+    hp, ep = pow2_at_least(hidden), pow2_at_least(experts)
     real_h, real_e = jnp.arange(hp) < hidden, jnp.arange(ep) < experts
     columns = pl.ds(0, hp)
     x = pltriton.load(x_ref.at[token, columns], mask=real_h, other=0).astype(jnp.float32)
