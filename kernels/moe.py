@@ -48,7 +48,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from moetune.kernels import pallas_mode, routing_kernel
+from moetune.kernels import routing_kernel
 from moetune.kernels.api import explain, grouped_matmul, grouped_matmul_swiglu, problem_of
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.moe_reference import check_moe_args, gated_activation
@@ -88,7 +88,6 @@ class SortedRows:
 # H200 (benchmarks/decode_probe.py) this took 9 us off one MoE block at T=1, nothing measurable in decode.
 COMPARE_MAX_EXPERTS = 16
 COMPARE_MAX_ROWS = 64
-ROUTING_ENV = "MOETUNE_ROUTING"
 
 
 def route(router_logits: Array, top_k: int, renormalize: bool) -> Routing:
@@ -161,10 +160,10 @@ def _sorted_rows_by_comparison(flat: Array) -> tuple[Array, Array]:
 
 
 def route_rows(router_logits: Array, top_k: int, renormalize: bool) -> tuple[Routing, SortedRows]:
-    """`route`, then `sort_by_expert`: in one Pallas Triton kernel where it fits and $MOETUNE_ROUTING
-    allows (kernel, the default on a GPU; xla; or interpret: see pallas_mode), else as XLA ops."""
+    """`route`, then `sort_by_expert`: in one Pallas Triton kernel where it fits and routing_kernel.mode()
+    allows, else as XLA ops."""
     tokens, experts = router_logits.shape
-    mode = pallas_mode.mode(ROUTING_ENV)
+    mode = routing_kernel.mode()
     if mode != "xla" and routing_kernel.fits(tokens, experts, top_k):
         ids, weights, row_token, slot_row, sizes = routing_kernel.route_and_sort(
             router_logits, top_k, renormalize, interpret=mode == "interpret"

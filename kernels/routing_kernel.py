@@ -18,11 +18,19 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from moetune.kernels import pallas_mode
 from moetune.kernels.pallas_mode import pow2_at_least
 
 Array = Any
 MAX_EXPERTS = 16
 MAX_ROWS = 64  # tokens * top_k; the comparisons grow as its square
+MODE_ENV = "MOETUNE_ROUTING"  # kernel, xla or interpret: see moetune.kernels.pallas_mode
+
+
+def mode() -> str:
+    """How `moe.route_rows` routes a batch that fits: this kernel ("kernel", the default on a GPU), XLA's
+    ops ("xla", the default elsewhere), or this kernel in Pallas's interpreter ("interpret")."""
+    return pallas_mode.mode(MODE_ENV)
 
 
 def fits(tokens: int, experts: int, top_k: int) -> bool:

@@ -85,7 +85,7 @@ def test_moe_layer_routes_through_the_kernel_where_it_fits(monkeypatch):
     w_down = jax.random.normal(ks[3], (8, 48, 64), jnp.float32) * 0.1
     outputs = {}
     for mode in ("xla", "interpret"):
-        monkeypatch.setenv(moe.ROUTING_ENV, mode)
+        monkeypatch.setenv(routing_kernel.MODE_ENV, mode)
         outputs[mode] = [moe.moe_mlp(x[:t], logits[:t], w_gate_up, w_down, top_k=2) for t in (1, 32, 40)]
     # Routing is exact either way, so the layer's outputs are the same bits.
     for a, b in zip(outputs["xla"], outputs["interpret"], strict=True):

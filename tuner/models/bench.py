@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moetune.kernels import moe, pallas_mode
+from moetune.kernels import routing_kernel
 from moetune.kernels.device import current_fingerprint
 from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.lookup import LOOKUP
@@ -287,7 +287,7 @@ def _environment(command: str) -> dict[str, Any]:
         "pallas_kernels": {
             "decode_attention": decode_attention.mode(),
             "norm_router": norm_router.mode(),
-            "routing": pallas_mode.mode(moe.ROUTING_ENV),
+            "routing": routing_kernel.mode(),
         },
     }
 
