@@ -131,7 +131,8 @@ class Bench:
                 "median_us": median * 1e6,
                 "samples_us": [s * 1e6 for s in samples],
                 "roofline_frac": weight_bytes / (self.read_tbps * 1e12) / median,
-                "kernels_us": one_call_kernels(jitted, args),
+                # Each kernel of one more call: which of the variant's kernels the median sums.
+                "kernels_us": [(name, ms * 1e3) for name, ms in CuptiSession().record(lambda: jitted(*args))],
             }
             log(
                 f"{case:10s} {variant:60s} {median * 1e6:8.1f} us  {row['roofline_frac']:.1%} of roofline"
@@ -142,14 +143,6 @@ class Bench:
             log(f"{case:10s} {variant:60s} FAILED {row['error'][:200]}")
             traceback.print_exc(limit=2)
         self.rows.append(row)
-
-
-def one_call_kernels(fn, args) -> list[tuple[str, float]]:
-    """(name, us) of each kernel one more call launches: which of a variant's kernels the median sums."""
-    session = CuptiSession()
-    session.start()
-    jax.block_until_ready(fn(*args))
-    return [(name, ms * 1e3) for name, ms in session.stop()]
 
 
 def normal(key, shape, scale=1.0):

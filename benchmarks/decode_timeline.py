@@ -124,10 +124,7 @@ def measure(variant: str, args: argparse.Namespace) -> dict:
     with LOOKUP.using_pack_file(args.pack) if args.pack else contextlib.nullcontext():
         call()
     walls = [call() for _ in range(args.runs)]
-    session = CuptiSession()
-    session.start()
-    call()
-    kernels = session.stop()
+    kernels = CuptiSession().record(call)
     row = {"variant": variant, "xla_flags": os.environ.get("XLA_FLAGS", ""), "pack": args.pack}
     row["env"] = {name: os.environ.get(name, "") for name in VARIANTS[variant] if name != "XLA_FLAGS"}
     return row | summarize(kernels, args.steps, walls)

@@ -34,11 +34,8 @@ def kernel_times(loop, args: tuple, reps: int) -> dict[str, float]:
 
     from moetune.kernels.mosaic_gpu.timer import CuptiSession
 
-    session = CuptiSession()
-    session.start()
-    jax.block_until_ready(loop(*args))
     groups: dict[str, float] = {}
-    for name, ms in session.stop():
+    for name, ms in CuptiSession().record(lambda: loop(*args)):
         groups[kernel_group(name)] = groups.get(kernel_group(name), 0.0) + ms / reps
     return dict(sorted(groups.items(), key=lambda item: -item[1]))
 

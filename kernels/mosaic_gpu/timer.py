@@ -79,6 +79,14 @@ class CuptiSession:
     def stop(self) -> list[tuple[str, float]]:
         return list(self._ext._cupti_get_timings(True))
 
+    def record(self, fn: Callable[[], Any]) -> list[tuple[str, float]]:
+        """The kernels one call of `fn()` launches, its results waited for: [(kernel name, ms), ...]."""
+        import jax
+
+        self.start()
+        jax.block_until_ready(fn())
+        return self.stop()
+
 
 class CuptiTimer(Timer):
     """Device time of the kernels `fn` launches, as CUPTI records it; seconds per call."""

@@ -17,3 +17,23 @@ def test_the_default_time_each_times_every_rotation_in_order():
     assert all(t >= 0 for s in samples for t in s)
     # Each rotation's warm-up and runs, the first rotation's before the second's.
     assert seen == [2] * (1 + 3) + [5] * (1 + 3)
+
+
+def test_cupti_session_records_one_call_between_start_and_stop():
+    from moetune.kernels.mosaic_gpu.timer import CuptiSession
+
+    events = []
+
+    class FakeExtension:  # the CUDA jaxlib's Mosaic GPU extension, as CuptiSession drives it
+        def _cupti_init(self):
+            events.append("start")
+
+        def _cupti_get_timings(self, finalize):
+            events.append("stop")
+            return [("kernel_a", 0.5), ("kernel_b", 0.25)]
+
+    session = object.__new__(CuptiSession)  # no CUDA extension on a CPU
+    session._ext = FakeExtension()
+    kernels = session.record(lambda: events.append("call") or jnp.ones(2))
+    assert events == ["start", "call", "stop"]
+    assert kernels == [("kernel_a", 0.5), ("kernel_b", 0.25)]
