@@ -17,6 +17,10 @@ each is how close to the HBM read roofline it gets. For the Mixtral-8x7B shapes,
              XLA's dot on that expert: what read rate the tiles alone reach, apart from the wgmmas;
   norm_router (only when asked) the MoE block's RMSNorm and router dot at T=1: XLA's ops, and
              tuner/models/norm_router.py's kernel at 4, 8 and 16 warps;
+  gemv       (only when asked) the dense projections as the model runs them at batch 1 (wqkv after the
+             attention RMSNorm, wo before the residual add, the lm_head after the final norm): XLA's ops
+             against tuner/models/gemv.py's kernel (the norm folded in, the split-K sum left to XLA) at
+             each tiling in GEMV_TILINGS;
   attention  one decode position's attention over a 2176-position cache (position 2100), with RoPE and the
              cache write: the einsum path (XLA's kernels) and moetune's two Pallas Triton kernels
              (tuner/models/decode_attention.py) at each tiling in ATTENTION_TILINGS.
@@ -93,6 +97,16 @@ DOWN = [
     C(max_concurrent_steps=4, wg_split="n", split_k=4, **N128),
 ]
 ORIENTATION = [DOWN[0], DOWN[3], C(max_concurrent_steps=4, split_k=4, **N256 | dict(block_k=32))]
+
+
+def _gemv_tilings():
+    from moetune.tuner.models.gemv import Tiling
+
+    shapes = [(64, 64), (64, 128), (128, 64), (128, 128), (256, 64)]  # (block_n, block_k)
+    return [Tiling(n, k, s, 4, stages) for n, k in shapes for s in (2, 4, 8) for stages in (3, 4)]
+
+
+GEMV_TILINGS = _gemv_tilings()
 # (splits, block_k): the 2176-position cache split evenly into whole blocks.
 # decode_attention's tilings; the first is its default.
 ATTENTION_TILINGS = [
@@ -381,6 +395,42 @@ def stream_cases(b: Bench, num_sms: int) -> None:
         del w
 
 
+def gemv_cases(b: Bench) -> None:
+    """The dense projections at M=1 as the model runs them, XLA's ops against the GEMV kernel."""
+    from moetune.tuner.models import gemv, mixtral
+
+    ks = jax.random.split(jax.random.key(5), 4)
+    x, norm_weight = normal(ks[0], (1, 4096), 3.0), normal(ks[1], (4096,), 0.1) + 1
+    residual = normal(ks[2], (1, 4096))
+    cases = {
+        "wqkv+norm": (
+            normal(ks[3], (4096, 6144), 4096**-0.5),
+            lambda x, n, w, r: mixtral.rms_norm(x, n, 1e-5) @ w,
+            lambda x, n, w, r, t: gemv.project(x, w, norm=(n, 1e-5), tiling=t),
+        ),
+        "wo+residual": (
+            normal(ks[3], (4096, 4096), 4096**-0.5),
+            lambda x, n, w, r: r + x @ w,
+            lambda x, n, w, r, t: r + gemv.project(x, w, tiling=t),
+        ),
+        "lm_head+norm": (
+            normal(ks[3], (4096, 32000), 4096**-0.5),
+            lambda x, n, w, r: jnp.dot(mixtral.rms_norm(x, n, 1e-5), w, preferred_element_type=jnp.float32),
+            lambda x, n, w, r, t: jnp.sum(gemv.partial_sums(x, w, norm=(n, 1e-5), tiling=t), axis=0),
+        ),
+    }
+    for case, (w, xla_ops, kernel) in cases.items():
+        args = (x, norm_weight, w, residual)
+        reference = xla_ops(*(a.astype(jnp.float32) for a in args))
+        nbytes = w.size * 2
+        b.run(case, "xla ops", xla_ops, args, reference, nbytes)
+        for t in GEMV_TILINGS:
+            if not gemv.fits(x.shape, w.shape, t):
+                continue
+            label = f"moetune gemv n{t.block_n} k{t.block_k} split{t.split_k} w{t.num_warps} s{t.num_stages}"
+            b.run(case, label, functools.partial(kernel, t=t), args, reference, nbytes)
+
+
 def dump_hlo(path: Path) -> None:
     """The optimized HLO of a 2-layer decode step and of a 4-step decode loop (moetune path): names the
     small fusions a trace shows. The loop's goes beside `path`, named *_loop*."""
@@ -408,7 +458,7 @@ def main() -> int:
     parser.add_argument(
         "--only",
         default="proj,gate_up,down,attention",
-        help="also: stride, orientation, pad, stream, norm_router",
+        help="also: stride, orientation, pad, stream, norm_router, gemv",
     )
     parser.add_argument("--read-tbps", type=float, default=4.69, help="measured HBM read bandwidth")
     parser.add_argument("--hlo-out", type=Path)
@@ -433,6 +483,9 @@ def main() -> int:
         save()
     if "norm_router" in which:
         norm_router_cases(b)
+        save()
+    if "gemv" in which:
+        gemv_cases(b)
         save()
     if "proj" in which:
         proj_cases(b, num_sms)

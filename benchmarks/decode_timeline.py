@@ -49,8 +49,15 @@ VARIANTS: dict[str, dict[str, str]] = {
     "xla_attention_routing": {"MOETUNE_DECODE_ATTENTION": "xla", "MOETUNE_ROUTING": "xla"},
     # The MoE block's RMSNorm and router dot as XLA's ops (before tuner/models/norm_router.py).
     "xla_norm_router": {"MOETUNE_NORM_ROUTER": "xla"},
-    # None of the three Pallas Triton kernels: the decode step as sessions 1-9 ran it.
-    "xla_all": {"MOETUNE_DECODE_ATTENTION": "xla", "MOETUNE_ROUTING": "xla", "MOETUNE_NORM_ROUTER": "xla"},
+    # The attention's wqkv (with its RMSNorm) and wo as XLA's ops (before tuner/models/gemv.py).
+    "xla_gemv": {"MOETUNE_GEMV": "xla"},
+    # None of the Pallas Triton kernels: the decode step as sessions 1-9 ran it.
+    "xla_all": {
+        "MOETUNE_DECODE_ATTENTION": "xla",
+        "MOETUNE_ROUTING": "xla",
+        "MOETUNE_NORM_ROUTER": "xla",
+        "MOETUNE_GEMV": "xla",
+    },
 }
 
 

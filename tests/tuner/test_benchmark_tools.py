@@ -502,12 +502,12 @@ def test_decode_timeline_switches_each_kernel_by_its_own_variable(monkeypatch):
     """The variants spell the variables as literals (the parent process imports no jax): they must be the
     ones the kernels read."""
     from moetune.kernels import routing_kernel
-    from moetune.tuner.models import decode_attention, norm_router
+    from moetune.tuner.models import decode_attention, gemv, norm_router
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import decode_timeline
 
-    names = {decode_attention.MODE_ENV, norm_router.MODE_ENV, routing_kernel.MODE_ENV}
+    names = {decode_attention.MODE_ENV, norm_router.MODE_ENV, routing_kernel.MODE_ENV, gemv.MODE_ENV}
     used = {name for extra in decode_timeline.VARIANTS.values() for name in extra if name != "XLA_FLAGS"}
     assert used == names
     assert decode_timeline.VARIANTS["xla_all"] == dict.fromkeys(names, "xla")

@@ -7,8 +7,10 @@ Entry points (all jitted; `config` and `moe_path` are static, the cache is donat
   decode_loop(params, tokens, cache, pos, steps)  -> (greedy tokens [B, steps], cache), one fori_loop
 
 On a GPU a decode step (one new token, with a cache) attends through decode_attention.py's Pallas Triton
-kernels, and up to 64 tokens take the MoE block's RMSNorm and router logits from norm_router.py's kernel;
-$MOETUNE_DECODE_ATTENTION and $MOETUNE_NORM_ROUTER=xla keep XLA's ops (see moetune.kernels.pallas_mode).
+kernels, batches of up to 4 rows take the attention's RMSNorm + wqkv and its wo from gemv.py's kernel, and up
+to 64 tokens take the MoE block's RMSNorm and router logits from norm_router.py's kernel;
+$MOETUNE_DECODE_ATTENTION, $MOETUNE_GEMV and $MOETUNE_NORM_ROUTER=xla keep XLA's ops (see
+moetune.kernels.pallas_mode).
 
 Layers are a Python loop, unrolled into the program, rather than a scan over stacked [L, ...] weights:
 inside a loop, a layer's weights would be a dynamic slice of the stacked array, which XLA on GPU may copy
@@ -26,7 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from moetune.tuner.models import decode_attention, norm_router
+from moetune.tuner.models import decode_attention, gemv, norm_router
 from moetune.tuner.models.config import ModelConfig
 from moetune.tuner.models.moe_paths import moe_path as moe_fn
 from moetune.tuner.models.weights import LayerParams, ModelParams
@@ -129,8 +131,7 @@ def _attention(
     """Attention sub-block output [B, S, H] and this layer's (keys, values), as `einsum_attention` gives
     them. One token with a cache (a decode step) goes through decode_attention's kernels unless its mode
     is "xla"."""
-    h = rms_norm(x, p.attn_norm, config.norm_eps)
-    qkv = h @ p.wqkv
+    qkv = project(x, p.wqkv, norm=(p.attn_norm, config.norm_eps))
     if layer_cache is not None and x.shape[1] == 1 and (mode := decode_attention.mode()) != "xla":
         cos, sin = rotation(positions, config.head_dim // 2, config.rope_theta)
         out, keys, values = decode_attention.decode_attention(
@@ -142,9 +143,22 @@ def _attention(
             heads=config.heads,
             interpret=mode == "interpret",
         )
-        return out[:, None] @ p.wo, (keys, values)
+        return project(out[:, None], p.wo), (keys, values)
     out, kv = einsum_attention(config, qkv, positions, layer_cache)
-    return out @ p.wo, kv
+    return project(out, p.wo), kv
+
+
+def project(x: Array, w: Array, norm: tuple[Array, float] | None = None) -> Array:
+    """x [B, S, K] @ w [K, N] (rms_norm(x, *norm) @ w with `norm`), in x's dtype. A decode step's few rows
+    go through gemv.py's kernel unless its mode is "xla"; XLA's ops otherwise."""
+    batch, seq, k = x.shape
+    rows = x.reshape(batch * seq, k)
+    tiling = gemv.tiling_for(k, w.shape[1])
+    if (mode := gemv.mode()) != "xla" and gemv.fits(rows.shape, w.shape, tiling):
+        out = gemv.project(rows, w, norm=norm, tiling=tiling, interpret=mode == "interpret")
+    else:
+        out = (rms_norm(rows, *norm) if norm is not None else rows) @ w
+    return out.reshape(batch, seq, w.shape[1])
 
 
 @functools.cache
