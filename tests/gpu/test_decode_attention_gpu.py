@@ -63,5 +63,20 @@ def test_kernels_match_the_float32_einsum_path_at_mixtral_shapes(batch, tiling):
         )
 
 
+def test_partial_sums_of_the_projection_attend_as_their_rounded_sum_at_mixtral_shapes():
+    """gemv.py's split-K partial sums in (as the model passes them), against their sum rounded to bf16."""
+    heads, kv_heads, dim = MIXTRAL.heads, MIXTRAL.kv_heads, MIXTRAL.head_dim
+    ks = jax.random.split(jax.random.key(5), 3)
+    parts = jax.random.normal(ks[0], (8, 1, (heads + 2 * kv_heads) * dim), jnp.float32) / 3
+    keys = jax.random.normal(ks[1], (1, kv_heads, LENGTH, dim), jnp.float32).astype(jnp.bfloat16)
+    values = jax.random.normal(ks[2], (1, kv_heads, LENGTH, dim), jnp.float32).astype(jnp.bfloat16)
+    cos, sin = mixtral.rotation(jnp.asarray([2100]), dim // 2, MIXTRAL.rope_theta)
+    attend = jax.jit(functools.partial(da.decode_attention, heads=heads))
+    got = attend(parts, keys, values, 2100, cos[0], sin[0])
+    want = attend(parts.sum(0).astype(jnp.bfloat16), keys, values, 2100, cos[0], sin[0])
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-2, atol=1e-2)
+
+
 def test_model_decode_with_the_kernels_matches_decode_without(assert_decode_same_across_modes):
     assert_decode_same_across_modes(da.MODE_ENV, ("xla", "kernel"))

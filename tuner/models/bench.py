@@ -41,7 +41,7 @@ from moetune.kernels.device import current_fingerprint
 from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.lookup import LOOKUP
 from moetune.kernels.moe import moe_problems, route, sort_by_expert
-from moetune.tuner.models import decode_attention, mixtral, norm_router
+from moetune.tuner.models import decode_attention, gemv, mixtral, norm_router
 from moetune.tuner.models.config import ModelConfig, model_config
 from moetune.tuner.models.moe_paths import MOE_PATHS, moe_path
 from moetune.tuner.models.weights import LayerParams, ModelParams, init_params
@@ -286,6 +286,7 @@ def _environment(command: str) -> dict[str, Any]:
         # How the model-side Pallas kernels ran (each one's environment variable, else the backend's default).
         "pallas_kernels": {
             "decode_attention": decode_attention.mode(),
+            "gemv": gemv.mode(),
             "norm_router": norm_router.mode(),
             "routing": routing_kernel.mode(),
         },

@@ -65,15 +65,23 @@ def decode_attention(
 
     qkv [B, (heads + 2 * kv_heads) * D]: the new token's projections side by side (q, k, v; q and k before
     RoPE), as the model's fused projection writes them: the kernel slices them, so XLA copies none out.
+    Or [S, B, (heads + 2 * kv_heads) * D] float32: the projection's split-K partial sums (gemv.py's), which
+    the kernel adds and rounds to the cache's dtype as it reads them, so that no kernel of its own does.
     keys, values [B, kv_heads, L, D]: the layer's cache; positions above `pos` hold junk and are masked.
     pos: the token's position (int32 scalar; clamped into [0, L) as the einsum path's cache write clamps it).
     cos, sin [D/2] float32: RoPE's rotation at `pos`.
-    Returns (out [B, heads * D] in qkv's dtype, keys, values with the roped k and v written at `pos`).
+    Returns (out [B, heads * D] in qkv's dtype (from partial sums, the cache's), keys, values with the roped
+    k and v written at `pos`).
     """
     batch, kv_heads, length, dim = keys.shape
     group = heads // kv_heads
-    if qkv.shape != (batch, (heads + 2 * kv_heads) * dim):
-        raise ValueError(f"qkv {qkv.shape} does not hold {heads} query and 2x{kv_heads} kv heads of {dim}")
+    given, out_dtype = qkv.shape, qkv.dtype if qkv.ndim == 2 else keys.dtype
+    if qkv.ndim == 2:
+        qkv = qkv[None]  # one "partial sum": the projection itself
+    elif qkv.dtype != jnp.float32:
+        raise ValueError(f"qkv partial sums [S, B, W] must be float32; got {qkv.dtype}")
+    if qkv.shape[1:] != (batch, (heads + 2 * kv_heads) * dim):
+        raise ValueError(f"qkv {given} does not hold {heads} query and 2x{kv_heads} kv heads of {dim}")
     if group > QUERY_ROWS or heads % kv_heads or dim % 2 or splits & (splits - 1) or block_k & (block_k - 1):
         raise ValueError(
             f"unsupported decode attention: group={group} dim={dim} splits={splits} block_k={block_k}"
@@ -102,7 +110,7 @@ def decode_attention(
     columns = COMBINE_COLUMNS if dim % COMBINE_COLUMNS == 0 else dim
     out = pl.pallas_call(
         functools.partial(_combine_kernel, columns=columns),
-        out_shape=jax.ShapeDtypeStruct((batch * heads, dim), qkv.dtype),
+        out_shape=jax.ShapeDtypeStruct((batch * heads, dim), out_dtype),
         grid=(batch * heads, dim // columns),
         compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
         interpret=interpret,
@@ -127,17 +135,18 @@ def _split_kernel(
         x1, x2 = x1.astype(jnp.float32), x2.astype(jnp.float32)
         return (x1 * cos - x2 * sin).astype(dtype), (x2 * cos + x1 * sin).astype(dtype)
 
+    def read_qkv(at, **mask):  # the projection at `at` (partial sums added, rounded to the cache's dtype)
+        parts = [pltriton.load(qkv_ref.at[jnp.int32(s), b, at], **mask) for s in range(qkv_ref.shape[0])]
+        return parts[0] if len(parts) == 1 else functools.reduce(jnp.add, parts).astype(dtype)
+
     # This group's query heads as rows (padded to QUERY_ROWS), each row's halves read from qkv in place.
     real_rows = jnp.arange(QUERY_ROWS) < group
     q_at = (g * group + jnp.arange(QUERY_ROWS))[:, None] * dim + jnp.arange(half)[None, :]
     q_mask = real_rows[:, None]
-    q1, q2 = rope(
-        pltriton.load(qkv_ref.at[b, q_at], mask=q_mask, other=0),
-        pltriton.load(qkv_ref.at[b, q_at + half], mask=q_mask, other=0),
-    )
+    q1, q2 = rope(read_qkv(q_at, mask=q_mask, other=0), read_qkv(q_at + half, mask=q_mask, other=0))
     k_at, v_at = (heads + g) * dim, (heads + kv_heads + g) * dim
-    k1_new, k2_new = rope(qkv_ref[b, pl.ds(k_at, half)], qkv_ref[b, pl.ds(k_at + half, half)])
-    v_new = qkv_ref[b, pl.ds(v_at, dim)].astype(dtype)
+    k1_new, k2_new = rope(read_qkv(pl.ds(k_at, half)), read_qkv(pl.ds(k_at + half, half)))
+    v_new = read_qkv(pl.ds(v_at, dim)).astype(dtype)
 
     scale = dim**-0.5
     dot_t = lambda x, y: jax.lax.dot_general(

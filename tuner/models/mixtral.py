@@ -131,11 +131,11 @@ def _attention(
     """Attention sub-block output [B, S, H] and this layer's (keys, values), as `einsum_attention` gives
     them. One token with a cache (a decode step) goes through decode_attention's kernels unless its mode
     is "xla"."""
-    qkv = project(x, p.wqkv, norm=(p.attn_norm, config.norm_eps))
+    norm = (p.attn_norm, config.norm_eps)
     if layer_cache is not None and x.shape[1] == 1 and (mode := decode_attention.mode()) != "xla":
         cos, sin = rotation(positions, config.head_dim // 2, config.rope_theta)
         out, keys, values = decode_attention.decode_attention(
-            qkv[:, 0],
+            _decode_qkv(x[:, 0], p.wqkv, norm),
             *layer_cache,
             positions[0],
             cos[0],
@@ -144,8 +144,22 @@ def _attention(
             interpret=mode == "interpret",
         )
         return project(out[:, None], p.wo), (keys, values)
-    out, kv = einsum_attention(config, qkv, positions, layer_cache)
+    out, kv = einsum_attention(config, project(x, p.wqkv, norm), positions, layer_cache)
     return project(out, p.wo), kv
+
+
+def _gemv_tiling(x: Array, w: Array) -> gemv.Tiling | None:
+    """The GEMV kernel's tiling for rows x [M, K] @ w, or None where XLA's ops run it."""
+    tiling = gemv.tiling_for(*w.shape)
+    return tiling if gemv.mode() != "xla" and gemv.fits(x.shape, w.shape, tiling) else None
+
+
+def _decode_qkv(x: Array, wqkv: Array, norm: tuple[Array, float]) -> Array:
+    """The decode attention kernel's input for rows x [B, H]: the GEMV kernel's split-K partial sums of
+    rms_norm(x) @ wqkv, which the attention kernel adds as it reads them; else XLA's projection [B, W]."""
+    if (tiling := _gemv_tiling(x, wqkv)) is not None:
+        return gemv.partial_sums(x, wqkv, norm=norm, tiling=tiling, interpret=gemv.mode() == "interpret")
+    return rms_norm(x, *norm) @ wqkv
 
 
 def project(x: Array, w: Array, norm: tuple[Array, float] | None = None) -> Array:
@@ -153,9 +167,8 @@ def project(x: Array, w: Array, norm: tuple[Array, float] | None = None) -> Arra
     go through gemv.py's kernel unless its mode is "xla"; XLA's ops otherwise."""
     batch, seq, k = x.shape
     rows = x.reshape(batch * seq, k)
-    tiling = gemv.tiling_for(k, w.shape[1])
-    if (mode := gemv.mode()) != "xla" and gemv.fits(rows.shape, w.shape, tiling):
-        out = gemv.project(rows, w, norm=norm, tiling=tiling, interpret=mode == "interpret")
+    if (tiling := _gemv_tiling(rows, w)) is not None:
+        out = gemv.project(rows, w, norm=norm, tiling=tiling, interpret=gemv.mode() == "interpret")
     else:
         out = (rms_norm(rows, *norm) if norm is not None else rows) @ w
     return out.reshape(batch, seq, w.shape[1])

@@ -96,6 +96,28 @@ def test_interpreted_kernels_equal_the_einsum_path(
             np.testing.assert_allclose(new[:, :, pos], want[:, :, pos], rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_partial_sums_of_the_projection_attend_as_their_rounded_sum(dtype):
+    """gemv.py's split-K partial sums in, added and rounded to the cache's dtype as the kernel reads them:
+    the same outputs and cache as the projection itself, summed by XLA and rounded, gives."""
+    qkv, keys, values = _inputs(2, 8, 2, 16, 40, jnp.dtype(dtype))
+    parts = jax.random.normal(jax.random.key(7), (4, *qkv.shape), jnp.float32)
+    rounded = parts.sum(0).astype(keys.dtype)
+    cos, sin = mixtral.rotation(jnp.asarray([33]), 8, 1e4)
+    attend = functools.partial(
+        da.decode_attention, keys=keys, values=values, pos=33, cos=cos[0], sin=sin[0], heads=8, block_k=16
+    )
+    got, want = attend(parts, interpret=True), attend(rounded, interpret=True)
+    assert got[0].dtype == keys.dtype
+    tolerance = 1e-6 if dtype == "float32" else 1e-2  # float32: the sums' order differs
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(
+            np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tolerance, atol=tolerance
+        )
+    with pytest.raises(ValueError, match="must be float32"):
+        attend(parts.astype(jnp.bfloat16), interpret=True)
+
+
 def test_a_position_past_the_cache_clamps_to_its_last_row_as_the_einsum_paths_write_does():
     # dynamic_update_slice clamps its start, so the einsum path writes row L-1 and attends to every row;
     # an unclamped kernel would write past the cache's end.
@@ -151,6 +173,8 @@ def test_mixtral_shapes_lower_to_triton_for_an_h200(triton_lowering_for_h200):
         spec((64,), jnp.float32),
     )
     attend = jax.jit(functools.partial(da.decode_attention, heads=32))
-    text = attend.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert text.count("__gpu$xla.gpu.triton") == 2
-    assert "moetune_decode_attention" in text and "moetune_decode_attention_combine" in text
+    partial_sums = spec((8, 1, (32 + 2 * 8) * 128), jnp.float32)  # gemv.py's, as the model passes them
+    for qkv in (args[0], partial_sums):
+        text = attend.trace(qkv, *args[1:]).lower(lowering_platforms=("cuda",)).as_text()
+        assert text.count("__gpu$xla.gpu.triton") == 2
+        assert "moetune_decode_attention" in text and "moetune_decode_attention_combine" in text

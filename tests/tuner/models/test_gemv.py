@@ -111,6 +111,25 @@ def test_model_decoding_with_the_interpreted_kernel_matches_the_xla_ops(
     assert_decode_same_across_modes(gemv.MODE_ENV, ("xla", "interpret"))
 
 
+def test_model_decoding_with_both_kernels_feeds_attention_the_partial_sums(
+    tiny_tilings, assert_decode_same_across_modes, monkeypatch
+):
+    """With the attention kernel on too, the model hands it wqkv's partial sums (no XLA sum between)."""
+    from moetune.tuner.models import decode_attention
+
+    monkeypatch.setenv(decode_attention.MODE_ENV, "interpret")
+    fed = []
+    attend = decode_attention.decode_attention
+    monkeypatch.setattr(
+        decode_attention,
+        "decode_attention",
+        lambda qkv, *a, **kw: fed.append(qkv.shape) or attend(qkv, *a, **kw),
+    )
+    assert_decode_same_across_modes(gemv.MODE_ENV, ("xla", "interpret"))
+    parts = (tiny_tilings.split_k, 2, 128)  # [S, B, W]: the fixture decodes 2 sequences
+    assert (2, 128) in fed and parts in fed
+
+
 def test_mixtral_projections_lower_to_triton_for_an_h200(triton_lowering_for_h200):
     spec, bf16 = jax.ShapeDtypeStruct, jnp.bfloat16
     config = model_config("mixtral_8x7b")
