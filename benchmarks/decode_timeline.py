@@ -51,12 +51,16 @@ VARIANTS: dict[str, dict[str, str]] = {
     "xla_norm_router": {"MOETUNE_NORM_ROUTER": "xla"},
     # The attention's wqkv (with its RMSNorm) and wo as XLA's ops (before tuner/models/gemv.py).
     "xla_gemv": {"MOETUNE_GEMV": "xla"},
+    # The MoE block's norm, router, routing and gather as the two kernels and XLA's gather+pad they were
+    # before norm_router.norm_route_gather.
+    "xla_norm_route_gather": {"MOETUNE_NORM_ROUTE_GATHER": "xla"},
     # None of the Pallas Triton kernels: the decode step as sessions 1-9 ran it.
     "xla_all": {
         "MOETUNE_DECODE_ATTENTION": "xla",
         "MOETUNE_ROUTING": "xla",
         "MOETUNE_NORM_ROUTER": "xla",
         "MOETUNE_GEMV": "xla",
+        "MOETUNE_NORM_ROUTE_GATHER": "xla",
     },
 }
 

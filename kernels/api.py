@@ -101,15 +101,18 @@ def grouped_matmul(
     preferred_element_type: Any = None,
     backend: str | None = None,
     config: KernelConfig | None = None,
+    rows: int | None = None,
 ) -> jax.Array:
     """out[M, N]: each contiguous group of lhs[M, K]'s rows times its expert's rhs[G, K, N], as
     jax.lax.ragged_dot computes it (rows past sum(group_sizes) are zero; rhs is [G, N, K] when
     `transpose_rhs`).
 
     `backend` and `config` override the choice and the lookup; the config's type names its backend. Works
-    under jax.jit and inside shard_map, where the per-shard shapes make the key.
+    under jax.jit and inside shard_map, where the per-shard shapes make the key. `rows` is M when lhs
+    carries rows past it that belong to no group (a producer's padding, contents ignored): the result is
+    [M, N] and the key's M is `rows`.
     """
-    return _call(OP, lhs, rhs, group_sizes, transpose_rhs, preferred_element_type, backend, config)
+    return _call(OP, lhs, rhs, group_sizes, transpose_rhs, preferred_element_type, backend, config, rows)
 
 
 def grouped_matmul_swiglu(
@@ -121,6 +124,7 @@ def grouped_matmul_swiglu(
     preferred_element_type: Any = None,
     backend: str | None = None,
     config: KernelConfig | None = None,
+    rows: int | None = None,
 ) -> jax.Array:
     """out[M, F] = silu(h[:, :F]) * h[:, F:] with h = grouped_matmul(lhs, rhs [G, K, 2F]) in float32.
 
@@ -129,7 +133,15 @@ def grouped_matmul_swiglu(
     Rows past sum(group_sizes) are zero. Arguments as for `grouped_matmul`.
     """
     return _call(
-        GROUPED_MATMUL_SWIGLU, lhs, rhs, group_sizes, transpose_rhs, preferred_element_type, backend, config
+        GROUPED_MATMUL_SWIGLU,
+        lhs,
+        rhs,
+        group_sizes,
+        transpose_rhs,
+        preferred_element_type,
+        backend,
+        config,
+        rows,
     )
 
 
@@ -142,10 +154,14 @@ def _call(
     preferred_element_type: Any,
     backend: str | None,
     config: KernelConfig | None,
+    rows: int | None = None,
 ) -> jax.Array:
     lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+    if rows is not None and not (lhs.ndim == 2 and 0 < rows <= lhs.shape[0]):
+        raise ValueError(f"rows={rows} must be between 1 and the {lhs.shape[0]} rows of lhs {lhs.shape}")
+    slack = rows is not None and rows < lhs.shape[0]
     problem = problem_of(
-        lhs,
+        jax.ShapeDtypeStruct((rows, lhs.shape[1]), lhs.dtype) if slack else lhs,
         rhs,
         group_sizes,
         transpose_rhs=transpose_rhs,
@@ -158,6 +174,10 @@ def _call(
     log.debug("%s -> %s %s (%s)", problem.key, explanation.backend, explanation.config, explanation.source)
     if group_sizes.dtype != jnp.int32:
         group_sizes = group_sizes.astype(jnp.int32)
+    if slack:
+        if registry.get(explanation.backend).takes_lhs_slack:
+            return kernel(lhs, rhs, group_sizes, rows=rows)
+        lhs = lhs[:rows]
     return kernel(lhs, rhs, group_sizes)
 
 

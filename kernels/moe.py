@@ -21,6 +21,8 @@ What runs, on every backend (`xla` on CPU, `mosaic_gpu` on Hopper), and what is 
     float32 weighted sum over k (elementwise, which XLA can fuse into one pass over the [T*k, H] output).
   `moe_mlp_using` runs the same layer on any grouped GEMM (the benchmark's `ragged` path passes
   jax.lax.ragged_dot), so the tuned kernel and XLA's are compared inside identical surroundings.
+  `moe_mlp_sorted` is the layer after routing and permutation, for a caller that did those itself (the
+  model's decode step does them in one kernel with the norm and router: tuner/models/norm_router.py).
 
 Extension points not implemented (each stage is one function that names the op that would replace it):
   * "grouped_matmul_gather"  (`_gate_up`): lhs rows read through `row_token` inside the kernel, so no
@@ -59,6 +61,7 @@ Array = Any
 GroupedGemm = Callable[[Array, Array, Array], Array]
 
 
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Routing:
     """Each token's top-k experts and their float32 combine weights, both [T, k]."""
@@ -67,6 +70,7 @@ class Routing:
     weights: Array
 
 
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class SortedRows:
     """The T*k (token, slot) rows sorted by expert, as grouped GEMMs need them.
@@ -79,6 +83,16 @@ class SortedRows:
     row_token: Array  # [T*k] token whose activations each sorted row holds
     slot_row: Array  # [T*k] sorted row of flat slot t*k + j
     group_sizes: Array  # [E] int32 rows per expert, summing to T*k
+
+
+# The rows a decode-sized permuted lhs is produced with, for moe_mlp_sorted (M = T*k rows, the rest left
+# unwritten): up to M's last 8-row boundary, then the tallest CTA tile mosaic_gpu runs (two 128-row
+# consumers), so that its pad_lhs window lies inside the buffer whatever the config and no copy pads it.
+PERMUTED_SLACK_ROWS = 256
+
+
+def permuted_rows(m: int) -> int:
+    return (m - 1) // 8 * 8 + PERMUTED_SLACK_ROWS
 
 
 # Up to these sizes routing is computed by pairwise comparison (reductions that XLA fuses into a few
@@ -173,18 +187,21 @@ def route_rows(router_logits: Array, top_k: int, renormalize: bool) -> tuple[Rou
     return routing, sort_by_expert(routing.expert_ids, experts)
 
 
+def _permute(x: Array, rows: SortedRows) -> Array:
+    """x's rows in expert order [T*k, H]. Fused op that would replace the take: "grouped_matmul_gather"."""
+    return jnp.take(x, rows.row_token, axis=0, mode="clip")  # in bounds: clip only skips masking
+
+
 def _gate_up(
     gemm: GroupedGemm,
-    x: Array,
+    permuted: Array,
     rows: SortedRows,
     w_gate_up: Array,
     activation: str,
     fused_swiglu: GroupedGemm | None = None,
 ) -> Array:
     """[T*k, F] activated hidden rows in expert order: through `fused_swiglu` ([M, K] x [G, K, 2F] ->
-    [M, F]) when given and the activation is swiglu, else the GEMM then the activation. Fused op that
-    would replace the take: "grouped_matmul_gather"."""
-    permuted = jnp.take(x, rows.row_token, axis=0, mode="clip")  # in bounds: clip only skips masking
+    [M, F]) when given and the activation is swiglu, else the GEMM then the activation."""
     if fused_swiglu is not None and activation == "swiglu":
         return fused_swiglu(permuted, w_gate_up, rows.group_sizes)
     return gated_activation(activation, gemm(permuted, w_gate_up, rows.group_sizes))
@@ -222,7 +239,7 @@ def moe_mlp_using(
     """
     check_moe_args(x, router_logits, w_gate_up, w_down, top_k=top_k, activation=activation)
     routing, rows = route_rows(router_logits, top_k, renormalize)
-    hidden = _gate_up(gemm, x, rows, w_gate_up, activation, fused_swiglu)
+    hidden = _gate_up(gemm, _permute(x, rows), rows, w_gate_up, activation, fused_swiglu)
     return _down_and_combine(gemm, hidden, rows, w_down, routing)
 
 
@@ -249,24 +266,45 @@ def moe_mlp(
     Raises ConfigInvalid for bad shapes or top_k, Unsupported for an unknown activation.
     """
     check_moe_args(x, router_logits, w_gate_up, w_down, top_k=top_k, activation=activation)
+    routing, rows = route_rows(router_logits, top_k, renormalize)
+    return moe_mlp_sorted(
+        _permute(x, rows), routing, rows, w_gate_up, w_down, activation=activation, backend=backend, fuse=fuse
+    )
+
+
+def moe_mlp_sorted(
+    permuted: Array,
+    routing: Routing,
+    rows: SortedRows,
+    w_gate_up: Array,
+    w_down: Array,
+    *,
+    activation: str = "swiglu",
+    backend: str | None = None,
+    fuse: bool = True,
+) -> Array:
+    """`moe_mlp` after its routing and permutation, for a caller that computed them itself (a decode
+    kernel that norms, routes and gathers in one program: tuner/models/norm_router.py).
+
+    permuted [P, H]: the rows of x in expert order (row r is token rows.row_token[r]); P may exceed T*k,
+    and rows past T*k are ignored, so that a producer can leave the padding a backend's tile wants
+    (`grouped_matmul`'s `rows`). Returns [T, H] as `moe_mlp` does.
+    """
+    tokens, top_k = routing.weights.shape
+    m = tokens * top_k
+    if permuted.ndim != 2 or permuted.shape[0] < m or rows.row_token.shape != (m,):
+        raise ConfigInvalid(
+            f"permuted {permuted.shape} must hold the {m} sorted rows of {tokens} tokens x top_k {top_k}"
+        )
     gemm = functools.partial(grouped_matmul, backend=backend)
+    gate_up = functools.partial(grouped_matmul, backend=backend, rows=m)
     fused = None
     if fuse and activation == "swiglu":
-        rows = x.shape[0] * top_k
-        gate_up = jax.ShapeDtypeStruct((rows, x.shape[1]), x.dtype)
-        if serves(GROUPED_MATMUL_SWIGLU, gate_up, w_gate_up, backend):
-            fused = functools.partial(grouped_matmul_swiglu, backend=backend)
-    return moe_mlp_using(
-        gemm,
-        x,
-        router_logits,
-        w_gate_up,
-        w_down,
-        top_k=top_k,
-        renormalize=renormalize,
-        activation=activation,
-        fused_swiglu=fused,
-    )
+        lhs = jax.ShapeDtypeStruct((m, permuted.shape[1]), permuted.dtype)
+        if serves(GROUPED_MATMUL_SWIGLU, lhs, w_gate_up, backend):
+            fused = functools.partial(grouped_matmul_swiglu, backend=backend, rows=m)
+    hidden = _gate_up(gate_up, permuted, rows, w_gate_up, activation, fused)
+    return _down_and_combine(gemm, hidden, rows, w_down, routing)
 
 
 def serves(op: str, lhs: Any, rhs: Any, backend: str | None = None) -> bool:

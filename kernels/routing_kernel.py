@@ -67,14 +67,23 @@ def route_and_sort(
 
 def _kernel(logits_ref, ids_ref, weights_ref, slot_row_ref, row_token_ref, sizes_ref, *, top_k, renormalize):
     tokens, experts = logits_ref.shape
-    tp, ep, kp, rp = map(pow2_at_least, (tokens, experts, top_k, tokens * top_k))
-    token, expert, slot = jnp.arange(tp), jnp.arange(ep), jnp.arange(kp)
-    real_token, real_expert, real_slot = token < tokens, expert < experts, slot < top_k
+    tp, ep = pow2_at_least(tokens), pow2_at_least(experts)
+    real_token, real_expert = jnp.arange(tp) < tokens, jnp.arange(ep) < experts
     logits = pltriton.load(
         logits_ref.at[pl.ds(0, tp), pl.ds(0, ep)],
         mask=real_token[:, None] & real_expert[None, :],
         other=-jnp.inf,
     )  # [tp, ep]
+    routed = route(logits, tokens, experts, top_k, renormalize)
+    store(routed, ids_ref, weights_ref, slot_row_ref, row_token_ref, sizes_ref)
+
+
+def route(logits, tokens: int, experts: int, top_k: int, renormalize: bool) -> dict:
+    """Inside a Pallas Triton kernel: the routing of float32 logits [tp, ep] held in registers (padded to
+    powers of two; padding entries -inf), as arrays to `store`. Also used by norm_router's decode kernel."""
+    tp, ep, kp, rp = map(pow2_at_least, (tokens, experts, top_k, tokens * top_k))
+    token, expert, slot = jnp.arange(tp), jnp.arange(ep), jnp.arange(kp)
+    real_token, real_expert, real_slot = token < tokens, expert < experts, slot < top_k
 
     # Top-k: an expert's rank is how many real experts order before it (a larger key, or an equal one at a
     # lower index); the padding experts rank last.
@@ -111,10 +120,26 @@ def _kernel(logits_ref, ids_ref, weights_ref, slot_row_ref, row_token_ref, sizes
     row_token = jnp.sum(jnp.sum(jnp.where(holds, token[None, :, None], 0), axis=2), axis=1)
     chosen = (ids[None, :, :] == expert[:, None, None]) & real[None, :, :]  # [ep, tp, kp]
     sizes = jnp.sum(jnp.sum(chosen.astype(jnp.int32), axis=2), axis=1)
+    return dict(
+        ids=ids,
+        weights=weights,
+        slot_row=slot_row,
+        row_token=row_token,
+        sizes=sizes,
+        real=real,
+        real_row=row < tokens * top_k,
+        real_expert=real_expert,
+    )
 
+
+def store(routed: dict, ids_ref, weights_ref, slot_row_ref, row_token_ref, sizes_ref) -> None:
+    """`route`'s arrays into the outputs route_and_sort returns (ids, weights, slot_row [T, k], row_token
+    [T*k], group_sizes [E])."""
+    tp, kp = routed["ids"].shape
     out_tk = (pl.ds(0, tp), pl.ds(0, kp))
-    pltriton.store(ids_ref.at[out_tk], ids, mask=real)
-    pltriton.store(weights_ref.at[out_tk], weights, mask=real)
-    pltriton.store(slot_row_ref.at[out_tk], slot_row, mask=real)
-    pltriton.store(row_token_ref.at[pl.ds(0, rp)], row_token, mask=row < tokens * top_k)
-    pltriton.store(sizes_ref.at[pl.ds(0, ep)], sizes, mask=real_expert)
+    pltriton.store(ids_ref.at[out_tk], routed["ids"], mask=routed["real"])
+    pltriton.store(weights_ref.at[out_tk], routed["weights"], mask=routed["real"])
+    pltriton.store(slot_row_ref.at[out_tk], routed["slot_row"], mask=routed["real"])
+    rp, ep = routed["row_token"].shape[0], routed["sizes"].shape[0]
+    pltriton.store(row_token_ref.at[pl.ds(0, rp)], routed["row_token"], mask=routed["real_row"])
+    pltriton.store(sizes_ref.at[pl.ds(0, ep)], routed["sizes"], mask=routed["real_expert"])

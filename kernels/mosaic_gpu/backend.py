@@ -22,6 +22,8 @@ class MosaicGpuBackend(Backend):
     config_cls = MosaicGpuConfig
     # The default wherever it runs: it outranks the portable backends.
     priority = 100
+    # pad_lhs configs then need no copy of a decode-sized lhs that its producer padded (kernel_sm90).
+    takes_lhs_slack = True
 
     def available(self, device: DeviceFingerprint) -> str | None:
         if device.platform != "gpu":

@@ -496,14 +496,16 @@ def grouped_matmul(
     num_sms: int,
     transpose_rhs: bool = False,
     out_dtype: Any = None,
+    rows: int | None = None,
 ) -> jax.Array:
     """ragged_dot(lhs [M, K], rhs [G, K, N] or [G, N, K], group_sizes [G]) -> [M, N] on Hopper.
 
     `num_sms` sizes the persistent grid (from the device fingerprint). The config must satisfy the
     search space's constraints (the backend's build checks them); violations surface here as errors from
-    Pallas.
+    Pallas. `rows` (M) when lhs carries rows past M that belong to no group, e.g. already padded by its
+    producer: their contents are never stored, and the result is [M, N].
     """
-    return _grouped(GROUPED_MATMUL, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype)
+    return _grouped(GROUPED_MATMUL, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype, rows)
 
 
 def grouped_matmul_swiglu(
@@ -515,10 +517,13 @@ def grouped_matmul_swiglu(
     num_sms: int,
     transpose_rhs: bool = False,
     out_dtype: Any = None,
+    rows: int | None = None,
 ) -> jax.Array:
     """silu(gate) * up of ragged_dot(lhs [M, K], rhs [G, K, 2F] or [G, 2F, K]) -> [M, F] on Hopper, from
     the float32 accumulators. Needs split_k == 1 and F a multiple of the CTA tile's columns."""
-    return _grouped(GROUPED_MATMUL_SWIGLU, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype)
+    return _grouped(
+        GROUPED_MATMUL_SWIGLU, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype, rows
+    )
 
 
 def _grouped(
@@ -530,9 +535,14 @@ def _grouped(
     num_sms: int,
     transpose_rhs: bool,
     out_dtype: Any,
+    rows: int | None,
 ) -> jax.Array:
     out_dtype = jnp.dtype(out_dtype if out_dtype is not None else lhs.dtype)
-    problem = problem_of(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype, op=op)
+    rows = lhs.shape[0] if rows is None else rows
+    if not 0 < rows <= lhs.shape[0]:
+        raise ValueError(f"rows={rows} must be between 1 and lhs's {lhs.shape[0]} rows")
+    m_rows = jax.ShapeDtypeStruct((rows, lhs.shape[1]), lhs.dtype)
+    problem = problem_of(m_rows, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype, op=op)
     swiglu = op == GROUPED_MATMUL_SWIGLU
     if swiglu and (config.split_k > 1 or problem.out_n % config.cta_n):
         raise ValueError(
@@ -585,16 +595,17 @@ def _grouped(
         kernel_name=kernel_name(config, op),
     )
     # TMA loads of the swizzled lhs tiles need M to be a multiple of 8 (or below 8); the padding rows
-    # are never stored.
-    if problem.m > 8 and problem.m % 8:
-        lhs = jnp.pad(lhs, ((0, 8 - problem.m % 8), (0, 0)))
+    # are never stored. Rows lhs already carries past M count (their contents are never stored either).
+    if lhs.shape[0] > 8 and lhs.shape[0] % 8:
+        lhs = jnp.pad(lhs, ((0, 8 - lhs.shape[0] % 8), (0, 0)))
     # TMA zero-fills the rows of a box past the array's end, and at decode that is most of every lhs tile
     # (62 of 64 rows at M=2): on the H200 the fill took gate_up's T=1 weight stream from 91% to 79% of the
     # read bandwidth (benchmarks/decode_ops.py --only stream). `pad_lhs` pads an lhs of at most one
-    # window so that every window lies inside it; the padding rows belong to no group and are never stored.
+    # window so that every window lies inside it (a copy, unless the producer left that many rows); the
+    # padding rows belong to no group and are never stored.
     if config.pad_lhs and problem.m <= geo.cta_m:
-        rows = (problem.m - 1) // ROW_ALIGN * ROW_ALIGN + geo.cta_m
-        lhs = jnp.pad(lhs, ((0, rows - lhs.shape[0]), (0, 0)))
+        window = (problem.m - 1) // ROW_ALIGN * ROW_ALIGN + geo.cta_m
+        lhs = jnp.pad(lhs, ((0, max(0, window - lhs.shape[0])), (0, 0)))
     out = kernel(group_sizes.astype(jnp.int32), lhs, rhs)
     if config.split_k > 1:
         out = out.sum(axis=0).astype(out_dtype)

@@ -66,3 +66,28 @@ def test_hopper_dispatches_both_gemms_to_a_gpu_kernel():
                 chosen = explain(problem)
                 assert chosen.backend != "xla", str(chosen)
                 assert not chosen.declined, str(chosen)
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+@pytest.mark.parametrize("tokens", [1, 2, 4])
+def test_rows_gathered_elsewhere_with_nan_padding_give_the_same_layer(weights, tokens, fuse):
+    """moe_mlp_sorted on an lhs with NaN in every row past T*k (as norm_route_gather leaves them): mosaic_gpu
+    takes the buffer as it is (no pad copy where pad_lhs is set) and no NaN reaches the result."""
+    from moetune.kernels.moe import _permute, moe_mlp_sorted, permuted_rows, route_rows
+
+    w_gate_up, w_down = weights
+    k1, k2 = jax.random.split(jax.random.key(tokens + 100))
+    x = jax.random.normal(k1, (tokens, HIDDEN), jnp.bfloat16)
+    logits = jax.random.normal(k2, (tokens, EXPERTS), jnp.float32)
+
+    def sorted_layer(x, logits, w_gate_up, w_down):
+        routing, rows = route_rows(logits, TOP_K, True)
+        permuted = _permute(x, rows)
+        padding = jnp.full((permuted_rows(tokens * TOP_K) - tokens * TOP_K, HIDDEN), jnp.nan, x.dtype)
+        permuted = jnp.concatenate([permuted, padding])
+        return moe_mlp_sorted(permuted, routing, rows, w_gate_up, w_down, fuse=fuse)
+
+    got = jax.jit(sorted_layer)(x, logits, w_gate_up, w_down)
+    want = jax.jit(lambda *a: moe_mlp(*a, top_k=TOP_K, fuse=fuse))(x, logits, w_gate_up, w_down)
+    assert bool(jnp.all(jnp.isfinite(got)))
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))

@@ -210,3 +210,37 @@ def test_bad_arguments_raise_one_typed_error_naming_the_values():
         moe_mlp(x, logits, w_gate_up, w_down[:, :40], top_k=2)
     with pytest.raises(Unsupported, match="activation='relu'"):
         moe_mlp(x, logits, w_gate_up, w_down, top_k=2, activation="relu")
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_moe_mlp_sorted_ignores_the_rows_a_producer_left_past_t_times_k(fuse):
+    """routed rows handed in already gathered, with 62 rows of NaN past them (the padding a decode tile
+    wants): the same layer as moe_mlp, and the GEMMs keep the key of M = T*k."""
+    from moetune.kernels.moe import _permute, moe_mlp_sorted, route_rows
+
+    x, logits, w_gate_up, w_down = _inputs(1, 64, 96, 8)
+    routing, rows = route_rows(logits, 2, True)
+    permuted = jnp.concatenate([_permute(x, rows), jnp.full((62, 64), jnp.nan, x.dtype)])
+    got = moe_mlp_sorted(permuted, routing, rows, w_gate_up, w_down, fuse=fuse)
+    want = moe_mlp(x, logits, w_gate_up, w_down, top_k=2, fuse=fuse)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ConfigInvalid, match=r"permuted \(1, 64\) must hold the 2 sorted rows"):
+        moe_mlp_sorted(permuted[:1], routing, rows, w_gate_up, w_down)
+
+
+def test_grouped_matmul_rows_names_m_when_lhs_carries_rows_past_it(monkeypatch):
+    from moetune.kernels import api
+
+    x, _, w, _ = _inputs(5, 64, 48, 4)
+    sizes = jnp.array([2, 0, 3, 0], jnp.int32)
+    padded = jnp.concatenate([x, jnp.full((11, 64), jnp.nan, x.dtype)])
+    keys = []
+    dispatch = api._dispatch
+    monkeypatch.setattr(
+        api, "_dispatch", lambda problem, **kw: keys.append(problem.m) or dispatch(problem, **kw)
+    )
+    got = api.grouped_matmul(padded, w, sizes, rows=5)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(api.grouped_matmul(x, w, sizes)))
+    assert got.shape == (5, 96) and keys == [5, 5]
+    with pytest.raises(ValueError, match="rows=17 must be between 1 and the 16 rows"):
+        api.grouped_matmul(padded, w, sizes, rows=17)

@@ -26,6 +26,7 @@ SESSION8 = RESULTS / "2026-11-30_h200_session8"
 SESSION9 = RESULTS / "2026-11-30_h200_session9"
 SESSION10 = RESULTS / "2026-11-30_h200_session10"
 SESSION11 = RESULTS / "2026-11-30_h200_session11"
+SESSION11_PACK_LOWERING = RESULTS / "2026-11-30_session11_pack_lowering"
 
 
 def _run(name: str) -> Path:
@@ -100,6 +101,19 @@ def test_the_shipped_pack_is_session9s_sweeps_on_the_current_kernel_source():
     t1 = {(e.problem.op, e.problem.k): e.config["pad_lhs"] for e in shipped.entries if e.problem.m == 2}
     swiglu, plain = "grouped_matmul_swiglu", "grouped_matmul"
     assert t1 == {(swiglu, 4096): True, (plain, 14336): False, (plain, 4096): True}
+
+
+def test_the_shipped_pack_was_restamped_only_because_no_packed_kernel_changed():
+    """Session 11 added `rows` (an lhs with rows past M) to the Hopper kernel's wrapper, which changed the
+    backend's source hash; benchmarks/pack_lowering.py exported all 38 packed kernels before and after,
+    found every module the same, and stamped the pack with the new hash."""
+    before = json.loads(Path(f"{SESSION11_PACK_LOWERING}_before.json").read_text())
+    after = json.loads(Path(f"{SESSION11_PACK_LOWERING}_after.json").read_text())
+    exported = packs.load(Path(f"{SESSION9}_call3_pack.json"))
+    assert before["kernel_source_hash"] == exported.kernel_source_hash != after["kernel_source_hash"]
+    assert after["kernel_source_hash"] == registry.get("mosaic_gpu").source_hash()
+    assert before["modules"] == after["modules"] and len(before["modules"]) == 38
+    assert len(set(before["modules"].values())) == 38  # one module per entry: the hash tells them apart
 
 
 def test_merging_refuses_packs_of_another_kernel_source():
@@ -508,7 +522,13 @@ def test_decode_timeline_switches_each_kernel_by_its_own_variable(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import decode_timeline
 
-    names = {decode_attention.MODE_ENV, norm_router.MODE_ENV, routing_kernel.MODE_ENV, gemv.MODE_ENV}
+    names = {
+        decode_attention.MODE_ENV,
+        norm_router.MODE_ENV,
+        norm_router.GATHER_MODE_ENV,
+        routing_kernel.MODE_ENV,
+        gemv.MODE_ENV,
+    }
     used = {name for extra in decode_timeline.VARIANTS.values() for name in extra if name != "XLA_FLAGS"}
     assert used == names
     assert decode_timeline.VARIANTS["xla_all"] == dict.fromkeys(names, "xla")

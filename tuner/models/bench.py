@@ -288,6 +288,7 @@ def _environment(command: str) -> dict[str, Any]:
             "decode_attention": decode_attention.mode(),
             "gemv": gemv.mode(),
             "norm_router": norm_router.mode(),
+            "norm_route_gather": norm_router.gather_mode(),
             "routing": routing_kernel.mode(),
         },
     }

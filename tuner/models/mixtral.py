@@ -8,9 +8,10 @@ Entry points (all jitted; `config` and `moe_path` are static, the cache is donat
 
 On a GPU a decode step (one new token, with a cache) attends through decode_attention.py's Pallas Triton
 kernels, batches of up to 4 rows take the attention's RMSNorm + wqkv and its wo from gemv.py's kernel, and up
-to 64 tokens take the MoE block's RMSNorm and router logits from norm_router.py's kernel;
-$MOETUNE_DECODE_ATTENTION, $MOETUNE_GEMV and $MOETUNE_NORM_ROUTER=xla keep XLA's ops (see
-moetune.kernels.pallas_mode).
+to 64 tokens take the MoE block's RMSNorm and router logits from norm_router.py's kernel; on the moetune
+path, up to 8 (token, expert) rows take the norm, router, routing and the rows gathered in expert order
+from its norm_route_gather kernel instead. $MOETUNE_DECODE_ATTENTION, $MOETUNE_GEMV, $MOETUNE_NORM_ROUTER
+and $MOETUNE_NORM_ROUTE_GATHER=xla keep XLA's ops (see moetune.kernels.pallas_mode).
 
 Layers are a Python loop, unrolled into the program, rather than a scan over stacked [L, ...] weights:
 inside a loop, a layer's weights would be a dynamic slice of the stacked array, which XLA on GPU may copy
@@ -28,8 +29,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from moetune.kernels import moe
 from moetune.tuner.models import decode_attention, gemv, norm_router
 from moetune.tuner.models.config import ModelConfig
+from moetune.tuner.models.moe_paths import SORTED_MOE_PATHS
 from moetune.tuner.models.moe_paths import moe_path as moe_fn
 from moetune.tuner.models.weights import LayerParams, ModelParams
 
@@ -182,10 +185,35 @@ def _shared_moe(moe_path: str) -> Any:
     return jax.jit(moe_fn(moe_path), static_argnames=("top_k",))
 
 
+@functools.cache
+def _shared_sorted_moe(moe_path: str) -> Any:
+    """SORTED_MOE_PATHS[moe_path] jitted once for every layer, as _shared_moe."""
+    return jax.jit(SORTED_MOE_PATHS[moe_path])
+
+
 def _moe_block(config: ModelConfig, p: LayerParams, x: Array, moe_path: str) -> Array:
     batch, seq, hidden = x.shape
     x_rows = x.reshape(batch * seq, hidden)
-    if (mode := norm_router.mode()) != "xla" and norm_router.fits(batch * seq):
+    tokens, top_k = batch * seq, config.top_k
+    if (
+        moe_path in SORTED_MOE_PATHS
+        and (mode := norm_router.gather_mode()) != "xla"
+        and norm_router.fits_gather(tokens, config.experts, top_k)
+    ):
+        permuted, ids, weights, row_token, slot_row, sizes = norm_router.norm_route_gather(
+            x_rows,
+            p.moe_norm,
+            p.router,
+            config.norm_eps,
+            top_k=top_k,
+            renormalize=True,
+            rows_out=moe.permuted_rows(tokens * top_k),
+            interpret=mode == "interpret",
+        )
+        routing, rows = moe.Routing(ids, weights), moe.SortedRows(row_token, slot_row, sizes)
+        out = _shared_sorted_moe(moe_path)(permuted, routing, rows, p.w_gate_up, p.w_down)
+        return out.reshape(batch, seq, hidden)
+    if (mode := norm_router.mode()) != "xla" and norm_router.fits(tokens):
         h, router_logits = norm_router.norm_and_router(
             x_rows, p.moe_norm, p.router, config.norm_eps, interpret=mode == "interpret"
         )

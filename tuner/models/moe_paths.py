@@ -14,7 +14,7 @@ from typing import Any
 import jax
 
 from moetune.kernels.errors import ConfigInvalid
-from moetune.kernels.moe import moe_mlp, moe_mlp_using
+from moetune.kernels.moe import moe_mlp, moe_mlp_sorted, moe_mlp_using
 from moetune.kernels.moe_reference import moe_mlp_reference
 
 Array = Any
@@ -26,6 +26,11 @@ MOE_PATHS: dict[str, MoeFn] = {
     "ragged": functools.partial(moe_mlp_using, jax.lax.ragged_dot),
     "moetune": moe_mlp,
 }
+
+
+# The paths that can also start from rows routed and gathered elsewhere (moe_mlp_sorted's arguments):
+# fn(permuted[P, H], Routing, SortedRows, w_gate_up, w_down) -> [T, H].
+SORTED_MOE_PATHS: dict[str, MoeFn] = {"moetune": moe_mlp_sorted}
 
 
 def moe_path(name: str) -> MoeFn:

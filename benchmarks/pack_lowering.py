@@ -1,0 +1,98 @@
+"""Whether a change to the mosaic_gpu backend's source changed any kernel a config pack names, on a CPU.
+
+Any edit of kernels/mosaic_gpu/ changes the backend's source hash, and with it every stored winner goes
+stale. An edit that only adds a path (a new argument, off by default) leaves every packed kernel as it was;
+this shows that without a GPU: each entry's kernel is exported for cuda (Mosaic GPU's lowering, short of
+PTX) and its module hashed with the source locations stripped.
+
+    python3 benchmarks/pack_lowering.py hashes before.json        # on the tree before the change
+    python3 benchmarks/pack_lowering.py restamp before.json after.json
+        # on the tree after it: hashes again, and only if every entry's module is unchanged, stamps the
+        # pack with the current source hash (its configs, times and creation date stay as they are)
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from moetune.kernels import packs, registry
+from moetune.kernels.mosaic_gpu import kernel_sm90
+from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig
+from moetune.kernels.problem import GROUPED_MATMUL_SWIGLU
+
+ROOT = Path(__file__).resolve().parents[1]
+PACK = ROOT / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json"
+LOCATION = re.compile(r"loc\([^()]*(\([^()]*\)[^()]*)*\)")  # loc("file":line:col) and nested callsites
+
+
+def module_hash(entry: packs.PackEntry, num_sms: int) -> str:
+    p = entry.problem
+    fn = kernel_sm90.grouped_matmul_swiglu if p.op == GROUPED_MATMUL_SWIGLU else kernel_sm90.grouped_matmul
+    kernel = functools.partial(
+        fn,
+        config=MosaicGpuConfig(**entry.config),
+        num_sms=num_sms,
+        transpose_rhs=p.transpose_rhs,
+        out_dtype=jnp.dtype(p.out_dtype),
+    )
+    rhs = (p.g, p.n, p.k) if p.transpose_rhs else (p.g, p.k, p.n)
+    args = (
+        jax.ShapeDtypeStruct((p.m, p.k), jnp.dtype(p.lhs_dtype)),
+        jax.ShapeDtypeStruct(rhs, jnp.dtype(p.rhs_dtype)),
+        jax.ShapeDtypeStruct((p.g,), jnp.int32),
+    )
+    text = jax.export.export(jax.jit(kernel), platforms=["cuda"])(*args).mlir_module()
+    text = "\n".join(line for line in LOCATION.sub("", text).splitlines() if not line.startswith("#loc"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def hashes(pack: packs.Pack) -> dict:
+    return {
+        "kernel_source_hash": registry.get("mosaic_gpu").source_hash(),
+        "modules": {e.problem.key: module_hash(e, pack.device.core_count) for e in pack.entries},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("action", choices=("hashes", "restamp"))
+    parser.add_argument("files", nargs="+", type=Path, help="hashes: OUT; restamp: BEFORE OUT")
+    parser.add_argument("--pack", type=Path, default=PACK)
+    args = parser.parse_args()
+    pack = packs.load(args.pack)
+    now = hashes(pack)
+    args.files[-1].write_text(json.dumps(now, indent=1))
+    print(f"{len(now['modules'])} kernels of {args.pack.name} on source {now['kernel_source_hash']}")
+    if args.action == "hashes":
+        return 0
+    before = json.loads(args.files[0].read_text())
+    changed = sorted(k for k in before["modules"] if before["modules"][k] != now["modules"].get(k))
+    if changed or before["modules"].keys() != now["modules"].keys():
+        print(f"not restamped: {len(changed)} kernels changed, e.g. {changed[:3]}", file=sys.stderr)
+        return 1
+    data = json.loads(args.pack.read_text())
+    if data["kernel_source_hash"] != before["kernel_source_hash"]:
+        print(
+            f"not restamped: the pack is on source {data['kernel_source_hash']}, not 'before''s",
+            file=sys.stderr,
+        )
+        return 1
+    data["kernel_source_hash"] = now["kernel_source_hash"]
+    args.pack.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"restamped {args.pack.name}: {before['kernel_source_hash']} -> {now['kernel_source_hash']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
