@@ -738,3 +738,30 @@ def test_the_model_with_the_gemv_kernel():
     for call, passed in (("call5", 29), ("call6", 30)):
         log = Path(f"{SESSION11}_{call}_gpu_tests.log").read_text()
         assert f"{passed} passed" in log and "failed" not in log
+
+
+def test_the_norm_route_gather_kernel_against_the_three_it_replaces():
+    """README: 146.5 and 146.1 tokens/s with norm_route_gather, 144.7 and 144.5 with norm_router, routing
+    and XLA's gather+pad (+1.1%, call 7); 9.4 against 11.4 kernels and 213.4/213.9 against 216.0/216.2 us a
+    layer; the kernel 3.95 us where the three took 3.46 + 1.31 + 1.91. GPU tests: 18 and 15 passed."""
+    rows = _session11("call7_decode_timeline")["rows"]
+    on, off = rows[0::2], rows[1::2]
+    assert {r["variant"] for r in on} == {"default"} and {r["variant"] for r in off} == {
+        "xla_norm_route_gather"
+    }
+    assert [round(r["tokens_per_s"], 1) for r in rows] == [146.5, 144.7, 146.1, 144.5]
+    gain = sum(r["tokens_per_s"] for r in on) / sum(r["tokens_per_s"] for r in off) - 1
+    assert round(gain, 3) == 0.011
+    assert [round(r["kernels_per_token"] / 32, 1) for r in rows[:2]] == [9.4, 11.4]
+    assert [round(r["wall_us_per_token"] / 32, 1) for r in rows] == [213.4, 216.0, 213.9, 216.2]
+
+    def per_layer(row, name):
+        return round(next(g["us_per_token"] for g in row["groups"] if g["name"] == name) / 32, 2)
+
+    assert per_layer(on[0], "moetune_norm_route_gather") == 3.95
+    replaced = ("moetune_norm_router", "moetune_routing", "loop_pad_fusion")
+    assert [per_layer(off[0], name) for name in replaced] == [3.46, 1.31, 1.91]
+    assert not {g["name"] for g in on[0]["groups"]} & set(replaced)
+    for log, passed in (("norm_router_routing", 18), ("moe", 15)):
+        text = Path(f"{SESSION11}_call7_gpu_tests_{log}.log").read_text()
+        assert f"{passed} passed" in text and "failed" not in text
