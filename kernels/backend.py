@@ -65,11 +65,11 @@ class Backend(abc.ABC):
     # device (`ray start --resources '{"amd_gpu": 8}'`), and the tuner seats each worker on one unit,
     # restricting its process to that device through `visible_devices_env`.
     device_resource: ClassVar[str] = "GPU"
+    visible_devices_env: ClassVar[str] = "CUDA_VISIBLE_DEVICES"
     # Whether build()'s kernels take `rows=M` with an lhs of more than M rows (rows past M in no group,
     # contents ignored): a producer can then hand over an lhs already padded to the kernel's tile. Other
     # backends get lhs[:M].
     takes_lhs_slack: ClassVar[bool] = False
-    visible_devices_env: ClassVar[str] = "CUDA_VISIBLE_DEVICES"
 
     @abc.abstractmethod
     def available(self, device: DeviceFingerprint) -> str | None:

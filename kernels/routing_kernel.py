@@ -11,7 +11,7 @@ lower expert, then to the earlier slot; logits in IEEE total order).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -78,9 +78,22 @@ def _kernel(logits_ref, ids_ref, weights_ref, slot_row_ref, row_token_ref, sizes
     store(routed, ids_ref, weights_ref, slot_row_ref, row_token_ref, sizes_ref)
 
 
-def route(logits, tokens: int, experts: int, top_k: int, renormalize: bool) -> dict:
+class Routed(NamedTuple):
+    """`route`'s arrays, padded to powers of two, with the masks of their real entries."""
+
+    ids: Array  # [tp, kp]
+    weights: Array  # [tp, kp]
+    slot_row: Array  # [tp, kp]
+    row_token: Array  # [rp]
+    sizes: Array  # [ep]
+    real: Array  # [tp, kp]: real (token, slot) pairs
+    real_row: Array  # [rp]
+    real_expert: Array  # [ep]
+
+
+def route(logits, tokens: int, experts: int, top_k: int, renormalize: bool) -> Routed:
     """Inside a Pallas Triton kernel: the routing of float32 logits [tp, ep] held in registers (padded to
-    powers of two; padding entries -inf), as arrays to `store`. Also used by norm_router's decode kernel."""
+    powers of two; padding entries -inf), for `store`. Also used by norm_router's decode kernel."""
     tp, ep, kp, rp = map(pow2_at_least, (tokens, experts, top_k, tokens * top_k))
     token, expert, slot = jnp.arange(tp), jnp.arange(ep), jnp.arange(kp)
     real_token, real_expert, real_slot = token < tokens, expert < experts, slot < top_k
@@ -120,26 +133,16 @@ def route(logits, tokens: int, experts: int, top_k: int, renormalize: bool) -> d
     row_token = jnp.sum(jnp.sum(jnp.where(holds, token[None, :, None], 0), axis=2), axis=1)
     chosen = (ids[None, :, :] == expert[:, None, None]) & real[None, :, :]  # [ep, tp, kp]
     sizes = jnp.sum(jnp.sum(chosen.astype(jnp.int32), axis=2), axis=1)
-    return dict(
-        ids=ids,
-        weights=weights,
-        slot_row=slot_row,
-        row_token=row_token,
-        sizes=sizes,
-        real=real,
-        real_row=row < tokens * top_k,
-        real_expert=real_expert,
-    )
+    return Routed(ids, weights, slot_row, row_token, sizes, real, row < tokens * top_k, real_expert)
 
 
-def store(routed: dict, ids_ref, weights_ref, slot_row_ref, row_token_ref, sizes_ref) -> None:
+def store(routed: Routed, ids_ref, weights_ref, slot_row_ref, row_token_ref, sizes_ref) -> None:
     """`route`'s arrays into the outputs route_and_sort returns (ids, weights, slot_row [T, k], row_token
     [T*k], group_sizes [E])."""
-    tp, kp = routed["ids"].shape
-    out_tk = (pl.ds(0, tp), pl.ds(0, kp))
-    pltriton.store(ids_ref.at[out_tk], routed["ids"], mask=routed["real"])
-    pltriton.store(weights_ref.at[out_tk], routed["weights"], mask=routed["real"])
-    pltriton.store(slot_row_ref.at[out_tk], routed["slot_row"], mask=routed["real"])
-    rp, ep = routed["row_token"].shape[0], routed["sizes"].shape[0]
-    pltriton.store(row_token_ref.at[pl.ds(0, rp)], routed["row_token"], mask=routed["real_row"])
-    pltriton.store(sizes_ref.at[pl.ds(0, ep)], routed["sizes"], mask=routed["real_expert"])
+    r = routed
+    out_tk = (pl.ds(0, r.ids.shape[0]), pl.ds(0, r.ids.shape[1]))
+    pltriton.store(ids_ref.at[out_tk], r.ids, mask=r.real)
+    pltriton.store(weights_ref.at[out_tk], r.weights, mask=r.real)
+    pltriton.store(slot_row_ref.at[out_tk], r.slot_row, mask=r.real)
+    pltriton.store(row_token_ref.at[pl.ds(0, r.row_token.shape[0])], r.row_token, mask=r.real_row)
+    pltriton.store(sizes_ref.at[pl.ds(0, r.sizes.shape[0])], r.sizes, mask=r.real_expert)

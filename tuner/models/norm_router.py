@@ -154,7 +154,7 @@ def _gather_kernel(x_ref, weight_ref, router_ref, permuted_ref, *routing_refs, e
     routed = routing_kernel.route(logits, tokens, experts, top_k, renormalize)
     routing_kernel.store(routed, *routing_refs)
     # Sorted row r holds token row_token[r]'s normed row: one masked store per (row, token).
-    row_token = routed["row_token"]
+    row_token = routed.row_token
     for r in range(tokens * top_k):
         token = jnp.sum(jnp.where(jnp.arange(row_token.shape[0]) == r, row_token, 0))
         for t, h in enumerate(normed):
