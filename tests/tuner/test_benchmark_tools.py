@@ -734,6 +734,14 @@ def test_the_model_with_the_gemv_kernel():
     assert [round(r["results"]["moetune"]["decode"]["tokens_per_s"], 1) for r in runs] == [143.8, 145.6]
     assert [round(r["moe_layer_speedup"]["moetune_vs_ragged"]["4096"], 2) for r in runs] == [6.42, 6.68]
     assert runs[1]["pallas_kernels"]["gemv"] == "kernel"
+    # The README's table, moetune's row: prefill, and the MoE layer at T=4096, 2048 and 1 in ms.
+    for run, prefill, layers in (
+        (runs[0], 17923, [4.672, 2.494, 0.229]),
+        (runs[1], 18283, [4.449, 2.41, 0.226]),
+    ):
+        moetune = run["results"]["moetune"]
+        assert round(moetune["prefill"]["tokens_per_s"]) == prefill
+        assert [round(m["median_s"] * 1e3, 3) for m in moetune["moe"]] == layers
     assert all(round(r["parity"]["moetune"]["logits"]["rel_l2"], 4) == 0.0037 for r in runs)
     for call, passed in (("call5", 29), ("call6", 30)):
         log = Path(f"{SESSION11}_{call}_gpu_tests.log").read_text()
