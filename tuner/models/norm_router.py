@@ -75,20 +75,34 @@ def norm_and_router(
 
 def _kernel(x_ref, weight_ref, router_ref, h_ref, logits_ref, *, eps):
     token = pl.program_id(0)
+    weight, router = _load_weights(weight_ref, router_ref)
+    h, logits = _normed_row_and_logits(x_ref, token, weight, router, eps)
+    hp, ep = router.shape
+    pltriton.store(h_ref.at[token, pl.ds(0, hp)], h, mask=jnp.arange(hp) < x_ref.shape[1])
+    pltriton.store(logits_ref.at[token, pl.ds(0, ep)], logits, mask=jnp.arange(ep) < router_ref.shape[1])
+
+
+def _load_weights(weight_ref, router_ref) -> tuple[Array, Array]:
+    """The norm's weight [hp] and the router [hp, ep] in float32, zero past their real sizes."""
     hidden, experts = router_ref.shape
     hp, ep = pow2_at_least(hidden), pow2_at_least(experts)
     real_h, real_e = jnp.arange(hp) < hidden, jnp.arange(ep) < experts
-    columns = pl.ds(0, hp)
-    x = pltriton.load(x_ref.at[token, columns], mask=real_h, other=0).astype(jnp.float32)
-    weight = pltriton.load(weight_ref.at[columns], mask=real_h, other=0).astype(jnp.float32)
+    weight = pltriton.load(weight_ref.at[pl.ds(0, hp)], mask=real_h, other=0).astype(jnp.float32)
     router = pltriton.load(
-        router_ref.at[columns, pl.ds(0, ep)], mask=real_h[:, None] & real_e[None, :], other=0
+        router_ref.at[pl.ds(0, hp), pl.ds(0, ep)], mask=real_h[:, None] & real_e[None, :], other=0
     ).astype(jnp.float32)
-    normed = x * jax.lax.rsqrt(jnp.sum(x * x) / hidden + eps)
-    h = (normed * weight).astype(h_ref.dtype)
-    logits = jnp.sum(h.astype(jnp.float32)[:, None] * router, axis=0)
-    pltriton.store(h_ref.at[token, columns], h, mask=real_h)
-    pltriton.store(logits_ref.at[token, pl.ds(0, ep)], logits, mask=real_e)
+    return weight, router
+
+
+def _normed_row_and_logits(x_ref, token, weight: Array, router: Array, eps: float) -> tuple[Array, Array]:
+    """Row `token` of x normed [hp] in x's dtype, and its router logits [ep] in float32: the model's
+    rms_norm, then the float32 dot of the rounded row."""
+    hidden = x_ref.shape[1]
+    hp = weight.shape[0]
+    x = pltriton.load(x_ref.at[token, pl.ds(0, hp)], mask=jnp.arange(hp) < hidden, other=0)
+    x = x.astype(jnp.float32)
+    h = (x * jax.lax.rsqrt(jnp.sum(x * x) / hidden + eps) * weight).astype(x_ref.dtype)
+    return h, jnp.sum(h.astype(jnp.float32)[:, None] * router, axis=0)
 
 
 def norm_route_gather(
@@ -137,24 +151,19 @@ def norm_route_gather(
 def _gather_kernel(x_ref, weight_ref, router_ref, permuted_ref, *routing_refs, eps, top_k, renormalize):
     tokens, hidden = x_ref.shape
     experts = router_ref.shape[1]
-    hp, ep, tp = pow2_at_least(hidden), pow2_at_least(experts), pow2_at_least(tokens)
-    real_h, real_e = jnp.arange(hp) < hidden, jnp.arange(ep) < experts
-    columns = pl.ds(0, hp)
-    weight = pltriton.load(weight_ref.at[columns], mask=real_h, other=0).astype(jnp.float32)
-    router = pltriton.load(
-        router_ref.at[columns, pl.ds(0, ep)], mask=real_h[:, None] & real_e[None, :], other=0
-    ).astype(jnp.float32)
+    weight, router = _load_weights(weight_ref, router_ref)
+    hp, ep = router.shape
+    tp = pow2_at_least(tokens)
     normed, logits = [], jnp.full((tp, ep), -jnp.inf, jnp.float32)
     for t in range(tokens):  # as _kernel's program t (Pallas wants traced indices: jnp.int32)
-        x = pltriton.load(x_ref.at[jnp.int32(t), columns], mask=real_h, other=0).astype(jnp.float32)
-        h = (x * jax.lax.rsqrt(jnp.sum(x * x) / hidden + eps) * weight).astype(x_ref.dtype)
-        row = jnp.sum(h.astype(jnp.float32)[:, None] * router, axis=0)
-        logits = jnp.where((jnp.arange(tp) == t)[:, None] & real_e[None, :], row[None, :], logits)
+        h, row = _normed_row_and_logits(x_ref, jnp.int32(t), weight, router, eps)
+        real = (jnp.arange(tp) == t)[:, None] & (jnp.arange(ep) < experts)[None, :]
+        logits = jnp.where(real, row[None, :], logits)
         normed.append(h)
     routed = routing_kernel.route(logits, tokens, experts, top_k, renormalize)
     routing_kernel.store(routed, *routing_refs)
     # Sorted row r holds token row_token[r]'s normed row: one masked store per (row, token).
-    row_token = routed.row_token
+    row_token, columns, real_h = routed.row_token, pl.ds(0, hp), jnp.arange(hp) < hidden
     for r in range(tokens * top_k):
         token = jnp.sum(jnp.where(jnp.arange(row_token.shape[0]) == r, row_token, 0))
         for t, h in enumerate(normed):
