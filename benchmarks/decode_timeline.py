@@ -54,6 +54,13 @@ VARIANTS: dict[str, dict[str, str]] = {
     # The MoE block's norm, router, routing and gather as the two kernels and XLA's gather+pad they were
     # before norm_router.norm_route_gather.
     "xla_norm_route_gather": {"MOETUNE_NORM_ROUTE_GATHER": "xla"},
+    # The decode attention kernel at other tilings than its default (block_k=64, splits=32).
+    "attention_splits64": {"MOETUNE_DECODE_ATTENTION_TILING": "block_k=64,splits=64"},
+    "attention_k32_splits64": {"MOETUNE_DECODE_ATTENTION_TILING": "block_k=32,splits=64"},
+    "attention_k128_splits16": {"MOETUNE_DECODE_ATTENTION_TILING": "block_k=128,splits=16"},
+    # XLA's programmatic dependent launch forced on or off (a kernel may start before the previous ends).
+    "pdl_on": {"XLA_FLAGS": "--xla_gpu_enable_pdl=true"},
+    "pdl_off": {"XLA_FLAGS": "--xla_gpu_enable_pdl=false"},
     # None of the Pallas Triton kernels: the decode step as sessions 1-9 ran it.
     "xla_all": {
         "MOETUNE_DECODE_ATTENTION": "xla",

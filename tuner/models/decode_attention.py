@@ -25,6 +25,7 @@ unnormalised ones, the sum taken in float32).
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import jax
@@ -38,12 +39,28 @@ Array = Any
 QUERY_ROWS = 16  # a group's query heads, padded to the smallest M of Triton's dot
 COMBINE_COLUMNS = 32  # output columns per combine program: more programs, each reading less
 MODE_ENV = "MOETUNE_DECODE_ATTENTION"  # kernel, xla or interpret: see moetune.kernels.pallas_mode
+# The model's tiling, as "block_k=64,splits=64": for comparing tilings in the model, where the cache is
+# read cold (benchmarks/decode_timeline.py); unset, decode_attention's defaults.
+TILING_ENV = "MOETUNE_DECODE_ATTENTION_TILING"
+TILING_KEYS = ("block_k", "splits", "num_warps", "num_stages")
 
 
 def mode() -> str:
     """How the model's decode steps attend: these kernels ("kernel", the default on a GPU), XLA's einsums as
     in prefill ("xla", the default elsewhere), or these kernels in Pallas's interpreter ("interpret")."""
     return pallas_mode.mode(MODE_ENV)
+
+
+def tiling_from_env() -> dict[str, int]:
+    """$MOETUNE_DECODE_ATTENTION_TILING as decode_attention's keyword arguments ({} when unset)."""
+    text = os.environ.get(TILING_ENV, "").strip()
+    tiling = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = item.partition("=")
+        if key not in TILING_KEYS or not value.isdigit():
+            raise ValueError(f"${TILING_ENV}: {item!r} is not one of {', '.join(TILING_KEYS)} = an integer")
+        tiling[key] = int(value)
+    return tiling
 
 
 def decode_attention(

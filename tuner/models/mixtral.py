@@ -144,6 +144,7 @@ def _attention(
             cos[0],
             sin[0],
             heads=config.heads,
+            **decode_attention.tiling_from_env(),
             interpret=mode == "interpret",
         )
         return project(out[:, None], p.wo), (keys, values)

@@ -178,3 +178,14 @@ def test_mixtral_shapes_lower_to_triton_for_an_h200(triton_lowering_for_h200):
         text = attend.trace(qkv, *args[1:]).lower(lowering_platforms=("cuda",)).as_text()
         assert text.count("__gpu$xla.gpu.triton") == 2
         assert "moetune_decode_attention" in text and "moetune_decode_attention_combine" in text
+
+
+def test_the_tiling_variable_parses_to_keyword_arguments_and_refuses_the_rest(monkeypatch):
+    monkeypatch.delenv(da.TILING_ENV, raising=False)
+    assert da.tiling_from_env() == {}
+    monkeypatch.setenv(da.TILING_ENV, "block_k=32, splits=64,")
+    assert da.tiling_from_env() == {"block_k": 32, "splits": 64}
+    for bad in ("block=32", "splits=many", "splits"):
+        monkeypatch.setenv(da.TILING_ENV, bad)
+        with pytest.raises(ValueError, match="MOETUNE_DECODE_ATTENTION_TILING"):
+            da.tiling_from_env()
