@@ -103,7 +103,10 @@ def _gemv_tilings():
     from moetune.tuner.models.gemv import Tiling
 
     shapes = [(64, 64), (64, 128), (128, 64), (128, 128), (256, 64)]  # (block_n, block_k)
-    return [Tiling(n, k, s, 4, stages) for n, k in shapes for s in (2, 4, 8) for stages in (3, 4)]
+    tilings = [Tiling(n, k, s, 4, stages) for n, k in shapes for s in (2, 4, 8) for stages in (3, 4)]
+    # Wide tiles (session 12): longer contiguous runs of each weight row (block_n * 2 bytes) per load.
+    wide = [(256, 32), (512, 16), (512, 32), (1024, 16)]
+    return tilings + [Tiling(n, k, s, warps, 3) for n, k in wide for s in (4, 8, 16) for warps in (4, 8)]
 
 
 GEMV_TILINGS = _gemv_tilings()

@@ -27,6 +27,7 @@ SESSION9 = RESULTS / "2026-11-30_h200_session9"
 SESSION10 = RESULTS / "2026-11-30_h200_session10"
 SESSION11 = RESULTS / "2026-11-30_h200_session11"
 SESSION11_PACK_LOWERING = RESULTS / "2026-11-30_session11_pack_lowering"
+SESSION12 = RESULTS / "2026-11-30_h200_session12"
 
 
 def _run(name: str) -> Path:
@@ -773,3 +774,106 @@ def test_the_norm_route_gather_kernel_against_the_three_it_replaces():
     for log, passed in (("norm_router_routing", 18), ("moe", 15)):
         text = Path(f"{SESSION11}_call7_gpu_tests_{log}.log").read_text()
         assert f"{passed} passed" in text and "failed" not in text
+
+
+def _session12(name: str) -> dict:
+    """A session-12 result file, by the part of its name after the session."""
+    return json.loads(Path(f"{SESSION12}_{name}.json").read_text())
+
+
+def _rows_tokens_per_s(rows: list[dict]) -> list[tuple[str, float]]:
+    return [(r["variant"], round(r["tokens_per_s"], 2)) for r in rows]
+
+
+def _layer_us(row: dict, name: str) -> float:
+    return round(next(g["us_per_token"] for g in row["groups"] if g["name"] == name) / 32, 2)
+
+
+def test_session12_the_model_on_main():
+    """README: bench_model decode 149.4, 149.3 and 149.4 tokens/s (calls 7 and 8; issue 7 asks 150), prefill
+    18130, the MoE layer at T=4096 6.21x ragged; logits rel L2 3.7e-3, top-1 1.00."""
+    runs = [
+        _session12("call7_model"),
+        _session12("call8_model_moetune_1"),
+        _session12("call8_model_moetune_2"),
+    ]
+    decode = [round(r["results"]["moetune"]["decode"]["tokens_per_s"], 1) for r in runs]
+    assert decode == [149.4, 149.3, 149.4] and max(decode) < 150
+    full = runs[0]
+    assert round(full["results"]["moetune"]["prefill"]["tokens_per_s"]) == 18130
+    assert round(full["moe_layer_speedup"]["moetune_vs_ragged"]["4096"], 2) == 6.21
+    assert full["pallas_kernels"]["norm_route_gather"] == "kernel" and full["ok"]
+    logits = full["parity"]["moetune"]["logits"]
+    assert round(logits["rel_l2"], 4) == 0.0037 and logits["top1_agreement"] == 1.0
+
+
+def test_session12_attempts_that_measured_slower_or_level():
+    """benchmarks/README, session 12: each attempt against the code before it, alternating on one GPU."""
+    # Call 1: wo read into L2 by the attention kernel's extra programs: -4.1%; attention 9.34 -> 20.3 us.
+    rows = _session12("call1_decode_timeline")["rows"]
+    assert _rows_tokens_per_s(rows) == [
+        ("default", 141.93), ("no_l2_prefetch", 148.03), ("default", 142.09), ("no_l2_prefetch", 148.14)
+    ]  # fmt: skip
+    assert _layer_us(rows[0], "moetune_decode_attention") == 20.28
+    assert _layer_us(rows[1], "moetune_decode_attention") == 9.34
+    # Call 2: other attention tilings in the model, and XLA's PDL flag.
+    rows = {r["variant"]: r for r in _session12("call2_decode_timeline")["rows"][:6]}
+    assert {v: round(r["tokens_per_s"], 2) for v, r in rows.items()} == {
+        "default": 148.17, "attention_splits64": 146.21, "attention_k32_splits64": 145.73,
+        "pdl_on": 147.76, "pdl_off": 148.07, "attention_k128_splits16": 147.9,
+    }  # fmt: skip
+    # What is left a layer, by kernel time (the first default arm: main's kernels).
+    groups = rows["default"]["groups"]
+    kernels = [(g["name"].split("_m64")[0], round(g["us_per_token"] / 32, 2)) for g in groups]
+    assert kernels[:9] == [
+        ("moetune_gmm_swiglu", 109.3), ("moetune_gmm", 56.79),
+        ("moetune_gemv", 15.0), ("moetune_gemv_", 9.97),
+        ("moetune_decode_attention", 9.32), ("moetune_norm_route_gather", 3.99), ("loop_add_fusion", 3.62),
+        ("gemm_fusion_dot", 1.99), ("moetune_decode_attention_combine", 1.6),
+    ]  # fmt: skip
+    # Call 4: wo's GEMV combining the splits, against the combine kernel: 11.6 against 10.04 + 1.56 us.
+    rows = _session12("call4_decode_timeline")["rows"]
+    assert _rows_tokens_per_s(rows) == [
+        ("default", 146.02), ("combine_kernel", 146.3), ("default", 145.87), ("combine_kernel", 146.29)
+    ]  # fmt: skip
+    assert _layer_us(rows[0], "moetune_gemv_splits") == 11.58
+    assert (
+        _layer_us(rows[1], "moetune_gemv_"),
+        _layer_us(rows[1], "moetune_decode_attention_combine"),
+    ) == (
+        10.04,
+        1.56,
+    )
+    # Call 6: the residual fold (default) against xla_gather_residual; norm_route_gather 6.53 against 3.99.
+    for call, want in (("a1", [143.12, 144.37]), ("a2", [143.36, 143.8])):
+        rows = _session12(f"call6_decode_timeline_{call}")["rows"]
+        assert [r["variant"] for r in rows] == ["default", "xla_gather_residual"]
+        assert [round(r["tokens_per_s"], 2) for r in rows] == want
+        assert [_layer_us(r, "moetune_norm_route_gather") for r in rows] == [
+            6.53 if call == "a1" else 6.54,
+            3.99,
+        ]
+        assert _layer_us(rows[0], "moetune_decode_attention") > 14.3  # the early-loading attention kernel
+    for call, passed in (("call1", 24), ("call4", 18), ("call6", 18)):
+        log = Path(f"{SESSION12}_{call}_gpu_tests.log").read_text()
+        assert f"{passed} passed" in log and "failed" not in log
+
+
+def test_session12_wide_gemv_tiles_are_not_ahead():
+    """benchmarks/README: of the 24 wide tilings (call 5) the best is within 0.5 us of the default on wqkv
+    and wo; on the lm_head n256 k32 split4 takes 63.4 us against XLA's 66.4."""
+    rows = _session12("call5_decode_ops_gemv")["rows"]
+    assert not any("error" in r for r in rows)
+
+    def us(case, variant):
+        return round(next(r["median_us"] for r in rows if r["case"] == case and r["variant"] == variant), 1)
+
+    default = "moetune gemv n128 k64 split8 w4 s3"
+    wide = lambda r: any(f"n{n} " in r["variant"] for n in (512, 1024)) or " n256 k32 " in r["variant"]  # noqa: E731
+    for case, want_default, want_best in (("wqkv+norm", 16.2, 15.7), ("wo+residual", 11.1, 10.9)):
+        best = min(r["median_us"] for r in rows if r["case"] == case and wide(r))
+        assert (us(case, default), round(best, 1)) == (want_default, want_best)
+    assert (us("lm_head+norm", "moetune gemv n256 k32 split4 w4 s3"), us("lm_head+norm", "xla ops")) == (
+        63.4,
+        66.4,
+    )
