@@ -877,3 +877,15 @@ def test_session12_wide_gemv_tiles_are_not_ahead():
         63.4,
         66.4,
     )
+
+
+def test_session12_t1_resweep_kept_the_packs_winners():
+    """benchmarks/README: the finalists re-timed beside the pack's winners, +0.5% and +0.3% where promotion
+    needs 2%; winners kept (call 3)."""
+    outcome = _session12("call3_sweep_outcome")
+    decisions = [p["decision"] for p in outcome["problems"]]
+    assert decisions == [
+        "winner kept: 0.112 ms vs 0.1126 ms for the winner: +0.5%, needed 2.0%",
+        "winner kept: 0.05819 ms vs 0.05835 ms for the winner: +0.3%, needed 2.0%",
+    ]
+    assert [p["trials"] for p in outcome["problems"]] == ["64 ok", "64 ok"]
