@@ -58,6 +58,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     "attention_splits64": {"MOETUNE_DECODE_ATTENTION_TILING": "block_k=64,splits=64"},
     "attention_k32_splits64": {"MOETUNE_DECODE_ATTENTION_TILING": "block_k=32,splits=64"},
     "attention_k128_splits16": {"MOETUNE_DECODE_ATTENTION_TILING": "block_k=128,splits=16"},
+    "attention_warps2": {"MOETUNE_DECODE_ATTENTION_TILING": "num_warps=2"},
+    "attention_warps8": {"MOETUNE_DECODE_ATTENTION_TILING": "num_warps=8"},
+    "attention_stages3": {"MOETUNE_DECODE_ATTENTION_TILING": "num_stages=3"},
     # XLA's programmatic dependent launch forced on or off (a kernel may start before the previous ends).
     "pdl_on": {"XLA_FLAGS": "--xla_gpu_enable_pdl=true"},
     "pdl_off": {"XLA_FLAGS": "--xla_gpu_enable_pdl=false"},

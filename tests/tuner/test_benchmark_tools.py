@@ -532,6 +532,10 @@ def test_decode_timeline_switches_each_kernel_by_its_own_variable(monkeypatch):
     }
     used = {name for extra in decode_timeline.VARIANTS.values() for name in extra if name != "XLA_FLAGS"}
     assert used == names | {decode_attention.TILING_ENV}
+    for extra in decode_timeline.VARIANTS.values():  # every tiling variant parses
+        if decode_attention.TILING_ENV in extra:
+            monkeypatch.setenv(decode_attention.TILING_ENV, extra[decode_attention.TILING_ENV])
+            assert decode_attention.tiling_from_env()
     assert decode_timeline.VARIANTS["xla_all"] == dict.fromkeys(names, "xla")
 
 
