@@ -3,7 +3,8 @@
 At batch 1 every weight GEMM reads its weights once and does almost no arithmetic, so the question for
 each is how close to the HBM read roofline it gets. For the Mixtral-8x7B shapes, one H200:
   proj       the dense projections (wqkv, wo, lm_head) at M=1: XLA's dot against moetune's Hopper kernel
-             as a one-group grouped GEMM, for each config in PROJ_CONFIGS;
+             as a one-group grouped GEMM, for each config in PROJ_CONFIGS, on x [1, K] and with pad_lhs on
+             an x left 64 rows tall by its producer;
   gate_up    the MoE gate_up GEMM at T=1 (two experts of one row each): SwiGLU fused, and unfused with
              split-K (the activation then an XLA op on the small output), for each config; and XLA's
              dot on the same two experts' weights;
@@ -64,10 +65,11 @@ SNAKE_N = dict(grid_minor_dim="n", grid_tile_width=1)  # column tiles one at a t
 N256 = dict(block_m=64, block_n=256, block_k=64, **PLAIN, **NP)
 N128 = dict(block_m=64, block_n=128, block_k=64, **NP)
 PROJ_CONFIGS = (
-    [C(max_concurrent_steps=3, split_k=s, **N256) for s in (1, 2, 4, 8)]
-    + [C(max_concurrent_steps=4, split_k=s, **PLAIN, **N128) for s in (2, 4, 8)]
+    [C(max_concurrent_steps=3, split_k=s, **N256) for s in (1, 2, 4, 8, 16)]
+    + [C(max_concurrent_steps=4, split_k=s, **PLAIN, **N128) for s in (2, 4, 8, 16)]
     + [C(max_concurrent_steps=4, wg_split="n", split_k=s, **N128) for s in (2, 4)]
 )
+PADDED_ROWS = 64  # proj's padded x: one 64-row CTA tile, as a producer that pads for pad_lhs leaves it
 GATE_UP_FUSED = [
     C(max_concurrent_steps=5, wg_split="none", **SNAKE_N, **N128),  # the shipped pack's winner
     C(max_concurrent_steps=4, grid_minor_dim="n", grid_tile_width=4, **PLAIN, **N128),
@@ -167,6 +169,9 @@ def normal(key, shape, scale=1.0):
 
 
 def proj_cases(b: Bench, num_sms: int) -> None:
+    """Each config twice: on x [1, K] (TMA zero-fills the tile's other rows), and with pad_lhs on an x its
+    producer left 64 rows tall (rows=1: the padding rows are never read into the result), as the model's
+    decode kernels can write it (session 12: is the TMA kernel then faster than gemv.py's 65-70%?)."""
     for name, k, n in (("wqkv", 4096, 6144), ("wo", 4096, 4096), ("lm_head", 4096, 32000)):
         kx, kw = jax.random.split(jax.random.key(n))
         x, w = normal(kx, (1, k)), normal(kw, (k, n), k**-0.5)
@@ -174,15 +179,19 @@ def proj_cases(b: Bench, num_sms: int) -> None:
         nbytes = k * n * 2
         b.run(name, "xla_dot", lambda x, w: x @ w, (x, w), reference, nbytes)
         sizes = jnp.ones((1,), jnp.int32)
+        x_tall = jnp.pad(x, ((0, PADDED_ROWS - 1), (0, 0)))
         for c in PROJ_CONFIGS:
             if n % c.cta_n:
                 continue
             fn = functools.partial(_one_group, config=c, num_sms=num_sms)
             b.run(name, kernel_sm90.kernel_name(c), fn, (x, w, sizes), reference, nbytes)
+            padded = dataclasses.replace(c, pad_lhs=True)
+            fn = functools.partial(_one_group, config=padded, num_sms=num_sms, rows=1)
+            b.run(name, kernel_sm90.kernel_name(padded), fn, (x_tall, w, sizes), reference, nbytes)
 
 
-def _one_group(x, w, sizes, *, config, num_sms):
-    return kernel_sm90.grouped_matmul(x, w[None], sizes, config=config, num_sms=num_sms)
+def _one_group(x, w, sizes, *, config, num_sms, rows=None):
+    return kernel_sm90.grouped_matmul(x, w[None], sizes, config=config, num_sms=num_sms, rows=rows)
 
 
 def _swiglu(h):
