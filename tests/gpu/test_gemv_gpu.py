@@ -56,3 +56,30 @@ def test_model_decode_with_the_kernel_matches_decode_without(assert_decode_same_
     small = gemv.Tiling(block_n=64, block_k=16, split_k=2)
     monkeypatch.setattr(gemv, "TILINGS", {(tiny.hidden, q + 2 * kv): small, (q, tiny.hidden): small})
     assert_decode_same_across_modes(gemv.MODE_ENV, ("xla", "kernel"))
+
+
+@pytest.mark.parametrize("rows", [1, 2, gemv.MAX_ROWS])
+def test_wo_adds_into_the_float32_stream_with_atomics(rows):
+    ks = jax.random.split(jax.random.key(rows + 10), 3)
+    x = (jax.random.normal(ks[0], (rows, Q)) * 3).astype(jnp.bfloat16)
+    w = (jax.random.normal(ks[1], (Q, MIXTRAL.hidden)) * Q**-0.5).astype(jnp.bfloat16)
+    stream = jax.random.normal(ks[2], (rows, MIXTRAL.hidden), jnp.float32)
+    want = stream + jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32), precision="highest")
+    tiling = gemv.tiling_for(Q, MIXTRAL.hidden)
+    add = jax.jit(lambda x, w, s: gemv.accumulate(x, w, s, tiling=tiling))
+    for _ in range(3):  # the atomic adds land in another order each time: only the last bits may move
+        np.testing.assert_allclose(np.asarray(add(x, w, stream)), np.asarray(want), rtol=1e-4, atol=1e-3)
+
+
+def test_model_decode_carrying_a_float32_residual_matches_the_two_adds(
+    assert_decode_same_across_modes, monkeypatch
+):
+    from moetune.tuner.models import decode_attention, norm_router
+
+    tiny = model_config("tiny")
+    q, kv = tiny.heads * tiny.head_dim, tiny.kv_heads * tiny.head_dim
+    small = gemv.Tiling(block_n=64, block_k=16, split_k=2)
+    monkeypatch.setattr(gemv, "TILINGS", {(tiny.hidden, q + 2 * kv): small, (q, tiny.hidden): small})
+    for env in (gemv.MODE_ENV, decode_attention.MODE_ENV, norm_router.GATHER_MODE_ENV):
+        monkeypatch.setenv(env, "kernel")
+    assert_decode_same_across_modes(mixtral.RESIDUAL_ENV, ("add", "accumulate"))

@@ -114,7 +114,29 @@ def project(
     return jnp.sum(parts, axis=0).astype(x.dtype)
 
 
-def _kernel(*refs, steps, tiling, eps):
+def accumulate(
+    x: Array, w: Array, into: Array, *, tiling: Tiling = Tiling(), interpret: bool = False
+) -> Array:
+    """into [M, N] float32 plus x [M, K] @ w [K, N], in place: each program adds its split-K partial sum
+    into `into` with atomic adds, so a decode step's residual add needs no kernel of its own (the wo
+    projection adds into the residual stream). The adds' order, and with it the last bits, vary run to run."""
+    rows, k = x.shape
+    n = w.shape[1]
+    if not fits(x.shape, w.shape, tiling) or into.shape != (rows, n) or into.dtype != jnp.float32:
+        raise ValueError(f"gemv: {into.dtype} {into.shape} += x {x.shape} @ w {w.shape} misfits {tiling}")
+    steps = k // (tiling.split_k * tiling.block_k)
+    return pl.pallas_call(
+        functools.partial(_kernel, steps=steps, tiling=tiling, accumulate=True),
+        out_shape=jax.ShapeDtypeStruct(into.shape, jnp.float32),
+        grid=(n // tiling.block_n, tiling.split_k),
+        compiler_params=pltriton.CompilerParams(num_warps=tiling.num_warps, num_stages=tiling.num_stages),
+        input_output_aliases={2: 0},
+        interpret=interpret,
+        name="moetune_gemv_accumulate",
+    )(x, w, into)
+
+
+def _kernel(*refs, steps, tiling, eps=None, accumulate=False):
     x_ref, w_ref, out_ref = refs[0], refs[1], refs[-1]
     norm_ref = refs[2] if eps is not None else None
     column_tile, split = pl.program_id(0), pl.program_id(1)
@@ -142,4 +164,9 @@ def _kernel(*refs, steps, tiling, eps):
         return acc + jax.lax.dot(x, w, precision=precision, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, steps, step, jnp.zeros((DOT_ROWS, tiling.block_n), jnp.float32))
-    pltriton.store(out_ref.at[split, pl.ds(0, DOT_ROWS), columns], acc, mask=(row < rows)[:, None])
+    if accumulate:  # row by row: the interpreter's atomics take no mask, and acc's rows cannot be sliced
+        for r in range(rows):
+            part = jnp.sum(jnp.where((row == r)[:, None], acc, 0), axis=0)
+            pltriton.atomic_add(out_ref, (jnp.int32(r), columns), part)
+    else:
+        pltriton.store(out_ref.at[split, pl.ds(0, DOT_ROWS), columns], acc, mask=(row < rows)[:, None])

@@ -11,7 +11,9 @@ kernels, batches of up to 4 rows take the attention's RMSNorm + wqkv and its wo 
 to 64 tokens take the MoE block's RMSNorm and router logits from norm_router.py's kernel; on the moetune
 path, up to 8 (token, expert) rows take the norm, router, routing and the rows gathered in expert order
 from its norm_route_gather kernel instead. $MOETUNE_DECODE_ATTENTION, $MOETUNE_GEMV, $MOETUNE_NORM_ROUTER
-and $MOETUNE_NORM_ROUTE_GATHER=xla keep XLA's ops (see moetune.kernels.pallas_mode).
+and $MOETUNE_NORM_ROUTE_GATHER=xla keep XLA's ops (see moetune.kernels.pallas_mode). With all of them on,
+the moetune path's decode step carries its residual stream in float32, and wo's GEMV adds into it with
+atomics, so the first residual add is no kernel of its own ($MOETUNE_DECODE_RESIDUAL=add: two XLA adds).
 
 Layers are a Python loop, unrolled into the program, rather than a scan over stacked [L, ...] weights:
 inside a loop, a layer's weights would be a dynamic slice of the stacked array, which XLA on GPU may copy
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any
 
 import jax
@@ -37,6 +40,7 @@ from moetune.tuner.models.moe_paths import moe_path as moe_fn
 from moetune.tuner.models.weights import LayerParams, ModelParams
 
 Array = Any
+RESIDUAL_ENV = "MOETUNE_DECODE_RESIDUAL"  # accumulate (the default) or add: see _carries_residual
 
 
 @jax.tree_util.register_dataclass
@@ -134,22 +138,36 @@ def _attention(
     """Attention sub-block output [B, S, H] and this layer's (keys, values), as `einsum_attention` gives
     them. One token with a cache (a decode step) goes through decode_attention's kernels unless its mode
     is "xla"."""
-    norm = (p.attn_norm, config.norm_eps)
-    if layer_cache is not None and x.shape[1] == 1 and (mode := decode_attention.mode()) != "xla":
-        cos, sin = rotation(positions, config.head_dim // 2, config.rope_theta)
-        out, keys, values = decode_attention.decode_attention(
-            _decode_qkv(x[:, 0], p.wqkv, norm),
-            *layer_cache,
-            positions[0],
-            cos[0],
-            sin[0],
-            heads=config.heads,
-            **decode_attention.tiling_from_env(),
-            interpret=mode == "interpret",
-        )
-        return project(out[:, None], p.wo), (keys, values)
-    out, kv = einsum_attention(config, project(x, p.wqkv, norm), positions, layer_cache)
+    if _decode_kernels(x, layer_cache):
+        out, kv = _decode_attention(config, p, x, positions, layer_cache)
+        return project(out[:, None], p.wo), kv
+    qkv = project(x, p.wqkv, (p.attn_norm, config.norm_eps))
+    out, kv = einsum_attention(config, qkv, positions, layer_cache)
     return project(out, p.wo), kv
+
+
+def _decode_kernels(x: Array, layer_cache: tuple[Array, Array] | None) -> bool:
+    """Whether a step's attention runs decode_attention's kernels: one token per sequence, a cache."""
+    return layer_cache is not None and x.shape[1] == 1 and decode_attention.mode() != "xla"
+
+
+def _decode_attention(
+    config: ModelConfig, p: LayerParams, x: Array, positions: Array, layer_cache: tuple[Array, Array]
+) -> tuple[Array, tuple[Array, Array]]:
+    """A decode step's attention before wo, through decode_attention's kernels: [B, heads * D] and this
+    layer's (keys, values)."""
+    cos, sin = rotation(positions, config.head_dim // 2, config.rope_theta)
+    out, keys, values = decode_attention.decode_attention(
+        _decode_qkv(x[:, 0], p.wqkv, (p.attn_norm, config.norm_eps)),
+        *layer_cache,
+        positions[0],
+        cos[0],
+        sin[0],
+        heads=config.heads,
+        **decode_attention.tiling_from_env(),
+        interpret=decode_attention.mode() == "interpret",
+    )
+    return out, (keys, values)
 
 
 def _gemv_tiling(x: Array, w: Array) -> gemv.Tiling | None:
@@ -193,6 +211,7 @@ def _shared_sorted_moe(moe_path: str) -> Any:
 
 
 def _moe_block(config: ModelConfig, p: LayerParams, x: Array, moe_path: str) -> Array:
+    """The MoE block's output [B, S, H] in the weights' dtype (x may be a float32 residual stream)."""
     batch, seq, hidden = x.shape
     x_rows = x.reshape(batch * seq, hidden)
     tokens, top_k = batch * seq, config.top_k
@@ -209,6 +228,7 @@ def _moe_block(config: ModelConfig, p: LayerParams, x: Array, moe_path: str) -> 
             top_k=top_k,
             renormalize=True,
             rows_out=moe.permuted_rows(tokens * top_k),
+            out_dtype=p.w_gate_up.dtype,
             interpret=mode == "interpret",
         )
         routing, rows = moe.Routing(ids, weights), moe.SortedRows(row_token, slot_row, sizes)
@@ -236,13 +256,47 @@ def _decoder(
     """Final-normed hidden states [B, S, H] and every layer's (keys, values)."""
     x = jnp.take(params.embed, tokens, axis=0, mode="clip")
     kv = []
+    carried = cache is not None and _carries_residual(config, params, x, moe_path)
+    residual = x[:, 0].astype(jnp.float32) if carried else None
     for i, p in enumerate(params.layers):  # unrolled: see the module docstring
         layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
-        attn, layer_kv = _attention(config, p, x, positions, layer_cache)
-        x = x + attn
-        x = x + _moe_block(config, p, x, moe_path)
+        if carried:
+            out, layer_kv = _decode_attention(config, p, x, positions, layer_cache)
+            residual = gemv.accumulate(
+                out, p.wo, residual, tiling=_gemv_tiling(out, p.wo), interpret=gemv.mode() == "interpret"
+            )
+            moe_out = _moe_block(config, p, residual[:, None], moe_path)[:, 0]
+            residual = residual + moe_out.astype(jnp.float32)
+            x = residual.astype(x.dtype)[:, None]  # the next layer's wqkv GEMV reads it
+        else:
+            attn, layer_kv = _attention(config, p, x, positions, layer_cache)
+            x = x + attn
+            x = x + _moe_block(config, p, x, moe_path)
         kv.append(layer_kv)
     return rms_norm(x, params.final_norm, config.norm_eps), kv
+
+
+def _carries_residual(config: ModelConfig, params: ModelParams, x: Array, moe_path: str) -> bool:
+    """Whether a decode step keeps its residual stream in float32 between kernels that add into it: wo's
+    GEMV adds its partial sums into the stream (gemv.accumulate), norm_route_gather reads it, and the MoE
+    output's add is one XLA fusion with the copy the next wqkv GEMV reads. The first residual add is then
+    no kernel of its own. Needs every one of those kernels on; $MOETUNE_DECODE_RESIDUAL=add keeps the two
+    adds in the model's dtype instead."""
+    choice = os.environ.get(RESIDUAL_ENV, "accumulate")
+    if choice not in ("accumulate", "add"):
+        raise ValueError(f"${RESIDUAL_ENV}={choice!r}; expected accumulate or add")
+    batch, seq, _ = x.shape
+    wo = params.layers[0].wo
+    attention_out = jax.ShapeDtypeStruct((batch, wo.shape[0]), x.dtype)
+    return (
+        choice == "accumulate"
+        and seq == 1
+        and decode_attention.mode() != "xla"
+        and _gemv_tiling(attention_out, wo) is not None
+        and moe_path in SORTED_MOE_PATHS
+        and norm_router.gather_mode() != "xla"
+        and norm_router.fits_gather(batch, config.experts, config.top_k)
+    )
 
 
 def _logits(params: ModelParams, hidden: Array) -> Array:

@@ -94,14 +94,16 @@ def _load_weights(weight_ref, router_ref) -> tuple[Array, Array]:
     return weight, router
 
 
-def _normed_row_and_logits(x_ref, token, weight: Array, router: Array, eps: float) -> tuple[Array, Array]:
+def _normed_row_and_logits(
+    x_ref, token, weight: Array, router: Array, eps: float, dtype: Any = None
+) -> tuple[Array, Array]:
     """Row `token` of x normed [hp] in x's dtype, and its router logits [ep] in float32: the model's
     rms_norm, then the float32 dot of the rounded row."""
     hidden = x_ref.shape[1]
     hp = weight.shape[0]
     x = pltriton.load(x_ref.at[token, pl.ds(0, hp)], mask=jnp.arange(hp) < hidden, other=0)
     x = x.astype(jnp.float32)
-    h = (x * jax.lax.rsqrt(jnp.sum(x * x) / hidden + eps) * weight).astype(x_ref.dtype)
+    h = (x * jax.lax.rsqrt(jnp.sum(x * x) / hidden + eps) * weight).astype(dtype or x_ref.dtype)
     return h, jnp.sum(h.astype(jnp.float32)[:, None] * router, axis=0)
 
 
@@ -114,12 +116,14 @@ def norm_route_gather(
     top_k: int,
     renormalize: bool,
     rows_out: int,
+    out_dtype: Any = None,
     num_warps: int = 8,
     interpret: bool = False,
 ) -> tuple[Array, Array, Array, Array, Array, Array]:
     """(permuted [rows_out, H], expert_ids [T, k], weights [T, k], row_token [T*k], slot_row [T*k],
     group_sizes [E]) for x [T, H]: rms_norm(x, weight, eps)'s rows in expert order (rows past T*k
-    unwritten), and the routing `moe.route_rows` gives for norm_and_router's logits."""
+    unwritten), and the routing `moe.route_rows` gives for norm_and_router's logits. The rows are in
+    `out_dtype` (default x's): a float32 residual stream's rows leave in the weights' dtype."""
     tokens, hidden = x.shape
     experts = router.shape[1]
     rows = tokens * top_k
@@ -133,7 +137,7 @@ def norm_route_gather(
     permuted, ids, weights, slot_row, row_token, sizes = pl.pallas_call(
         functools.partial(_gather_kernel, eps=eps, top_k=top_k, renormalize=renormalize),
         out_shape=(
-            jax.ShapeDtypeStruct((rows_out, hidden), x.dtype),
+            jax.ShapeDtypeStruct((rows_out, hidden), out_dtype or x.dtype),
             jax.ShapeDtypeStruct((tokens, top_k), i32),
             jax.ShapeDtypeStruct((tokens, top_k), jnp.float32),
             jax.ShapeDtypeStruct((tokens, top_k), i32),
@@ -156,7 +160,7 @@ def _gather_kernel(x_ref, weight_ref, router_ref, permuted_ref, *routing_refs, e
     tp = pow2_at_least(tokens)
     normed, logits = [], jnp.full((tp, ep), -jnp.inf, jnp.float32)
     for t in range(tokens):  # as _kernel's program t (Pallas wants traced indices: jnp.int32)
-        h, row = _normed_row_and_logits(x_ref, jnp.int32(t), weight, router, eps)
+        h, row = _normed_row_and_logits(x_ref, jnp.int32(t), weight, router, eps, permuted_ref.dtype)
         real = (jnp.arange(tp) == t)[:, None] & (jnp.arange(ep) < experts)[None, :]
         logits = jnp.where(real, row[None, :], logits)
         normed.append(h)

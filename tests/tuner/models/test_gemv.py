@@ -68,6 +68,21 @@ def test_interpreted_norm_then_projection_equals_the_model_ops(dtype, rows):
     np.testing.assert_allclose(_f32(got), _f32(want), rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_interpreted_accumulate_adds_the_product_into_the_stream(dtype, rows):
+    x, w, _ = _inputs(rows, 512, 256, jnp.dtype(dtype), seed=3)
+    stream = jax.random.normal(jax.random.key(4), (rows, 256), jnp.float32)
+    got = gemv.accumulate(x, w, stream, tiling=TILINGS[1], interpret=True)
+    want = stream + jnp.dot(x, w, preferred_element_type=jnp.float32, precision="highest")
+    assert got.dtype == jnp.float32 and got.shape == (rows, 256)
+    np.testing.assert_allclose(_f32(got), _f32(want), rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match=r"bfloat16 \(1, 256\) \+= x \(1, 512\)"):
+        gemv.accumulate(x[:1], w, stream[:1].astype(jnp.bfloat16), tiling=TILINGS[1], interpret=True)
+    with pytest.raises(ValueError, match=r"float32 \(1, 128\) \+= x"):
+        gemv.accumulate(x[:1], w, stream[:1, :128], tiling=TILINGS[1], interpret=True)
+
+
 def test_shapes_it_cannot_tile_are_refused_with_their_sizes():
     x, w, norm_weight = _inputs(gemv.MAX_ROWS + 1, 512, 256, jnp.float32)
     tiling = TILINGS[0]
@@ -144,3 +159,30 @@ def test_mixtral_projections_lower_to_triton_for_an_h200(triton_lowering_for_h20
         text = jax.jit(fn).trace(spec((rows, k), bf16), spec((k, n), bf16), spec((k,), bf16))
         text = text.lower(lowering_platforms=("cuda",)).as_text()
         assert text.count("__gpu$xla.gpu.triton") == 1 and "moetune_gemv" in text
+    # wo adding into the float32 residual stream, in place (the stream aliases the output).
+    tiling = gemv.tiling_for(q, config.hidden)
+    fn = lambda x, w, stream: gemv.accumulate(x, w, stream, tiling=tiling)  # noqa: E731
+    text = jax.jit(fn, donate_argnums=2).trace(
+        spec((1, q), bf16), spec((q, config.hidden), bf16), spec((1, config.hidden), jnp.float32)
+    )
+    text = text.lower(lowering_platforms=("cuda",)).as_text()
+    assert "moetune_gemv_accumulate" in text and "output_operand_alias" in text
+
+
+def test_a_decode_step_with_every_kernel_on_carries_a_float32_residual_through_wo_s_atomic_adds(
+    tiny_tilings, assert_decode_same_across_modes, monkeypatch
+):
+    """wo's GEMV adds into the float32 residual stream (no XLA add between it and norm_route_gather): the
+    same tokens, logits and cache as the two adds in the model's dtype."""
+    from moetune.tuner.models import decode_attention, norm_router
+
+    for env in (gemv.MODE_ENV, decode_attention.MODE_ENV, norm_router.GATHER_MODE_ENV):
+        monkeypatch.setenv(env, "interpret")
+    streams = []
+    kernel = gemv.accumulate
+    monkeypatch.setattr(gemv, "accumulate", lambda *a, **kw: streams.append(a[2].dtype) or kernel(*a, **kw))
+    assert_decode_same_across_modes(mixtral.RESIDUAL_ENV, ("add", "accumulate"))
+    assert streams and set(streams) == {jnp.dtype(jnp.float32)}
+    monkeypatch.setenv(mixtral.RESIDUAL_ENV, "sometimes")
+    with pytest.raises(ValueError, match=r"RESIDUAL='sometimes'; expected accumulate or add"):
+        mixtral._carries_residual(model_config("tiny"), None, jnp.ones((1, 1, 64)), "moetune")
