@@ -8,7 +8,8 @@ each is how close to the HBM read roofline it gets. For the Mixtral-8x7B shapes,
   gate_up    the MoE gate_up GEMM at T=1 (two experts of one row each): SwiGLU fused, and unfused with
              split-K (the activation then an XLA op on the small output), for each config; and XLA's
              dot on the same two experts' weights;
-  down       the MoE down GEMM at T=1, likewise;
+  down       the MoE down GEMM at T=1 for each config, on x [2, F] and with pad_lhs on an x its producer
+             left 64 rows tall; and XLA's dot on the same two experts' weights;
   stride     (only when asked) the same GEMVs with rows of a multiple of 8 KiB or not;
   orientation (only when asked) the down GEMM at T=1 with its weights stored [G, K, N] or [G, N, K]: a
              tile then reads runs of block_n * 2 or of block_k * 2 contiguous bytes;
@@ -95,10 +96,15 @@ DOWN = [
     C(max_concurrent_steps=3, grid_tile_width=1, split_k=4, **N256),  # the shipped pack's winner
     C(max_concurrent_steps=4, split_k=4, **N256),
     C(max_concurrent_steps=3, split_k=8, **N256),
+    C(max_concurrent_steps=3, split_k=2, **N256),
     C(max_concurrent_steps=2, split_k=4, **N256 | dict(block_k=128)),
     C(max_concurrent_steps=4, wg_split="n", split_k=4, **N128),
+    C(max_concurrent_steps=4, wg_split="n", split_k=2, **N128),
+    C(max_concurrent_steps=4, wg_split="n", split_k=8, **N128),
+    C(max_concurrent_steps=4, split_k=4, **PLAIN, **N128),
+    C(max_concurrent_steps=4, split_k=8, **PLAIN, **N128),
 ]
-ORIENTATION = [DOWN[0], DOWN[3], C(max_concurrent_steps=4, split_k=4, **N256 | dict(block_k=32))]
+ORIENTATION = [DOWN[0], DOWN[4], C(max_concurrent_steps=4, split_k=4, **N256 | dict(block_k=32))]
 
 
 def _gemv_tilings():
@@ -228,9 +234,15 @@ def moe_cases(b: Bench, num_sms: int, which: set[str]) -> None:
         ref = jax.lax.ragged_dot(x.astype(jnp.float32), w.astype(jnp.float32), sizes)
         nbytes = 2 * inter * hidden * 2
         b.run("down", "xla_dot, one per expert", _per_expert_dots, (x, w[2], w[5]), ref, nbytes)
+        # Each config also on an lhs its producer left 64 rows tall (rows=2), as a gate_up kernel that
+        # wrote a padded output would hand it over: no TMA zero fill and no pad copy.
+        x_tall = jnp.pad(x, ((0, PADDED_ROWS - 2), (0, 0)))
         for c in DOWN:
             fn = functools.partial(kernel_sm90.grouped_matmul, config=c, num_sms=num_sms)
             b.run("down", kernel_sm90.kernel_name(c), fn, (x, w, sizes), ref, nbytes)
+            padded = dataclasses.replace(c, pad_lhs=True)
+            fn = functools.partial(kernel_sm90.grouped_matmul, config=padded, num_sms=num_sms, rows=2)
+            b.run("down", kernel_sm90.kernel_name(padded), fn, (x_tall, w, sizes), ref, nbytes)
 
 
 def attention_cases(b: Bench) -> None:
