@@ -3,7 +3,7 @@
 Any edit of kernels/mosaic_gpu/ changes the backend's source hash, and with it every stored winner goes
 stale. An edit that only adds a path (a new argument, off by default) leaves every packed kernel as it was;
 this shows that without a GPU: each entry's kernel is exported for cuda (Mosaic GPU's lowering, short of
-PTX) and its module hashed with the source locations stripped.
+PTX) and its module hashed with the source locations stripped (the outer module's and the kernel's).
 
     python3 benchmarks/pack_lowering.py hashes before.json        # on the tree before the change
     python3 benchmarks/pack_lowering.py restamp before.json after.json
@@ -28,6 +28,23 @@ from moetune.kernels import packs, registry
 from moetune.kernels.mosaic_gpu import kernel_sm90
 from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig
 from moetune.kernels.problem import GROUPED_MATMUL_SWIGLU
+
+
+def _strip_kernel_locations() -> None:
+    """Mosaic GPU serializes each kernel's module with its source locations (file:line of every op in
+    kernel_sm90.py) inside the custom call, so an edit that only moves lines would change every hash.
+    Strip them before serialization (jax 0.11.2's private serde step; pinned with jax)."""
+    from jax._src.lib.mlir import passmanager
+    from jax.experimental.mosaic.gpu import core
+
+    serde = core._run_serde_pass
+
+    def stripped(module, *args, **kwargs):
+        passmanager.PassManager.parse("builtin.module(strip-debuginfo)", module.context).run(module.operation)
+        return serde(module, *args, **kwargs)
+
+    core._run_serde_pass = stripped
+
 
 ROOT = Path(__file__).resolve().parents[1]
 PACK = ROOT / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json"
@@ -70,6 +87,7 @@ def main() -> int:
     parser.add_argument("files", nargs="+", type=Path, help="hashes: OUT; restamp: BEFORE OUT")
     parser.add_argument("--pack", type=Path, default=PACK)
     args = parser.parse_args()
+    _strip_kernel_locations()
     pack = packs.load(args.pack)
     now = hashes(pack)
     args.files[-1].write_text(json.dumps(now, indent=1))
