@@ -28,6 +28,7 @@ SESSION10 = RESULTS / "2026-11-30_h200_session10"
 SESSION11 = RESULTS / "2026-11-30_h200_session11"
 SESSION11_PACK_LOWERING = RESULTS / "2026-11-30_session11_pack_lowering"
 SESSION12 = RESULTS / "2026-11-30_h200_session12"
+SESSION13 = RESULTS / "2026-11-30_h200_session13"
 
 
 def _run(name: str) -> Path:
@@ -793,6 +794,19 @@ def _layer_us(row: dict, name: str) -> float:
     return round(next(g["us_per_token"] for g in row["groups"] if g["name"] == name) / 32, 2)
 
 
+def _model_table(run: dict) -> dict:
+    """The README's model table of a bench_model run: per path prefill and decode tokens/s, and the MoE
+    layer's ms at each size."""
+    return {
+        path: (
+            round(result["prefill"]["tokens_per_s"]),
+            round(result["decode"]["tokens_per_s"], 1),
+            [round(m["median_s"] * 1e3, 3) for m in result["moe"]],
+        )
+        for path, result in run["results"].items()
+    }
+
+
 def test_session12_the_model_on_main():
     """README: bench_model decode 149.4, 149.3 and 149.4 tokens/s (calls 7 and 8; issue 7 asks 150), prefill
     18130, the MoE layer at T=4096 6.21x ragged; logits rel L2 3.7e-3, top-1 1.00."""
@@ -806,14 +820,7 @@ def test_session12_the_model_on_main():
     full = runs[0]
     assert [round(r["results"]["moetune"]["prefill"]["tokens_per_s"]) for r in runs] == [18130, 18190, 18338]
     # The README's table: prefill, decode and the MoE layer at T=4096, 2048 and 1 (ms) per path.
-    table = {
-        path: (
-            round(result["prefill"]["tokens_per_s"]),
-            round(result["decode"]["tokens_per_s"], 1),
-            [round(m["median_s"] * 1e3, 3) for m in result["moe"]],
-        )
-        for path, result in full["results"].items()
-    }
+    table = _model_table(full)
     assert table == {
         "dense": (6105, 46.8, [19.945, 9.607, 0.672]),
         "moetune": (18130, 149.4, [4.82, 2.535, 0.22]),
@@ -907,3 +914,87 @@ def test_session12_t1_resweep_kept_the_packs_winners():
         "winner kept: 0.05819 ms vs 0.05835 ms for the winner: +0.3%, needed 2.0%",
     ]
     assert [p["trials"] for p in outcome["problems"]] == ["64 ok", "64 ok"]
+
+
+def _session13(name: str) -> dict:
+    """A session-13 result file, by the part of its name after the session."""
+    return json.loads(Path(f"{SESSION13}_{name}.json").read_text())
+
+
+def test_session13_the_model_with_the_float32_residual():
+    """README: bench_model decode 150.2, 150.2 and 150.2 tokens/s (calls 4 and 5; issue 7 asks 150), the MoE
+    layer at T=4096 6.39x ragged; logits rel L2 3.7e-3 and top-1 1.00 against dense."""
+    runs = [
+        _session13("call4_model"),
+        _session13("call5_model_moetune_1"),
+        _session13("call5_model_moetune_2"),
+    ]
+    decode = [round(r["results"]["moetune"]["decode"]["tokens_per_s"], 1) for r in runs]
+    assert decode == [150.2, 150.2, 150.2] and min(decode) >= 150
+    full = runs[0]
+    table = _model_table(full)
+    assert table == {
+        "dense": (6089, 46.8, [20.012, 9.746, 0.665]),
+        "moetune": (17967, 150.2, [4.73, 2.564, 0.214]),
+        "ragged": (4054, 47.1, [30.219, 14.977, 0.671]),
+    }
+    assert round(full["moe_layer_speedup"]["moetune_vs_ragged"]["4096"], 2) == 6.39
+    assert full["ok"] and set(full["pallas_kernels"].values()) == {"kernel"}
+    logits = full["parity"]["moetune"]["logits"]
+    assert round(logits["rel_l2"], 4) == 0.0037 and logits["top1_agreement"] == 1.0
+
+
+def test_session13_float32_residual_against_the_two_adds():
+    """benchmarks/README: +0.4% and +0.2% on one GPU, 268 kernels a token against 300; wo's GEMV 10.50 us
+    adding into the stream against 9.97, norm_route_gather 4.24 against 3.99, the first add's kernel gone."""
+    rows = _session13("call4_decode_timeline")["rows"]
+    assert _rows_tokens_per_s(rows) == [
+        ("default", 148.78), ("residual_add", 148.2), ("default", 148.63), ("residual_add", 148.27)
+    ]  # fmt: skip
+    assert [round(r["kernels_per_token"]) for r in rows] == [268, 300, 268, 300]
+    assert (_layer_us(rows[0], "moetune_gemv_accumulate"), _layer_us(rows[1], "moetune_gemv_")) == (
+        10.5,
+        9.97,
+    )
+    assert [_layer_us(r, "moetune_norm_route_gather") for r in rows[:2]] == [4.24, 3.99]
+    assert round(next(g["per_token"] for g in rows[1]["groups"] if g["name"] == "loop_add_fusion")) == 65
+    log = Path(f"{SESSION13}_call4_gpu_tests.log").read_text()
+    assert "18 passed" in log and "failed" not in log
+
+
+def test_session13_attempts_that_measured_slower_or_level():
+    """benchmarks/README, session 13: wo as a one-group TMA GEMM, the down GEMM on a padded lhs, and
+    programmatic dependent launch between gate_up and down."""
+    # Call 1: wo through the Hopper kernel: its best config 12.6 us against gemv.py's 10.0 in the model.
+    rows = _session13("call1_decode_ops_proj")["rows"]
+    best = min(
+        (r["median_us"], r["variant"]) for r in rows if r["case"] == "wo" and r["variant"] != "xla_dot"
+    )
+    assert (round(best[0], 1), best[1]) == (12.6, "moetune_gmm_m64n128k64s4_m8_np_wsn_e64x64_sk4")
+    rows = _session13("call1_decode_timeline")["rows"]
+    assert _rows_tokens_per_s(rows) == [
+        ("default", 147.84), ("wo_grouped", 144.51), ("attention_warps8", 143.21),
+        ("attention_stages3", 147.69), ("default", 147.61), ("wo_grouped", 144.7),
+    ]  # fmt: skip
+    # Call 2: down at T=1 on an lhs left 64 rows tall: the pack's winner 58.7 against 58.2 us.
+    rows = {r["variant"]: r["median_us"] for r in _session13("call2_decode_ops_down")["rows"]}
+    winner = "moetune_gmm_m64n256k64s3_m1_np_plain_e64x64_sk4"
+    assert (round(rows[winner], 1), round(rows[winner + "_pad"], 1)) == (58.2, 58.7)
+    assert min(v for k, v in rows.items() if k.endswith("_pad")) > rows[winner]
+    # Call 3: PDL. The probe's variants within -2.4% and +0.3% of plain, outputs equal; in the model -0.5%.
+    probe = _session13("call3_overlap_probe")["rows"]
+    assert [(r["variant"], round(r["us_per_layer"], 1)) for r in probe][:3] == [
+        ("base", 178.9), ("down_wait", 179.0), ("trigger_wait", 178.3)
+    ]  # fmt: skip
+    assert all(r["max_abs_diff_vs_first"] == 0 for r in probe)
+    assert (
+        0.976 <= min(r["speedup_vs_first"] for r in probe)
+        and max(r["speedup_vs_first"] for r in probe) < 1.004
+    )
+    rows = _session13("call3_decode_timeline")["rows"]
+    assert _rows_tokens_per_s(rows) == [
+        ("default", 145.24), ("no_overlap", 146.02), ("prefetch8", 144.37),
+        ("default", 145.44), ("no_overlap", 146.2), ("prefetch16", 142.52),
+    ]  # fmt: skip
+    down = "moetune_gmm_m64n256k64s3_m1_np_plain_e64x64_sk4_mosaic_gpu_kernel"
+    assert [_layer_us(r, down) for r in rows[:3]] == [58.51, 57.45, 59.47]
