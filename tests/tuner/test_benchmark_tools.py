@@ -519,7 +519,7 @@ def test_decode_timeline_switches_each_kernel_by_its_own_variable(monkeypatch):
     """The variants spell the variables as literals (the parent process imports no jax): they must be the
     ones the kernels read."""
     from moetune.kernels import routing_kernel
-    from moetune.tuner.models import decode_attention, gemv, norm_router
+    from moetune.tuner.models import decode_attention, gemv, mixtral, norm_router
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import decode_timeline
@@ -532,7 +532,8 @@ def test_decode_timeline_switches_each_kernel_by_its_own_variable(monkeypatch):
         gemv.MODE_ENV,
     }
     used = {name for extra in decode_timeline.VARIANTS.values() for name in extra if name != "XLA_FLAGS"}
-    assert used == names | {decode_attention.TILING_ENV}
+    assert used == names | {decode_attention.TILING_ENV, mixtral.RESIDUAL_ENV}
+    assert decode_timeline.VARIANTS["residual_add"] == {mixtral.RESIDUAL_ENV: "add"}
     for extra in decode_timeline.VARIANTS.values():  # every tiling variant parses
         if decode_attention.TILING_ENV in extra:
             monkeypatch.setenv(decode_attention.TILING_ENV, extra[decode_attention.TILING_ENV])
