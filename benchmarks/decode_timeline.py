@@ -61,10 +61,10 @@ VARIANTS: dict[str, dict[str, str]] = {
     "attention_warps2": {"MOETUNE_DECODE_ATTENTION_TILING": "num_warps=2"},
     "attention_warps8": {"MOETUNE_DECODE_ATTENTION_TILING": "num_warps=8"},
     "attention_stages3": {"MOETUNE_DECODE_ATTENTION_TILING": "num_stages=3"},
-    # XLA's programmatic dependent launch forced on or off (a kernel may start before the previous ends).
     # A decode step's two residual adds as XLA kernels in the model's dtype, rather than a float32 stream
     # that wo's GEMV adds into (mixtral._carries_residual).
     "residual_add": {"MOETUNE_DECODE_RESIDUAL": "add"},
+    # XLA's programmatic dependent launch forced on or off (a kernel may start before the previous ends).
     "pdl_on": {"XLA_FLAGS": "--xla_gpu_enable_pdl=true"},
     "pdl_off": {"XLA_FLAGS": "--xla_gpu_enable_pdl=false"},
     # None of the Pallas Triton kernels: the decode step as sessions 1-9 ran it.

@@ -146,9 +146,10 @@ def _attention(
     return project(out, p.wo), kv
 
 
-def _decode_kernels(x: Array, layer_cache: tuple[Array, Array] | None) -> bool:
-    """Whether a step's attention runs decode_attention's kernels: one token per sequence, a cache."""
-    return layer_cache is not None and x.shape[1] == 1 and decode_attention.mode() != "xla"
+def _decode_kernels(x: Array, cache: Any) -> bool:
+    """Whether a step's attention runs decode_attention's kernels: one token per sequence, a cache (the
+    model's or a layer's)."""
+    return cache is not None and x.shape[1] == 1 and decode_attention.mode() != "xla"
 
 
 def _decode_attention(
@@ -256,7 +257,7 @@ def _decoder(
     """Final-normed hidden states [B, S, H] and every layer's (keys, values)."""
     x = jnp.take(params.embed, tokens, axis=0, mode="clip")
     kv = []
-    carried = cache is not None and _carries_residual(config, params, x, moe_path)
+    carried = _carries_residual(config, params, x, cache, moe_path)
     residual = x[:, 0].astype(jnp.float32) if carried else None
     for i, p in enumerate(params.layers):  # unrolled: see the module docstring
         layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
@@ -276,7 +277,9 @@ def _decoder(
     return rms_norm(x, params.final_norm, config.norm_eps), kv
 
 
-def _carries_residual(config: ModelConfig, params: ModelParams, x: Array, moe_path: str) -> bool:
+def _carries_residual(
+    config: ModelConfig, params: ModelParams, x: Array, cache: KVCache | None, moe_path: str
+) -> bool:
     """Whether a decode step keeps its residual stream in float32 between kernels that add into it: wo's
     GEMV adds its partial sums into the stream (gemv.accumulate), norm_route_gather reads it, and the MoE
     output's add is one XLA fusion with the copy the next wqkv GEMV reads. The first residual add is then
@@ -285,13 +288,12 @@ def _carries_residual(config: ModelConfig, params: ModelParams, x: Array, moe_pa
     choice = os.environ.get(RESIDUAL_ENV, "accumulate")
     if choice not in ("accumulate", "add"):
         raise ValueError(f"${RESIDUAL_ENV}={choice!r}; expected accumulate or add")
-    batch, seq, _ = x.shape
+    batch = x.shape[0]
     wo = params.layers[0].wo
     attention_out = jax.ShapeDtypeStruct((batch, wo.shape[0]), x.dtype)
     return (
         choice == "accumulate"
-        and seq == 1
-        and decode_attention.mode() != "xla"
+        and _decode_kernels(x, cache)
         and _gemv_tiling(attention_out, wo) is not None
         and moe_path in SORTED_MOE_PATHS
         and norm_router.gather_mode() != "xla"

@@ -97,8 +97,8 @@ def _load_weights(weight_ref, router_ref) -> tuple[Array, Array]:
 def _normed_row_and_logits(
     x_ref, token, weight: Array, router: Array, eps: float, dtype: Any = None
 ) -> tuple[Array, Array]:
-    """Row `token` of x normed [hp] in x's dtype, and its router logits [ep] in float32: the model's
-    rms_norm, then the float32 dot of the rounded row."""
+    """Row `token` of x normed [hp] in `dtype` (default x's), and its router logits [ep] in float32: the
+    model's rms_norm, then the float32 dot of the rounded row."""
     hidden = x_ref.shape[1]
     hp = weight.shape[0]
     x = pltriton.load(x_ref.at[token, pl.ds(0, hp)], mask=jnp.arange(hp) < hidden, other=0)

@@ -185,4 +185,4 @@ def test_a_decode_step_with_every_kernel_on_carries_a_float32_residual_through_w
     assert streams and set(streams) == {jnp.dtype(jnp.float32)}
     monkeypatch.setenv(mixtral.RESIDUAL_ENV, "sometimes")
     with pytest.raises(ValueError, match=r"RESIDUAL='sometimes'; expected accumulate or add"):
-        mixtral._carries_residual(model_config("tiny"), None, jnp.ones((1, 1, 64)), "moetune")
+        mixtral._carries_residual(model_config("tiny"), None, jnp.ones((1, 1, 64)), None, "moetune")
