@@ -33,7 +33,7 @@ DOMAINS: dict[str, tuple] = {
     "block_n": (64, 128, 256),
     "block_k": (32, 64, 128),
     "max_concurrent_steps": (2, 3, 4, 5, 6),
-    "grid_minor_dim": ("m", "n"),
+    "grid_minor_dim": ("m", "n", "expert"),
     "grid_tile_width": (1, 4, 8, 16),
     "persistent": (True, False),
     "warp_specialized": (True, False),

@@ -13,7 +13,7 @@ import dataclasses
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.errors import ConfigInvalid
 
-GRID_MINOR_DIMS = ("m", "n")
+GRID_MINOR_DIMS = ("m", "n", "expert")
 WG_SPLITS = ("none", "m", "n")
 
 
@@ -24,7 +24,9 @@ class MosaicGpuConfig(KernelConfig):
     block_m, block_n, block_k: the tile one consumer warpgroup computes per pipeline step.
     max_concurrent_steps: pipeline depth (shared-memory stages in flight).
     grid_minor_dim, grid_tile_width: tile order for L2 reuse; tiles are visited in strips of
-        `grid_tile_width` along `grid_minor_dim`, snaking back and forth (plgpu.planar_snake).
+        `grid_tile_width` along `grid_minor_dim`, snaking back and forth (plgpu.planar_snake). "expert"
+        walks one expert's tiles after another, in strips of its own row tiles, so that no strip mixes
+        two experts' weights.
     persistent: one CTA per SM looping over tiles, or one CTA per tile.
     warp_specialized: a producer warpgroup issues the copies while consumer warpgroups multiply.
     wg_split: two consumer warpgroups along "m" or "n", or one ("none"); needs warp_specialized.

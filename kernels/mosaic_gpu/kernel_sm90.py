@@ -211,7 +211,7 @@ class _TileCoords:
     split: jax.Array
 
 
-def _tile_coords(lin: jax.Array, s: _Static) -> _TileCoords:
+def _tile_coords(lin: jax.Array, gs_ref: Any, s: _Static) -> _TileCoords:
     """Linear work index -> (row tile, column tile, K split); the split is slowest so that each split's
     tiles follow the L2-friendly snake order."""
     per_split = s.row_tiles * s.col_tiles
@@ -220,9 +220,47 @@ def _tile_coords(lin: jax.Array, s: _Static) -> _TileCoords:
         lin = lin - split * per_split
     else:
         split = jnp.int32(0)
-    minor = 0 if s.grid_minor_dim == "m" else 1
-    row, col = plgpu.planar_snake(lin, (s.row_tiles, s.col_tiles), minor, s.grid_tile_width)
+    if s.grid_minor_dim == "expert":
+        row, col = _expert_order(lin, gs_ref, s)
+    else:
+        minor = 0 if s.grid_minor_dim == "m" else 1
+        row, col = plgpu.planar_snake(lin, (s.row_tiles, s.col_tiles), minor, s.grid_tile_width)
     return _TileCoords(row=row, col=col, split=split)
+
+
+def _group_tile_counts(gs_ref: Any, *, g: int, m: int, cta_m: int) -> list[jax.Array]:
+    """Row tiles of each group (the G experts, then the zero-filled rows past them), as row_tile counts
+    them: cdiv(rows + first row % 8, cta_m), 0 for a group without rows."""
+    i32 = jnp.int32
+    end, counts = i32(0), []
+    for i in range(g + 1):
+        start = end
+        end = jnp.minimum(start + jnp.clip(gs_ref[i], 0, m).astype(i32), m) if i < g else i32(m)
+        first = start - lax.rem(start, i32(ROW_ALIGN))
+        counts.append(jnp.where(end > start, lax.div(end - first + cta_m - 1, i32(cta_m)), 0))
+    return counts
+
+
+def _expert_order(lin: jax.Array, gs_ref: Any, s: _Static) -> tuple[jax.Array, jax.Array]:
+    """(row tile, column tile) of work item `lin` when every group's tiles are walked before the next
+    group's, each group in strips of `grid_tile_width` of its own row tiles (snaking over the columns).
+
+    A strip of the plain "m" order that straddles experts needs two or three experts' weight columns in
+    L2 at once; under skewed routing most strips do (Zipf at T=4096: 24, 12, 8, 6, 5, 4, 4, 3 row tiles).
+    Here a strip never mixes experts. Items past the last real tile map to row tile `row_tiles`, which
+    row_tile reports idle.
+    """
+    cols = jnp.int32(s.col_tiles)
+    before, base, count = jnp.int32(0), jnp.int32(0), jnp.int32(1)
+    for tiles in _group_tile_counts(gs_ref, g=s.g, m=s.m, cta_m=s.cta_m):
+        mine = (lin >= before * cols) & (lin < (before + tiles) * cols)
+        base = jnp.where(mine, before, base)
+        count = jnp.where(mine, tiles, count)
+        before = before + tiles
+    live = lin < before * cols
+    local = jnp.where(live, lin - base * cols, 0)
+    row, col = plgpu.planar_snake(local, (count, s.col_tiles), 0, s.grid_tile_width)
+    return jnp.where(live, base + row, jnp.int32(s.row_tiles)), col
 
 
 def _store_rows(
@@ -278,7 +316,7 @@ def _plain_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -> None:
 
         @plgpu.nd_loop((s.tiles,), collective_axes=CTA_AXIS)
         def _tile(info):
-            t = _tile_coords(info.index[0], s)
+            t = _tile_coords(info.index[0], gs_ref, s)
             rows = row_tile(gs_ref, t.row, g=s.g, m=s.m, cta_m=s.cta_m)
             has_rows = rows.hi > rows.lo
             out_view = out_ref.at[t.split] if s.split_k > 1 else out_ref
@@ -355,7 +393,7 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
         # last stages' consumption after the loop instead, as a stopping pipeline would.
         @plgpu.nd_loop((s.tiles,), collective_axes=CTA_AXIS, init_carry=jnp.int32(0) if s.chain else None)
         def _tile(info, carry=None):
-            t = _tile_coords(info.index[0], s)
+            t = _tile_coords(info.index[0], gs_ref, s)
             rows = row_tile(gs_ref, t.row, g=s.g, m=s.m, cta_m=s.cta_m)
             has_rows = rows.hi > rows.lo
             out_view = out_ref.at[t.split] if s.split_k > 1 else out_ref

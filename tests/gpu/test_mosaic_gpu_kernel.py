@@ -48,7 +48,16 @@ PLAIN_WIDE = MosaicGpuConfig(
 SPLIT_K = MosaicGpuConfig(
     block_m=64, block_n=64, block_k=64, max_concurrent_steps=3, wg_split="n", split_k=2, epi_tile_n=64
 )
-CONFIGS = {"ws_n": WS_N, "ws_m": WS_M, "ws_one": WS_ONE, "plain": PLAIN, "plain_wide": PLAIN_WIDE}
+# One expert's tiles after another, in strips of 2 of its row tiles (chained: 4 k-steps of 4 stages at K=256).
+WS_EXPERT = dataclasses.replace(WS_N, grid_minor_dim="expert", grid_tile_width=2)
+CONFIGS = {
+    "ws_n": WS_N,
+    "ws_m": WS_M,
+    "ws_one": WS_ONE,
+    "plain": PLAIN,
+    "plain_wide": PLAIN_WIDE,
+    "ws_expert": WS_EXPERT,
+}
 
 
 def _backend():
@@ -112,6 +121,8 @@ def _random_sizes(rng: random.Random, m: int, g: int, empty: int) -> list[int]:
         ("plain", True),
         ("ws_one", True),
         ("plain_wide", False),
+        ("ws_expert", False),
+        ("ws_expert", True),
     ],
 )
 def test_random_shapes(name, transpose):
@@ -132,7 +143,7 @@ def test_pad_lhs_at_small_m(config):
         _run(config, m, 256, 256, sizes)
 
 
-@pytest.mark.parametrize("name", ["ws_n", "ws_m", "plain"])
+@pytest.mark.parametrize("name", ["ws_n", "ws_m", "plain", "ws_expert"])
 def test_edge_routings(name):
     config = CONFIGS[name]
     # One shape, so that these share one compiled kernel.

@@ -37,6 +37,15 @@ CONFIGS = {
     "plain": MosaicGpuConfig(
         block_m=64, block_n=64, block_k=32, max_concurrent_steps=4, warp_specialized=False, wg_split="none"
     ),
+    # One expert's tiles after another, in strips of 2 of its row tiles.
+    "ws_expert": MosaicGpuConfig(
+        block_m=128,
+        block_n=64,
+        block_k=64,
+        max_concurrent_steps=4,
+        grid_minor_dim="expert",
+        grid_tile_width=2,
+    ),
 }
 
 
@@ -81,7 +90,7 @@ def test_random_shapes(name, transpose):
     _run(CONFIGS[name], m, 256, 1024, _random_sizes(rng, m, g, rng.randint(0, g - 2)), transpose=transpose)
 
 
-@pytest.mark.parametrize("name", ["ws_n", "ws_m", "plain"])
+@pytest.mark.parametrize("name", ["ws_n", "ws_m", "plain", "ws_expert"])
 def test_edge_routings(name):
     config = CONFIGS[name]
     for sizes in (

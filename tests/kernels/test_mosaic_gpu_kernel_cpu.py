@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
+import types
 
 import numpy as np
 import pytest
@@ -78,6 +79,72 @@ def test_row_tiles_cover_every_row_once(seed):
     assert sum(hi > lo for _, _, lo, hi in tiles) == need <= len(tiles)
 
 
+def _expert_walk(sizes, m, cta_m, cols, width):
+    """(row tile, column tile) of every work item of the "expert" order, idle ones included."""
+    g = len(sizes)
+    s = types.SimpleNamespace(
+        g=g,
+        m=m,
+        cta_m=cta_m,
+        col_tiles=cols,
+        grid_tile_width=width,
+        row_tiles=tiling.row_tile_bound(m, g, cta_m),
+    )
+    ref = jnp.asarray(sizes, jnp.int32)
+    walk = jax.jit(jax.vmap(lambda lin: kernel_sm90._expert_order(lin, ref, s)))
+    rows, cols_ = walk(jnp.arange(s.row_tiles * cols, dtype=jnp.int32))
+    return s.row_tiles, list(zip(np.asarray(rows).tolist(), np.asarray(cols_).tolist(), strict=True))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_expert_order_visits_every_tile_once_one_expert_after_another(seed):
+    rng = random.Random(seed)
+    g, cta_m, cols, width = (
+        rng.choice([1, 3, 8]),
+        rng.choice([64, 128]),
+        rng.choice([1, 3, 7]),
+        rng.choice([1, 2, 8]),
+    )
+    m = rng.randint(1, 900)
+    sizes = [rng.choice([0, rng.randint(0, m)]) for _ in range(g)]
+    bound, walk = _expert_walk(sizes, m, cta_m, cols, width)
+    real = [t for t in range(bound) if _tiles(sizes, m, cta_m)[t][3] > _tiles(sizes, m, cta_m)[t][2]]
+    live = [(r, c) for r, c in walk if r < bound]
+    # Every real (row tile, column tile) once, real tiles first, then only idle items.
+    assert sorted(live) == sorted((r, c) for r in real for c in range(cols))
+    assert walk[: len(live)] == live and all(r == bound for r, _ in walk[len(live) :])
+    # A group's tiles all come before the next group's; inside a group, each run of width * cols items
+    # (a strip) covers `width` of its row tiles (fewer in its last strip) and every column.
+    tiles = _tiles(sizes, m, cta_m)
+    groups = [tiles[r][0] for r, _ in live]
+    assert groups == sorted(groups)
+    for group in set(groups):
+        items = [item for item, owner in zip(live, groups, strict=True) if owner == group]
+        for start in range(0, len(items), width * cols):
+            strip = items[start : start + width * cols]
+            rows = {r for r, _ in strip}
+            assert len(rows) == len(strip) // cols <= width and {c for _, c in strip} == set(range(cols))
+
+
+def test_expert_order_strips_stay_inside_an_expert():
+    # Zipf-like: 3, 2 and 1 row tiles of 64 rows; strips of 2 row tiles over 2 columns.
+    _, walk = _expert_walk([192, 128, 64], 384, 64, cols=2, width=2)
+    assert walk[:12] == [
+        (0, 0),
+        (1, 0),
+        (0, 1),
+        (1, 1),
+        (2, 1),
+        (2, 0),
+        (3, 0),
+        (4, 0),
+        (3, 1),
+        (4, 1),
+        (5, 0),
+        (5, 1),
+    ]
+
+
 def _interpret(config, m, k, n, sizes, transpose=False):
     g = len(sizes)
     key_l, key_r = jax.random.split(jax.random.key(m + n))
@@ -128,6 +195,17 @@ def test_interpreted_chained_tile_pipelines_across_experts_and_tiles():
     unchained = C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=3, wg_split="m")
     assert not kernel_sm90.chains(Problem("grouped_matmul", m=200, k=512, n=256, g=4), unchained)
     _interpret(unchained, 200, 512, 256, [70, 0, 90, 30])
+
+
+def test_interpreted_expert_order_chained_and_plain():
+    # Strips of 2 row tiles that never cross an expert, chained across experts and tiles, then the plain
+    # pipeline with an expert of 2 tiles, an empty one and the zero-filled tail.
+    chained = C(
+        block_m=64, block_n=64, block_k=64, max_concurrent_steps=4, wg_split="n", grid_minor_dim="expert"
+    )
+    _interpret(dataclasses.replace(chained, grid_tile_width=2), 300, 256, 256, [130, 0, 90, 50])
+    plain = C(block_m=64, block_n=64, block_k=32, max_concurrent_steps=2, grid_minor_dim="expert", **PLAIN)
+    _interpret(dataclasses.replace(plain, grid_tile_width=2), 200, 64, 128, [100, 0, 70])
 
 
 @pytest.mark.parametrize("m, sizes", [(2, [0, 1, 0, 1]), (16, [3, 0, 6, 7]), (64, [64, 0, 0, 0])])
@@ -190,6 +268,12 @@ def test_smem_model_is_not_below_what_mosaic_allocates(monkeypatch):
 def test_kernel_name_tags_the_config():
     name = kernel_sm90.kernel_name(C(wg_split="m", persistent=False, split_k=2, block_m=64))
     assert name == "moetune_gmm_m64n128k64s4_m8_np_wsm_e64x64_sk2"
+    assert "_expert16_" in kernel_sm90.kernel_name(C(grid_minor_dim="expert", grid_tile_width=16))
+
+
+def test_expert_order_lowers_for_hopper_mixtral_gate_up():
+    config = C(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, grid_minor_dim="expert")
+    assert "mosaic_gpu" in _lower(config, 8192, 4096, 28672, 8).mlir_module()
 
 
 def test_rotation_copies_small_sets_until_they_outgrow_the_cache():
