@@ -35,6 +35,9 @@ from moe_shapes import Shape
 from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C
 
 PLAIN = dict(warp_specialized=False, wg_split="none")
+# 128x256 CTAs of two 128x128 consumers (the shape of most prefill winners); one expert's tiles at a time.
+WIDE = dict(block_m=128, block_n=128, wg_split="n")
+EXPERT = dict(grid_minor_dim="expert")
 # moetune's small sweep, by regime (rows per expert), after the tuned pack's winner for the shape: the first
 # three of each were seeded from device_kernel_check.py's sweep, the rest added on 2026-11-30 for the rows
 # that missed their targets (64x256 one-CTA-per-tile for decode; tile order, width and stages for prefill).
@@ -97,6 +100,23 @@ CANDIDATES = {
         C(block_m=128, block_n=128, block_k=128, max_concurrent_steps=2, wg_split="n", grid_tile_width=16),
         C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=4, wg_split="m", grid_tile_width=16),
         C(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n", grid_tile_width=4),
+        # Added in session 14 for the rows where torch._grouped_mm was ahead (session 8, call 2). down at
+        # T=1024 Zipf takes 288 tiles of 128x256, 2.18 waves of 132 CTAs, so a third wave runs on 24 SMs;
+        # as 64x256 or 128x128 CTAs it takes 4.24-4.36 waves of half-length tiles (2.5 long tiles' time).
+        C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n"),
+        C(block_m=64, block_n=128, block_k=128, max_concurrent_steps=2, wg_split="n"),
+        C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="m"),
+        C(block_m=128, block_n=64, block_k=64, max_concurrent_steps=6, wg_split="n"),
+        # Tile order for Zipf routing, where a strip of 8 row tiles spans two or three experts' weights: the
+        # plain orders tried in session 14's call 2, then "expert", whose strips never leave an expert.
+        C(**WIDE, block_k=64, max_concurrent_steps=4, grid_minor_dim="n", grid_tile_width=16),
+        C(**WIDE, block_k=64, max_concurrent_steps=4, grid_tile_width=2),
+        C(**WIDE, block_k=64, max_concurrent_steps=4, **EXPERT),
+        C(**WIDE, block_k=64, max_concurrent_steps=4, grid_tile_width=4, **EXPERT),
+        C(**WIDE, block_k=64, max_concurrent_steps=3, **EXPERT),
+        C(**WIDE, block_k=128, max_concurrent_steps=2, **EXPERT),
+        C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=4, wg_split="m", **EXPERT),
+        C(block_m=128, block_n=64, block_k=64, max_concurrent_steps=6, wg_split="n", **EXPERT),
     ],
 }
 MGPU_DEFAULT = dict(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, grid_block_n=1)
