@@ -124,6 +124,20 @@ MGPU_SWEEP = [
     dict(block_m=128, block_n=128, block_k=64, max_concurrent_steps=5, grid_block_n=8),
     dict(block_m=64, block_n=256, block_k=64, max_concurrent_steps=4, grid_block_n=4),
 ]
+# --mgpu-sweep full: ragged_dot_mgpu's tiles (rows, columns, stages at block_k 64) whose stages and output
+# tile fit 227 KB of shared memory, each at grid widths 1 and 8, then the small sweep's: 20 configs beside the
+# default (issue 5 measured ragged_dot_mgpu's best of 20 against moetune).
+MGPU_FULL_TILES = (
+    (64, 128, 3), (64, 128, 4), (64, 128, 5), (64, 256, 3), (64, 256, 4),
+    (128, 128, 3), (128, 128, 4), (128, 128, 5), (128, 256, 2), (128, 256, 3),
+)  # fmt: skip
+MGPU_FULL_SWEEP = [
+    dict(block_m=bm, block_n=bn, block_k=64, max_concurrent_steps=steps, grid_block_n=width)
+    for bm, bn, steps in MGPU_FULL_TILES
+    for width in (1, 8)
+]
+MGPU_FULL_SWEEP = [p for p in MGPU_FULL_SWEEP if p != MGPU_DEFAULT]
+MGPU_FULL_SWEEP += [p for p in MGPU_SWEEP if p not in MGPU_FULL_SWEEP]
 # Cheap and most important first: a spent budget skips the tail of this list.
 METHODS = (
     "cublas_torch",
@@ -425,6 +439,12 @@ def main() -> int:
         help="tuned pack whose winner for each shape moetune tries first ('' for none)",
     )
     parser.add_argument("--no-mgpu-sweep", action="store_true", help="mgpu_best tries the default only")
+    parser.add_argument(
+        "--mgpu-sweep",
+        choices=("small", "full"),
+        default="small",
+        help="mgpu_best's configs beside the default: 2 (small) or 20 (full); with --mgpu-sweep-min-tokens",
+    )
     parser.add_argument("--mgpu-sweep-min-tokens", type=int, default=1024, help="smaller T: default only")
     args = parser.parse_args()
 
@@ -443,7 +463,11 @@ def main() -> int:
         "candidates": {r: [c.to_dict() for c in cs] for r, cs in candidates.items()},
         "pack": args.pack or None,
         "mgpu_default": MGPU_DEFAULT,
-        "mgpu_sweep": [] if args.no_mgpu_sweep else MGPU_SWEEP,
+        "mgpu_sweep": []
+        if args.no_mgpu_sweep
+        else MGPU_FULL_SWEEP
+        if args.mgpu_sweep == "full"
+        else MGPU_SWEEP,
         "cases": [],
     }
     payload["bandwidth"] = bandwidth = measure_bandwidth()

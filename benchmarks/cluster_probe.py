@@ -24,7 +24,6 @@ import traceback
 import jax
 import jax.numpy as jnp
 from jax.experimental.mosaic.gpu import profiler
-from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hm
 
 SHAPES = {"gate_up": (8192, 4096, 28672), "down": (8192, 14336, 4096)}
 
@@ -34,7 +33,14 @@ def _median_ms(fn, *args, runs: int) -> tuple[float, list[float]]:
     return statistics.median(per_run), list(per_run)
 
 
+def _hopper_matmul():
+    from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu  # needs absl-py (see above)
+
+    return hopper_matmul_mgpu
+
+
 def _configs():
+    hm = _hopper_matmul()
     dims = hm.MatmulDimension
     # CTA tile 128x256 (two 128x128 consumers along N) and 256x128 (along M): the shapes cuBLAS and
     # CUTLASS pick for bf16 on Hopper; 3 stages so that every one fits shared memory with its epilogue.
@@ -58,6 +64,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
+    hm = _hopper_matmul()
     rows = []
     for name, (m, k, n) in SHAPES.items():
         a = jax.random.normal(jax.random.key(0), (m, k), jnp.bfloat16)

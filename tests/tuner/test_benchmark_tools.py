@@ -198,6 +198,7 @@ def test_decode_gemms_read_as_fast_as_xlas_own_gemv():
 DEVICE_SCRIPTS = [
     "bench_gemm.py",
     "chain_ab.py",
+    "cluster_probe.py",
     "decode_ops.py",
     "decode_probe.py",
     "decode_timeline.py",
@@ -1069,6 +1070,21 @@ def test_session14_expert_order_against_the_other_candidates():
     assert (min(balanced), max(balanced)) == (-1.3, 0.3)
 
 
+def test_session14_t512_and_the_heuristic_on_the_gpu():
+    """benchmarks/README, session 14 call 7: T=512 vs the better peer gate_up 1.136x / 1.287x, down 1.115x /
+    1.240x; the heuristic and sampled-config GPU tests 5 passed."""
+    cases = _bench_calls(SESSION14, 7)
+    ratios = {k: round(moe_shapes.target_ratios(c)["vs_peer"], 3) for k, c in cases.items()}
+    assert ratios == {
+        ("gate_up_T512", "balanced"): 1.136,
+        ("gate_up_T512", "zipf"): 1.287,
+        ("down_T512", "balanced"): 1.115,
+        ("down_T512", "zipf"): 1.24,
+    }
+    log = Path(f"{SESSION14}_call7_gpu_tests.log").read_text()
+    assert "5 passed" in log and "failed" not in log
+
+
 def test_session14_cluster_multicast_probe():
     """benchmarks/README, session 14: 2-CTA multicast at most 1.0% faster than no cluster (gate_up) and no
     faster for down, on JAX's dense Hopper matmul; cuBLAS 2.306 and 1.159 ms."""
@@ -1087,3 +1103,34 @@ def test_session14_cluster_multicast_probe():
 
 def _session14(name: str) -> dict:
     return json.loads(Path(f"{SESSION14}_{name}.json").read_text())
+
+
+def test_bench_gemm_full_mgpu_sweep_has_20_configs_that_fit_and_lower():
+    """--mgpu-sweep full: 20 ragged_dot_mgpu configs beside the default, each dividing both projections' N
+    and fitting shared memory; the two largest lower for the H200 (Mosaic GPU's own checks)."""
+    code = """
+import functools, json, sys
+sys.path.insert(0, "benchmarks")
+import bench_gemm
+import jax, jax.numpy as jnp
+from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+def smem(p):
+    stage = (p["block_m"] + p["block_n"]) * p["block_k"] * 2
+    return p["max_concurrent_steps"] * stage + p["block_m"] * p["block_n"] * 2
+sweep = bench_gemm.MGPU_FULL_SWEEP
+shapes = (((8192, 4096), jnp.bfloat16), ((8, 4096, 28672), jnp.bfloat16), ((8,), jnp.int32))
+for p in sorted(sweep, key=smem)[-2:]:
+    call = functools.partial(bench_gemm._mgpu_call, ragged_dot_mgpu.ragged_dot, params=p)
+    jax.export.export(jax.jit(call), platforms=["cuda"])(*[jax.ShapeDtypeStruct(*a) for a in shapes])
+got = dict(sweep=sweep, smem=[smem(p) for p in sweep], default=bench_gemm.MGPU_DEFAULT)
+print(json.dumps(dict(got, small=bench_gemm.MGPU_SWEEP)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    sweep = got["sweep"]
+    assert len(sweep) == 20 and len({json.dumps(p, sort_keys=True) for p in sweep}) == 20
+    assert got["default"] not in sweep and all(p in sweep for p in got["small"])
+    assert max(got["smem"]) <= 227 * 1024
+    for _, n in moe_shapes.PROJECTIONS.values():
+        assert all(n % (p["block_n"] * p["grid_block_n"]) == 0 for p in sweep)
