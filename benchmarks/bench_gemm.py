@@ -138,6 +138,7 @@ MGPU_FULL_SWEEP = [
 ]
 MGPU_FULL_SWEEP = [p for p in MGPU_FULL_SWEEP if p != MGPU_DEFAULT]
 MGPU_FULL_SWEEP += [p for p in MGPU_SWEEP if p not in MGPU_FULL_SWEEP]
+MGPU_SWEEPS = {"small": MGPU_SWEEP, "full": MGPU_FULL_SWEEP}
 # Cheap and most important first: a spent budget skips the tail of this list.
 METHODS = (
     "cublas_torch",
@@ -441,7 +442,7 @@ def main() -> int:
     parser.add_argument("--no-mgpu-sweep", action="store_true", help="mgpu_best tries the default only")
     parser.add_argument(
         "--mgpu-sweep",
-        choices=("small", "full"),
+        choices=tuple(MGPU_SWEEPS),
         default="small",
         help="mgpu_best's configs beside the default: 2 (small) or 20 (full); with --mgpu-sweep-min-tokens",
     )
@@ -463,11 +464,7 @@ def main() -> int:
         "candidates": {r: [c.to_dict() for c in cs] for r, cs in candidates.items()},
         "pack": args.pack or None,
         "mgpu_default": MGPU_DEFAULT,
-        "mgpu_sweep": []
-        if args.no_mgpu_sweep
-        else MGPU_FULL_SWEEP
-        if args.mgpu_sweep == "full"
-        else MGPU_SWEEP,
+        "mgpu_sweep": [] if args.no_mgpu_sweep else MGPU_SWEEPS[args.mgpu_sweep],
         "cases": [],
     }
     payload["bandwidth"] = bandwidth = measure_bandwidth()

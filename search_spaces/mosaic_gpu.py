@@ -196,6 +196,12 @@ _MEMORY_BOUND = (
     MosaicGpuConfig(block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n"),
     MosaicGpuConfig(block_m=64, block_n=64, block_k=64, max_concurrent_steps=4, wg_split="n"),
 )
+
+
+def _in_expert_order(configs: tuple[MosaicGpuConfig, ...]) -> tuple[MosaicGpuConfig, ...]:
+    return tuple(dataclasses.replace(c, grid_minor_dim="expert") for c in configs)
+
+
 _COMPUTE_BOUND_TILES = (
     MosaicGpuConfig(block_m=128, block_n=128, block_k=128, max_concurrent_steps=2, wg_split="n"),
     MosaicGpuConfig(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n"),
@@ -206,10 +212,7 @@ _COMPUTE_BOUND_TILES = (
 # 6.5% slower), and -1.0% to +1.0% at the balanced ones
 # (benchmarks/results/2026-11-30_h200_session14_call{4,6}_bench_gemm_*.json); real routing is rarely
 # balanced. The "m" order stays in the list so that sweeps start from both.
-_COMPUTE_BOUND = (
-    tuple(dataclasses.replace(c, grid_minor_dim="expert") for c in _COMPUTE_BOUND_TILES)
-    + _COMPUTE_BOUND_TILES
-)
+_COMPUTE_BOUND = _in_expert_order(_COMPUTE_BOUND_TILES) + _COMPUTE_BOUND_TILES
 # Under the SwiGLU epilogue each consumer holds two accumulators and each stage two weight tiles: the
 # same CTA shapes with half the columns per warpgroup, or fewer stages, fit the registers and shared memory.
 _SWIGLU_MEMORY_BOUND = (
@@ -220,9 +223,7 @@ _SWIGLU_COMPUTE_BOUND_TILES = (
     MosaicGpuConfig(block_m=64, block_n=128, block_k=64, max_concurrent_steps=3, wg_split="m"),
 )
 # The expert order is not yet timed under the SwiGLU epilogue: sweeps start from it, the heuristic does not.
-_SWIGLU_COMPUTE_BOUND = _SWIGLU_COMPUTE_BOUND_TILES + tuple(
-    dataclasses.replace(c, grid_minor_dim="expert") for c in _SWIGLU_COMPUTE_BOUND_TILES
-)
+_SWIGLU_COMPUTE_BOUND = _SWIGLU_COMPUTE_BOUND_TILES + _in_expert_order(_SWIGLU_COMPUTE_BOUND_TILES)
 # A quarter of a row per expert or less (decode: top-k rows over G experts, so at most that many experts'
 # weights are read): one warpgroup per 64x256 weight tile, one CTA per tile, and for the plain GEMM split-K
 # so that the touched experts' few column tiles fill the SMs. These were the winners of the 2026-11-30 H200

@@ -61,6 +61,25 @@ class RowTile:
 ROW_ALIGN = 8
 
 
+def _group_windows(group_sizes_ref: Any, *, g: int, m: int, cta_m: int):
+    """Per group in order (the G experts, then the zero group of rows past them): its rows [start, end),
+    its first window's row `first` (start rounded down to 8) and its row tile count, 0 without rows.
+
+    A generator: a caller's own per-group ops trace between one group's and the next's, in the order
+    row_tile has always emitted them, so its kernels lower unchanged."""
+    i32 = jnp.int32
+    end = i32(0)
+    for i in range(g + 1):
+        start = end
+        if i < g:
+            size = jnp.clip(group_sizes_ref[i], 0, m).astype(i32)
+            end = jnp.minimum(start + size, m)
+        else:
+            end = i32(m)
+        first = start - lax.rem(start, i32(ROW_ALIGN))
+        yield start, end, first, jnp.where(end > start, lax.div(end - first + cta_m - 1, i32(cta_m)), 0)
+
+
 def row_tile(group_sizes_ref: Any, t: jax.Array, *, g: int, m: int, cta_m: int) -> RowTile:
     """Row tile number `t`, found by walking the groups in order (unrolled: G is small and static).
 
@@ -75,18 +94,9 @@ def row_tile(group_sizes_ref: Any, t: jax.Array, *, g: int, m: int, cta_m: int) 
     ragged_dot drops them.
     """
     i32 = jnp.int32
-    end = i32(0)
     tiles_before = i32(0)
     group, row0, lo, hi = i32(g + 1), i32(0), i32(0), i32(0)
-    for i in range(g + 1):
-        start = end
-        if i < g:
-            size = jnp.clip(group_sizes_ref[i], 0, m).astype(i32)
-            end = jnp.minimum(start + size, m)
-        else:
-            end = i32(m)
-        first = start - lax.rem(start, i32(ROW_ALIGN))
-        count = jnp.where(end > start, lax.div(end - first + cta_m - 1, i32(cta_m)), 0)
+    for i, (start, end, first, count) in enumerate(_group_windows(group_sizes_ref, g=g, m=m, cta_m=cta_m)):
         mine = (t >= tiles_before) & (t < tiles_before + count)
         window = first + (t - tiles_before) * cta_m
         group = jnp.where(mine, i32(i), group)
@@ -228,19 +238,6 @@ def _tile_coords(lin: jax.Array, gs_ref: Any, s: _Static) -> _TileCoords:
     return _TileCoords(row=row, col=col, split=split)
 
 
-def _group_tile_counts(gs_ref: Any, *, g: int, m: int, cta_m: int) -> list[jax.Array]:
-    """Row tiles of each group (the G experts, then the zero-filled rows past them), as row_tile counts
-    them: cdiv(rows + first row % 8, cta_m), 0 for a group without rows."""
-    i32 = jnp.int32
-    end, counts = i32(0), []
-    for i in range(g + 1):
-        start = end
-        end = jnp.minimum(start + jnp.clip(gs_ref[i], 0, m).astype(i32), m) if i < g else i32(m)
-        first = start - lax.rem(start, i32(ROW_ALIGN))
-        counts.append(jnp.where(end > start, lax.div(end - first + cta_m - 1, i32(cta_m)), 0))
-    return counts
-
-
 def _expert_order(lin: jax.Array, gs_ref: Any, s: _Static) -> tuple[jax.Array, jax.Array]:
     """(row tile, column tile) of work item `lin` when every group's tiles are walked before the next
     group's, each group in strips of `grid_tile_width` of its own row tiles (snaking over the columns).
@@ -252,7 +249,7 @@ def _expert_order(lin: jax.Array, gs_ref: Any, s: _Static) -> tuple[jax.Array, j
     """
     cols = jnp.int32(s.col_tiles)
     before, base, count = jnp.int32(0), jnp.int32(0), jnp.int32(1)
-    for tiles in _group_tile_counts(gs_ref, g=s.g, m=s.m, cta_m=s.cta_m):
+    for *_, tiles in _group_windows(gs_ref, g=s.g, m=s.m, cta_m=s.cta_m):
         mine = (lin >= before * cols) & (lin < (before + tiles) * cols)
         base = jnp.where(mine, before, base)
         count = jnp.where(mine, tiles, count)

@@ -108,14 +108,14 @@ def test_expert_order_visits_every_tile_once_one_expert_after_another(seed):
     m = rng.randint(1, 900)
     sizes = [rng.choice([0, rng.randint(0, m)]) for _ in range(g)]
     bound, walk = _expert_walk(sizes, m, cta_m, cols, width)
-    real = [t for t in range(bound) if _tiles(sizes, m, cta_m)[t][3] > _tiles(sizes, m, cta_m)[t][2]]
+    tiles = _tiles(sizes, m, cta_m)
+    real = [t for t, (_, _, lo, hi) in enumerate(tiles) if hi > lo]
     live = [(r, c) for r, c in walk if r < bound]
     # Every real (row tile, column tile) once, real tiles first, then only idle items.
     assert sorted(live) == sorted((r, c) for r in real for c in range(cols))
     assert walk[: len(live)] == live and all(r == bound for r, _ in walk[len(live) :])
     # A group's tiles all come before the next group's; inside a group, each run of width * cols items
     # (a strip) covers `width` of its row tiles (fewer in its last strip) and every column.
-    tiles = _tiles(sizes, m, cta_m)
     groups = [tiles[r][0] for r, _ in live]
     assert groups == sorted(groups)
     for group in set(groups):
