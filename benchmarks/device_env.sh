@@ -5,6 +5,12 @@ if ! python3 -c 'import ray, optuna, sqlalchemy' 2>/dev/null; then
   mkdir -p /tmp/site && tar xJf .devdeps/site.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 fi
+# Every runtime dependency the image lacks, checked up front: one missing from the bundle would otherwise
+# fail each step of a device call seconds in, with the machine held all the while.
+python3 -c 'import alembic, optuna, platformdirs, ray, sqlalchemy' || {
+  echo "device_env.sh: .devdeps lacks a dependency; rebuild it: ../shared/tools/device-bundle platformdirs" >&2
+  exit 1
+}
 MOETUNE=(python3 -m moetune.tuner.cli)
 export PYTHONUNBUFFERED=1
 # Many worker processes share one GPU: no preallocation, and memory goes back to the driver when freed,
@@ -18,6 +24,7 @@ step() { printf '\n=== [%s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 # Fold each SQLite database's write-ahead log into it, so that $OUT brings back one file per database.
 merge_wal() {
   for db in "$1"/*.db; do
+    [ -e "$db" ] || continue  # no database: the glob stays literal
     python3 -c "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()" "$db"
     rm -f "$db-wal" "$db-shm"
   done

@@ -42,19 +42,27 @@ def _winner(case: dict) -> str:
     return config_label(best["config"]) + (" (pack)" if best.get("from_pack") else "")
 
 
+def _in_order(runs: list[dict]) -> list[dict]:
+    """Every run's cases, projections and routings in the order they first appear, T ascending (runs may
+    split one projection's token counts between them, in any order)."""
+    cases = [case for run in runs for case in run["cases"]]
+    projs = list(dict.fromkeys(c["proj"] for c in cases))
+    routings = list(dict.fromkeys(c["routing"] for c in cases))
+    return sorted(cases, key=lambda c: (projs.index(c["proj"]), c["tokens"], routings.index(c["routing"])))
+
+
 def rows(runs: list[dict]) -> list[str]:
     lines = [HEADER, "|" + " --- |" * HEADER.count(" |")]
-    for run in runs:
-        for case in run["cases"]:
-            ms = {name: case["methods"].get(name, {}).get("median_ms") for name in METHODS}
-            ratios = moe_shapes.target_ratios(case)
-            times = " | ".join(f"{ms[name]:.3f}" if ms[name] else "-" for name in METHODS)
-            cublas = case["methods"]["cublas_torch"]["median_ms"]
-            lines.append(
-                f"| {case['proj']} | {case['tokens']} | {case['routing']} | {times} | {cublas:.3f} "
-                f"| {case['hbm_roofline_ms']:.3f} | {ratios['vs_peer']:.3f}x | {ratios['vs_cublas']:.0%} "
-                f"| {ratios['vs_roofline']:.1%} | {_winner(case)} |"
-            )
+    for case in _in_order(runs):
+        ms = {name: case["methods"].get(name, {}).get("median_ms") for name in METHODS}
+        ratios = moe_shapes.target_ratios(case)
+        times = " | ".join(f"{ms[name]:.3f}" if ms[name] else "-" for name in METHODS)
+        cublas = case["methods"]["cublas_torch"]["median_ms"]
+        lines.append(
+            f"| {case['proj']} | {case['tokens']} | {case['routing']} | {times} | {cublas:.3f} "
+            f"| {case['hbm_roofline_ms']:.3f} | {ratios['vs_peer']:.3f}x | {ratios['vs_cublas']:.0%} "
+            f"| {ratios['vs_roofline']:.1%} | {_winner(case)} |"
+        )
     return lines
 
 
