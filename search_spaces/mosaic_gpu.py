@@ -222,8 +222,13 @@ _SWIGLU_COMPUTE_BOUND_TILES = (
     MosaicGpuConfig(block_m=128, block_n=64, block_k=64, max_concurrent_steps=3, wg_split="n"),
     MosaicGpuConfig(block_m=64, block_n=128, block_k=64, max_concurrent_steps=3, wg_split="m"),
 )
-# The expert order is not yet timed under the SwiGLU epilogue: sweeps start from it, the heuristic does not.
+# Under the SwiGLU epilogue the expert order paid off up to 1024 rows per expert and not above: in session
+# 15's H200 sweep of Mixtral's gate_up (same config in both orders, same run; objective over balanced and
+# Zipf routing) it took 0.922-1.009x the "m" order's time at M=1024-8192 (6 of 9 pairs faster) and
+# 1.012-1.048x at M=16384-32768 (all 4 slower) (benchmarks/results/2026-11-30_h200_session15_call2_sweep.db).
+SWIGLU_EXPERT_ORDER_MAX_ROWS = 1024
 _SWIGLU_COMPUTE_BOUND = _SWIGLU_COMPUTE_BOUND_TILES + _in_expert_order(_SWIGLU_COMPUTE_BOUND_TILES)
+_SWIGLU_COMPUTE_BOUND_FEW_ROWS = _in_expert_order(_SWIGLU_COMPUTE_BOUND_TILES) + _SWIGLU_COMPUTE_BOUND_TILES
 # A quarter of a row per expert or less (decode: top-k rows over G experts, so at most that many experts'
 # weights are read): one warpgroup per 64x256 weight tile, one CTA per tile, and for the plain GEMM split-K
 # so that the touched experts' few column tiles fill the SMs. These were the winners of the 2026-11-30 H200
@@ -272,6 +277,8 @@ def preferred(problem: Problem, device: DeviceFingerprint) -> list[MosaicGpuConf
     rows_per_expert = problem.m / problem.g
     if problem.op == GROUPED_MATMUL_SWIGLU:
         decode, memory_bound, compute_bound = _SWIGLU_DECODE, _SWIGLU_MEMORY_BOUND, _SWIGLU_COMPUTE_BOUND
+        if rows_per_expert <= SWIGLU_EXPERT_ORDER_MAX_ROWS:
+            compute_bound = _SWIGLU_COMPUTE_BOUND_FEW_ROWS
     else:
         decode, memory_bound, compute_bound = _DECODE, _MEMORY_BOUND, _COMPUTE_BOUND
     if rows_per_expert <= DECODE_ROWS_PER_EXPERT:

@@ -192,17 +192,19 @@ def test_one_token_of_decode_starts_from_the_h200_sweeps_t1_winners():
 def test_the_space_seeds_every_admissible_preferred_config_heuristic_first():
     swiglu = dataclasses.replace(GATE_UP, op="grouped_matmul_swiglu")
     seeds = space.space(swiglu, HOPPER).seeds
-    # Both SwiGLU compute-bound shapes (128x64 split along N, 64x128 split along M) in the "m" order, then in
-    # the expert order, then the memory-bound one.
+    # Both SwiGLU compute-bound shapes (128x64 split along N, 64x128 split along M) in the expert order (1024
+    # rows per expert), then in the "m" order, then the memory-bound one; above 1024 rows "m" comes first.
     shapes = [(c.block_m, c.block_n, c.wg_split, c.grid_minor_dim) for c in seeds]
     assert shapes == [
-        (128, 64, "n", "m"),
-        (64, 128, "m", "m"),
         (128, 64, "n", "expert"),
         (64, 128, "m", "expert"),
+        (128, 64, "n", "m"),
+        (64, 128, "m", "m"),
         (64, 64, "n", "m"),
     ]
     assert seeds[0] == space.heuristic(swiglu, HOPPER)
+    longer = space.space(dataclasses.replace(swiglu, m=4 * swiglu.m), HOPPER).seeds
+    assert [c.grid_minor_dim for c in longer] == ["m", "m", "expert", "expert", "m"]
     for problem in (GATE_UP, DECODE, swiglu):
         seeded = space.space(problem, HOPPER)
         assert seeded.seeds and all(seeded.violation(problem, c, HOPPER) is None for c in seeded.seeds)
@@ -230,13 +232,17 @@ def test_a_sweep_may_narrow_some_domains_to_subsets():
 
 def test_heuristic_walks_experts_one_after_another_when_compute_bound():
     """The plain GEMM's compute-bound heuristic takes the expert tile order (measured faster under skewed
-    routing); sweeps start from both orders of each preferred tile. SwiGLU keeps the "m" order first."""
+    routing); sweeps start from both orders of each preferred tile. SwiGLU takes it up to 1024 rows per
+    expert and keeps the "m" order first above (session 15's sweep)."""
     assert space.heuristic(GATE_UP, HOPPER).grid_minor_dim == "expert"
     orders = {(c.block_m, c.block_n, c.block_k): set() for c in space.preferred(GATE_UP, HOPPER)}
     for c in space.preferred(GATE_UP, HOPPER):
         orders[(c.block_m, c.block_n, c.block_k)].add(c.grid_minor_dim)
     assert all({"m", "expert"} <= found for found in orders.values() if found & {"expert"})
     swiglu = dataclasses.replace(GATE_UP, op="grouped_matmul_swiglu")
-    assert space.heuristic(swiglu, HOPPER).grid_minor_dim == "m"
-    assert "expert" in {c.grid_minor_dim for c in space.preferred(swiglu, HOPPER)}
+    assert swiglu.m / swiglu.g == space.SWIGLU_EXPERT_ORDER_MAX_ROWS
+    assert space.heuristic(swiglu, HOPPER).grid_minor_dim == "expert"
+    long_prefill = dataclasses.replace(swiglu, m=2 * swiglu.m)
+    assert space.heuristic(long_prefill, HOPPER).grid_minor_dim == "m"
+    assert set(space.preferred(swiglu, HOPPER)) == set(space.preferred(long_prefill, HOPPER))
     assert space.heuristic(DECODE, HOPPER).grid_minor_dim != "expert"

@@ -31,6 +31,7 @@ SESSION12 = RESULTS / "2026-11-30_h200_session12"
 SESSION13 = RESULTS / "2026-11-30_h200_session13"
 SESSION14 = RESULTS / "2026-11-30_h200_session14"
 SESSION14_PACK_LOWERING = RESULTS / "2026-11-30_session14_pack_lowering"
+SESSION15 = RESULTS / "2026-11-30_h200_session15"
 
 
 def _run(name: str) -> Path:
@@ -93,10 +94,13 @@ def _session4_pack() -> packs.Pack:
     return merged
 
 
-def test_the_shipped_pack_is_session9s_sweeps_on_the_current_kernel_source():
+def test_the_shipped_pack_is_session15s_resweep_on_the_current_kernel_source():
+    """Session 9's sweeps, with the winners of session 15's prefill re-sweep where it found faster ones."""
     shipped = packs.load(ROOT / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json")
-    exported = packs.load(Path(f"{SESSION9}_call3_pack.json"))
-    assert shipped.entries == exported.entries and len(shipped.entries) == 38
+    assert shipped.entries == packs.load(Path(f"{SESSION15}_call2_pack.json")).entries
+    session9 = {e.problem: e for e in packs.load(Path(f"{SESSION9}_call3_pack.json")).entries}
+    kept = [e for e in shipped.entries if session9[e.problem] == e]
+    assert len(shipped.entries) == len(session9) == 38 and len(kept) == 34
     assert shipped.kernel_source_hash == registry.get("mosaic_gpu").source_hash()
     plain_gate_up = [e for e in shipped.entries if e.problem.op == "grouped_matmul" and e.problem.k == 4096]
     assert len(plain_gate_up) == 8  # the bench sweep's shapes, beside the model sweep's 30
@@ -392,6 +396,21 @@ def test_the_bench_sweep_tunes_exactly_bench_gemms_unfused_gate_up_shapes():
     tuned = {parse_problem(text).problem for text in spec.problems}
     shapes = [moe_shapes.Shape("gate_up", tokens) for tokens in moe_shapes.TOKENS]
     assert tuned == {Problem("grouped_matmul", m=s.m, k=s.k, n=s.n, g=moe_shapes.EXPERTS) for s in shapes}
+
+
+def test_the_prefill_resweep_tunes_bench_gemms_compute_bound_gate_up_shapes(monkeypatch):
+    """benchmarks/prefill_resweep.yaml: the plain gate_up shapes that bench_gemm times as compute-bound."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_gemm
+
+    spec, _ = load_sweep_file(str(ROOT / "benchmarks" / "prefill_resweep.yaml"))
+    tuned = {parse_problem(text).problem for text in spec.problems}
+    shapes = [moe_shapes.Shape("gate_up", tokens) for tokens in moe_shapes.TOKENS]
+    compute_bound = [s for s in shapes if bench_gemm.regime(s) == "compute_bound"]
+    assert [s.tokens for s in compute_bound] == [512, 1024, 4096, 16384]
+    assert tuned == {
+        Problem("grouped_matmul", m=s.m, k=s.k, n=s.n, g=moe_shapes.EXPERTS) for s in compute_bound
+    }
 
 
 def test_the_stream_probe_multiplies_what_it_streams(monkeypatch):
@@ -1134,3 +1153,159 @@ print(json.dumps(dict(got, small=bench_gemm.MGPU_SWEEP)))
     assert max(got["smem"]) <= 227 * 1024
     for _, n in moe_shapes.PROJECTIONS.values():
         assert all(n % (p["block_n"] * p["grid_block_n"]) == 0 for p in sweep)
+
+
+def _t(key: tuple[str, str]) -> int:
+    return int(key[0].split("T")[1])
+
+
+def test_session15_issue5_benchmark_in_full(monkeypatch):
+    """README and benchmarks/README, session 15, calls 1 (T <= 128) and 3 (T >= 512): all 32 rows with every
+    method, ragged_dot_mgpu's best of its default and 20 more configs at every T. T >= 1024: at or above
+    every peer (lowest 1.007x), 1.05x met on 7 of 12, 90% of cuBLAS on 10 of 12 (missed: Zipf T=1024, 78%
+    and 71%). T <= 128: 90% of the roofline on 11 of 16. At T=16 ragged_dot_mgpu's best is level with
+    moetune (0.994-1.008x), moetune at 95.9-96.9% of the roofline."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # it imports its sibling moe_shapes, as scripts do
+    import bench_gemm
+
+    cases = _bench_calls(SESSION15, 1, 3)
+    assert len(cases) == 32
+    for case in cases.values():
+        assert all("median_ms" in case["methods"][m] for m in bench_gemm.METHODS)
+        assert len(case["methods"]["mgpu_best"]["tried"]) == 21
+    ratios = {k: moe_shapes.target_ratios(c) for k, c in cases.items()}
+    prefill = {k: r for k, r in ratios.items() if _t(k) >= 1024}
+    assert round(min(r["vs_peer"] for r in prefill.values()), 3) == 1.007
+    assert {k for k, r in prefill.items() if r["vs_peer"] < 1.05} == {
+        ("gate_up_T1024", "balanced"),
+        ("gate_up_T4096", "balanced"),
+        ("gate_up_T4096", "zipf"),
+        ("down_T1024", "balanced"),
+        ("down_T4096", "balanced"),
+    }
+    short = {k: round(100 * r["vs_cublas"]) for k, r in prefill.items() if r["vs_cublas"] < 0.9}
+    assert short == {("gate_up_T1024", "zipf"): 78, ("down_T1024", "zipf"): 71}
+    decode = {k: round(100 * r["vs_roofline"], 1) for k, r in ratios.items() if _t(k) <= 128}
+    assert {k: v for k, v in decode.items() if v < 90} == {
+        ("gate_up_T1", "balanced"): 89.8,
+        ("gate_up_T1", "zipf"): 89.5,
+        ("down_T1", "balanced"): 86.9,
+        ("down_T1", "zipf"): 87.2,
+        ("down_T128", "zipf"): 86.6,
+    }
+    t16 = [r for k, r in ratios.items() if _t(k) == 16]
+    assert (round(min(r["vs_peer"] for r in t16), 3), round(max(r["vs_peer"] for r in t16), 3)) == (
+        0.994,
+        1.008,
+    )
+    roof = [round(100 * r["vs_roofline"], 1) for r in t16]
+    assert (min(roof), max(roof)) == (95.9, 96.9)
+
+
+def test_session15_the_t1024_and_up_rows_again():
+    """benchmarks/README, session 15, call 4 (same tree and pack as call 3): 1.05x met on 6 rows, the six that
+    met it in both calls; gate_up T=4096 Zipf at 0.997x (2.528 against torch's 2.520 ms), so level; gate_up
+    T=16384 balanced fell to 1.010x as torch._grouped_mm took 9.661 ms against 10.949 in call 3."""
+    again = _bench_calls(SESSION15, 4)
+    ratios = {k: moe_shapes.target_ratios(c) for k, c in again.items()}
+    met = {k for k, r in ratios.items() if r["vs_peer"] >= 1.05}
+    first = {k: moe_shapes.target_ratios(c) for k, c in _bench_calls(SESSION15, 3).items() if _t(k) >= 1024}
+    assert len(met) == 6 and met == {k for k in met if first[k]["vs_peer"] >= 1.05}
+    lowest = min(ratios, key=lambda k: ratios[k]["vs_peer"])
+    assert (lowest, round(ratios[lowest]["vs_peer"], 3)) == (("gate_up_T4096", "zipf"), 0.997)
+    torch_ms = lambda cases: round(
+        cases[("gate_up_T16384", "balanced")]["methods"]["torch_grouped_mm"]["median_ms"], 3
+    )  # noqa: E731
+    assert (torch_ms(_bench_calls(SESSION15, 3)), torch_ms(again)) == (10.949, 9.661)
+    assert round(ratios[("gate_up_T16384", "balanced")]["vs_peer"], 3) == 1.01
+
+
+def _sweep_pairs(db: Path) -> dict[tuple[str, int], list[float]]:
+    """(op, M) -> for each config timed in both the expert and the "m" order, expert time / "m" time."""
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "select p.op, p.m, p.k, t.config, t.median_s from trials t join problems p on p.id = t.problem_id"
+            " join kernels k on k.id = t.kernel_id where k.backend = 'mosaic_gpu' and t.status = 'ok'"
+            " and t.worker != 'pack-import'"
+        ).fetchall()
+    by_config: dict[tuple, dict[str, float]] = {}
+    for op, m, k, config, median in rows:
+        config = json.loads(config)
+        order = config.pop("grid_minor_dim")
+        by_config.setdefault((op, m, k, json.dumps(config, sort_keys=True)), {})[order] = median
+    pairs: dict[tuple[str, int], list[float]] = {}
+    for (op, m, _, _), times in by_config.items():
+        if {"m", "expert"} <= times.keys():
+            pairs.setdefault((op, m), []).append(times["expert"] / times["m"])
+    return pairs
+
+
+def test_session15_resweep_and_the_swiglu_expert_order():
+    """benchmarks/README, session 15, call 2: the prefill re-sweep changed 4 of the pack's 16 winners at
+    M >= 1024, each to the expert order; the shipped pack is that sweep's export. Under SwiGLU the expert
+    order took 0.922-1.009x the "m" order's time at M=1024-8192 (6 of 9 pairs faster) and 1.012-1.048x above
+    (all 4 slower): search_spaces/mosaic_gpu.py's SWIGLU_EXPERT_ORDER_MAX_ROWS."""
+    from moetune.search_spaces import mosaic_gpu as space
+
+    shipped = json.loads(moe_shapes.SHIPPED_PACK.read_text())
+    assert shipped == json.loads(Path(f"{SESSION15}_call2_pack.json").read_text())
+    before = json.loads(Path(f"{SESSION9}_call3_pack.json").read_text())  # shipped until then
+    old = {json.dumps(e["problem"], sort_keys=True): e["config"] for e in before["entries"]}
+    changed = {
+        (e["problem"]["op"], e["problem"]["m"], e["problem"]["k"]): e["config"]["grid_minor_dim"]
+        for e in shipped["entries"]
+        if e["config"] != old[json.dumps(e["problem"], sort_keys=True)]
+    }
+    assert changed == {
+        ("grouped_matmul_swiglu", 2048, 4096): "expert",
+        ("grouped_matmul_swiglu", 8192, 4096): "expert",
+        ("grouped_matmul", 2048, 14336): "expert",
+        ("grouped_matmul", 2048, 4096): "expert",
+    }
+    pairs = _sweep_pairs(Path(f"{SESSION15}_call2_sweep.db"))
+    swiglu = {m: r for (op, m), r in pairs.items() if op == "grouped_matmul_swiglu"}
+    few = [r for m, rs in swiglu.items() if m / 8 <= space.SWIGLU_EXPERT_ORDER_MAX_ROWS for r in rs]
+    many = [r for m, rs in swiglu.items() if m / 8 > space.SWIGLU_EXPERT_ORDER_MAX_ROWS for r in rs]
+    assert (len(few), sum(r < 1 for r in few), round(min(few), 3), round(max(few), 3)) == (9, 6, 0.922, 1.009)
+    assert (len(many), sum(r < 1 for r in many), round(min(many), 3), round(max(many), 3)) == (
+        4,
+        0,
+        1.012,
+        1.048,
+    )
+
+
+def test_session15_gpu_tests_on_the_device():
+    """benchmarks/README: call 2 ran every GPU test but the pack dispatch test (93 passed), and the dispatch
+    test on the re-swept pack (27 passed)."""
+    log = Path(f"{SESSION15}_call2_gpu_tests.log").read_text()
+    assert "93 passed" in log and "failed" not in log and "gpu tests rc=0" in log
+    assert "27 passed" in Path(f"{SESSION15}_call2_dispatch_tests.log").read_text()
+
+
+def test_session15_tables_are_the_runs_numbers(monkeypatch):
+    """benchmarks/README's session-15 table is gemm_table.py's output on calls 1 and 3; the README's kernel
+    table holds the same runs' balanced rows."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import gemm_table
+
+    runs = [
+        json.loads(Path(f"{SESSION15}_call{c}_bench_gemm_{p}.json").read_text())
+        for c in (3, 1)
+        for p in ("gate_up", "down")
+    ]
+    rows = gemm_table.rows(runs)
+    assert len(rows) == 2 + 32 and rows[2].startswith("| gate_up | 1 | balanced |")
+    assert all(r in (ROOT / "benchmarks" / "README.md").read_text() for r in rows)
+    readme = (ROOT / "README.md").read_text()
+    for case in _bench_calls(SESSION15, 1, 3).values():
+        if case["routing"] == "balanced":
+            ms = {k: v["median_ms"] for k, v in case["methods"].items()}
+            row = (
+                f"| {case['proj']} | {case['tokens']} | {ms['moetune']:.3f} | {ms['torch_grouped_mm']:.3f} "
+                f"| {ms['mgpu_best']:.3f} / {ms['mgpu_default']:.3f} | {ms['xla_ragged_dot']:.3f} "
+                f"| {ms['cublas_torch']:.3f} | {case['hbm_roofline_ms']:.3f} |"
+            )
+            assert row in readme
