@@ -294,13 +294,18 @@ def _bench_cases(session: Path, call: int) -> dict[tuple[str, str], dict]:
     return cases
 
 
+def _t(key: tuple[str, str]) -> int:
+    """T of a bench case key: ("gate_up_T1024", routing) -> 1024."""
+    return int(key[0].split("T")[1])
+
+
 @pytest.mark.parametrize("session, call", [(SESSION7, 3), (SESSION8, 2)])
 def test_issue5_targets_as_the_readme_states_them(session, call):
     """benchmarks/README (session 8, call 2; session 7, call 3 before it): the same rows meet and miss
     issue 5's three targets in both runs."""
     cases = _bench_cases(session, call)
     assert len(cases) == 32
-    peer_missed = {k for k, r in cases.items() if int(k[0].split("T")[1]) >= 1024 and r["vs_peer"] < 1.05}
+    peer_missed = {k for k, r in cases.items() if _t(k) >= 1024 and r["vs_peer"] < 1.05}
     assert peer_missed == {
         ("gate_up_T1024", "balanced"),
         ("gate_up_T4096", "balanced"),
@@ -310,9 +315,9 @@ def test_issue5_targets_as_the_readme_states_them(session, call):
         ("down_T4096", "balanced"),
         ("down_T16384", "balanced"),
     }
-    cublas_missed = {k for k, r in cases.items() if int(k[0].split("T")[1]) >= 1024 and r["vs_cublas"] < 0.9}
+    cublas_missed = {k for k, r in cases.items() if _t(k) >= 1024 and r["vs_cublas"] < 0.9}
     assert cublas_missed == {("gate_up_T1024", "zipf"), ("down_T1024", "zipf")}
-    roof_missed = {k for k, r in cases.items() if int(k[0].split("T")[1]) <= 128 and r["vs_roofline"] < 0.9}
+    roof_missed = {k for k, r in cases.items() if _t(k) <= 128 and r["vs_roofline"] < 0.9}
     assert roof_missed == {
         ("gate_up_T1", "balanced"),
         ("gate_up_T1", "zipf"),
@@ -1155,10 +1160,6 @@ print(json.dumps(dict(got, small=bench_gemm.MGPU_SWEEP)))
         assert all(n % (p["block_n"] * p["grid_block_n"]) == 0 for p in sweep)
 
 
-def _t(key: tuple[str, str]) -> int:
-    return int(key[0].split("T")[1])
-
-
 def test_session15_issue5_benchmark_in_full(monkeypatch):
     """README and benchmarks/README, session 15, calls 1 (T <= 128) and 3 (T >= 512): all 32 rows with every
     method, ragged_dot_mgpu's best of its default and 20 more configs at every T. T >= 1024: at or above
@@ -1222,23 +1223,19 @@ def test_session15_the_t1024_and_up_rows_again():
 
 def _sweep_pairs(db: Path) -> dict[tuple[str, int], list[float]]:
     """(op, M) -> for each config timed in both the expert and the "m" order, expert time / "m" time."""
-    import sqlite3
+    from moetune.db.store import open_store
 
-    with sqlite3.connect(db) as conn:
-        rows = conn.execute(
-            "select p.op, p.m, p.k, t.config, t.median_s from trials t join problems p on p.id = t.problem_id"
-            " join kernels k on k.id = t.kernel_id where k.backend = 'mosaic_gpu' and t.status = 'ok'"
-            " and t.worker != 'pack-import'"
-        ).fetchall()
+    with open_store(f"sqlite:///{db}") as store:
+        rows = [r for r in store.trials(backend="mosaic_gpu", status="ok") if r.worker != "pack-import"]
     by_config: dict[tuple, dict[str, float]] = {}
-    for op, m, k, config, median in rows:
-        config = json.loads(config)
+    for row in rows:
+        config = dict(row.config)
         order = config.pop("grid_minor_dim")
-        by_config.setdefault((op, m, k, json.dumps(config, sort_keys=True)), {})[order] = median
+        by_config.setdefault((row.problem, json.dumps(config, sort_keys=True)), {})[order] = row.median_s
     pairs: dict[tuple[str, int], list[float]] = {}
-    for (op, m, _, _), times in by_config.items():
+    for (problem, _), times in by_config.items():
         if {"m", "expert"} <= times.keys():
-            pairs.setdefault((op, m), []).append(times["expert"] / times["m"])
+            pairs.setdefault((problem.op, problem.m), []).append(times["expert"] / times["m"])
     return pairs
 
 
