@@ -1,12 +1,13 @@
 """Package list for the root-level folders that map into the `moetune` namespace.
 
 pyproject.toml holds all metadata and the folder -> package mapping (`package-dir`); this file only
-enumerates sub-packages, so that a new backend folder (kernels/<name>/) ships without editing any list.
+enumerates sub-packages, so that a new backend folder (kernels/backends/<name>/) ships without editing
+any list.
 """
 
 from setuptools import find_packages, setup
 
-ROOTS = ("kernels", "search_spaces", "tuner", "db", "configs")
+ROOTS = ("kernels", "search_spaces", "tuner", "db", "configs", "models")
 
 packages = []
 for root in ROOTS:

@@ -32,7 +32,7 @@ import torch_timing
 from device_kernel_check import time_jax
 from moe_shapes import Shape
 
-from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C
+from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C
 
 PLAIN = dict(warp_specialized=False, wg_split="none")
 # 128x256 CTAs of two 128x128 consumers (the shape of most prefill winners); one expert's tiles at a time.

@@ -1,5 +1,5 @@
 """Model benchmark without the CLI's dependencies: runs where only jax and numpy are installed (the GPU
-machine). The same measurement as `moetune bench model`; see moetune/tuner/models/bench.py.
+machine). The same measurement as `moetune bench model`; see moetune/models/bench.py.
 
     python3 benchmarks/bench_model.py --model mixtral_8x7b --batch 1 --prompt 2048 --gen 128 --out model.json
 
@@ -19,7 +19,7 @@ from pathlib import Path
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
 
 from moetune.kernels.errors import MoetuneError  # noqa: E402 - after the allocator setting
-from moetune.tuner.models.bench import (  # noqa: E402
+from moetune.models.bench import (  # noqa: E402
     DEFAULT_MOE_TOKENS,
     DEFAULT_PATHS,
     run_model_bench,

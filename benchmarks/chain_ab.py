@@ -25,9 +25,9 @@ import moe_shapes
 import numpy as np
 
 from moetune.kernels import packs
-from moetune.kernels.mosaic_gpu import kernel_sm90
-from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig
-from moetune.kernels.mosaic_gpu.timer import CuptiTimer
+from moetune.kernels.backends.mosaic_gpu import kernel_sm90
+from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
+from moetune.kernels.backends.mosaic_gpu.timer import CuptiTimer
 from moetune.kernels.problem import GROUPED_MATMUL_SWIGLU
 
 

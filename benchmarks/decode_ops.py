@@ -18,14 +18,14 @@ each is how close to the HBM read roofline it gets. For the Mixtral-8x7B shapes,
              arithmetic at all, one CTA per column tile; and gate_up with both rows on one expert against
              XLA's dot on that expert: what read rate the tiles alone reach, apart from the wgmmas;
   norm_router (only when asked) the MoE block's RMSNorm and router dot at T=1: XLA's ops, and
-             tuner/models/norm_router.py's kernel at 4, 8 and 16 warps;
+             models/norm_router.py's kernel at 4, 8 and 16 warps;
   gemv       (only when asked) the dense projections as the model runs them at batch 1 (wqkv after the
              attention RMSNorm, wo before the residual add, the lm_head after the final norm): XLA's ops
-             against tuner/models/gemv.py's kernel (the norm folded in, the split-K sum left to XLA) at
+             against models/gemv.py's kernel (the norm folded in, the split-K sum left to XLA) at
              each tiling in GEMV_TILINGS;
   attention  one decode position's attention over a 2176-position cache (position 2100), with RoPE and the
              cache write: the einsum path (XLA's kernels) and moetune's two Pallas Triton kernels
-             (tuner/models/decode_attention.py) at each tiling in ATTENTION_TILINGS.
+             (models/decode_attention.py) at each tiling in ATTENTION_TILINGS.
 Each variant is first checked against a float32 reference (relative L2 error); then the median of 10
 CUPTI passes over input copies larger than twice the L2 (the sum of every kernel the variant launches).
 The HBM roofline uses --read-tbps. `--hlo-out` also writes the optimized HLO of a 2-layer decode step.
@@ -52,10 +52,10 @@ import moe_shapes
 import numpy as np
 import stream_probe
 
-from moetune.kernels.moe_reference import gated_activation
-from moetune.kernels.mosaic_gpu import kernel_sm90
-from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C
-from moetune.kernels.mosaic_gpu.timer import CuptiSession, CuptiTimer
+from moetune.kernels.backends.mosaic_gpu import kernel_sm90
+from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C
+from moetune.kernels.backends.mosaic_gpu.timer import CuptiSession, CuptiTimer
+from moetune.kernels.moe.reference import gated_activation
 from moetune.kernels.reference import relative_error
 
 PLAIN = dict(warp_specialized=False, wg_split="none")
@@ -108,7 +108,7 @@ ORIENTATION = [DOWN[0], DOWN[4], C(max_concurrent_steps=4, split_k=4, **N256 | d
 
 
 def _gemv_tilings():
-    from moetune.tuner.models.gemv import Tiling
+    from moetune.models.gemv import Tiling
 
     shapes = [(64, 64), (64, 128), (128, 64), (128, 128), (256, 64)]  # (block_n, block_k)
     tilings = [Tiling(n, k, s, 4, stages) for n, k in shapes for s in (2, 4, 8) for stages in (3, 4)]
@@ -247,8 +247,8 @@ def moe_cases(b: Bench, num_sms: int, which: set[str]) -> None:
 
 def attention_cases(b: Bench) -> None:
     """The model's decode attention both ways, each with RoPE and the cache write (what a layer runs)."""
-    from moetune.tuner.models import decode_attention, mixtral
-    from moetune.tuner.models.config import model_config
+    from moetune.models import decode_attention, mixtral
+    from moetune.models.config import model_config
 
     config = model_config("mixtral_8x7b")
     heads, kv_heads, dim, max_len, pos = config.heads, config.kv_heads, config.head_dim, 2176, 2100
@@ -279,7 +279,7 @@ def attention_cases(b: Bench) -> None:
 
 def norm_router_cases(b: Bench) -> None:
     """The MoE block's RMSNorm and router logits at T=1: XLA's ops, and the one kernel at several widths."""
-    from moetune.tuner.models import mixtral, norm_router
+    from moetune.models import mixtral, norm_router
 
     ks = jax.random.split(jax.random.key(4), 3)
     x, weight, router = normal(ks[0], (1, 4096)), normal(ks[1], (4096,)), normal(ks[2], (4096, 8), 4096**-0.5)
@@ -421,7 +421,7 @@ def stream_cases(b: Bench, num_sms: int) -> None:
 
 def gemv_cases(b: Bench) -> None:
     """The dense projections at M=1 as the model runs them, XLA's ops against the GEMV kernel."""
-    from moetune.tuner.models import gemv, mixtral
+    from moetune.models import gemv, mixtral
 
     ks = jax.random.split(jax.random.key(5), 4)
     x, norm_weight = normal(ks[0], (1, 4096), 3.0), normal(ks[1], (4096,), 0.1) + 1
@@ -458,9 +458,9 @@ def gemv_cases(b: Bench) -> None:
 def dump_hlo(path: Path) -> None:
     """The optimized HLO of a 2-layer decode step and of a 4-step decode loop (moetune path): names the
     small fusions a trace shows. The loop's goes beside `path`, named *_loop*."""
-    from moetune.tuner.models import mixtral
-    from moetune.tuner.models.config import model_config
-    from moetune.tuner.models.weights import init_params
+    from moetune.models import mixtral
+    from moetune.models.config import model_config
+    from moetune.models.weights import init_params
 
     config = model_config("mixtral_8x7b", 2)
     params = init_params(config, seed=0)

@@ -38,12 +38,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from moetune.kernels import moe  # noqa: E402
 from moetune.kernels.api import grouped_matmul, grouped_matmul_swiglu  # noqa: E402
 from moetune.kernels.lookup import LOOKUP  # noqa: E402
-from moetune.tuner.models import bench, mixtral  # noqa: E402
-from moetune.tuner.models.config import model_config  # noqa: E402
-from moetune.tuner.models.weights import init_params  # noqa: E402
+from moetune.kernels.moe import layer as moe  # noqa: E402
+from moetune.models import bench, mixtral  # noqa: E402
+from moetune.models.config import model_config  # noqa: E402
+from moetune.models.weights import init_params  # noqa: E402
 
 ROUTINGS = {"sort": (0, 0), "compare": (moe.COMPARE_MAX_EXPERTS, moe.COMPARE_MAX_ROWS)}
 

@@ -42,14 +42,14 @@ VARIANTS: dict[str, dict[str, str]] = {
     },
     # The dense projections' dots through cuBLAS rather than XLA's Triton GEMM fusions.
     "no_triton_gemm": {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false"},
-    # Decode attention as XLA's einsums (the path before tuner/models/decode_attention.py).
+    # Decode attention as XLA's einsums (the path before models/decode_attention.py).
     "xla_attention": {"MOETUNE_DECODE_ATTENTION": "xla"},
-    # The MoE layer's routing as XLA's reductions (the path before kernels/routing_kernel.py).
+    # The MoE layer's routing as XLA's reductions (the path before kernels/moe/routing_kernel.py).
     "xla_routing": {"MOETUNE_ROUTING": "xla"},
     "xla_attention_routing": {"MOETUNE_DECODE_ATTENTION": "xla", "MOETUNE_ROUTING": "xla"},
-    # The MoE block's RMSNorm and router dot as XLA's ops (before tuner/models/norm_router.py).
+    # The MoE block's RMSNorm and router dot as XLA's ops (before models/norm_router.py).
     "xla_norm_router": {"MOETUNE_NORM_ROUTER": "xla"},
-    # The attention's wqkv (with its RMSNorm) and wo as XLA's ops (before tuner/models/gemv.py).
+    # The attention's wqkv (with its RMSNorm) and wo as XLA's ops (before models/gemv.py).
     "xla_gemv": {"MOETUNE_GEMV": "xla"},
     # The MoE block's norm, router, routing and gather as the two kernels and XLA's gather+pad they were
     # before norm_router.norm_route_gather.
@@ -122,11 +122,11 @@ def measure(variant: str, args: argparse.Namespace) -> dict:
     import jax
     import jax.numpy as jnp
 
+    from moetune.kernels.backends.mosaic_gpu.timer import CuptiSession
     from moetune.kernels.lookup import LOOKUP
-    from moetune.kernels.mosaic_gpu.timer import CuptiSession
-    from moetune.tuner.models import mixtral
-    from moetune.tuner.models.config import model_config
-    from moetune.tuner.models.weights import init_params
+    from moetune.models import mixtral
+    from moetune.models.config import model_config
+    from moetune.models.weights import init_params
 
     config = model_config(args.model, args.layers)
     params = init_params(config, seed=0)

@@ -4,7 +4,7 @@ time, at Mixtral-8x7B's shapes (H=4096, F=14336, E=8, top_k=2).
   check      "grouped_matmul_swiglu" on mosaic_gpu for several configs (the heuristic and fixed ones),
              both weight layouts and two routings (balanced, Zipf-skewed), against reference_of(problem)
              (ragged_dot in float32, then silu(gate) * up); NaN-poisoned outputs, rows past the routing.
-  gate_up    CUPTI device time (kernels/mosaic_gpu/timer.py's CuptiTimer) of the fused op against the
+  gate_up    CUPTI device time (kernels/backends/mosaic_gpu/timer.py's CuptiTimer) of the fused op against the
              unfused path: the dispatched grouped_matmul [2T, 28672] then the XLA SwiGLU; per config too.
   layer      the whole moe_mlp on mosaic_gpu, fuse=True against fuse=False, checked against each other
              and against the float32 dense reference, then timed.
@@ -30,7 +30,7 @@ from typing import Any
 import moe_shapes
 from moe_shapes import Shape
 
-from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C
+from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C
 
 HIDDEN, INTERMEDIATE = moe_shapes.PROJECTIONS["down"][1], moe_shapes.PROJECTIONS["down"][0]
 TOKENS = (1, 16, 512, 4096)
@@ -179,7 +179,7 @@ def time_gate_up(inputs: Inputs, tokens: int, routing: str, configs: dict, timer
 
     from moetune.kernels import grouped_matmul, grouped_matmul_swiglu, registry
     from moetune.kernels.api import explain
-    from moetune.kernels.moe_reference import gated_activation
+    from moetune.kernels.moe.reference import gated_activation
     from moetune.kernels.problem import Problem
 
     shape = Shape("gate_up", tokens)
@@ -241,7 +241,7 @@ def check_and_time_layer(inputs: Inputs, tokens: int, timer) -> dict:
     import numpy as np
 
     from moetune.kernels.moe import moe_mlp
-    from moetune.kernels.moe_reference import moe_mlp_reference
+    from moetune.kernels.moe.reference import moe_mlp_reference
 
     k1, k2 = jax.random.split(jax.random.key(tokens))
     x = jax.random.normal(k1, (tokens, HIDDEN), jnp.bfloat16)
@@ -292,8 +292,8 @@ def main() -> int:
     except Exception as e:  # the environment is metadata: its failure must not stop the checks
         payload["environment"] = {"error": _error(e)}
     save()
+    from moetune.kernels.backends.mosaic_gpu.timer import CuptiTimer
     from moetune.kernels.lookup import LOOKUP
-    from moetune.kernels.mosaic_gpu.timer import CuptiTimer
 
     timer = CuptiTimer()
     inputs = Inputs()

@@ -19,7 +19,7 @@ import traceback
 import moe_shapes
 from moe_shapes import Shape
 
-from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C
+from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C
 
 PLAIN = dict(warp_specialized=False, wg_split="none")
 

@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from moetune.kernels.lookup import LOOKUP
-from moetune.tuner.models import bench
-from moetune.tuner.models.config import model_config
-from moetune.tuner.models.weights import init_params
+from moetune.models import bench
+from moetune.models.config import model_config
+from moetune.models.weights import init_params
 
 FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu"
 # The field's name since driver 535; older drivers call it clocks_throttle_reasons.active.

@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from moetune.kernels.lookup import LOOKUP
-from moetune.tuner.models import bench
-from moetune.tuner.models.config import model_config
-from moetune.tuner.models.weights import init_params
+from moetune.models import bench
+from moetune.models.config import model_config
+from moetune.models.weights import init_params
 
 
 def kernel_times(loop, args: tuple, reps: int) -> dict[str, float]:
@@ -32,7 +32,7 @@ def kernel_times(loop, args: tuple, reps: int) -> dict[str, float]:
     first."""
     from decode_timeline import kernel_group
 
-    from moetune.kernels.mosaic_gpu.timer import CuptiSession
+    from moetune.kernels.backends.mosaic_gpu.timer import CuptiSession
 
     groups: dict[str, float] = {}
     for name, ms in CuptiSession().record(lambda: loop(*args)):

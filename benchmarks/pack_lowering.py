@@ -1,9 +1,10 @@
 """Whether a change to the mosaic_gpu backend's source changed any kernel a config pack names, on a CPU.
 
-Any edit of kernels/mosaic_gpu/ changes the backend's source hash, and with it every stored winner goes
-stale. An edit that only adds a path (a new argument, off by default) leaves every packed kernel as it was;
-this shows that without a GPU: each entry's kernel is exported for cuda (Mosaic GPU's lowering, short of
-PTX) and its module hashed with the source locations stripped (the outer module's and the kernel's).
+Any edit of kernels/backends/mosaic_gpu/ changes the backend's source hash, and with it every stored
+winner goes stale. An edit that only adds a path (a new argument, off by default) leaves every packed
+kernel as it was; this shows that without a GPU: each entry's kernel is exported for cuda (Mosaic GPU's
+lowering, short of PTX) and its module hashed with the source locations stripped (the outer module's
+and the kernel's).
 
     python3 benchmarks/pack_lowering.py hashes before.json        # on the tree before the change
     python3 benchmarks/pack_lowering.py restamp before.json after.json
@@ -25,8 +26,8 @@ import jax
 import jax.numpy as jnp
 
 from moetune.kernels import packs, registry
-from moetune.kernels.mosaic_gpu import kernel_sm90
-from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig
+from moetune.kernels.backends.mosaic_gpu import kernel_sm90
+from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
 from moetune.kernels.problem import GROUPED_MATMUL_SWIGLU
 
 

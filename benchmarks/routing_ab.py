@@ -78,7 +78,7 @@ def main() -> int:
     import jax.numpy as jnp
 
     from moetune.kernels import registry
-    from moetune.kernels.mosaic_gpu.timer import CuptiTimer
+    from moetune.kernels.backends.mosaic_gpu.timer import CuptiTimer
 
     backend = registry.get("mosaic_gpu")
     kernels = {

@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moetune.kernels.moe_reference import gated_activation
-from moetune.kernels.mosaic_gpu import kernel_sm90
-from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C
-from moetune.kernels.mosaic_gpu.timer import CuptiTimer
+from moetune.kernels.backends.mosaic_gpu import kernel_sm90
+from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C
+from moetune.kernels.backends.mosaic_gpu.timer import CuptiTimer
+from moetune.kernels.moe.reference import gated_activation
 from moetune.kernels.reference import relative_error
 
 FUSED = [

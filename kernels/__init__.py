@@ -9,7 +9,7 @@ Importing this package loads jax and the standard library only.
 from moetune.kernels.api import Explanation, explain, grouped_matmul, grouped_matmul_swiglu, problem_of
 from moetune.kernels.lookup import LOOKUP, Resolution, Winner
 from moetune.kernels.moe import moe_mlp
-from moetune.kernels.moe_reference import moe_mlp_reference
+from moetune.kernels.moe.reference import moe_mlp_reference
 
 __all__ = [
     "LOOKUP",

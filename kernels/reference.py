@@ -13,7 +13,7 @@ import numpy as np
 from jax import lax
 
 from moetune.kernels.errors import Unsupported, WrongResult
-from moetune.kernels.moe_reference import gated_activation
+from moetune.kernels.moe.reference import gated_activation
 from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name
 
 # Relative error ||out - ref|| / ||ref|| a result may have, by output dtype: a few units of the dtype's

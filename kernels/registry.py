@@ -1,6 +1,7 @@
-"""Backends by name. A backend is a sub-package `moetune.kernels.<name>` exposing `BACKEND`.
+"""Backends by name. A backend is a sub-package `moetune.kernels.backends.<name>` exposing `BACKEND`.
 
-Names come from the folders themselves, so adding a backend touches nothing outside its own folders.
+Names come from the folders in kernels/backends/ (and nowhere else), so adding a backend touches
+nothing outside its own folders.
 Modules are imported on first use: a missing optional dependency only makes that backend unusable, and
 the error names the package. Extra backends (tests, plug-ins) come from `register()` or from the
 `MOETUNE_EXTRA_BACKENDS` environment variable ("name=module.path,..."), which child processes such as
@@ -18,6 +19,7 @@ from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import UnknownBackend
 
 ENV_EXTRA = "MOETUNE_EXTRA_BACKENDS"
+BUILTIN_PACKAGE = "moetune.kernels.backends"
 _loaded: dict[str, Backend] = {}
 
 
@@ -30,7 +32,7 @@ def _extra_modules() -> dict[str, str]:
 
 
 def _builtin_names() -> list[str]:
-    import moetune.kernels as pkg
+    import moetune.kernels.backends as pkg
 
     return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if m.ispkg)
 
@@ -62,7 +64,7 @@ def get(name: str) -> Backend:
     if name in extra:
         module_path = extra[name]
     elif name in _builtin_names():
-        module_path = f"moetune.kernels.{name}"
+        module_path = f"{BUILTIN_PACKAGE}.{name}"
     else:
         raise UnknownBackend(f"unknown backend {name!r}; registered: {', '.join(names())}")
     try:

@@ -4,7 +4,7 @@
 #   2. a Python 3.11 virtual environment with flydsl and a CPU build of torch (flydsl.compiler imports
 #      torch and numpy; PyPI's torch for Python 3.12 is a multi-GB CUDA build, the CPU 2.13.0 wheel for 3.11
 #      lies on this kind of machine's disk).
-# moetune (Python 3.12) runs the compiler in that environment as a subprocess (kernels/flydsl/toolchain.py
+# moetune (Python 3.12) runs the compiler in that environment as a subprocess (kernels/backends/flydsl/toolchain.py
 # finds it at the same default path). Re-running is cheap: it reinstalls only when the pinned versions change.
 #
 # Environment: MOETUNE_FLYDSL_VENV (default ${XDG_CACHE_HOME:-$HOME/.cache}/moetune/flydsl-venv),

@@ -1,19 +1,20 @@
-"""Search space, constraints and heuristic default of the `flydsl` backend (kernels/flydsl/).
+"""Search space, constraints and heuristic default of the `flydsl` backend (kernels/backends/flydsl/).
 
 The target arch comes from the device fingerprint (compute_capability "gfx942" / "gfx950"); for a
-compile-only sweep on a machine without that GPU, moetune.kernels.flydsl.target_device(arch) makes the
-stand-in fingerprint. Hardware limits (LDS per workgroup, MFMA shapes) come from the per-arch table in
-kernels/flydsl/plan.py, the one place the kernel, the constraints and the static checks read them.
+compile-only sweep on a machine without that GPU, moetune.kernels.backends.flydsl.target_device(arch)
+makes the stand-in fingerprint. Hardware limits (LDS per workgroup, MFMA shapes) come from the per-arch
+table in kernels/backends/flydsl/plan.py, the one place the kernel, the constraints and the static checks
+read them.
 Constraints here prune what the plan can tell before compiling; what only the compiler knows (registers,
-spills) is pruned after compiling, from the code object (kernels/flydsl/metadata.py).
+spills) is pruned after compiling, from the code object (kernels/backends/flydsl/metadata.py).
 """
 
 from __future__ import annotations
 
+from moetune.kernels.backends.flydsl.backend import device_arch
+from moetune.kernels.backends.flydsl.config import MFMA_SIZES, TILE_ORDERS, FlyDSLConfig
+from moetune.kernels.backends.flydsl.plan import ARCHS, KernelPlan
 from moetune.kernels.device import DeviceFingerprint
-from moetune.kernels.flydsl.backend import device_arch
-from moetune.kernels.flydsl.config import MFMA_SIZES, TILE_ORDERS, FlyDSLConfig
-from moetune.kernels.flydsl.plan import ARCHS, KernelPlan
 from moetune.kernels.problem import Problem
 from moetune.search_spaces.space import SearchSpace
 
@@ -115,6 +116,6 @@ def heuristic(problem: Problem, device: DeviceFingerprint) -> FlyDSLConfig:
 
 
 def _default_target() -> DeviceFingerprint:
-    from moetune.kernels.flydsl.backend import target_device
+    from moetune.kernels.backends.flydsl.backend import target_device
 
     return target_device("gfx942")

@@ -6,7 +6,7 @@ memory, registers); the backend's build() refuses a config that breaks one, rais
 for the hardware limits in RESOURCE_CONSTRAINTS and ConfigInvalid otherwise. PRUNING_CONSTRAINTS only
 drop points that are correct but redundant or wasteful, so the search never times them; build() accepts
 those. The pruner, build() and the tests call these same functions. Hardware numbers come from
-kernels/mosaic_gpu/hardware.py by compute capability.
+kernels/backends/mosaic_gpu/hardware.py by compute capability.
 
 The same space serves "grouped_matmul" and "grouped_matmul_swiglu". The SwiGLU epilogue streams two
 weight tiles per step into two accumulators, so its shared-memory and register needs are larger for the
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from moetune.kernels.backends.mosaic_gpu import hardware, tiling
+from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import Unsupported
-from moetune.kernels.mosaic_gpu import hardware, tiling
-from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig
 from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem
 from moetune.search_spaces.space import Constraint, SearchSpace
 

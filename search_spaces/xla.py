@@ -1,4 +1,4 @@
-"""Search space, constraints and heuristic default of the `xla` backend (kernels/xla/).
+"""Search space, constraints and heuristic default of the `xla` backend (kernels/backends/xla/).
 
 Each constraint is a plain function (problem, config, device) -> None or the reason the point is pruned;
 the pruner, XlaBackend.build and the tests call these same functions. The limits here are software
@@ -8,9 +8,9 @@ it, sets the memory budget.
 
 from __future__ import annotations
 
+from moetune.kernels.backends.xla.config import DEFAULT_CHUNK_M, DEFAULT_ITEMS_PER_STEP, STRATEGIES, XlaConfig
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.problem import Problem
-from moetune.kernels.xla.config import DEFAULT_CHUNK_M, DEFAULT_ITEMS_PER_STEP, STRATEGIES, XlaConfig
 from moetune.search_spaces.space import SearchSpace
 
 CHUNK_M = (8, 16, 32, 64, 128, 256, 512)

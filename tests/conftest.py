@@ -131,9 +131,9 @@ def assert_decode_same_across_modes(monkeypatch):
     import jax.numpy as jnp
     import numpy as np
 
-    from moetune.tuner.models import mixtral
-    from moetune.tuner.models.config import model_config
-    from moetune.tuner.models.weights import init_params
+    from moetune.models import mixtral
+    from moetune.models.config import model_config
+    from moetune.models.weights import init_params
 
     config = dataclasses.replace(model_config("tiny"), dtype="float32")
     params = init_params(config, seed=0)

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from moetune.kernels.errors import ConfigInvalid, Unsupported
-from moetune.kernels.moe_reference import GATES
+from moetune.kernels.moe.reference import GATES
 from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name
 
 OP = GROUPED_MATMUL

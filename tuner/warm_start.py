@@ -24,7 +24,7 @@ NEIGHBOURS = 4
 
 def baseline_config() -> dict[str, Any]:
     """XLA's own ragged_dot as a config of the xla backend: the baseline every speedup is measured against."""
-    from moetune.kernels.xla.config import XlaConfig
+    from moetune.kernels.backends.xla.config import XlaConfig
 
     return XlaConfig(strategy="ragged_dot").to_dict()
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from moetune.kernels.lookup import LOOKUP
-from moetune.tuner.models import decode_attention as da
-from moetune.tuner.models import mixtral
-from moetune.tuner.models.config import model_config
+from moetune.models import decode_attention as da
+from moetune.models import mixtral
+from moetune.models.config import model_config
 
 pytestmark = pytest.mark.gpu
 

@@ -13,7 +13,7 @@ import pytest
 from moetune.kernels.api import explain
 from moetune.kernels.lookup import LOOKUP
 from moetune.kernels.moe import moe_mlp, moe_mlp_using, moe_problems
-from moetune.kernels.moe_reference import moe_mlp_reference
+from moetune.kernels.moe.reference import moe_mlp_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -73,7 +73,7 @@ def test_hopper_dispatches_both_gemms_to_a_gpu_kernel():
 def test_rows_gathered_elsewhere_with_nan_padding_give_the_same_layer(weights, tokens, fuse):
     """moe_mlp_sorted on an lhs with NaN in every row past T*k (as norm_route_gather leaves them): mosaic_gpu
     takes the buffer as it is (no pad copy where pad_lhs is set) and no NaN reaches the result."""
-    from moetune.kernels.moe import _permute, moe_mlp_sorted, permuted_rows, route_rows
+    from moetune.kernels.moe.layer import _permute, moe_mlp_sorted, permuted_rows, route_rows
 
     w_gate_up, w_down = weights
     k1, k2 = jax.random.split(jax.random.key(tokens + 100))

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moetune.kernels import moe
-from moetune.tuner.models import mixtral, norm_router
+from moetune.kernels.moe import layer as moe
+from moetune.models import mixtral, norm_router
 
 pytestmark = pytest.mark.gpu
 

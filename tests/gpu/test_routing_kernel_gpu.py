@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moetune.kernels import moe, routing_kernel
+from moetune.kernels.moe import layer as moe
+from moetune.kernels.moe import routing_kernel
 
 pytestmark = pytest.mark.gpu
 

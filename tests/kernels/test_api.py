@@ -12,11 +12,11 @@ import pytest
 
 import moetune.kernels as mk
 from moetune.kernels import lookup
+from moetune.kernels.backends.xla import XlaBackend, XlaConfig
 from moetune.kernels.errors import ConfigInvalid, UnknownBackend, Unsupported
 from moetune.kernels.lookup import Winner
 from moetune.kernels.problem import Problem
 from moetune.kernels.reference import reference_grouped_matmul, relative_error, tolerance
-from moetune.kernels.xla import XlaBackend, XlaConfig
 
 PROBLEM = Problem("grouped_matmul", m=40, k=16, n=8, g=5)  # bf16
 

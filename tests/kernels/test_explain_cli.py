@@ -9,9 +9,9 @@ import typer
 from click.testing import CliRunner
 
 import moetune.tuner.cli.explain  # noqa: F401 - registers the command
+from moetune.kernels.backends.xla import BACKEND, XlaConfig
 from moetune.kernels.device import current_fingerprint
 from moetune.kernels.problem import Problem
-from moetune.kernels.xla import BACKEND, XlaConfig
 from moetune.tuner.cli import app
 
 # As a group, so `explain` is a subcommand whichever other commands are loaded.

@@ -12,11 +12,11 @@ import pytest
 
 from moetune.kernels import grouped_matmul, grouped_matmul_swiglu
 from moetune.kernels.api import explain, problem_of
+from moetune.kernels.backends.xla.config import STRATEGIES, XlaConfig
 from moetune.kernels.errors import ConfigInvalid, Unsupported
-from moetune.kernels.moe_reference import gated_activation
+from moetune.kernels.moe.reference import gated_activation
 from moetune.kernels.problem import Problem
 from moetune.kernels.reference import reference_grouped_matmul, reference_of, relative_error
-from moetune.kernels.xla.config import STRATEGIES, XlaConfig
 
 SIZES = [5, 0, 9, 3]  # an empty expert, and 3 rows past the last group (M = 20)
 

@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import pytest
 
 from moetune.kernels import api, lookup, packs
+from moetune.kernels.backends.xla import BACKEND, XlaConfig
 from moetune.kernels.device import current_fingerprint
 from moetune.kernels.lookup import LOOKUP, Winner
 from moetune.kernels.problem import Problem
-from moetune.kernels.xla import BACKEND, XlaConfig
 
 FP = current_fingerprint()
 BASE = Problem(

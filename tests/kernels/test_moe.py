@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moetune.kernels import moe as moe_module
 from moetune.kernels.api import problem_of
 from moetune.kernels.errors import ConfigInvalid, Unsupported
+from moetune.kernels.moe import layer as moe_module
 from moetune.kernels.moe import moe_mlp, moe_problems, route, sort_by_expert
-from moetune.kernels.moe_reference import combine_matrix, moe_mlp_reference
+from moetune.kernels.moe.reference import combine_matrix, moe_mlp_reference
 
 # Jitted: the reference run op by op costs more compile time than the whole layer.
 reference = jax.jit(moe_mlp_reference, static_argnames=("top_k", "renormalize", "activation"))
@@ -216,7 +216,7 @@ def test_bad_arguments_raise_one_typed_error_naming_the_values():
 def test_moe_mlp_sorted_ignores_the_rows_a_producer_left_past_t_times_k(fuse):
     """routed rows handed in already gathered, with 62 rows of NaN past them (the padding a decode tile
     wants): the same layer as moe_mlp, and the GEMMs keep the key of M = T*k."""
-    from moetune.kernels.moe import _permute, moe_mlp_sorted, route_rows
+    from moetune.kernels.moe.layer import _permute, moe_mlp_sorted, route_rows
 
     x, logits, w_gate_up, w_down = _inputs(1, 64, 96, 8)
     routing, rows = route_rows(logits, 2, True)

@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moetune.kernels import moe, routing_kernel
 from moetune.kernels.lookup import LOOKUP
+from moetune.kernels.moe import layer as moe
+from moetune.kernels.moe import routing_kernel
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ def test_the_default_time_each_times_every_rotation_in_order():
 
 
 def test_cupti_session_records_one_call_between_start_and_stop():
-    from moetune.kernels.mosaic_gpu.timer import CuptiSession
+    from moetune.kernels.backends.mosaic_gpu.timer import CuptiSession
 
     events = []
 

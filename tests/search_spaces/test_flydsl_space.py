@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from moetune.kernels.backends.flydsl import FlyDSLConfig, target_device
+from moetune.kernels.backends.flydsl.plan import KernelPlan
 from moetune.kernels.device import DeviceFingerprint
-from moetune.kernels.flydsl import FlyDSLConfig, target_device
-from moetune.kernels.flydsl.plan import KernelPlan
 from moetune.kernels.problem import Problem
 from moetune.search_spaces import flydsl as space_mod
 from moetune.search_spaces.space import SearchSpace

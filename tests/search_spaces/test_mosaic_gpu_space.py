@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from moetune.kernels import packs
+from moetune.kernels.backends.mosaic_gpu import hardware, tiling
+from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import ConfigInvalid, Unsupported
-from moetune.kernels.mosaic_gpu import hardware, tiling
-from moetune.kernels.mosaic_gpu.config import MosaicGpuConfig as C
 from moetune.kernels.problem import Problem
 from moetune.search_spaces import mosaic_gpu as space
 

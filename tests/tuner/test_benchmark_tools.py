@@ -551,8 +551,8 @@ def test_the_model_on_the_session9_pack():
 def test_decode_timeline_switches_each_kernel_by_its_own_variable(monkeypatch):
     """The variants spell the variables as literals (the parent process imports no jax): they must be the
     ones the kernels read."""
-    from moetune.kernels import routing_kernel
-    from moetune.tuner.models import decode_attention, gemv, mixtral, norm_router
+    from moetune.kernels.moe import routing_kernel
+    from moetune.models import decode_attention, gemv, mixtral, norm_router
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import decode_timeline
@@ -740,7 +740,7 @@ def test_the_gemv_kernel_alone_and_its_default_tiling():
     """README: 128x64 split_k 8 with 3 stages is the best of the 30 tilings for wqkv (15.8 us with XLA's
     split-K sum, against XLA's 17.2 for the norm and projection) and wo (10.9 with the residual add,
     against 11.4), call 5; it is gemv.Tiling()'s default."""
-    from moetune.tuner.models import gemv
+    from moetune.models import gemv
 
     rows = _session11("call5_decode_ops_gemv")["rows"]
     assert not any("error" in r for r in rows) and all(r["rel_err"] < 5e-3 for r in rows)

@@ -245,7 +245,7 @@ def test_a_failed_trial_keeps_the_phases_it_reached(faulty):
 def test_a_backend_that_compiles_on_the_device_is_compiled_in_run_where_the_lane_is_held(monkeypatch):
     """XLA on a GPU autotunes its GEMMs on the device while compiling: compiled in `prepare`, beside
     another worker's timing, the sweep's XLA baselines slowed those timings up to 2.5x on the H200."""
-    from moetune.kernels.xla.backend import XlaBackend
+    from moetune.kernels.backends.xla.backend import XlaBackend
 
     monkeypatch.setattr(XlaBackend, "compiles_on_device", lambda self: True)
     runner = CandidateRunner("w")

@@ -30,11 +30,11 @@ def bench_model(
     runs: int = 3,
     use_db: bool = True,
 ) -> dict[str, Any]:
-    """Run the benchmark (moetune.tuner.models.bench), print its summary, and return the result."""
+    """Run the benchmark (moetune.models.bench), print its summary, and return the result."""
     # Before jax's GPU backend starts: its default 75% of memory leaves too little beside Mixtral-8x7B's
     # ~87 GiB of weights for the dense path's activations. An explicit setting wins.
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
-    from moetune.tuner.models.bench import run_model_bench, summary_lines
+    from moetune.models.bench import run_model_bench, summary_lines
 
     result = run_model_bench(
         model,

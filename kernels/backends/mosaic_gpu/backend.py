@@ -1,0 +1,96 @@
+"""The `mosaic_gpu` backend: the Pallas Mosaic GPU grouped GEMM on Hopper (plain, or with the fused
+SwiGLU epilogue), timed with CUPTI."""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+
+from moetune.kernels.backend import Backend, KernelFn
+from moetune.kernels.backends.mosaic_gpu import hardware
+from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
+from moetune.kernels.config import KernelConfig
+from moetune.kernels.device import DeviceFingerprint, current_fingerprint
+from moetune.kernels.errors import ConfigInvalid, ResourceExceeded, Unsupported
+from moetune.kernels.problem import GROUPED_MATMUL_SWIGLU, Problem
+from moetune.kernels.timing import Timer
+
+
+class MosaicGpuBackend(Backend):
+    name = "mosaic_gpu"
+    config_cls = MosaicGpuConfig
+    # The default wherever it runs: it outranks the portable backends.
+    priority = 100
+    # pad_lhs configs then need no copy of a decode-sized lhs that its producer padded (kernel_sm90).
+    takes_lhs_slack = True
+
+    def available(self, device: DeviceFingerprint) -> str | None:
+        if device.platform != "gpu":
+            return f"mosaic_gpu needs an NVIDIA GPU; this device is {device.platform} ({device.device_kind})"
+        if not hardware.is_hopper(device.compute_capability):
+            return (
+                f"mosaic_gpu's kernel is written for Hopper (compute capability 9.x); "
+                f"{device.device_kind} is {device.compute_capability or 'unknown'}"
+            )
+        if device.core_count < 1:
+            return f"the device fingerprint of {device.device_kind} reports no SM count"
+        try:
+            import jax.experimental.pallas.mosaic_gpu  # noqa: F401
+        except ImportError as e:
+            return f"Pallas Mosaic GPU is not importable ({e})"
+        return None
+
+    def check(self, problem: Problem) -> None:
+        from moetune.search_spaces import mosaic_gpu as space
+
+        space.check_problem(problem)
+
+    def search_space(self, problem: Problem, device: DeviceFingerprint):
+        from moetune.search_spaces import mosaic_gpu as space
+
+        return space.space(problem, device)
+
+    def heuristic(self, problem: Problem, device: DeviceFingerprint) -> MosaicGpuConfig:
+        from moetune.search_spaces import mosaic_gpu as space
+
+        return space.heuristic(problem, device)
+
+    def build(self, problem: Problem, config: KernelConfig) -> KernelFn:
+        """The kernel for `problem` on the running device.
+
+        The search space's validity constraints decide, exactly as in the pruner; its pruning-only
+        constraints (wasteful but correct points) do not, so any config that runs correctly builds.
+        """
+        from moetune.kernels.backends.mosaic_gpu import kernel_sm90
+        from moetune.search_spaces import mosaic_gpu as space
+
+        self.check(problem)
+        if not isinstance(config, MosaicGpuConfig):
+            raise ConfigInvalid(f"mosaic_gpu needs a MosaicGpuConfig, not {type(config).__qualname__}")
+        device = current_fingerprint()
+        reason = self.available(device)
+        if reason is not None:
+            raise Unsupported(reason)
+        for constraint in space.VALIDITY_CONSTRAINTS:
+            reason = constraint(problem, config, device)
+            if reason is not None:
+                error = ResourceExceeded if constraint in space.RESOURCE_CONSTRAINTS else ConfigInvalid
+                raise error(f"{constraint.__name__}: {reason}")
+        kernel = (
+            kernel_sm90.grouped_matmul_swiglu
+            if problem.op == GROUPED_MATMUL_SWIGLU
+            else kernel_sm90.grouped_matmul
+        )
+        return functools.partial(
+            kernel,
+            config=config,
+            num_sms=device.core_count,
+            transpose_rhs=problem.transpose_rhs,
+            out_dtype=jnp.dtype(problem.out_dtype),
+        )
+
+    def timer(self) -> Timer:
+        from moetune.kernels.backends.mosaic_gpu.timer import CuptiTimer
+
+        return CuptiTimer()

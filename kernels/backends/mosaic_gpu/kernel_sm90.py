@@ -1,0 +1,647 @@
+"""MoE grouped GEMM for Hopper (sm_90a) in Pallas Mosaic GPU: out[rows of g] = lhs[rows of g] @ rhs[g].
+
+Semantics are jax.lax.ragged_dot's: rows are grouped contiguously by expert, accumulation is float32,
+rows past sum(group_sizes) come out zero, and an expert with no rows reads none of its weights.
+
+Work is a grid of (row tile, column tile, K split) triples walked by `plgpu.nd_loop`, either one CTA per
+SM looping (persistent) or one CTA per triple. A row tile is one expert's rows inside a window of `cta_m`
+rows that starts at a multiple of 8 (row_tile, tiling.py); each CTA streams [cta_m, block_k] slices of lhs
+and [block_k, cta_n] slices of that expert's weights through a TMA pipeline into wgmma, then writes the
+expert's rows of the window back through shared memory with TMA stores whose row counts are powers of two
+(a store cannot be told "only rows 3..9" at run time, so 7 rows leave as 4 + 2 + 1).
+
+Two pipelines: with warp specialization a producer warpgroup issues the copies and one or two consumer
+warpgroups multiply (split along M or N); without it one warpgroup does both, keeping one wgmma in flight.
+
+The SwiGLU epilogue (op "grouped_matmul_swiglu", rhs [G, K, 2F]) gives each CTA two weight tiles per
+step, gate columns [c, c + cta_n) and the matching up columns F + c onwards, multiplied into two float32
+accumulators; the epilogue writes silu(gate) * up, so the [M, 2F] product never reaches memory. Output
+column tiles then cover F, not 2F.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from moetune.kernels.backends.mosaic_gpu import tiling
+from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
+from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name
+
+# Registers per thread left to the producer warpgroup; the consumers share the rest (the value JAX's
+# Hopper matmul uses).
+PRODUCER_REGISTERS = 40
+WARPGROUP_AXIS = "wg"
+CTA_AXIS = "sm"
+
+
+@dataclasses.dataclass(frozen=True)
+class RowTile:
+    """The rows one row tile covers: rows [lo, hi) of expert `group`, inside the window of `cta_m` rows that
+    starts at row `row0` (what the tile loads from lhs and stores from).
+
+    `group` is G for the zero-filled rows past sum(group_sizes); `hi <= lo` means the tile is idle.
+    """
+
+    group: jax.Array
+    row0: jax.Array
+    lo: jax.Array
+    hi: jax.Array
+
+
+# An expert's windows start at its first row rounded down to this: lhs tiles are tiled by 8 rows in
+# shared memory (plgpu.TilingTransform), so a TMA load may start on any multiple of 8.
+ROW_ALIGN = 8
+
+
+def _group_windows(group_sizes_ref: Any, *, g: int, m: int, cta_m: int):
+    """Per group in order (the G experts, then the zero group of rows past them): its rows [start, end),
+    its first window's row `first` (start rounded down to 8) and its row tile count, 0 without rows.
+
+    A generator: a caller's own per-group ops trace between one group's and the next's, in the order
+    row_tile has always emitted them, so its kernels lower unchanged."""
+    i32 = jnp.int32
+    end = i32(0)
+    for i in range(g + 1):
+        start = end
+        if i < g:
+            size = jnp.clip(group_sizes_ref[i], 0, m).astype(i32)
+            end = jnp.minimum(start + size, m)
+        else:
+            end = i32(m)
+        first = start - lax.rem(start, i32(ROW_ALIGN))
+        yield start, end, first, jnp.where(end > start, lax.div(end - first + cta_m - 1, i32(cta_m)), 0)
+
+
+def row_tile(group_sizes_ref: Any, t: jax.Array, *, g: int, m: int, cta_m: int) -> RowTile:
+    """Row tile number `t`, found by walking the groups in order (unrolled: G is small and static).
+
+    Each expert's tiles are consecutive windows of `cta_m` rows from its first row rounded down to 8, so an
+    expert of s rows takes cdiv(s + (start % 8), cta_m) tiles wherever its rows start (tiles aligned to
+    global cta_m-row blocks would take one more whenever its rows straddle a block boundary).
+    Example: group_sizes=[3, 0, 6], m=12, cta_m=4. Expert 0 owns rows 0-2, expert 1 none, expert 2 rows
+    3-8, the zero group rows 9-11. The tiles are (expert 0, window 0-3, rows 0-2), (expert 2, window 0-3,
+    row 3), (expert 2, window 4-7, rows 4-7), (expert 2, window 8-11, row 8), (zero group, window 8-11,
+    rows 9-11); tiles past them, up to tiling.row_tile_bound, are idle. Expert 1 gets no tile, so its
+    weights are never read. Sizes are clamped so that rows past M (sum(group_sizes) > M) are dropped, as
+    ragged_dot drops them.
+    """
+    i32 = jnp.int32
+    tiles_before = i32(0)
+    group, row0, lo, hi = i32(g + 1), i32(0), i32(0), i32(0)
+    for i, (start, end, first, count) in enumerate(_group_windows(group_sizes_ref, g=g, m=m, cta_m=cta_m)):
+        mine = (t >= tiles_before) & (t < tiles_before + count)
+        window = first + (t - tiles_before) * cta_m
+        group = jnp.where(mine, i32(i), group)
+        row0 = jnp.where(mine, window, row0)
+        lo = jnp.where(mine, jnp.maximum(start, window), lo)
+        hi = jnp.where(mine, jnp.minimum(end, window + cta_m), hi)
+        tiles_before = tiles_before + count
+    return RowTile(group=group, row0=row0, lo=lo, hi=hi)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Everything the kernel body needs that is known at trace time."""
+
+    m: int
+    g: int
+    block_m: int
+    block_n: int
+    block_k: int
+    cta_m: int
+    cta_n: int
+    consumers: int
+    wg_split: str
+    warp_specialized: bool
+    k_steps: int
+    stages: int
+    row_tiles: int
+    col_tiles: int
+    split_k: int
+    epi_m: int
+    epi_n: int
+    grid_minor_dim: str
+    grid_tile_width: int
+    transpose_rhs: bool
+    in_dtype: Any
+    store_dtype: Any
+    swiglu: bool = False
+    up_col_offset: int = 0  # column tiles between a gate tile and its up tile (F / cta_n) under swiglu
+    # Warp-specialized, persistent, and k_steps a multiple of stages: a CTA's tile pipelines run as one
+    # chain, so the producer loads the next tile's first stages while the consumers finish this one.
+    chain: bool = False
+
+    @property
+    def tiles(self) -> int:
+        return self.row_tiles * self.col_tiles * self.split_k
+
+    @property
+    def ladder(self) -> tuple[int, ...]:
+        """Store sizes, largest first: the powers of two up to min(epi_m, m)."""
+        top = 1 << (min(self.epi_m, self.m).bit_length() - 1)
+        return tuple(top >> i for i in range(top.bit_length()))
+
+
+def _operand_transforms(s: _Static) -> tuple:
+    swizzle = plgpu.find_swizzle(s.block_k * jnp.dtype(s.in_dtype).itemsize * 8, "lhs")
+    elems = swizzle // jnp.dtype(s.in_dtype).itemsize
+    return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
+
+
+def _out_smem(s: _Static, warpgroups: int) -> Any:
+    """Two epilogue slots per consumer warpgroup. Tiling rows by 1 keeps any row a valid TMA start while
+    the swizzle keeps the register -> shared memory stores free of bank conflicts."""
+    item = jnp.dtype(s.store_dtype).itemsize
+    swizzle = plgpu.find_swizzle(s.epi_n * item * 8, "out")
+    transforms = (plgpu.TilingTransform((1, swizzle // item)), plgpu.SwizzleTransform(swizzle))
+    return plgpu.SMEM((warpgroups, 2, s.epi_m, s.epi_n), s.store_dtype, transforms=transforms)
+
+
+def _in_specs(s: _Static, row0: jax.Array, col: jax.Array, k0: jax.Array, delay_release: int) -> list:
+    """lhs rows [row0, row0 + cta_m) (element-indexed: row0 is any multiple of ROW_ALIGN), then one weight
+    tile per accumulator: column tile `col` (the gate under swiglu), and under swiglu the up tile
+    `up_col_offset` column tiles further."""
+    transforms = _operand_transforms(s)
+    lhs = plgpu.BlockSpec(
+        (pl.Element(s.cta_m), s.block_k),
+        lambda kk: (pl.multiple_of(row0, ROW_ALIGN), k0 + kk),
+        transforms=transforms,
+        delay_release=delay_release,
+    )
+
+    def rhs(c):
+        if s.transpose_rhs:
+            return plgpu.BlockSpec(
+                (s.cta_n, s.block_k),
+                lambda kk: (c, k0 + kk),
+                transforms=transforms,
+                delay_release=delay_release,
+            )
+        return plgpu.BlockSpec(
+            (s.block_k, s.cta_n),
+            lambda kk: (k0 + kk, c),
+            transforms=transforms,
+            delay_release=delay_release,
+        )
+
+    if s.swiglu:
+        return [lhs, rhs(col), rhs(col + s.up_col_offset)]
+    return [lhs, rhs(col)]
+
+
+def _rhs_operands(s: _Static, rhs_ref: Any) -> tuple:
+    """The weight refs the pipeline streams: the expert's weights once per weight tile of a step."""
+    return (rhs_ref, rhs_ref) if s.swiglu else (rhs_ref,)
+
+
+def _accumulators(s: _Static, shape: tuple[int, int]) -> tuple:
+    return tuple(plgpu.ACC(shape, jnp.float32) for _ in range(2 if s.swiglu else 1))
+
+
+def _epilogue(s: _Static, acc_refs: tuple) -> jax.Array:
+    """The float32 [rows, cols] result to store: the product, or silu(gate) * up."""
+    if s.swiglu:
+        gate, up = acc_refs[0][...], acc_refs[1][...]
+        return jax.nn.silu(gate) * up
+    return acc_refs[0][...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _TileCoords:
+    row: jax.Array
+    col: jax.Array
+    split: jax.Array
+
+
+def _tile_coords(lin: jax.Array, gs_ref: Any, s: _Static) -> _TileCoords:
+    """Linear work index -> (row tile, column tile, K split); the split is slowest so that each split's
+    tiles follow the L2-friendly snake order."""
+    per_split = s.row_tiles * s.col_tiles
+    if s.split_k > 1:
+        split = lax.div(lin, jnp.int32(per_split))
+        lin = lin - split * per_split
+    else:
+        split = jnp.int32(0)
+    if s.grid_minor_dim == "expert":
+        row, col = _expert_order(lin, gs_ref, s)
+    else:
+        minor = 0 if s.grid_minor_dim == "m" else 1
+        row, col = plgpu.planar_snake(lin, (s.row_tiles, s.col_tiles), minor, s.grid_tile_width)
+    return _TileCoords(row=row, col=col, split=split)
+
+
+def _expert_order(lin: jax.Array, gs_ref: Any, s: _Static) -> tuple[jax.Array, jax.Array]:
+    """(row tile, column tile) of work item `lin` when every group's tiles are walked before the next
+    group's, each group in strips of `grid_tile_width` of its own row tiles (snaking over the columns).
+
+    A strip of the plain "m" order that straddles experts needs two or three experts' weight columns in
+    L2 at once; under skewed routing most strips do (Zipf at T=4096: 24, 12, 8, 6, 5, 4, 4, 3 row tiles).
+    Here a strip never mixes experts. Items past the last real tile map to row tile `row_tiles`, which
+    row_tile reports idle.
+    """
+    cols = jnp.int32(s.col_tiles)
+    before, base, count = jnp.int32(0), jnp.int32(0), jnp.int32(1)
+    for *_, tiles in _group_windows(gs_ref, g=s.g, m=s.m, cta_m=s.cta_m):
+        mine = (lin >= before * cols) & (lin < (before + tiles) * cols)
+        base = jnp.where(mine, before, base)
+        count = jnp.where(mine, tiles, count)
+        before = before + tiles
+    live = lin < before * cols
+    local = jnp.where(live, lin - base * cols, 0)
+    row, col = plgpu.planar_snake(local, (count, s.col_tiles), 0, s.grid_tile_width)
+    return jnp.where(live, base + row, jnp.int32(s.row_tiles)), col
+
+
+def _store_rows(
+    acc: jax.Array | None, out_ref: Any, smem: Any, *, row0: Any, lo: Any, hi: Any, col0: Any, s: _Static
+) -> None:
+    """Write rows [lo, hi) of a [block_m, block_n] result whose first row is global row `row0`.
+
+    `acc` None writes zeros. The result leaves in [epi_m, epi_n] chunks through two shared-memory
+    slots. Every chunk commits exactly one bulk group (empty when it holds none of the rows), so "at most
+    one group in flight" always means the slot about to be overwritten has been read out.
+    """
+    first = jnp.clip(lo - row0, 0, s.block_m)
+    end = jnp.clip(hi - row0, 0, s.block_m)
+
+    @pl.when(end > first)
+    def _store():
+        chunk = 0
+        for r in range(0, s.block_m, s.epi_m):
+            lo_in = jnp.clip(first, r, r + s.epi_m)
+            count = jnp.clip(end, r, r + s.epi_m) - lo_in
+            for c in range(0, s.block_n, s.epi_n):
+                slot = chunk % 2
+                plgpu.wait_smem_to_gmem(0 if chunk == 0 else 1, wait_read_only=True)
+                if acc is None:
+                    values = jnp.zeros((s.epi_m, s.epi_n), s.store_dtype)
+                else:
+                    values = acc[r : r + s.epi_m, c : c + s.epi_n].astype(s.store_dtype)
+                smem[slot] = values
+                plgpu.commit_smem()
+                start = lo_in - r
+                for size in s.ladder:
+                    take = count & size
+
+                    @pl.when(take != 0)
+                    def _copy(start=start, size=size, slot=slot, r=r, c=c):
+                        plgpu.copy_smem_to_gmem(
+                            smem.at[slot, pl.ds(start, size)],
+                            out_ref.at[pl.ds(row0 + r + start, size), pl.ds(col0 + c, s.epi_n)],
+                            commit_group=False,
+                        )
+
+                    start = start + take
+                plgpu.commit_smem_to_gmem_group()
+                chunk += 1
+
+
+def _plain_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -> None:
+    """One warpgroup per CTA: it issues the copies and the wgmmas, one wgmma group left in flight."""
+    delay = 1 if s.stages > 1 else 0
+
+    def with_out_smem(o_smem):
+        smem = o_smem.at[0]
+
+        @plgpu.nd_loop((s.tiles,), collective_axes=CTA_AXIS)
+        def _tile(info):
+            t = _tile_coords(info.index[0], gs_ref, s)
+            rows = row_tile(gs_ref, t.row, g=s.g, m=s.m, cta_m=s.cta_m)
+            has_rows = rows.hi > rows.lo
+            out_view = out_ref.at[t.split] if s.split_k > 1 else out_ref
+            row0 = rows.row0
+            col0 = t.col * s.cta_n
+
+            @pl.when(has_rows & (rows.group < s.g))
+            def _compute():
+                def acc_scope(*acc_refs):
+                    def step(_, a_smem, *b_smems):
+                        for acc_ref, b_smem in zip(acc_refs, b_smems, strict=True):
+                            plgpu.wgmma(acc_ref, a_smem, b_smem.T if s.transpose_rhs else b_smem)
+                        # The slot of step i-1 is refilled after step i: its wgmmas (one group each)
+                        # must be done.
+                        plgpu.wgmma_wait(delay * len(acc_refs))
+
+                    plgpu.emit_pipeline(
+                        step,
+                        grid=(s.k_steps,),
+                        in_specs=_in_specs(s, rows.row0, t.col, t.split * s.k_steps, delay),
+                        max_concurrent_steps=s.stages,
+                    )(lhs_ref, *_rhs_operands(s, rhs_ref.at[rows.group]))
+                    return _epilogue(s, acc_refs)
+
+                acc = pl.run_scoped(acc_scope, *_accumulators(s, (s.cta_m, s.cta_n)))
+                _store_rows(acc, out_view, smem, row0=row0, lo=rows.lo, hi=rows.hi, col0=col0, s=s)
+
+            @pl.when(has_rows & (rows.group == s.g))
+            def _zero_fill():
+                _store_rows(None, out_view, smem, row0=row0, lo=rows.lo, hi=rows.hi, col0=col0, s=s)
+
+        plgpu.wait_smem_to_gmem(0)
+
+    pl.run_scoped(with_out_smem, _out_smem(s, 1))
+
+
+def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -> None:
+    """A producer warpgroup streams operands; `s.consumers` warpgroups multiply and write back."""
+    wg = lax.axis_index(WARPGROUP_AXIS)
+
+    def pipeline(row0, col, k0, body, context, state=None):
+        return plgpu.emit_pipeline_warp_specialized(
+            body,
+            grid=(s.k_steps,),
+            memory_registers=PRODUCER_REGISTERS,
+            in_specs=_in_specs(s, row0, col, k0, 0),
+            wg_axis=WARPGROUP_AXIS,
+            num_compute_wgs=s.consumers,
+            max_concurrent_steps=s.stages,
+            compute_context=context,
+            pipeline_state=state,
+        )
+
+    # Allocated once, outside the tile loop: a scoped allocation per tile would synchronise warpgroups.
+    zero = jnp.int32(0)
+    unused = lambda *_, **__: None  # noqa: E731 - the allocations do not depend on the body
+    allocations = pipeline(zero, zero, zero, unused, unused).get_allocations(
+        lhs_ref, *_rhs_operands(s, rhs_ref.at[0])
+    )
+
+    @functools.partial(
+        pl.run_scoped,
+        pipeline_allocs=allocations,
+        o_smem=_out_smem(s, s.consumers),
+        collective_axes=WARPGROUP_AXIS,
+    )
+    def _scope(pipeline_allocs, o_smem):
+        smem = o_smem.at[wg]
+
+        # Chained: a CTA's first tile with rows starts the chain (the producer fills every stage), later
+        # ones continue it (each load waits only for its slot to be consumed, so the next tile's first
+        # stages stream in while the consumers finish this tile and write it back). Which tile is a CTA's
+        # last with rows is not known in the loop, so no tile stops the chain; the producer waits for the
+        # last stages' consumption after the loop instead, as a stopping pipeline would.
+        @plgpu.nd_loop((s.tiles,), collective_axes=CTA_AXIS, init_carry=jnp.int32(0) if s.chain else None)
+        def _tile(info, carry=None):
+            t = _tile_coords(info.index[0], gs_ref, s)
+            rows = row_tile(gs_ref, t.row, g=s.g, m=s.m, cta_m=s.cta_m)
+            has_rows = rows.hi > rows.lo
+            out_view = out_ref.at[t.split] if s.split_k > 1 else out_ref
+            row0 = rows.row0 + (wg * s.block_m if s.wg_split == "m" else 0)
+            col0 = t.col * s.cta_n + (wg * s.block_n if s.wg_split == "n" else 0)
+
+            @pl.when(has_rows & (rows.group < s.g))
+            def _compute():
+                def mma(_, a_smem, *b_smems_and_accs):
+                    *b_smems, acc_refs = b_smems_and_accs
+                    if s.wg_split == "m":
+                        a_smem = a_smem.at[pl.ds(wg * s.block_m, s.block_m)]
+
+                    def issue():
+                        for acc_ref, b_smem in zip(acc_refs, b_smems, strict=True):
+                            if s.transpose_rhs:
+                                if s.wg_split == "n":
+                                    b_smem = b_smem.at[pl.ds(wg * s.block_n, s.block_n)]
+                                b_smem = b_smem.T
+                            elif s.wg_split == "n":
+                                b_smem = b_smem.at[:, pl.ds(wg * s.block_n, s.block_n)]
+                            plgpu.wgmma(acc_ref, a_smem, b_smem)
+
+                    if s.wg_split == "m":
+                        # An expert's last window is often part empty: a consumer whose half holds none
+                        # of its rows multiplies nothing (its stores skip those rows anyway).
+                        pl.when(row0 < rows.hi)(issue)
+                    else:
+                        issue()
+                    # The slot is released when the body returns, so its wgmmas must be done by then.
+                    plgpu.wgmma_wait(0)
+                    return acc_refs
+
+                def context(run_pipeline):
+                    def _acc(*acc_refs):
+                        run_pipeline(acc_refs)
+                        _store_rows(
+                            _epilogue(s, acc_refs),
+                            out_view,
+                            smem,
+                            row0=row0,
+                            lo=rows.lo,
+                            hi=rows.hi,
+                            col0=col0,
+                            s=s,
+                        )
+
+                    pl.run_scoped(_acc, *_accumulators(s, (s.block_m, s.block_n)))
+
+                state = None
+                if s.chain:
+                    start, steady = plgpu.PipelinePipeline.START, plgpu.PipelinePipeline.STEADY
+                    state = jnp.where(carry > 0, jnp.int32(steady), jnp.int32(start))
+                pipeline(rows.row0, t.col, t.split * s.k_steps, mma, context, state)(
+                    lhs_ref, *_rhs_operands(s, rhs_ref.at[rows.group]), allocations=pipeline_allocs
+                )
+
+            @pl.when(has_rows & (rows.group == s.g) & (wg < s.consumers))
+            def _zero_fill():
+                _store_rows(None, out_view, smem, row0=row0, lo=rows.lo, hi=rows.hi, col0=col0, s=s)
+
+            if s.chain:
+                return carry | (has_rows & (rows.group < s.g)).astype(jnp.int32)
+
+        if s.chain:
+            chained = _tile  # the loop's final carry: whether this CTA ran any pipeline
+
+            @pl.when((wg == s.consumers) & (chained > 0))
+            def _stop_chain():
+                # k_steps % stages == 0, so the chain's last stages used slots 0..stages-1 in order.
+                for slot in range(s.stages):
+                    for barrier in pipeline_allocs["flat_consumed_barrier_refs"]:
+                        plgpu.barrier_wait(barrier.at[slot])
+
+        @pl.when(wg < s.consumers)
+        def _drain():
+            plgpu.wait_smem_to_gmem(0)
+
+
+def chains(problem: Problem, config: MosaicGpuConfig) -> bool:
+    """Whether a CTA runs its tiles' pipelines as one chain: warp-specialized, persistent, and the k-steps
+    of a tile a multiple of the stages (Pallas chains pipelines only when their slots line up)."""
+    geo = tiling.geometry(problem, config)
+    return config.warp_specialized and config.persistent and geo.k_steps % geo.stages == 0
+
+
+_NAME_PREFIX = {GROUPED_MATMUL: "moetune_gmm_", GROUPED_MATMUL_SWIGLU: "moetune_gmm_swiglu_"}
+
+
+def kernel_name(config: MosaicGpuConfig, op: str = GROUPED_MATMUL) -> str:
+    """Short op and config tag used as the kernel's name, so a profile shows which variant ran."""
+    c = config
+    parts = [
+        f"m{c.block_m}n{c.block_n}k{c.block_k}s{c.max_concurrent_steps}",
+        f"{c.grid_minor_dim}{c.grid_tile_width}",
+        "p" if c.persistent else "np",
+        f"ws{c.wg_split}" if c.warp_specialized else "plain",
+        f"e{c.epi_tile_m}x{c.epi_tile_n}",
+        f"sk{c.split_k}",
+    ] + (["pad"] if c.pad_lhs else [])
+    return _NAME_PREFIX[op] + "_".join(parts)
+
+
+def problem_of(
+    lhs: Any, rhs: Any, group_sizes: Any, *, transpose_rhs: bool, out_dtype: Any, op: str = GROUPED_MATMUL
+) -> Problem:
+    """The Problem key of concrete (or abstract) operands; raises ValueError on inconsistent shapes."""
+    if lhs.ndim != 2 or rhs.ndim != 3:
+        raise ValueError(f"lhs must be [M, K] and rhs [G, K, N] (or [G, N, K]); got {lhs.shape}, {rhs.shape}")
+    m, k = lhs.shape
+    if transpose_rhs:
+        g, n, k2 = rhs.shape
+    else:
+        g, k2, n = rhs.shape
+    if k != k2:
+        raise ValueError(f"lhs K={k} != rhs K={k2} (transpose_rhs={transpose_rhs})")
+    if group_sizes.shape != (g,):
+        raise ValueError(f"group_sizes.shape={group_sizes.shape} must be ({g},)")
+    return Problem(
+        op,
+        m=m,
+        k=k,
+        n=n,
+        g=g,
+        lhs_dtype=dtype_name(lhs.dtype),
+        rhs_dtype=dtype_name(rhs.dtype),
+        out_dtype=dtype_name(out_dtype),
+        transpose_rhs=transpose_rhs,
+    )
+
+
+def grouped_matmul(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    config: MosaicGpuConfig,
+    num_sms: int,
+    transpose_rhs: bool = False,
+    out_dtype: Any = None,
+    rows: int | None = None,
+) -> jax.Array:
+    """ragged_dot(lhs [M, K], rhs [G, K, N] or [G, N, K], group_sizes [G]) -> [M, N] on Hopper.
+
+    `num_sms` sizes the persistent grid (from the device fingerprint). The config must satisfy the
+    search space's constraints (the backend's build checks them); violations surface here as errors from
+    Pallas. `rows` (M) when lhs carries rows past M that belong to no group, e.g. already padded by its
+    producer: their contents are never stored, and the result is [M, N].
+    """
+    return _grouped(GROUPED_MATMUL, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype, rows)
+
+
+def grouped_matmul_swiglu(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    config: MosaicGpuConfig,
+    num_sms: int,
+    transpose_rhs: bool = False,
+    out_dtype: Any = None,
+    rows: int | None = None,
+) -> jax.Array:
+    """silu(gate) * up of ragged_dot(lhs [M, K], rhs [G, K, 2F] or [G, 2F, K]) -> [M, F] on Hopper, from
+    the float32 accumulators. Needs split_k == 1 and F a multiple of the CTA tile's columns."""
+    return _grouped(
+        GROUPED_MATMUL_SWIGLU, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype, rows
+    )
+
+
+def _grouped(
+    op: str,
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    config: MosaicGpuConfig,
+    num_sms: int,
+    transpose_rhs: bool,
+    out_dtype: Any,
+    rows: int | None,
+) -> jax.Array:
+    out_dtype = jnp.dtype(out_dtype if out_dtype is not None else lhs.dtype)
+    rows = lhs.shape[0] if rows is None else rows
+    if not 0 < rows <= lhs.shape[0]:
+        raise ValueError(f"rows={rows} must be between 1 and lhs's {lhs.shape[0]} rows")
+    m_rows = jax.ShapeDtypeStruct((rows, lhs.shape[1]), lhs.dtype)
+    problem = problem_of(m_rows, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype, op=op)
+    swiglu = op == GROUPED_MATMUL_SWIGLU
+    if swiglu and (config.split_k > 1 or problem.out_n % config.cta_n):
+        raise ValueError(
+            f"{op} needs split_k=1 and F={problem.out_n} a multiple of cta_n={config.cta_n}; got {config}"
+        )
+    if lhs.dtype != rhs.dtype or lhs.dtype not in (jnp.bfloat16, jnp.float16):
+        raise ValueError(f"lhs and rhs must both be bfloat16 or both float16; got {lhs.dtype}, {rhs.dtype}")
+    geo = tiling.geometry(problem, config)
+    s = _Static(
+        m=problem.m,
+        g=problem.g,
+        block_m=config.block_m,
+        block_n=config.block_n,
+        block_k=config.block_k,
+        cta_m=geo.cta_m,
+        cta_n=geo.cta_n,
+        consumers=geo.consumers,
+        wg_split=config.wg_split,
+        warp_specialized=config.warp_specialized,
+        k_steps=geo.k_steps,
+        stages=geo.stages,
+        row_tiles=geo.row_tiles,
+        col_tiles=geo.col_tiles,
+        split_k=config.split_k,
+        epi_m=config.epi_tile_m,
+        epi_n=config.epi_tile_n,
+        grid_minor_dim=config.grid_minor_dim,
+        grid_tile_width=config.grid_tile_width,
+        transpose_rhs=transpose_rhs,
+        in_dtype=lhs.dtype,
+        store_dtype=jnp.dtype(jnp.float32) if config.split_k > 1 else out_dtype,
+        swiglu=swiglu,
+        up_col_offset=problem.out_n // geo.cta_n if swiglu else 0,
+        chain=chains(problem, config),
+    )
+    if config.split_k > 1:
+        out_type = jax.ShapeDtypeStruct((config.split_k, problem.m, problem.out_n), jnp.float32)
+    else:
+        out_type = jax.ShapeDtypeStruct((problem.m, problem.out_n), out_dtype)
+    body = _warp_specialized_kernel if config.warp_specialized else _plain_kernel
+    num_ctas = min(num_sms, s.tiles) if config.persistent else s.tiles
+    kernel = plgpu.kernel(
+        functools.partial(body, s=s),
+        out_type=out_type,
+        grid=(num_ctas,),
+        grid_names=(CTA_AXIS,),
+        num_threads=s.consumers + 1 if config.warp_specialized else None,
+        thread_name=WARPGROUP_AXIS if config.warp_specialized else None,
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        kernel_name=kernel_name(config, op),
+    )
+    # TMA loads of the swizzled lhs tiles need M to be a multiple of 8 (or below 8); the padding rows
+    # are never stored. Rows lhs already carries past M count (their contents are never stored either).
+    if lhs.shape[0] > 8 and lhs.shape[0] % 8:
+        lhs = jnp.pad(lhs, ((0, 8 - lhs.shape[0] % 8), (0, 0)))
+    # TMA zero-fills the rows of a box past the array's end, and at decode that is most of every lhs tile
+    # (62 of 64 rows at M=2): on the H200 the fill took gate_up's T=1 weight stream from 91% to 79% of the
+    # read bandwidth (benchmarks/decode_ops.py --only stream). `pad_lhs` pads an lhs of at most one
+    # window so that every window lies inside it (a copy, unless the producer left that many rows); the
+    # padding rows belong to no group and are never stored.
+    if config.pad_lhs and problem.m <= geo.cta_m:
+        window = (problem.m - 1) // ROW_ALIGN * ROW_ALIGN + geo.cta_m
+        lhs = jnp.pad(lhs, ((0, max(0, window - lhs.shape[0])), (0, 0)))
+    out = kernel(group_sizes.astype(jnp.int32), lhs, rhs)
+    if config.split_k > 1:
+        out = out.sum(axis=0).astype(out_dtype)
+    return out

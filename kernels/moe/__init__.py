@@ -1,0 +1,36 @@
+"""The routed MoE MLP layer built on moetune's grouped GEMMs, and its dense reference.
+
+layer.py           routing, sort by expert, gate_up (+ SwiGLU), down, combine: `moe_mlp`
+reference.py       argument checks, gated activations, the dense all-experts reference
+routing_kernel.py  decode-sized routing and sort in one Pallas Triton kernel
+"""
+
+from moetune.kernels.moe.layer import (
+    Routing,
+    SortedRows,
+    moe_mlp,
+    moe_mlp_sorted,
+    moe_mlp_using,
+    moe_problems,
+    permuted_rows,
+    route,
+    route_rows,
+    serves,
+    sort_by_expert,
+)
+from moetune.kernels.moe.reference import moe_mlp_reference
+
+__all__ = [
+    "Routing",
+    "SortedRows",
+    "moe_mlp",
+    "moe_mlp_reference",
+    "moe_mlp_sorted",
+    "moe_mlp_using",
+    "moe_problems",
+    "permuted_rows",
+    "route",
+    "route_rows",
+    "serves",
+    "sort_by_expert",
+]

@@ -1,0 +1,341 @@
+"""The routed MoE MLP layer on moetune's tuned grouped GEMM: `moe_mlp`.
+
+    x[T, H] -- top-k routing --> T*k (token, expert) rows, sorted by expert
+            -- gate_up grouped GEMM [T*k, H] x [E, H, 2F] --> SwiGLU --> [T*k, F]
+            -- down grouped GEMM [T*k, F] x [E, F, H] --> weighted combine of each token's k rows --> [T, H]
+
+What runs, on every backend (`xla` on CPU, `mosaic_gpu` on Hopper), and what is fused:
+  * The GEMMs are `moetune.kernels` dispatched calls, so each is one Problem (`moe_problems` lists them)
+    that the tuner sweeps and the dispatcher looks up at trace time.
+  * SwiGLU IS fused into the gate_up GEMM (op "grouped_matmul_swiglu", Problem n=2F, out_n=F) when the
+    chosen backend serves that op: mosaic_gpu computes silu(gate) * up from its float32 accumulators and
+    writes only [T*k, F]; xla (the plain fallback) runs ragged_dot in float32, then the activation. A
+    backend that declines the op (or another activation, e.g. geglu) gets the unfused path: the
+    "grouped_matmul" GEMM writes [T*k, 2F] in the inputs' dtype and an XLA op applies the activation.
+  * Routing (top-k, then the stable sort of the rows by expert) is pairwise comparisons while T*k and E
+    are small (decode): on a GPU one Pallas Triton kernel (routing_kernel.py), elsewhere XLA reductions;
+    lax.top_k and an argsort otherwise.
+  * The token permutation is NOT fused into the first GEMM: a stable sort by expert, then a row gather
+    (`jnp.take`) that writes a permuted [T*k, H] copy of the activations. See "grouped_matmul_gather".
+  * The combine is NOT fused into the down GEMM: an XLA gather through the inverse permutation plus a
+    float32 weighted sum over k (elementwise, which XLA can fuse into one pass over the [T*k, H] output).
+  `moe_mlp_using` runs the same layer on any grouped GEMM (the benchmark's `ragged` path passes
+  jax.lax.ragged_dot), so the tuned kernel and XLA's are compared inside identical surroundings.
+  `moe_mlp_sorted` is the layer after routing and permutation, for a caller that did those itself (the
+  model's decode step does them in one kernel with the norm and router: models/norm_router.py).
+
+Extension points not implemented (each stage is one function that names the op that would replace it):
+  * "grouped_matmul_gather"  (`_gate_up`): lhs rows read through `row_token` inside the kernel, so no
+    permuted copy of x exists. Problem: m=T*k, k=H, n=2F, g=E. Not built for Hopper: sm90's TMA copies
+    boxes of consecutive rows only. In jax 0.11.2, plgpu's copy_gmem_to_smem takes row indices only as
+    a TMA gather4 (`cp.async.bulk.tensor...tile::gather4`, sm100 PTX), and its cp.async path raises
+    NotImplementedError for gathers. On sm90 each lhs tile would then need one copy per row per K step
+    instead of one box (issue slots and the swizzled layout wgmma reads, built by hand), to save one
+    [T*k, H] pass that is small beside the GEMMs at prefill and not the bottleneck in decode.
+  * "grouped_matmul_combine" (`_down_and_combine`): the epilogue adds each row, scaled by its routing
+    weight, into out[token] (atomics, or a tile owning whole tokens), writing [T, H] directly. Problem:
+    m=T*k, k=F, n=H, g=E. Not built: scaling the rows in the down GEMM's epilogue and leaving the top-k
+    sum to XLA saves nothing, since the down GEMM still writes [T*k, H] and the sum still reads it once
+    (today's multiply already runs inside that XLA pass); the gain needs the scatter-add, whose float32
+    atomics need a float32 [T, H] output (or bf16x2 atomics that round every add) and a zeroing pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from moetune.kernels.api import explain, grouped_matmul, grouped_matmul_swiglu, problem_of
+from moetune.kernels.errors import ConfigInvalid, Unsupported
+from moetune.kernels.moe import routing_kernel
+from moetune.kernels.moe.reference import check_moe_args, gated_activation
+from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name
+
+Array = Any
+# gemm(lhs[M, K], rhs[G, K, N], group_sizes[G]) -> [M, N] in lhs's dtype, with jax.lax.ragged_dot semantics.
+GroupedGemm = Callable[[Array, Array, Array], Array]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Routing:
+    """Each token's top-k experts and their float32 combine weights, both [T, k]."""
+
+    expert_ids: Array
+    weights: Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SortedRows:
+    """The T*k (token, slot) rows sorted by expert, as grouped GEMMs need them.
+
+    Example, T=3, k=2, expert_ids [[2, 0], [1, 2], [0, 1]] -> flat ids [2, 0, 1, 2, 0, 1];
+    order (flat slot of each sorted row) = [1, 4, 2, 5, 0, 3]; row_token = order // k = [0, 2, 1, 2, 0, 1];
+    group_sizes = [2, 2, 2]; slot_row (sorted row of each flat slot: order's inverse) = [4, 0, 2, 5, 1, 3].
+    """
+
+    row_token: Array  # [T*k] token whose activations each sorted row holds
+    slot_row: Array  # [T*k] sorted row of flat slot t*k + j
+    group_sizes: Array  # [E] int32 rows per expert, summing to T*k
+
+
+# The rows a decode-sized permuted lhs is produced with, for moe_mlp_sorted (M = T*k rows, the rest left
+# unwritten): up to M's last 8-row boundary, then the tallest CTA tile mosaic_gpu runs (two 128-row
+# consumers), so that its pad_lhs window lies inside the buffer whatever the config and no copy pads it.
+PERMUTED_SLACK_ROWS = 256
+
+
+def permuted_rows(m: int) -> int:
+    return (m - 1) // 8 * 8 + PERMUTED_SLACK_ROWS
+
+
+# Up to these sizes routing is computed by pairwise comparison (reductions that XLA fuses into a few
+# kernels) instead of lax.top_k and a sort (XLA's sort, scatter and scatter-add kernels, one launch each).
+# Top-k compares E^2 logits per token, cheap at any T for E <= 16 (prefill included); the sort compares
+# (T*k)^2 rows, so only decode-sized batches use it and prefill keeps the argsort and bincount. On the
+# H200 (benchmarks/decode_probe.py) this took 9 us off one MoE block at T=1, nothing measurable in decode.
+COMPARE_MAX_EXPERTS = 16
+COMPARE_MAX_ROWS = 64
+
+
+def route(router_logits: Array, top_k: int, renormalize: bool) -> Routing:
+    """Top-k experts per token from the logits; weights are the softmax over all E experts, or with
+    `renormalize` over the chosen k (the same values as renormalising those probabilities). Ties go to
+    the lower expert index, as in lax.top_k."""
+    logits = router_logits.astype(jnp.float32)
+    if not 1 <= top_k <= logits.shape[1]:
+        raise ConfigInvalid(f"top_k={top_k} must be between 1 and the {logits.shape[1]} experts")
+    if logits.shape[1] <= COMPARE_MAX_EXPERTS:
+        top_logits, expert_ids = _top_k_by_comparison(logits, top_k)
+    else:
+        top_logits, expert_ids = jax.lax.top_k(logits, top_k)
+    if renormalize:
+        weights = jax.nn.softmax(top_logits, axis=-1)
+    else:
+        weights = jnp.exp(top_logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True))
+    return Routing(expert_ids=expert_ids.astype(jnp.int32), weights=weights)
+
+
+def _top_k_by_comparison(logits: Array, top_k: int) -> tuple[Array, Array]:
+    """lax.top_k's result from ranks: expert e's rank is the number of experts ordered before it (a
+    larger logit, or an equal one at a lower index), so ranks are distinct and the top k are ranks 0..k-1.
+    Logits compare in IEEE total order as lax.top_k's do (+0 above -0, NaNs by sign)."""
+    experts = logits.shape[1]
+    index = jnp.arange(experts)
+    key = _total_order_key(logits)
+    mine, other = key[:, :, None], key[:, None, :]
+    ahead = (other > mine) | ((other == mine) & (index[None, :] < index[:, None]))  # [T, E, E]
+    rank = jnp.sum(ahead, axis=2, dtype=jnp.int32)  # [T, E]
+    pick = rank[:, None, :] == jnp.arange(top_k)[None, :, None]  # [T, k, E]: expert with rank j
+    expert_ids = jnp.sum(jnp.where(pick, index, 0), axis=2, dtype=jnp.int32)
+    top_logits = jnp.take_along_axis(logits, expert_ids, axis=1)  # a gather: -0.0 and NaN as they are
+    return top_logits, expert_ids
+
+
+def _total_order_key(x: Array) -> Array:
+    """int32 keys of float32 values that order as IEEE totalOrder: flip the magnitude bits of negatives."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.int32)
+    return bits ^ ((bits >> 31) & jnp.int32(0x7FFFFFFF))
+
+
+def sort_by_expert(expert_ids: Array, num_experts: int) -> SortedRows:
+    """Stable sort of the flattened (token, slot) pairs by expert; see SortedRows for an example."""
+    flat = expert_ids.reshape(-1)
+    rows = flat.shape[0]
+    if rows <= COMPARE_MAX_ROWS:
+        slot_row, order = _sorted_rows_by_comparison(flat)
+        group_sizes = jnp.sum(flat[None, :] == jnp.arange(num_experts)[:, None], axis=1, dtype=jnp.int32)
+    else:
+        order = jnp.argsort(flat, stable=True).astype(jnp.int32)
+        slot_row = (
+            jnp.zeros((rows,), jnp.int32)
+            .at[order]
+            .set(jnp.arange(rows, dtype=jnp.int32), unique_indices=True, mode="promise_in_bounds")
+        )
+        group_sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    return SortedRows(row_token=order // expert_ids.shape[1], slot_row=slot_row, group_sizes=group_sizes)
+
+
+def _sorted_rows_by_comparison(flat: Array) -> tuple[Array, Array]:
+    """(slot_row, order) of the stable sort of `flat`: a slot's sorted row is the number of slots that
+    sort before it (a smaller expert, or the same expert at an earlier slot); `order` inverts that."""
+    index = jnp.arange(flat.shape[0], dtype=jnp.int32)
+    mine, other = flat[:, None], flat[None, :]
+    before = (other < mine) | ((other == mine) & (index[None, :] < index[:, None]))
+    slot_row = jnp.sum(before, axis=1, dtype=jnp.int32)
+    order = jnp.sum(jnp.where(slot_row[None, :] == index[:, None], index, 0), axis=1, dtype=jnp.int32)
+    return slot_row, order
+
+
+def route_rows(router_logits: Array, top_k: int, renormalize: bool) -> tuple[Routing, SortedRows]:
+    """`route`, then `sort_by_expert`: in one Pallas Triton kernel where it fits and routing_kernel.mode()
+    allows, else as XLA ops."""
+    tokens, experts = router_logits.shape
+    mode = routing_kernel.mode()
+    if mode != "xla" and routing_kernel.fits(tokens, experts, top_k):
+        ids, weights, row_token, slot_row, sizes = routing_kernel.route_and_sort(
+            router_logits, top_k, renormalize, interpret=mode == "interpret"
+        )
+        return Routing(ids, weights), SortedRows(row_token=row_token, slot_row=slot_row, group_sizes=sizes)
+    routing = route(router_logits, top_k, renormalize)
+    return routing, sort_by_expert(routing.expert_ids, experts)
+
+
+def _permute(x: Array, rows: SortedRows) -> Array:
+    """x's rows in expert order [T*k, H]. Fused op that would replace the take: "grouped_matmul_gather"."""
+    return jnp.take(x, rows.row_token, axis=0, mode="clip")  # in bounds: clip only skips masking
+
+
+def _gate_up(
+    gemm: GroupedGemm,
+    permuted: Array,
+    rows: SortedRows,
+    w_gate_up: Array,
+    activation: str,
+    fused_swiglu: GroupedGemm | None = None,
+) -> Array:
+    """[T*k, F] activated hidden rows in expert order: through `fused_swiglu` ([M, K] x [G, K, 2F] ->
+    [M, F]) when given and the activation is swiglu, else the GEMM then the activation."""
+    if fused_swiglu is not None and activation == "swiglu":
+        return fused_swiglu(permuted, w_gate_up, rows.group_sizes)
+    return gated_activation(activation, gemm(permuted, w_gate_up, rows.group_sizes))
+
+
+def _down_and_combine(
+    gemm: GroupedGemm, hidden: Array, rows: SortedRows, w_down: Array, routing: Routing
+) -> Array:
+    """[T, H] weighted sum of each token's k expert outputs. Fused op that would replace the gather and
+    the sum: "grouped_matmul_combine"."""
+    tokens, top_k = routing.weights.shape
+    down = gemm(hidden, w_down, rows.group_sizes)
+    per_slot = jnp.take(down, rows.slot_row, axis=0, mode="clip").reshape(tokens, top_k, -1)
+    # Elementwise multiply and sum over k, not a dot: XLA can fuse it with the gather into one pass, and
+    # a float32 dot on a GPU would round the weights through TF32.
+    out = jnp.sum(per_slot.astype(jnp.float32) * routing.weights[:, :, None], axis=1)
+    return out.astype(hidden.dtype)
+
+
+def moe_mlp_using(
+    gemm: GroupedGemm,
+    x: Array,
+    router_logits: Array,
+    w_gate_up: Array,
+    w_down: Array,
+    *,
+    top_k: int,
+    renormalize: bool = True,
+    activation: str = "swiglu",
+    fused_swiglu: GroupedGemm | None = None,
+) -> Array:
+    """`moe_mlp` with any grouped GEMM: baselines pass jax.lax.ragged_dot to time XLA's own kernel.
+
+    `fused_swiglu`, when given, computes the gate_up GEMM and SwiGLU in one op (used for swiglu only).
+    """
+    check_moe_args(x, router_logits, w_gate_up, w_down, top_k=top_k, activation=activation)
+    routing, rows = route_rows(router_logits, top_k, renormalize)
+    hidden = _gate_up(gemm, _permute(x, rows), rows, w_gate_up, activation, fused_swiglu)
+    return _down_and_combine(gemm, hidden, rows, w_down, routing)
+
+
+def moe_mlp(
+    x: Array,
+    router_logits: Array,
+    w_gate_up: Array,
+    w_down: Array,
+    *,
+    top_k: int,
+    renormalize: bool = True,
+    activation: str = "swiglu",
+    backend: str | None = None,
+    fuse: bool = True,
+) -> Array:
+    """Routed MoE MLP: out[t] = sum over t's top-k experts e of w[t, e] * down_e(act(gate_up_e(x[t]))).
+
+    x [T, H]; router_logits [T, E]; w_gate_up [E, H, 2F] (gate columns first, then up); w_down [E, F, H].
+    Returns [T, H] in x's dtype. Routing weights are the softmax of the logits over the chosen top_k
+    experts (`renormalize`, Mixtral) or over all E (Qwen-MoE with norm_topk_prob=False). The GEMMs run on
+    `backend` (None: the dispatcher's default for the device), each with its tuned config looked up at
+    trace time; with `fuse` (the default) swiglu's gate_up GEMM is "grouped_matmul_swiglu" wherever
+    `backend` serves that op, and `fuse=False` forces the unfused path (benchmarks compare the two).
+    Raises ConfigInvalid for bad shapes or top_k, Unsupported for an unknown activation.
+    """
+    check_moe_args(x, router_logits, w_gate_up, w_down, top_k=top_k, activation=activation)
+    routing, rows = route_rows(router_logits, top_k, renormalize)
+    return moe_mlp_sorted(
+        _permute(x, rows), routing, rows, w_gate_up, w_down, activation=activation, backend=backend, fuse=fuse
+    )
+
+
+def moe_mlp_sorted(
+    permuted: Array,
+    routing: Routing,
+    rows: SortedRows,
+    w_gate_up: Array,
+    w_down: Array,
+    *,
+    activation: str = "swiglu",
+    backend: str | None = None,
+    fuse: bool = True,
+) -> Array:
+    """`moe_mlp` after its routing and permutation, for a caller that computed them itself (a decode
+    kernel that norms, routes and gathers in one program: models/norm_router.py).
+
+    permuted [P, H]: the rows of x in expert order (row r is token rows.row_token[r]); P may exceed T*k,
+    and rows past T*k are ignored, so that a producer can leave the padding a backend's tile wants
+    (`grouped_matmul`'s `rows`). Returns [T, H] as `moe_mlp` does.
+    """
+    tokens, top_k = routing.weights.shape
+    m = tokens * top_k
+    if permuted.ndim != 2 or permuted.shape[0] < m or rows.row_token.shape != (m,):
+        raise ConfigInvalid(
+            f"permuted {permuted.shape} must hold the {m} sorted rows of {tokens} tokens x top_k {top_k}"
+        )
+    gemm = functools.partial(grouped_matmul, backend=backend)
+    gate_up = functools.partial(grouped_matmul, backend=backend, rows=m)
+    fused = None
+    if fuse and activation == "swiglu":
+        lhs = jax.ShapeDtypeStruct((m, permuted.shape[1]), permuted.dtype)
+        if serves(GROUPED_MATMUL_SWIGLU, lhs, w_gate_up, backend):
+            fused = functools.partial(grouped_matmul_swiglu, backend=backend, rows=m)
+    hidden = _gate_up(gate_up, permuted, rows, w_gate_up, activation, fused)
+    return _down_and_combine(gemm, hidden, rows, w_down, routing)
+
+
+def serves(op: str, lhs: Any, rhs: Any, backend: str | None = None) -> bool:
+    """Whether the first backend asked for `op` on these operands (`backend`, else the dispatcher's
+    choice) computes it itself rather than passing it down the fallback chain."""
+    try:
+        explanation = explain(problem_of(lhs, rhs, op=op), backend=backend)
+    except (Unsupported, ExceptionGroup):
+        return False
+    return not explanation.declined
+
+
+def moe_problems(
+    tokens: int,
+    hidden: int,
+    intermediate: int,
+    experts: int,
+    top_k: int,
+    dtype: Any = "bfloat16",
+    fused_swiglu: bool = True,
+) -> tuple[Problem, Problem]:
+    """The (gate_up, down) Problems `moe_mlp` dispatches for `tokens` tokens: what a sweep should tune.
+
+    With `fused_swiglu` the gate_up Problem is op "grouped_matmul_swiglu" (what a swiglu layer runs on
+    a backend that serves it), else "grouped_matmul" (the unfused path).
+    """
+    dtype = jnp.dtype(dtype_name(dtype))
+    rows = tokens * top_k
+    spec = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)
+    gate_up_op = GROUPED_MATMUL_SWIGLU if fused_swiglu else GROUPED_MATMUL
+    return (
+        problem_of(spec(rows, hidden), spec(experts, hidden, 2 * intermediate), op=gate_up_op),
+        problem_of(spec(rows, intermediate), spec(experts, intermediate, hidden)),
+    )

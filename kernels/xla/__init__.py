@@ -1,8 +1,0 @@
-"""The `xla` backend (plain XLA operations, CPU-runnable); registered by exposing BACKEND."""
-
-from moetune.kernels.xla.backend import XlaBackend
-from moetune.kernels.xla.config import XlaConfig
-
-BACKEND = XlaBackend()
-
-__all__ = ["BACKEND", "XlaBackend", "XlaConfig"]

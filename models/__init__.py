@@ -1,0 +1,1 @@
+"""The benchmark model: a Mixtral-style decoder on moetune's MoE layer, and its decode kernels."""

@@ -1,0 +1,437 @@
+"""End-to-end model benchmark: prefill and decode throughput, and one MoE layer alone, per MoE path.
+
+Every path runs on the same weights (one copy: Mixtral-8x7B's experts alone are ~90 GB). For each path:
+  prefill   the prompt [batch, prompt] from an empty cache; tokens/s = batch * prompt / median time
+  decode    `gen` greedy steps in one jitted fori_loop; tokens/s = batch * gen / median time
+  moe       one MoE block (RMSNorm, router, MoE MLP) on layer 0's weights, for each token count in
+            `moe_tokens` plus the prefill (batch * prompt) and decode (batch) counts. It runs `reps` times
+            inside one jitted loop, each output feeding the next input, so the time per layer excludes
+            the host's dispatch; the router sees new inputs each time, so routing varies as in a model.
+Compile time is measured apart (ahead-of-time lower + compile) and one warm-up call precedes the timed ones.
+Timings are host wall clock around block_until_ready: right for programs of milliseconds and more.
+
+Parity against the `dense` path (every expert, einsums: the reference layer): each MoE block's output
+at every timed token count (tight), and the model's last-position prefill logits (coarse). The result
+also records which backend and config `grouped_matmul` chose for each GEMM of the moetune path. The JSON
+is rewritten after each path, so a run cut short keeps what it measured (`complete` is false).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import functools
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moetune.kernels.device import current_fingerprint
+from moetune.kernels.errors import ConfigInvalid
+from moetune.kernels.lookup import LOOKUP
+from moetune.kernels.moe import moe_problems, route, routing_kernel, sort_by_expert
+from moetune.models import decode_attention, gemv, mixtral, norm_router
+from moetune.models.config import ModelConfig, model_config
+from moetune.models.moe_paths import MOE_PATHS, moe_path
+from moetune.models.weights import LayerParams, ModelParams, init_params
+
+SCHEMA = "moetune.bench.model"
+SCHEMA_VERSION = 1
+# The slowest path last: a run cut short by a time limit still has the reference and the tuned path.
+DEFAULT_PATHS = ("dense", "moetune", "ragged")
+DEFAULT_MOE_TOKENS = (4096, 1)
+REFERENCE_PATH = "dense"
+# Relative L2 errors against the dense path. One MoE block in bf16: the paths differ only in accumulation
+# order, measured <= 2e-4 on CPU, while bf16 itself is 4e-3 from a float32 reference; a wrong routing,
+# permutation or combine weight gives O(1). Model logits: the block differences compound through the
+# layers and through routing flips of near-tied tokens (8 layers on CPU: 1.2e-2 ragged vs dense, and
+# 0.15 for a float32 model vs the bf16 one), so this end-to-end check is coarse; the block's is tight.
+LAYER_REL_L2_TOL = 2e-2
+LOGITS_REL_L2_TOL = 1e-1
+
+Progress = Callable[[str], None]
+
+
+def _stderr(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchPlan:
+    config: ModelConfig
+    batch: int
+    prompt: int
+    gen: int
+    paths: tuple[str, ...]
+    moe_tokens: tuple[int, ...]
+    runs: int = 3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "prompt", "gen", "runs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigInvalid(f"{name}={value!r} must be a positive integer")
+        if not self.paths:
+            raise ConfigInvalid(f"no MoE path given; known: {', '.join(MOE_PATHS)}")
+        for path in self.paths:
+            moe_path(path)  # raises ConfigInvalid naming the known paths
+        if any(t < 1 for t in self.moe_tokens):
+            raise ConfigInvalid(f"moe_tokens={self.moe_tokens} must all be positive")
+
+    @property
+    def layer_tokens(self) -> tuple[int, ...]:
+        """Token counts of the MoE-layer timings: the requested ones plus the model's prefill and decode."""
+        return tuple(sorted({*self.moe_tokens, self.batch * self.prompt, self.batch}, reverse=True))
+
+
+def timed(fn: Callable[[], Any], runs: int) -> tuple[list[float], Any]:
+    """One warm-up call, then `runs` timed calls; returns the samples and the last call's result."""
+    result = jax.block_until_ready(fn())
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        result = jax.block_until_ready(fn())
+        samples.append(time.perf_counter() - start)
+    return samples, result
+
+
+def _stats(samples: Sequence[float], **extra: Any) -> dict[str, Any]:
+    return {"samples_s": list(samples), "median_s": float(np.median(samples)), **extra}
+
+
+def compiled(jitted: Any, *args: Any, **static: Any) -> tuple[Any, float]:
+    """`jitted` lowered and compiled ahead of time for these arguments, and the seconds that took."""
+    start = time.perf_counter()
+    executable = jitted.lower(*args, **static).compile()
+    return executable, time.perf_counter() - start
+
+
+def _bench_model_path(
+    plan: BenchPlan, params: ModelParams, prompt_tokens: Any, path: str, progress: Progress
+) -> tuple[dict[str, Any], np.ndarray]:
+    """Prefill and decode timings of one path, and its last-position prefill logits [B, V]."""
+    static = {"config": plan.config, "moe_path": path}
+    cache = mixtral.KVCache.empty(plan.config, plan.batch, plan.prompt + plan.gen)
+    prefill, prefill_compile_s = compiled(mixtral.prefill, params, prompt_tokens, cache, **static)
+    progress(f"{path}: prefill compiled in {prefill_compile_s:.1f} s")
+    state = {"cache": cache}
+
+    def run_prefill() -> Any:
+        logits, state["cache"] = prefill(params, prompt_tokens, state["cache"])
+        return logits
+
+    prefill_samples, logits = timed(run_prefill, plan.runs)
+    first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    start_pos = jnp.asarray(plan.prompt, jnp.int32)
+    decode, decode_compile_s = compiled(
+        mixtral.decode_loop, params, first, state["cache"], start_pos, steps=plan.gen, **static
+    )
+    progress(f"{path}: decode compiled in {decode_compile_s:.1f} s")
+
+    def run_decode() -> Any:
+        tokens, state["cache"] = decode(params, first, state["cache"], start_pos)
+        return tokens
+
+    decode_samples, tokens = timed(run_decode, plan.runs)
+    del state["cache"]
+    prefill_stats = _stats(prefill_samples, compile_s=prefill_compile_s)
+    decode_stats = _stats(decode_samples, compile_s=decode_compile_s)
+    prefill_stats["tokens_per_s"] = plan.batch * plan.prompt / prefill_stats["median_s"]
+    decode_stats["tokens_per_s"] = plan.batch * plan.gen / decode_stats["median_s"]
+    decode_stats["first_tokens"] = np.asarray(tokens)[0, :16].tolist()
+    return {"prefill": prefill_stats, "decode": decode_stats}, np.asarray(logits, np.float32)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "path"))
+def moe_block_loop(x: Any, layer: LayerParams, reps: Any, *, config: ModelConfig, path: str) -> Any:
+    """`reps` MoE blocks in a row, each output the next input; reps is traced, so one compile serves the
+    single block of the parity check and the timing loop."""
+    return jax.lax.fori_loop(0, reps, lambda _, x: _moe_block(x, layer, config, path)[0], x)
+
+
+@functools.partial(jax.jit, static_argnames=("reps", "config", "path"))
+def moe_block_routing(x: Any, layer: LayerParams, *, reps: int, config: ModelConfig, path: str) -> Any:
+    """Rows per expert [reps, E] that each block of `moe_block_loop` routes: the load of the timed layers
+    (each block's input is the previous block's output, so later blocks route differently)."""
+
+    def block(x: Any, _: Any) -> tuple[Any, Any]:
+        out, logits = _moe_block(x, layer, config, path)
+        # The routing moe_mlp does (the combine weights do not change which experts a row goes to).
+        experts = route(logits, config.top_k, renormalize=True).expert_ids
+        return out, sort_by_expert(experts, config.experts).group_sizes
+
+    return jax.lax.scan(block, x, length=reps)[1]
+
+
+def _moe_block(x: Any, layer: LayerParams, config: ModelConfig, path: str) -> tuple[Any, Any]:
+    """One MoE block (RMSNorm, router, the path's MoE MLP): its output and its router logits."""
+    h = mixtral.rms_norm(x, layer.moe_norm, config.norm_eps)
+    logits = jnp.dot(h, layer.router, preferred_element_type=jnp.float32)
+    out = moe_path(path)(h, logits, layer.w_gate_up, layer.w_down, top_k=config.top_k)
+    return out, logits
+
+
+def layer_reps(tokens: int) -> int:
+    """MoE blocks per timed call of `moe_block_loop` at `tokens` tokens."""
+    # Enough layers per call that host dispatch is noise; empirical, not tuned per device.
+    return 5 if tokens >= 1024 else 20
+
+
+def _bench_moe_layer(
+    plan: BenchPlan, layer: LayerParams, path: str, tokens: int, progress: Progress
+) -> tuple[dict[str, Any], np.ndarray]:
+    """Per-layer time of one MoE block at `tokens` tokens, and that block's output [T, H] for parity."""
+    x = jax.random.normal(jax.random.key(plan.seed + tokens), (tokens, plan.config.hidden))
+    x = x.astype(jnp.dtype(plan.config.dtype))
+    one, reps = jnp.asarray(1, jnp.int32), jnp.asarray(layer_reps(tokens), jnp.int32)
+    loop, compile_s = compiled(moe_block_loop, x, layer, reps, config=plan.config, path=path)
+    output = np.asarray(loop(x, layer, one), np.float32)
+    samples, _ = timed(lambda: loop(x, layer, reps), plan.runs + 2)
+    per_layer = [s / int(reps) for s in samples]
+    routing = np.asarray(moe_block_routing(x, layer, reps=int(reps), config=plan.config, path=path))
+    progress(f"{path}: MoE layer at T={tokens}: {np.median(per_layer) * 1e3:.3f} ms")
+    stats = _stats(per_layer, tokens=tokens, reps=int(reps), compile_s=compile_s)
+    return stats | {"rows_per_expert": routing.tolist()}, output
+
+
+def _dispatch_report(plan: BenchPlan) -> list[dict[str, Any]]:
+    """Which backend and config `grouped_matmul` picks for each GEMM of the moetune path, and why."""
+    from moetune.kernels.api import explain
+
+    c = plan.config
+    report = []
+    for tokens in plan.layer_tokens:
+        for problem in moe_problems(tokens, c.hidden, c.intermediate, c.experts, c.top_k, c.dtype):
+            report.append(explain(problem).to_dict())
+    return report
+
+
+def _compare(value: np.ndarray, reference: np.ndarray, tolerance: float) -> dict[str, Any]:
+    rel_l2 = float(np.linalg.norm(value - reference) / np.linalg.norm(reference))
+    return {
+        "reference": REFERENCE_PATH,
+        "rel_l2": rel_l2,
+        "max_abs": float(np.max(np.abs(value - reference))),
+        "tolerance": tolerance,
+        "ok": bool(np.isfinite(rel_l2) and rel_l2 <= tolerance),
+    }
+
+
+def _parity(logits: dict[str, np.ndarray], layer_outputs: dict[str, dict[int, np.ndarray]]) -> dict[str, Any]:
+    """Each path against the dense path: model logits (with top-1 agreement) and the MoE block alone."""
+    report: dict[str, Any] = {}
+    for path in dict.fromkeys([*logits, *layer_outputs]):
+        if path == REFERENCE_PATH:
+            continue
+        entry: dict[str, Any] = {}
+        if path in logits and REFERENCE_PATH in logits:
+            entry["logits"] = _compare(logits[path], logits[REFERENCE_PATH], LOGITS_REL_L2_TOL)
+            agree = logits[path].argmax(-1) == logits[REFERENCE_PATH].argmax(-1)
+            entry["logits"]["top1_agreement"] = float(np.mean(agree))
+        reference_layers = layer_outputs.get(REFERENCE_PATH, {})
+        entry["moe_layer"] = {
+            str(t): _compare(out, reference_layers[t], LAYER_REL_L2_TOL)
+            for t, out in layer_outputs.get(path, {}).items()
+            if t in reference_layers
+        }
+        if entry.get("logits") or entry["moe_layer"]:
+            checks = [entry["logits"]] if "logits" in entry else []
+            entry["ok"] = all(c["ok"] for c in [*checks, *entry["moe_layer"].values()])
+            report[path] = entry
+    return report
+
+
+def _layer_ratios(results: dict[str, Any], baseline: str, path: str) -> dict[str, float]:
+    if "moe" not in results.get(baseline, {}) or "moe" not in results.get(path, {}):
+        return {}
+    base = {m["tokens"]: m["median_s"] for m in results[baseline]["moe"]}
+    return {
+        str(m["tokens"]): base[m["tokens"]] / m["median_s"]
+        for m in results[path]["moe"]
+        if m["tokens"] in base
+    }
+
+
+def _environment(command: str) -> dict[str, Any]:
+    device = current_fingerprint()
+    try:
+        moetune_version = importlib.metadata.version("moetune")
+    except importlib.metadata.PackageNotFoundError:
+        moetune_version = "not installed"
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": command,
+        "host": platform.node(),
+        "device": {**device.to_dict(), "fingerprint": device.hash, "count": jax.device_count()},
+        "versions": {
+            "python": platform.python_version(),
+            "jax": jax.__version__,
+            "jaxlib": importlib.metadata.version("jaxlib"),
+            "numpy": np.__version__,
+            "moetune": moetune_version,
+        },
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("XLA_", "JAX_", "MOETUNE_"))},
+        # How the model-side Pallas kernels ran (each one's environment variable, else the backend's default).
+        "pallas_kernels": {
+            "decode_attention": decode_attention.mode(),
+            "gemv": gemv.mode(),
+            "norm_router": norm_router.mode(),
+            "norm_route_gather": norm_router.gather_mode(),
+            "routing": routing_kernel.mode(),
+        },
+    }
+
+
+def _write(out: Path | None, result: dict[str, Any]) -> None:
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(json.dumps(result, indent=1, sort_keys=True))
+    partial.replace(out)
+
+
+def run_model_bench(
+    model: str,
+    batch: int,
+    prompt: int,
+    gen: int,
+    paths: Sequence[str] = DEFAULT_PATHS,
+    layers: int | None = None,
+    out: Path | None = None,
+    *,
+    moe_tokens: Sequence[int] = DEFAULT_MOE_TOKENS,
+    runs: int = 3,
+    seed: int = 0,
+    command: str | None = None,
+    use_db: bool = True,
+    progress: Progress = _stderr,
+) -> dict[str, Any]:
+    """Benchmark `paths` on `model` (its preset, `layers` deep); returns the result and writes it to `out`.
+
+    `use_db=False` looks tuned winners up in the shipped config packs only, never in a database (the GPU
+    machine has no SQLAlchemy); raises ConfigInvalid for a bad argument before any work.
+    """
+    plan = BenchPlan(
+        config=model_config(model, layers),
+        batch=batch,
+        prompt=prompt,
+        gen=gen,
+        paths=tuple(dict.fromkeys(paths)),
+        moe_tokens=tuple(moe_tokens),
+        runs=runs,
+        seed=seed,
+    )
+    result: dict[str, Any] = {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        **_environment(command or " ".join(sys.argv)),
+        "model": dataclasses.asdict(plan.config),
+        "batch": batch,
+        "prompt": prompt,
+        "gen": gen,
+        "paths": list(plan.paths),
+        "moe_tokens": list(plan.layer_tokens),
+        "complete": False,
+        "results": {},
+    }
+    with contextlib.nullcontext() if use_db else LOOKUP.using_db(None):
+        return _run(plan, result, out, progress)
+
+
+def _run(plan: BenchPlan, result: dict[str, Any], out: Path | None, progress: Progress) -> dict[str, Any]:
+    seed = plan.seed
+    start = time.perf_counter()
+    params = jax.block_until_ready(init_params(plan.config, seed))
+    result["init_weights_s"] = time.perf_counter() - start
+    progress(
+        f"{plan.config.name} x{plan.config.layers} layers: weights ready in {result['init_weights_s']:.1f} s "
+        f"(experts {plan.config.expert_weight_bytes / 1e9:.1f} GB)"
+    )
+    if "moetune" in plan.paths:
+        try:
+            result["moetune_dispatch"] = _dispatch_report(plan)
+        except Exception as e:  # recorded; the moetune path itself then fails with the same reason
+            result["moetune_dispatch"] = f"{type(e).__name__}: {e}"
+    prompt_tokens = jax.random.randint(
+        jax.random.key(seed + 1), (plan.batch, plan.prompt), 0, plan.config.vocab, dtype=jnp.int32
+    )
+    logits: dict[str, np.ndarray] = {}
+    layer_outputs: dict[str, dict[int, np.ndarray]] = {}
+    for path in plan.paths:
+        entry: dict[str, Any] = {}
+        result["results"][path] = entry
+        # The one place failures are recorded, not raised: one broken path must not lose the others.
+        try:
+            model_stats, logits[path] = _bench_model_path(plan, params, prompt_tokens, path, progress)
+            entry.update(model_stats)
+            progress(
+                f"{path}: prefill {entry['prefill']['tokens_per_s']:.1f} tok/s, "
+                f"decode {entry['decode']['tokens_per_s']:.1f} tok/s"
+            )
+            entry["moe"] = []
+            for tokens in plan.layer_tokens:
+                stats, layer_outputs.setdefault(path, {})[tokens] = _bench_moe_layer(
+                    plan, params.layers[0], path, tokens, progress
+                )
+                entry["moe"].append(stats)
+        except Exception as e:
+            entry["error"] = f"{type(e).__name__}: {e}"
+            progress(f"{path}: FAILED {entry['error']}")
+        result["parity"] = _parity(logits, layer_outputs)
+        result["moe_layer_speedup"] = {
+            f"moetune_vs_{base}": _layer_ratios(result["results"], base, "moetune")
+            for base in ("ragged", "dense")
+        }
+        result["elapsed_s"] = time.perf_counter() - start
+        _write(out, result)
+    result["complete"] = all("error" not in result["results"][p] for p in plan.paths)
+    result["ok"] = result["complete"] and all(check["ok"] for check in result["parity"].values())
+    _write(out, result)
+    return result
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """A plain-text table of the headline numbers (the JSON holds the raw samples)."""
+    lines = [
+        f"{result['model']['name']} layers={result['model']['layers']} batch={result['batch']} "
+        f"prompt={result['prompt']} gen={result['gen']} on {result['device']['device_kind']}",
+        f"{'path':<9} {'prefill tok/s':>14} {'decode tok/s':>13}  "
+        + "  ".join(f"{'moe T=' + str(t) + ' ms':>14}" for t in result["moe_tokens"]),
+    ]
+    for path, entry in result["results"].items():
+        if "prefill" not in entry:
+            lines.append(f"{path:<9} failed: {entry.get('error', 'did not finish')}")
+            continue
+        moe = {m["tokens"]: m["median_s"] for m in entry.get("moe", [])}
+        cells = "  ".join(
+            f"{moe[t] * 1e3:>14.3f}" if t in moe else f"{'-':>14}" for t in result["moe_tokens"]
+        )
+        prefill, decode = entry["prefill"]["tokens_per_s"], entry["decode"]["tokens_per_s"]
+        lines.append(f"{path:<9} {prefill:>14.1f} {decode:>13.1f}  {cells}")
+        if "error" in entry:
+            lines.append(f"{path:<9} failed: {entry['error']}")
+    for path, check in result.get("parity", {}).items():
+        parts = [f"{'ok' if check['ok'] else 'MISMATCH'} vs {REFERENCE_PATH}:"]
+        if "logits" in check:
+            logits = check["logits"]
+            parts.append(f"logits rel_l2={logits['rel_l2']:.2e} top1={logits['top1_agreement']:.2f}")
+        parts += [f"layer T={t} rel_l2={c['rel_l2']:.2e}" for t, c in check["moe_layer"].items()]
+        lines.append(f"parity {path}: " + ", ".join(parts))
+    for name, ratios in result.get("moe_layer_speedup", {}).items():
+        if ratios:
+            lines.append(
+                f"MoE layer speedup {name}: " + ", ".join(f"T={t}: {r:.2f}x" for t, r in ratios.items())
+            )
+    return lines
