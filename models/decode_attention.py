@@ -44,7 +44,8 @@ COMBINE_COLUMNS = 32  # output columns per combine program: more programs, each 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Tiling:
     """How the split kernel divides the cache: `splits` programs per (sequence, kv head), each reading its
-    share `block_k` rows a loop step. Frozen and hashable: the model takes it as a static argument."""
+    share of the cache `block_k` rows at a time. Frozen and hashable: the model takes it as a static
+    argument (KernelChoices.decode_attention_tiling)."""
 
     block_k: int = 64  # cache rows per loop step (a power of two)
     splits: int = 32  # programs along the cache (a power of two)

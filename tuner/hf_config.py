@@ -31,11 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from moetune.kernels.errors import ConfigInvalid
+from moetune.kernels.problem import dtype_name
 from moetune.tuner.plan import DEFAULT_TOKEN_BUCKETS, ModelShapes, SharedExperts
 
 PREFIX = "hf:"
 TOP_K_FIELDS = ("num_experts_per_tok",)
-ACTIVATIONS = {
+HIDDEN_ACTS = {  # hidden_act -> the gated activation its experts compute
     "silu": "swiglu",
     "swish": "swiglu",
     "gelu_pytorch_tanh": "geglu",
@@ -177,8 +178,6 @@ class _Reader:
         return 0 if value == 0 else self.positive(name)
 
     def dtype(self, value: Any) -> str:
-        from moetune.kernels.problem import dtype_name
-
         try:
             return dtype_name(str(value))
         except ConfigInvalid as e:
@@ -186,12 +185,12 @@ class _Reader:
 
     def activation(self) -> str:
         act = self.fields.get("hidden_act", "silu")
-        if act not in ACTIVATIONS:
+        if act not in HIDDEN_ACTS:
             raise ConfigInvalid(
                 f"{self.where}: hidden_act={act!r} is not a gated activation moetune tunes; "
-                f"known: {', '.join(ACTIVATIONS)}"
+                f"known: {', '.join(HIDDEN_ACTS)}"
             )
-        return ACTIVATIONS[act]
+        return HIDDEN_ACTS[act]
 
 
 def _name(config: dict[str, Any], model_type: str, tp: int, ep: int) -> str:
