@@ -18,12 +18,23 @@ from pathlib import Path
 # Mixtral-8x7B's ~87 GiB of weights for the dense path's all-expert activations. An explicit value wins.
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
 
+import dataclasses  # noqa: E402
+
 from moetune.kernels.errors import MoetuneError  # noqa: E402 - after the allocator setting
+from moetune.kernels.moe.pallas_mode import MODES  # noqa: E402
 from moetune.models.bench import (  # noqa: E402
     DEFAULT_MOE_TOKENS,
     DEFAULT_PATHS,
     run_model_bench,
     summary_lines,
+)
+from moetune.models.config import MODELS  # noqa: E402
+from moetune.models.kernel_choices import (  # noqa: E402
+    DEFAULT_CHOICES,
+    HELP,
+    MODE_FIELDS,
+    RESIDUALS,
+    KernelChoices,
 )
 
 
@@ -33,7 +44,7 @@ def _int_list(text: str) -> list[int]:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="mixtral_8x7b", help="model preset (mixtral_8x7b, tiny)")
+    parser.add_argument("--model", default="mixtral_8x7b", help=f"model preset ({', '.join(MODELS)})")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt", type=int, default=2048, help="prompt tokens per sequence")
     parser.add_argument("--gen", type=int, default=128, help="generated tokens per sequence")
@@ -48,12 +59,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--runs", type=int, default=3, help="timed runs per measurement")
     parser.add_argument("--no-db", action="store_true", help="winners from config packs only, no database")
+    # The kernel choices, as `moetune bench model` takes them.
+    for name in MODE_FIELDS:
+        parser.add_argument(f"--{name.replace('_', '-')}", choices=MODES, default="auto", help=HELP[name])
+    tiling = str(DEFAULT_CHOICES.decode_attention_tiling)
+    parser.add_argument("--decode-attention-tiling", default=tiling, help=HELP["decode_attention_tiling"])
+    parser.add_argument(
+        "--decode-residual", choices=RESIDUALS, default="accumulate", help=HELP["decode_residual"]
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     try:
+        fields = [field.name for field in dataclasses.fields(KernelChoices)]
+        choices = KernelChoices.parse(**{name: getattr(args, name) for name in fields})
         result = run_model_bench(
             args.model,
             args.batch,
@@ -65,6 +86,7 @@ def main(argv: list[str]) -> int:
             moe_tokens=args.moe_tokens,
             runs=args.runs,
             use_db=not args.no_db,
+            choices=choices,
             command="python3 benchmarks/bench_model.py " + " ".join(argv),
         )
     except MoetuneError as e:

@@ -265,7 +265,8 @@ def attention_cases(b: Bench) -> None:
     def kernel_path(qkv, keys, values, position, **tiling):
         cos, sin = mixtral.rotation(position[None], dim // 2, config.rope_theta)
         attend = decode_attention.decode_attention
-        return attend(qkv, keys, values, position, cos[0], sin[0], heads=heads, **tiling)[0]
+        tiling = decode_attention.Tiling(**tiling)
+        return attend(qkv, keys, values, position, cos[0], sin[0], heads=heads, tiling=tiling)[0]
 
     f32 = lambda a: a.astype(jnp.float32)
     reference = einsum_path(f32(qkv), f32(keys), f32(values), position)

@@ -10,8 +10,8 @@ clock around block_until_ready, and one more call of it is recorded by CUPTI, ke
 Kernels are grouped by name with trailing numbers dropped (XLA's fusion.12 and fusion.13 are one group;
 each Mosaic GPU kernel's name spells its config).
 
-XLA reads its flags when jax starts, so each variant runs in a child process with its own XLA_FLAGS (or
-other environment, as xla_attention's $MOETUNE_DECODE_ATTENTION);
+XLA reads its flags when jax starts, so each variant runs in a child process with its own XLA_FLAGS and
+kernel choices (the model's KernelChoices fields, as xla_attention's decode_attention=xla);
 with --gpus 0,1 two children run at once, one per GPU. --pack serves one config pack file alone
 (no database), so that two packs can be compared on one GPU.
 
@@ -32,7 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-# name -> the environment it adds to the child's (XLA_FLAGS are appended to any already set)
+# name -> XLA_FLAGS, appended to any already set, and KernelChoices fields as `moetune bench model`'s flags
+# spell them (the parent imports no jax, so they are literals; the child parses them).
 VARIANTS: dict[str, dict[str, str]] = {
     "default": {},
     "no_command_buffers": {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="},
@@ -43,45 +44,49 @@ VARIANTS: dict[str, dict[str, str]] = {
     # The dense projections' dots through cuBLAS rather than XLA's Triton GEMM fusions.
     "no_triton_gemm": {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false"},
     # Decode attention as XLA's einsums (the path before models/decode_attention.py).
-    "xla_attention": {"MOETUNE_DECODE_ATTENTION": "xla"},
+    "xla_attention": {"decode_attention": "xla"},
     # The MoE layer's routing as XLA's reductions (the path before kernels/moe/routing_kernel.py).
-    "xla_routing": {"MOETUNE_ROUTING": "xla"},
-    "xla_attention_routing": {"MOETUNE_DECODE_ATTENTION": "xla", "MOETUNE_ROUTING": "xla"},
+    "xla_routing": {"routing": "xla"},
+    "xla_attention_routing": {"decode_attention": "xla", "routing": "xla"},
     # The MoE block's RMSNorm and router dot as XLA's ops (before models/norm_router.py).
-    "xla_norm_router": {"MOETUNE_NORM_ROUTER": "xla"},
+    "xla_norm_router": {"norm_router": "xla"},
     # The attention's wqkv (with its RMSNorm) and wo as XLA's ops (before models/gemv.py).
-    "xla_gemv": {"MOETUNE_GEMV": "xla"},
+    "xla_gemv": {"gemv": "xla"},
     # The MoE block's norm, router, routing and gather as the two kernels and XLA's gather+pad they were
     # before norm_router.norm_route_gather.
-    "xla_norm_route_gather": {"MOETUNE_NORM_ROUTE_GATHER": "xla"},
+    "xla_norm_route_gather": {"norm_route_gather": "xla"},
     # The decode attention kernel at other tilings than its default (block_k=64, splits=32).
-    "attention_splits64": {"MOETUNE_DECODE_ATTENTION_TILING": "block_k=64,splits=64"},
-    "attention_k32_splits64": {"MOETUNE_DECODE_ATTENTION_TILING": "block_k=32,splits=64"},
-    "attention_k128_splits16": {"MOETUNE_DECODE_ATTENTION_TILING": "block_k=128,splits=16"},
-    "attention_warps2": {"MOETUNE_DECODE_ATTENTION_TILING": "num_warps=2"},
-    "attention_warps8": {"MOETUNE_DECODE_ATTENTION_TILING": "num_warps=8"},
-    "attention_stages3": {"MOETUNE_DECODE_ATTENTION_TILING": "num_stages=3"},
+    "attention_splits64": {"decode_attention_tiling": "block_k=64,splits=64"},
+    "attention_k32_splits64": {"decode_attention_tiling": "block_k=32,splits=64"},
+    "attention_k128_splits16": {"decode_attention_tiling": "block_k=128,splits=16"},
+    "attention_warps2": {"decode_attention_tiling": "num_warps=2"},
+    "attention_warps8": {"decode_attention_tiling": "num_warps=8"},
+    "attention_stages3": {"decode_attention_tiling": "num_stages=3"},
     # A decode step's two residual adds as XLA kernels in the model's dtype, rather than a float32 stream
     # that wo's GEMV adds into (mixtral._carries_residual).
-    "residual_add": {"MOETUNE_DECODE_RESIDUAL": "add"},
+    "residual_add": {"decode_residual": "add"},
     # XLA's programmatic dependent launch forced on or off (a kernel may start before the previous ends).
     "pdl_on": {"XLA_FLAGS": "--xla_gpu_enable_pdl=true"},
     "pdl_off": {"XLA_FLAGS": "--xla_gpu_enable_pdl=false"},
     # None of the Pallas Triton kernels: the decode step as sessions 1-9 ran it.
     "xla_all": {
-        "MOETUNE_DECODE_ATTENTION": "xla",
-        "MOETUNE_ROUTING": "xla",
-        "MOETUNE_NORM_ROUTER": "xla",
-        "MOETUNE_GEMV": "xla",
-        "MOETUNE_NORM_ROUTE_GATHER": "xla",
+        "decode_attention": "xla",
+        "routing": "xla",
+        "norm_router": "xla",
+        "gemv": "xla",
+        "norm_route_gather": "xla",
     },
 }
 
 
 def child_env(variant: str, gpu: str) -> dict[str, str]:
-    extra = VARIANTS[variant]
-    flags = f"{os.environ.get('XLA_FLAGS', '')} {extra.get('XLA_FLAGS', '')}".strip()
-    return os.environ | extra | {"CUDA_VISIBLE_DEVICES": gpu, "XLA_FLAGS": flags}
+    flags = f"{os.environ.get('XLA_FLAGS', '')} {VARIANTS[variant].get('XLA_FLAGS', '')}".strip()
+    return os.environ | {"CUDA_VISIBLE_DEVICES": gpu, "XLA_FLAGS": flags}
+
+
+def choices_of(variant: str) -> dict[str, str]:
+    """The variant's kernel choices: its fields other than XLA_FLAGS."""
+    return {name: value for name, value in VARIANTS[variant].items() if name != "XLA_FLAGS"}
 
 
 def log(message: str) -> None:
@@ -126,13 +131,17 @@ def measure(variant: str, args: argparse.Namespace) -> dict:
     from moetune.kernels.lookup import LOOKUP
     from moetune.models import mixtral
     from moetune.models.config import model_config
+    from moetune.models.kernel_choices import KernelChoices
     from moetune.models.weights import init_params
 
     config = model_config(args.model, args.layers)
+    choices = KernelChoices.parse(**choices_of(variant))
     params = init_params(config, seed=0)
     cache = mixtral.KVCache.empty(config, 1, args.prompt + (args.runs + 3) * args.steps)
     tokens = jnp.zeros((1,), jnp.int32)
-    loop = functools.partial(mixtral.decode_loop, steps=args.steps, config=config, moe_path="moetune")
+    loop = functools.partial(
+        mixtral.decode_loop, steps=args.steps, config=config, moe_path="moetune", choices=choices
+    )
     pos = args.prompt
 
     def call() -> float:
@@ -150,7 +159,7 @@ def measure(variant: str, args: argparse.Namespace) -> dict:
     walls = [call() for _ in range(args.runs)]
     kernels = CuptiSession().record(call)
     row = {"variant": variant, "xla_flags": os.environ.get("XLA_FLAGS", ""), "pack": args.pack}
-    row["env"] = {name: os.environ.get(name, "") for name in VARIANTS[variant] if name != "XLA_FLAGS"}
+    row["choices"] = choices.resolved()
     return row | summarize(kernels, args.steps, walls)
 
 

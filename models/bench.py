@@ -1,5 +1,9 @@
 """End-to-end model benchmark: prefill and decode throughput, and one MoE layer alone, per MoE path.
 
+The model is a preset of models/config.py (Mixtral-8x7B, Qwen3-30B-A3B, tiny ones for CPUs) with random
+weights; `choices` (a KernelChoices) says which Pallas kernels its small operations run on, and the
+result records them as resolved on this backend.
+
 Every path runs on the same weights (one copy: Mixtral-8x7B's experts alone are ~90 GB). For each path:
   prefill   the prompt [batch, prompt] from an empty cache; tokens/s = batch * prompt / median time
   decode    `gen` greedy steps in one jitted fori_loop; tokens/s = batch * gen / median time
@@ -7,6 +11,7 @@ Every path runs on the same weights (one copy: Mixtral-8x7B's experts alone are 
             `moe_tokens` plus the prefill (batch * prompt) and decode (batch) counts. It runs `reps` times
             inside one jitted loop, each output feeding the next input, so the time per layer excludes
             the host's dispatch; the router sees new inputs each time, so routing varies as in a model.
+            A model with shared experts runs them too (dense GEMMs through XLA, the same on every path).
 Compile time is measured apart (ahead-of-time lower + compile) and one warm-up call precedes the timed ones.
 Timings are host wall clock around block_until_ready: right for programs of milliseconds and more.
 
@@ -39,9 +44,10 @@ import numpy as np
 from moetune.kernels.device import current_fingerprint
 from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.lookup import LOOKUP
-from moetune.kernels.moe import moe_problems, route, routing_kernel, sort_by_expert
-from moetune.models import decode_attention, gemv, mixtral, norm_router
+from moetune.kernels.moe import moe_problems, route, sort_by_expert
+from moetune.models import mixtral
 from moetune.models.config import ModelConfig, model_config
+from moetune.models.kernel_choices import DEFAULT_CHOICES, KernelChoices
 from moetune.models.moe_paths import MOE_PATHS, moe_path
 from moetune.models.weights import LayerParams, ModelParams, init_params
 
@@ -76,6 +82,7 @@ class BenchPlan:
     moe_tokens: tuple[int, ...]
     runs: int = 3
     seed: int = 0
+    choices: KernelChoices = DEFAULT_CHOICES
 
     def __post_init__(self) -> None:
         for name in ("batch", "prompt", "gen", "runs"):
@@ -88,6 +95,8 @@ class BenchPlan:
             moe_path(path)  # raises ConfigInvalid naming the known paths
         if any(t < 1 for t in self.moe_tokens):
             raise ConfigInvalid(f"moe_tokens={self.moe_tokens} must all be positive")
+        if not isinstance(self.choices, KernelChoices):
+            raise ConfigInvalid(f"choices={self.choices!r} must be a KernelChoices")
 
     @property
     def layer_tokens(self) -> tuple[int, ...]:
@@ -121,7 +130,7 @@ def _bench_model_path(
     plan: BenchPlan, params: ModelParams, prompt_tokens: Any, path: str, progress: Progress
 ) -> tuple[dict[str, Any], np.ndarray]:
     """Prefill and decode timings of one path, and its last-position prefill logits [B, V]."""
-    static = {"config": plan.config, "moe_path": path}
+    static = {"config": plan.config, "moe_path": path, "choices": plan.choices}
     cache = mixtral.KVCache.empty(plan.config, plan.batch, plan.prompt + plan.gen)
     prefill, prefill_compile_s = compiled(mixtral.prefill, params, prompt_tokens, cache, **static)
     progress(f"{path}: prefill compiled in {prefill_compile_s:.1f} s")
@@ -153,20 +162,36 @@ def _bench_model_path(
     return {"prefill": prefill_stats, "decode": decode_stats}, np.asarray(logits, np.float32)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "path"))
-def moe_block_loop(x: Any, layer: LayerParams, reps: Any, *, config: ModelConfig, path: str) -> Any:
+@functools.partial(jax.jit, static_argnames=("config", "path", "choices"))
+def moe_block_loop(
+    x: Any,
+    layer: LayerParams,
+    reps: Any,
+    *,
+    config: ModelConfig,
+    path: str,
+    choices: KernelChoices = DEFAULT_CHOICES,
+) -> Any:
     """`reps` MoE blocks in a row, each output the next input; reps is traced, so one compile serves the
     single block of the parity check and the timing loop."""
-    return jax.lax.fori_loop(0, reps, lambda _, x: _moe_block(x, layer, config, path)[0], x)
+    return jax.lax.fori_loop(0, reps, lambda _, x: _moe_block(x, layer, config, path, choices)[0], x)
 
 
-@functools.partial(jax.jit, static_argnames=("reps", "config", "path"))
-def moe_block_routing(x: Any, layer: LayerParams, *, reps: int, config: ModelConfig, path: str) -> Any:
+@functools.partial(jax.jit, static_argnames=("reps", "config", "path", "choices"))
+def moe_block_routing(
+    x: Any,
+    layer: LayerParams,
+    *,
+    reps: int,
+    config: ModelConfig,
+    path: str,
+    choices: KernelChoices = DEFAULT_CHOICES,
+) -> Any:
     """Rows per expert [reps, E] that each block of `moe_block_loop` routes: the load of the timed layers
     (each block's input is the previous block's output, so later blocks route differently)."""
 
     def block(x: Any, _: Any) -> tuple[Any, Any]:
-        out, logits = _moe_block(x, layer, config, path)
+        out, logits = _moe_block(x, layer, config, path, choices)
         # The routing moe_mlp does (the combine weights do not change which experts a row goes to).
         experts = route(logits, config.top_k, renormalize=True).expert_ids
         return out, sort_by_expert(experts, config.experts).group_sizes
@@ -174,11 +199,18 @@ def moe_block_routing(x: Any, layer: LayerParams, *, reps: int, config: ModelCon
     return jax.lax.scan(block, x, length=reps)[1]
 
 
-def _moe_block(x: Any, layer: LayerParams, config: ModelConfig, path: str) -> tuple[Any, Any]:
-    """One MoE block (RMSNorm, router, the path's MoE MLP): its output and its router logits."""
+def _moe_block(
+    x: Any, layer: LayerParams, config: ModelConfig, path: str, choices: KernelChoices
+) -> tuple[Any, Any]:
+    """One MoE block (RMSNorm, router, the path's MoE MLP, the shared experts if any): its output and its
+    router logits."""
     h = mixtral.rms_norm(x, layer.moe_norm, config.norm_eps)
     logits = jnp.dot(h, layer.router, preferred_element_type=jnp.float32)
-    out = moe_path(path)(h, logits, layer.w_gate_up, layer.w_down, top_k=config.top_k)
+    out = moe_path(path)(
+        h, logits, layer.w_gate_up, layer.w_down, top_k=config.top_k, routing_mode=choices.routing
+    )
+    if config.shared_experts:
+        out = out + mixtral.shared_experts(layer, h)
     return out, logits
 
 
@@ -195,11 +227,12 @@ def _bench_moe_layer(
     x = jax.random.normal(jax.random.key(plan.seed + tokens), (tokens, plan.config.hidden))
     x = x.astype(jnp.dtype(plan.config.dtype))
     one, reps = jnp.asarray(1, jnp.int32), jnp.asarray(layer_reps(tokens), jnp.int32)
-    loop, compile_s = compiled(moe_block_loop, x, layer, reps, config=plan.config, path=path)
+    static = {"config": plan.config, "path": path, "choices": plan.choices}
+    loop, compile_s = compiled(moe_block_loop, x, layer, reps, **static)
     output = np.asarray(loop(x, layer, one), np.float32)
     samples, _ = timed(lambda: loop(x, layer, reps), plan.runs + 2)
     per_layer = [s / int(reps) for s in samples]
-    routing = np.asarray(moe_block_routing(x, layer, reps=int(reps), config=plan.config, path=path))
+    routing = np.asarray(moe_block_routing(x, layer, reps=int(reps), **static))
     progress(f"{path}: MoE layer at T={tokens}: {np.median(per_layer) * 1e3:.3f} ms")
     stats = _stats(per_layer, tokens=tokens, reps=int(reps), compile_s=compile_s)
     return stats | {"rows_per_expert": routing.tolist()}, output
@@ -263,7 +296,7 @@ def _layer_ratios(results: dict[str, Any], baseline: str, path: str) -> dict[str
     }
 
 
-def _environment(command: str) -> dict[str, Any]:
+def _environment(command: str, choices: KernelChoices) -> dict[str, Any]:
     device = current_fingerprint()
     try:
         moetune_version = importlib.metadata.version("moetune")
@@ -282,14 +315,8 @@ def _environment(command: str) -> dict[str, Any]:
             "moetune": moetune_version,
         },
         "env": {k: v for k, v in os.environ.items() if k.startswith(("XLA_", "JAX_", "MOETUNE_"))},
-        # How the model-side Pallas kernels ran (each one's environment variable, else the backend's default).
-        "pallas_kernels": {
-            "decode_attention": decode_attention.mode(),
-            "gemv": gemv.mode(),
-            "norm_router": norm_router.mode(),
-            "norm_route_gather": norm_router.gather_mode(),
-            "routing": routing_kernel.mode(),
-        },
+        # How the model-side Pallas kernels ran: the choices given, "auto" resolved for this backend.
+        "pallas_kernels": choices.resolved(),
     }
 
 
@@ -316,12 +343,14 @@ def run_model_bench(
     seed: int = 0,
     command: str | None = None,
     use_db: bool = True,
+    choices: KernelChoices = DEFAULT_CHOICES,
     progress: Progress = _stderr,
 ) -> dict[str, Any]:
     """Benchmark `paths` on `model` (its preset, `layers` deep); returns the result and writes it to `out`.
 
     `use_db=False` looks tuned winners up in the shipped config packs only, never in a database (the GPU
-    machine has no SQLAlchemy); raises ConfigInvalid for a bad argument before any work.
+    machine has no SQLAlchemy); `choices` picks the model's Pallas kernels (each "auto" by default: the
+    kernel on a GPU, XLA elsewhere). Raises ConfigInvalid for a bad argument before any work.
     """
     plan = BenchPlan(
         config=model_config(model, layers),
@@ -332,11 +361,12 @@ def run_model_bench(
         moe_tokens=tuple(moe_tokens),
         runs=runs,
         seed=seed,
+        choices=choices,
     )
     result: dict[str, Any] = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
-        **_environment(command or " ".join(sys.argv)),
+        **_environment(command or " ".join(sys.argv), choices),
         "model": dataclasses.asdict(plan.config),
         "batch": batch,
         "prompt": prompt,

@@ -9,7 +9,14 @@ from moetune.kernels.errors import ConfigInvalid
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """A Mixtral-style decoder: RMSNorm, grouped-query attention with RoPE, and a top-k MoE MLP."""
+    """A Mixtral-style decoder: RMSNorm, grouped-query attention with RoPE, and a top-k MoE MLP.
+
+    Two options cover the other families' blocks: `qk_norm` RMSNorms each query and key head before RoPE
+    (Qwen3), and `shared_experts` dense SwiGLU experts of `shared_intermediate` each run on every token
+    beside the routed ones and add to their output (DeepSeek, Qwen2-MoE, Qwen3-Next; their sum is one
+    dense MLP of shared_experts * shared_intermediate, as DeepSeek's code builds it; Qwen's sigmoid gate
+    on that output is left out).
+    """
 
     name: str
     vocab: int
@@ -24,6 +31,9 @@ class ModelConfig:
     rope_theta: float = 1e6
     norm_eps: float = 1e-5
     dtype: str = "bfloat16"
+    qk_norm: bool = False
+    shared_experts: int = 0
+    shared_intermediate: int = 0  # per shared expert
 
     def __post_init__(self) -> None:
         for field in (
@@ -39,6 +49,15 @@ class ModelConfig:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigInvalid(f"{field}={value!r} must be a positive integer")
+        for field in ("shared_experts", "shared_intermediate"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigInvalid(f"{field}={value!r} must be a non-negative integer")
+        if bool(self.shared_experts) != bool(self.shared_intermediate):
+            raise ConfigInvalid(
+                f"shared_experts={self.shared_experts} and shared_intermediate={self.shared_intermediate}: "
+                "both zero or both positive"
+            )
         if self.heads % self.kv_heads:
             raise ConfigInvalid(f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
         if self.head_dim % 2:
@@ -51,6 +70,7 @@ class ModelConfig:
 
     @property
     def expert_weight_bytes(self) -> int:
+        """Bytes of the routed experts' weights, all layers (the shared experts' are not counted)."""
         itemsize = 4 if self.dtype == "float32" else 2
         return self.layers * self.experts * 3 * self.hidden * self.intermediate * itemsize
 
@@ -69,6 +89,23 @@ MODELS: dict[str, ModelConfig] = {
         experts=8,
         top_k=2,
     ),
+    # Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B config.json): 30.5B parameters, 3.3B active per token; 128 small
+    # experts, 8 per token (norm_topk_prob: the top-8 weights renormalised, as here); q/k RMSNorm per head;
+    # 32 query heads of 128 (4096 wide, twice the hidden size); rms_norm_eps 1e-6.
+    "qwen3_30b_a3b": ModelConfig(
+        name="qwen3_30b_a3b",
+        vocab=151936,
+        hidden=2048,
+        intermediate=768,
+        layers=48,
+        heads=32,
+        kv_heads=4,
+        head_dim=128,
+        experts=128,
+        top_k=8,
+        norm_eps=1e-6,
+        qk_norm=True,
+    ),
     # The same structure at a size that compiles and runs in seconds on a CPU (tests, smoke runs).
     "tiny": ModelConfig(
         name="tiny",
@@ -82,6 +119,23 @@ MODELS: dict[str, ModelConfig] = {
         experts=8,
         top_k=2,
         rope_theta=10000.0,
+    ),
+    # Qwen3-30B-A3B's structure at the tiny size: many small experts (32, top-8, F=32), q/k RMSNorm, query
+    # heads wider than the hidden size.
+    "tiny_qwen3": ModelConfig(
+        name="tiny_qwen3",
+        vocab=256,
+        hidden=64,
+        intermediate=32,
+        layers=2,
+        heads=8,
+        kv_heads=2,
+        head_dim=16,
+        experts=32,
+        top_k=8,
+        rope_theta=10000.0,
+        norm_eps=1e-6,
+        qk_norm=True,
     ),
 }
 

@@ -14,18 +14,19 @@ Here it is two:
   combine        grid (batch * heads, head_dim / 32): rescales one head's split partial sums to their common
                  max and divides, 32 output columns a program.
 
-Both are latency-bound at decode sizes (H200, session 10): one program's few dependent loads, not the
-cache's bytes, set their time, so they want many programs each doing little.
+Both are latency-bound at decode sizes on the H200: one program's few dependent loads, not the cache's
+bytes, set their time, so they want many programs each doing little.
 
-Numerics follow the model's `_attend`: q and k roped in float32 then rounded to the cache dtype, scores in
-float32 scaled by head_dim**-0.5, probabilities rounded to the value dtype before the value dot (here the
-unnormalised ones, the sum taken in float32).
+Numerics follow the model's `_attend`: q and k (with `qk_norm`, first RMSNormed over each head, rounded to
+the cache dtype) roped in float32 then rounded to the cache dtype, scores in float32 scaled by
+head_dim**-0.5, probabilities rounded to the value dtype before the value dot (here the unnormalised ones,
+the sum taken in float32).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import os
 from typing import Any
 
 import jax
@@ -33,34 +34,52 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from moetune.kernels.moe import pallas_mode
+from moetune.kernels.errors import ConfigInvalid
 
 Array = Any
 QUERY_ROWS = 16  # a group's query heads, padded to the smallest M of Triton's dot
 COMBINE_COLUMNS = 32  # output columns per combine program: more programs, each reading less
-MODE_ENV = "MOETUNE_DECODE_ATTENTION"  # kernel, xla or interpret: see moetune.kernels.moe.pallas_mode
-# The model's tiling, as "block_k=64,splits=64": for comparing tilings in the model, where the cache is
-# read cold (benchmarks/decode_timeline.py); unset, decode_attention's defaults.
-TILING_ENV = "MOETUNE_DECODE_ATTENTION_TILING"
-TILING_KEYS = ("block_k", "splits", "num_warps", "num_stages")
 
 
-def mode() -> str:
-    """How the model's decode steps attend: these kernels ("kernel", the default on a GPU), XLA's einsums as
-    in prefill ("xla", the default elsewhere), or these kernels in Pallas's interpreter ("interpret")."""
-    return pallas_mode.mode(MODE_ENV)
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tiling:
+    """How the split kernel divides the cache: `splits` programs per (sequence, kv head), each reading its
+    share of the cache `block_k` rows at a time. Frozen and hashable: the model takes it as a static
+    argument (KernelChoices.decode_attention_tiling)."""
 
+    block_k: int = 64  # cache rows per loop step (a power of two)
+    splits: int = 32  # programs along the cache (a power of two)
+    num_warps: int = 4
+    num_stages: int = 2
 
-def tiling_from_env() -> dict[str, int]:
-    """$MOETUNE_DECODE_ATTENTION_TILING as decode_attention's keyword arguments ({} when unset)."""
-    text = os.environ.get(TILING_ENV, "").strip()
-    tiling = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, _, value = item.partition("=")
-        if key not in TILING_KEYS or not value.isdigit():
-            raise ValueError(f"${TILING_ENV}: {item!r} is not one of {', '.join(TILING_KEYS)} = an integer")
-        tiling[key] = int(value)
-    return tiling
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigInvalid(
+                    f"decode attention tiling: {field.name}={value!r} must be a positive integer"
+                )
+        for name in ("block_k", "splits", "num_warps"):
+            value = getattr(self, name)
+            if value & (value - 1):
+                raise ConfigInvalid(f"decode attention tiling: {name}={value} must be a power of two")
+
+    @classmethod
+    def parse(cls, text: str) -> Tiling:
+        """'block_k=64,splits=64' -> Tiling(block_k=64, splits=64); fields left out keep their defaults."""
+        known = [field.name for field in dataclasses.fields(cls)]
+        values = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, _, value = (part.strip() for part in item.partition("="))
+            if key not in known or not value.isdigit():
+                raise ConfigInvalid(
+                    f"decode attention tiling {text!r}: {item!r} is not {' | '.join(known)} = an integer"
+                )
+            values[key] = int(value)
+        return cls(**values)
+
+    def __str__(self) -> str:
+        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
 
 
 def decode_attention(
@@ -72,10 +91,8 @@ def decode_attention(
     sin: Array,
     *,
     heads: int,
-    block_k: int = 64,
-    splits: int = 32,
-    num_warps: int = 4,
-    num_stages: int = 2,
+    tiling: Tiling = Tiling(),
+    qk_norm: tuple[Array, Array, float] | None = None,
     interpret: bool = False,
 ) -> tuple[Array, Array, Array]:
     """One decode step's attention, with the cache update.
@@ -87,6 +104,8 @@ def decode_attention(
     keys, values [B, kv_heads, L, D]: the layer's cache; positions above `pos` hold junk and are masked.
     pos: the token's position (int32 scalar; clamped into [0, L) as the einsum path's cache write clamps it).
     cos, sin [D/2] float32: RoPE's rotation at `pos`.
+    qk_norm: (q weight [D], k weight [D], eps) to RMSNorm each query and key head before RoPE (Qwen3), or
+    None (Mixtral).
     Returns (out [B, heads * D] in qkv's dtype (from partial sums, the cache's), keys, values with the roped
     k and v written at `pos`).
     """
@@ -99,15 +118,26 @@ def decode_attention(
         raise ValueError(f"qkv partial sums [S, B, W] must be float32; got {qkv.dtype}")
     if qkv.shape[1:] != (batch, (heads + 2 * kv_heads) * dim):
         raise ValueError(f"qkv {given} does not hold {heads} query and 2x{kv_heads} kv heads of {dim}")
-    if group > QUERY_ROWS or heads % kv_heads or dim % 2 or splits & (splits - 1) or block_k & (block_k - 1):
-        raise ValueError(
-            f"unsupported decode attention: group={group} dim={dim} splits={splits} block_k={block_k}"
-        )
+    if group > QUERY_ROWS or heads % kv_heads or dim % 2:
+        raise ValueError(f"unsupported decode attention: group={group} dim={dim}")
+    block_k, splits = tiling.block_k, tiling.splits
     chunk = pl.cdiv(pl.cdiv(length, block_k), splits)  # blocks per split
     pos = jnp.asarray(pos, jnp.int32).reshape(1)
     f32 = jnp.float32
+    norm_weights, norm_eps = (), None
+    if qk_norm is not None:
+        q_weight, k_weight, norm_eps = qk_norm
+        if q_weight.shape != (dim,) or k_weight.shape != (dim,):
+            raise ValueError(f"qk_norm weights {q_weight.shape}, {k_weight.shape} for head_dim {dim}")
+        norm_weights = (q_weight.astype(f32), k_weight.astype(f32))
     split_kernel = functools.partial(
-        _split_kernel, heads=heads, kv_heads=kv_heads, length=length, block_k=block_k, chunk=chunk
+        _split_kernel,
+        heads=heads,
+        kv_heads=kv_heads,
+        length=length,
+        block_k=block_k,
+        chunk=chunk,
+        norm_eps=norm_eps,
     )
     acc, row_max, row_sum, keys, values = pl.pallas_call(
         split_kernel,
@@ -120,10 +150,10 @@ def decode_attention(
         ),
         grid=(batch * kv_heads, splits),
         input_output_aliases={4: 3, 5: 4},
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        compiler_params=pltriton.CompilerParams(num_warps=tiling.num_warps, num_stages=tiling.num_stages),
         interpret=interpret,
         name="moetune_decode_attention",
-    )(qkv, cos.astype(f32), sin.astype(f32), pos, keys, values)
+    )(qkv, cos.astype(f32), sin.astype(f32), pos, keys, values, *norm_weights)
     columns = COMBINE_COLUMNS if dim % COMBINE_COLUMNS == 0 else dim
     out = pl.pallas_call(
         functools.partial(_combine_kernel, columns=columns),
@@ -137,10 +167,11 @@ def decode_attention(
 
 
 def _split_kernel(
-    qkv_ref, cos_ref, sin_ref, pos_ref, keys_ref, values_ref,
-    acc_ref, max_ref, sum_ref, keys_out, values_out,
-    *, heads, kv_heads, length, block_k, chunk,
+    qkv_ref, cos_ref, sin_ref, pos_ref, keys_ref, values_ref, *refs,
+    heads, kv_heads, length, block_k, chunk, norm_eps,
 ):  # fmt: skip
+    # With qk_norm, the q and k norm weights come before the outputs.
+    norm_refs, (acc_ref, max_ref, sum_ref, keys_out, values_out) = refs[:-5], refs[-5:]
     bg, split = pl.program_id(0), pl.program_id(1)
     b, g = bg // kv_heads, bg % kv_heads
     dim = keys_ref.shape[-1]
@@ -148,9 +179,19 @@ def _split_kernel(
     pos = jnp.clip(pos_ref[0], 0, length - 1)  # as XLA's dynamic_update_slice clamps its start
     cos, sin = cos_ref[...], sin_ref[...]
 
-    def rope(x1, x2):
+    def norm_then_rope(x1, x2, weight_ref=None):
+        """RoPE of a head's halves [..., D/2]; first the head's RMSNorm with `weight_ref`'s [D], as the
+        model's rms_norm does it (float32, the weight applied, rounded to the cache dtype)."""
         x1, x2 = x1.astype(jnp.float32), x2.astype(jnp.float32)
+        if weight_ref is not None:
+            squares = jnp.sum(x1 * x1, axis=-1) + jnp.sum(x2 * x2, axis=-1)
+            scale = jax.lax.rsqrt(squares / dim + norm_eps)
+            scale = scale[:, None] if x1.ndim == 2 else scale
+            x1 = (x1 * scale * weight_ref[pl.ds(0, half)]).astype(dtype).astype(jnp.float32)
+            x2 = (x2 * scale * weight_ref[pl.ds(half, half)]).astype(dtype).astype(jnp.float32)
         return (x1 * cos - x2 * sin).astype(dtype), (x2 * cos + x1 * sin).astype(dtype)
+
+    q_norm, k_norm = norm_refs if norm_refs else (None, None)
 
     def read_qkv(at, **mask):  # the projection at `at` (partial sums added, rounded to the cache's dtype)
         parts = [pltriton.load(qkv_ref.at[jnp.int32(s), b, at], **mask) for s in range(qkv_ref.shape[0])]
@@ -160,9 +201,11 @@ def _split_kernel(
     real_rows = jnp.arange(QUERY_ROWS) < group
     q_at = (g * group + jnp.arange(QUERY_ROWS))[:, None] * dim + jnp.arange(half)[None, :]
     q_mask = real_rows[:, None]
-    q1, q2 = rope(read_qkv(q_at, mask=q_mask, other=0), read_qkv(q_at + half, mask=q_mask, other=0))
+    q1, q2 = norm_then_rope(
+        read_qkv(q_at, mask=q_mask, other=0), read_qkv(q_at + half, mask=q_mask, other=0), q_norm
+    )
     k_at, v_at = (heads + g) * dim, (heads + kv_heads + g) * dim
-    k1_new, k2_new = rope(read_qkv(pl.ds(k_at, half)), read_qkv(pl.ds(k_at + half, half)))
+    k1_new, k2_new = norm_then_rope(read_qkv(pl.ds(k_at, half)), read_qkv(pl.ds(k_at + half, half)), k_norm)
     v_new = read_qkv(pl.ds(v_at, dim)).astype(dtype)
 
     scale = dim**-0.5

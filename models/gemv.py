@@ -28,10 +28,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from moetune.kernels.moe import pallas_mode
-
 Array = Any
-MODE_ENV = "MOETUNE_GEMV"  # kernel, xla or interpret: see moetune.kernels.moe.pallas_mode
 DOT_ROWS = 16  # the smallest M of Triton's dot: x's rows are padded to it in registers
 MAX_ROWS = 4  # decode batches up to this take the kernel; each of their rows is read whole for the norm
 
@@ -49,10 +46,6 @@ class Tiling:
 # `benchmarks/decode_ops.py --only gemv` for Mixtral's wqkv [4096, 6144] and wo [4096, 4096] on the H200
 # (session 11, 30 tilings): 14.6 and 9.7 us.
 TILINGS: dict[tuple[int, int], Tiling] = {}
-
-
-def mode() -> str:
-    return pallas_mode.mode(MODE_ENV)
 
 
 def tiling_for(k: int, n: int) -> Tiling:

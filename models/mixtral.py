@@ -1,6 +1,8 @@
-"""A Mixtral-style decoder in JAX: RMSNorm, grouped-query attention with RoPE and a KV cache, MoE MLP.
+"""A Mixtral-style decoder in JAX: RMSNorm, grouped-query attention with RoPE and a KV cache, MoE MLP;
+with the config's options, Qwen3's q/k RMSNorm and DeepSeek's shared experts (see ModelConfig).
 
-Entry points (all jitted; `config` and `moe_path` are static, the cache is donated and updated in place):
+Entry points (all jitted; `config`, `moe_path` and `choices` are static, the cache is donated and updated
+in place):
   forward_full(params, tokens)                    -> logits [B, S, V] of every position, no cache
   prefill(params, tokens, cache)                  -> (logits of the last position [B, V], cache)
   decode_step(params, tokens, cache, pos)         -> (logits [B, V], cache); tokens [B] sit at `pos`
@@ -10,10 +12,11 @@ On a GPU a decode step (one new token, with a cache) attends through decode_atte
 kernels, batches of up to 4 rows take the attention's RMSNorm + wqkv and its wo from gemv.py's kernel, and up
 to 64 tokens take the MoE block's RMSNorm and router logits from norm_router.py's kernel; on the moetune
 path, up to 8 (token, expert) rows take the norm, router, routing and the rows gathered in expert order
-from its norm_route_gather kernel instead. $MOETUNE_DECODE_ATTENTION, $MOETUNE_GEMV, $MOETUNE_NORM_ROUTER
-and $MOETUNE_NORM_ROUTE_GATHER=xla keep XLA's ops (see moetune.kernels.moe.pallas_mode). With all of them on,
-the moetune path's decode step carries its residual stream in float32, and wo's GEMV adds into it with
-atomics, so the first residual add is no kernel of its own ($MOETUNE_DECODE_RESIDUAL=add: two XLA adds).
+from its norm_route_gather kernel instead. `choices` (a KernelChoices) says which of them run: a field at
+"xla" keeps XLA's ops, "interpret" runs the kernel in Pallas's interpreter, and "auto" (the default) means
+the kernel on a GPU and XLA elsewhere. With gemv, decode_attention and norm_route_gather on, the moetune
+path's decode step carries its residual stream in float32, and wo's GEMV adds into it with atomics, so the
+first residual add is no kernel of its own (decode_residual="add": two XLA adds).
 
 Layers are a Python loop, unrolled into the program, rather than a scan over stacked [L, ...] weights:
 inside a loop, a layer's weights would be a dynamic slice of the stacked array, which XLA on GPU may copy
@@ -26,21 +29,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from moetune.kernels.moe import layer as moe
+from moetune.kernels.moe import pallas_mode
+from moetune.kernels.moe.reference import gated_activation
 from moetune.models import decode_attention, gemv, norm_router
 from moetune.models.config import ModelConfig
+from moetune.models.kernel_choices import DEFAULT_CHOICES, KernelChoices
 from moetune.models.moe_paths import SORTED_MOE_PATHS
 from moetune.models.moe_paths import moe_path as moe_fn
 from moetune.models.weights import LayerParams, ModelParams
 
 Array = Any
-RESIDUAL_ENV = "MOETUNE_DECODE_RESIDUAL"  # accumulate (the default) or add: see _carries_residual
 
 
 @jax.tree_util.register_dataclass
@@ -102,10 +106,15 @@ def _attend(config: ModelConfig, q: Array, k: Array, v: Array, mask: Array) -> A
 
 
 def einsum_attention(
-    config: ModelConfig, qkv: Array, positions: Array, layer_cache: tuple[Array, Array] | None
+    config: ModelConfig,
+    qkv: Array,
+    positions: Array,
+    layer_cache: tuple[Array, Array] | None,
+    qk_norm: tuple[Array, Array] | None = None,
 ) -> tuple[Array, tuple[Array, Array]]:
     """Attention from the fused projection's output qkv [B, S, (heads + 2 * kv_heads) * D] as XLA ops:
-    [B, S, heads * D] and this layer's (keys, values).
+    [B, S, heads * D] and this layer's (keys, values). `qk_norm` (q weight [D], k weight [D]) RMSNorms
+    each query and key head before RoPE (Qwen3).
 
     Without a cache the S tokens attend causally among themselves and their own keys and values are
     returned. With one, they are written at `positions[0]` and the tokens attend to every cached position
@@ -116,6 +125,8 @@ def einsum_attention(
     q = qkv[..., :q_width].reshape(batch, seq, config.heads, config.head_dim)
     k = qkv[..., q_width : q_width + kv_width].reshape(batch, seq, config.kv_heads, config.head_dim)
     v = qkv[..., q_width + kv_width :].reshape(batch, seq, config.kv_heads, config.head_dim)
+    if qk_norm is not None:
+        q, k = rms_norm(q, qk_norm[0], config.norm_eps), rms_norm(k, qk_norm[1], config.norm_eps)
     q, k = rope(q, positions, config.rope_theta), rope(k, positions, config.rope_theta)
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # the cache's [B, kv_heads, S, D]
     if layer_cache is None:
@@ -128,73 +139,97 @@ def einsum_attention(
     return _attend(config, q, k, v, mask), (k, v)
 
 
+def _qk_norm(config: ModelConfig, p: LayerParams) -> tuple[Array, Array] | None:
+    return (p.q_norm, p.k_norm) if config.qk_norm else None
+
+
 def _attention(
     config: ModelConfig,
     p: LayerParams,
     x: Array,
     positions: Array,
     layer_cache: tuple[Array, Array] | None,
+    choices: KernelChoices,
 ) -> tuple[Array, tuple[Array, Array]]:
     """Attention sub-block output [B, S, H] and this layer's (keys, values), as `einsum_attention` gives
-    them. One token with a cache (a decode step) goes through decode_attention's kernels unless its mode
-    is "xla"."""
-    if _decode_kernels(x, layer_cache):
-        out, kv = _decode_attention(config, p, x, positions, layer_cache)
-        return project(out[:, None], p.wo), kv
-    qkv = project(x, p.wqkv, (p.attn_norm, config.norm_eps))
-    out, kv = einsum_attention(config, qkv, positions, layer_cache)
-    return project(out, p.wo), kv
+    them. One token with a cache (a decode step) goes through decode_attention's kernels unless
+    choices.decode_attention resolves to "xla"."""
+    if _decode_kernels(x, layer_cache, choices):
+        out, kv = _decode_attention(config, p, x, positions, layer_cache, choices)
+        return project(out[:, None], p.wo, gemv_mode=choices.gemv), kv
+    qkv = project(x, p.wqkv, (p.attn_norm, config.norm_eps), gemv_mode=choices.gemv)
+    out, kv = einsum_attention(config, qkv, positions, layer_cache, _qk_norm(config, p))
+    return project(out, p.wo, gemv_mode=choices.gemv), kv
 
 
-def _decode_kernels(x: Array, cache: Any) -> bool:
+def _decode_kernels(x: Array, cache: Any, choices: KernelChoices) -> bool:
     """Whether a step's attention runs decode_attention's kernels: one token per sequence, a cache (the
     model's or a layer's)."""
-    return cache is not None and x.shape[1] == 1 and decode_attention.mode() != "xla"
+    return cache is not None and x.shape[1] == 1 and choices.mode("decode_attention") != "xla"
 
 
 def _decode_attention(
-    config: ModelConfig, p: LayerParams, x: Array, positions: Array, layer_cache: tuple[Array, Array]
+    config: ModelConfig,
+    p: LayerParams,
+    x: Array,
+    positions: Array,
+    layer_cache: tuple[Array, Array],
+    choices: KernelChoices,
 ) -> tuple[Array, tuple[Array, Array]]:
     """A decode step's attention before wo, through decode_attention's kernels: [B, heads * D] and this
     layer's (keys, values)."""
     cos, sin = rotation(positions, config.head_dim // 2, config.rope_theta)
+    qk_norm = _qk_norm(config, p)
     out, keys, values = decode_attention.decode_attention(
-        _decode_qkv(x[:, 0], p.wqkv, (p.attn_norm, config.norm_eps)),
+        _decode_qkv(x[:, 0], p.wqkv, (p.attn_norm, config.norm_eps), choices.gemv),
         *layer_cache,
         positions[0],
         cos[0],
         sin[0],
         heads=config.heads,
-        **decode_attention.tiling_from_env(),
-        interpret=decode_attention.mode() == "interpret",
+        tiling=choices.decode_attention_tiling,
+        qk_norm=None if qk_norm is None else (*qk_norm, config.norm_eps),
+        interpret=choices.mode("decode_attention") == "interpret",
     )
     return out, (keys, values)
 
 
-def _gemv_tiling(x: Array, w: Array) -> gemv.Tiling | None:
+def _gemv_tiling(x: Array, w: Array, gemv_mode: str) -> gemv.Tiling | None:
     """The GEMV kernel's tiling for rows x [M, K] @ w, or None where XLA's ops run it."""
     tiling = gemv.tiling_for(*w.shape)
-    return tiling if gemv.mode() != "xla" and gemv.fits(x.shape, w.shape, tiling) else None
+    on = pallas_mode.resolve(gemv_mode, "gemv") != "xla"
+    return tiling if on and gemv.fits(x.shape, w.shape, tiling) else None
 
 
-def _decode_qkv(x: Array, wqkv: Array, norm: tuple[Array, float]) -> Array:
+def _decode_qkv(x: Array, wqkv: Array, norm: tuple[Array, float], gemv_mode: str) -> Array:
     """The decode attention kernel's input for rows x [B, H]: the GEMV kernel's split-K partial sums of
     rms_norm(x) @ wqkv, which the attention kernel adds as it reads them; else XLA's projection [B, W]."""
-    if (tiling := _gemv_tiling(x, wqkv)) is not None:
-        return gemv.partial_sums(x, wqkv, norm=norm, tiling=tiling, interpret=gemv.mode() == "interpret")
+    if (tiling := _gemv_tiling(x, wqkv, gemv_mode)) is not None:
+        interpret = pallas_mode.resolve(gemv_mode) == "interpret"
+        return gemv.partial_sums(x, wqkv, norm=norm, tiling=tiling, interpret=interpret)
     return rms_norm(x, *norm) @ wqkv
 
 
-def project(x: Array, w: Array, norm: tuple[Array, float] | None = None) -> Array:
+def project(x: Array, w: Array, norm: tuple[Array, float] | None = None, *, gemv_mode: str = "auto") -> Array:
     """x [B, S, K] @ w [K, N] (rms_norm(x, *norm) @ w with `norm`), in x's dtype. A decode step's few rows
-    go through gemv.py's kernel unless its mode is "xla"; XLA's ops otherwise."""
+    go through gemv.py's kernel unless `gemv_mode` resolves to "xla" (pallas_mode); XLA's ops otherwise."""
     batch, seq, k = x.shape
     rows = x.reshape(batch * seq, k)
-    if (tiling := _gemv_tiling(rows, w)) is not None:
-        out = gemv.project(rows, w, norm=norm, tiling=tiling, interpret=gemv.mode() == "interpret")
+    if (tiling := _gemv_tiling(rows, w, gemv_mode)) is not None:
+        interpret = pallas_mode.resolve(gemv_mode) == "interpret"
+        out = gemv.project(rows, w, norm=norm, tiling=tiling, interpret=interpret)
     else:
         out = (rms_norm(rows, *norm) if norm is not None else rows) @ w
     return out.reshape(batch, seq, w.shape[1])
+
+
+def shared_experts(p: LayerParams, h: Array) -> Array:
+    """The shared experts' output [T, H] for the MoE block's normed rows h [T, H]: one dense SwiGLU MLP
+    that every token goes through. Its GEMMs are plain dense ones, which XLA runs (moetune tunes only the
+    routed experts' grouped GEMMs). Each GEMM accumulates in float32 and rounds to h's dtype, as the
+    routed layer's do."""
+    dot = lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(h.dtype)  # noqa: E731
+    return dot(gated_activation("swiglu", dot(h, p.w_shared_gate_up)), p.w_shared_down)
 
 
 @functools.cache
@@ -202,7 +237,7 @@ def _shared_moe(moe_path: str) -> Any:
     """The MoE path as its own jitted function: every layer calls it with the same shapes, so it is traced
     and lowered once and the layers call that one function. Inlined, each of the 32 layers lowered its own
     Mosaic GPU kernels again (on the H200 the moetune prefill program took 195 s to compile)."""
-    return jax.jit(moe_fn(moe_path), static_argnames=("top_k",))
+    return jax.jit(moe_fn(moe_path), static_argnames=("top_k", "routing_mode"))
 
 
 @functools.cache
@@ -211,14 +246,15 @@ def _shared_sorted_moe(moe_path: str) -> Any:
     return jax.jit(SORTED_MOE_PATHS[moe_path])
 
 
-def _moe_block(config: ModelConfig, p: LayerParams, x: Array, moe_path: str) -> Array:
-    """The MoE block's output [B, S, H] in the weights' dtype (x may be a float32 residual stream)."""
+def _moe_block(config: ModelConfig, p: LayerParams, x: Array, moe_path: str, choices: KernelChoices) -> Array:
+    """The MoE block's output [B, S, H] in the weights' dtype (x may be a float32 residual stream): the
+    routed experts' and, with config.shared_experts, the shared experts' outputs added."""
     batch, seq, hidden = x.shape
     x_rows = x.reshape(batch * seq, hidden)
     tokens, top_k = batch * seq, config.top_k
     if (
         moe_path in SORTED_MOE_PATHS
-        and (mode := norm_router.gather_mode()) != "xla"
+        and (mode := choices.mode("norm_route_gather")) != "xla"
         and norm_router.fits_gather(tokens, config.experts, top_k)
     ):
         permuted, ids, weights, row_token, slot_row, sizes = norm_router.norm_route_gather(
@@ -234,15 +270,23 @@ def _moe_block(config: ModelConfig, p: LayerParams, x: Array, moe_path: str) -> 
         )
         routing, rows = moe.Routing(ids, weights), moe.SortedRows(row_token, slot_row, sizes)
         out = _shared_sorted_moe(moe_path)(permuted, routing, rows, p.w_gate_up, p.w_down)
+        if config.shared_experts:
+            # Token t's normed row is the sorted row of its first slot t * k: no norm of its own.
+            h = jnp.take(permuted, rows.slot_row[::top_k], axis=0, mode="clip")
+            out = out + shared_experts(p, h)
         return out.reshape(batch, seq, hidden)
-    if (mode := norm_router.mode()) != "xla" and norm_router.fits(tokens):
+    if (mode := choices.mode("norm_router")) != "xla" and norm_router.fits(tokens, config.experts):
         h, router_logits = norm_router.norm_and_router(
             x_rows, p.moe_norm, p.router, config.norm_eps, interpret=mode == "interpret"
         )
     else:
         h = rms_norm(x_rows, p.moe_norm, config.norm_eps)
         router_logits = jnp.dot(h, p.router, preferred_element_type=jnp.float32)
-    out = _shared_moe(moe_path)(h, router_logits, p.w_gate_up, p.w_down, top_k=config.top_k)
+    out = _shared_moe(moe_path)(
+        h, router_logits, p.w_gate_up, p.w_down, top_k=config.top_k, routing_mode=choices.routing
+    )
+    if config.shared_experts:
+        out = out + shared_experts(p, h)
     return out.reshape(batch, seq, hidden)
 
 
@@ -253,50 +297,57 @@ def _decoder(
     positions: Array,
     cache: KVCache | None,
     moe_path: str,
+    choices: KernelChoices,
 ) -> tuple[Array, list[tuple[Array, Array]]]:
     """Final-normed hidden states [B, S, H] and every layer's (keys, values)."""
     x = jnp.take(params.embed, tokens, axis=0, mode="clip")
     kv = []
-    carried = _carries_residual(config, params, x, cache, moe_path)
+    carried = _carries_residual(config, params, x, cache, moe_path, choices)
     residual = x[:, 0].astype(jnp.float32) if carried else None
     for i, p in enumerate(params.layers):  # unrolled: see the module docstring
         layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
         if carried:
-            out, layer_kv = _decode_attention(config, p, x, positions, layer_cache)
+            out, layer_kv = _decode_attention(config, p, x, positions, layer_cache, choices)
             residual = gemv.accumulate(
-                out, p.wo, residual, tiling=_gemv_tiling(out, p.wo), interpret=gemv.mode() == "interpret"
+                out,
+                p.wo,
+                residual,
+                tiling=_gemv_tiling(out, p.wo, choices.gemv),
+                interpret=choices.mode("gemv") == "interpret",
             )
-            moe_out = _moe_block(config, p, residual[:, None], moe_path)[:, 0]
+            moe_out = _moe_block(config, p, residual[:, None], moe_path, choices)[:, 0]
             residual = residual + moe_out.astype(jnp.float32)
             x = residual.astype(x.dtype)[:, None]  # the next layer's wqkv GEMV reads it
         else:
-            attn, layer_kv = _attention(config, p, x, positions, layer_cache)
+            attn, layer_kv = _attention(config, p, x, positions, layer_cache, choices)
             x = x + attn
-            x = x + _moe_block(config, p, x, moe_path)
+            x = x + _moe_block(config, p, x, moe_path, choices)
         kv.append(layer_kv)
     return rms_norm(x, params.final_norm, config.norm_eps), kv
 
 
 def _carries_residual(
-    config: ModelConfig, params: ModelParams, x: Array, cache: KVCache | None, moe_path: str
+    config: ModelConfig,
+    params: ModelParams,
+    x: Array,
+    cache: KVCache | None,
+    moe_path: str,
+    choices: KernelChoices,
 ) -> bool:
     """Whether a decode step keeps its residual stream in float32 between kernels that add into it: wo's
     GEMV adds its partial sums into the stream (gemv.accumulate), norm_route_gather reads it, and the MoE
     output's add is one XLA fusion with the copy the next wqkv GEMV reads. The first residual add is then
-    no kernel of its own. Needs every one of those kernels on; $MOETUNE_DECODE_RESIDUAL=add keeps the two
+    no kernel of its own. Needs every one of those kernels on; choices.decode_residual="add" keeps the two
     adds in the model's dtype instead."""
-    choice = os.environ.get(RESIDUAL_ENV, "accumulate")
-    if choice not in ("accumulate", "add"):
-        raise ValueError(f"${RESIDUAL_ENV}={choice!r}; expected accumulate or add")
     batch = x.shape[0]
     wo = params.layers[0].wo
     attention_out = jax.ShapeDtypeStruct((batch, wo.shape[0]), x.dtype)
     return (
-        choice == "accumulate"
-        and _decode_kernels(x, cache)
-        and _gemv_tiling(attention_out, wo) is not None
+        choices.decode_residual == "accumulate"
+        and _decode_kernels(x, cache, choices)
+        and _gemv_tiling(attention_out, wo, choices.gemv) is not None
         and moe_path in SORTED_MOE_PATHS
-        and norm_router.gather_mode() != "xla"
+        and choices.mode("norm_route_gather") != "xla"
         and norm_router.fits_gather(batch, config.experts, config.top_k)
     )
 
@@ -305,22 +356,35 @@ def _logits(params: ModelParams, hidden: Array) -> Array:
     return jnp.dot(hidden, params.lm_head, preferred_element_type=jnp.float32)
 
 
-_static = ("config", "moe_path")
+_static = ("config", "moe_path", "choices")
 
 
 @functools.partial(jax.jit, static_argnames=_static)
-def forward_full(params: ModelParams, tokens: Array, *, config: ModelConfig, moe_path: str) -> Array:
+def forward_full(
+    params: ModelParams,
+    tokens: Array,
+    *,
+    config: ModelConfig,
+    moe_path: str,
+    choices: KernelChoices = DEFAULT_CHOICES,
+) -> Array:
     """Logits [B, S, V] of every position, recomputing the whole sequence (the cache-free reference)."""
-    hidden, _ = _decoder(config, params, tokens, jnp.arange(tokens.shape[1]), None, moe_path)
+    hidden, _ = _decoder(config, params, tokens, jnp.arange(tokens.shape[1]), None, moe_path, choices)
     return _logits(params, hidden)
 
 
 @functools.partial(jax.jit, static_argnames=_static, donate_argnames=("cache",))
 def prefill(
-    params: ModelParams, tokens: Array, cache: KVCache, *, config: ModelConfig, moe_path: str
+    params: ModelParams,
+    tokens: Array,
+    cache: KVCache,
+    *,
+    config: ModelConfig,
+    moe_path: str,
+    choices: KernelChoices = DEFAULT_CHOICES,
 ) -> tuple[Array, KVCache]:
     """Run the prompt tokens [B, S] from position 0; fill the cache's first S positions."""
-    hidden, kv = _decoder(config, params, tokens, jnp.arange(tokens.shape[1]), None, moe_path)
+    hidden, kv = _decoder(config, params, tokens, jnp.arange(tokens.shape[1]), None, moe_path, choices)
     write = lambda buf, new: jax.lax.dynamic_update_slice(buf, new, (0, 0, 0, 0))
     cache = KVCache(
         keys=tuple(write(buf, k) for buf, (k, _) in zip(cache.keys, kv, strict=True)),
@@ -329,18 +393,33 @@ def prefill(
     return _logits(params, hidden[:, -1]), cache
 
 
-def _step(config: ModelConfig, params: ModelParams, tokens: Array, cache: KVCache, pos: Array, moe_path: str):
-    hidden, kv = _decoder(config, params, tokens[:, None], pos[None], cache, moe_path)
+def _step(
+    config: ModelConfig,
+    params: ModelParams,
+    tokens: Array,
+    cache: KVCache,
+    pos: Array,
+    moe_path: str,
+    choices: KernelChoices,
+):
+    hidden, kv = _decoder(config, params, tokens[:, None], pos[None], cache, moe_path, choices)
     cache = KVCache(keys=tuple(k for k, _ in kv), values=tuple(v for _, v in kv))
     return _logits(params, hidden[:, 0]), cache
 
 
 @functools.partial(jax.jit, static_argnames=_static, donate_argnames=("cache",))
 def decode_step(
-    params: ModelParams, tokens: Array, cache: KVCache, pos: Array, *, config: ModelConfig, moe_path: str
+    params: ModelParams,
+    tokens: Array,
+    cache: KVCache,
+    pos: Array,
+    *,
+    config: ModelConfig,
+    moe_path: str,
+    choices: KernelChoices = DEFAULT_CHOICES,
 ) -> tuple[Array, KVCache]:
     """One token per sequence (tokens [B]) at position `pos`; returns its logits [B, V] and the cache."""
-    return _step(config, params, tokens, cache, jnp.asarray(pos, jnp.int32), moe_path)
+    return _step(config, params, tokens, cache, jnp.asarray(pos, jnp.int32), moe_path, choices)
 
 
 @functools.partial(jax.jit, static_argnames=(*_static, "steps"), donate_argnames=("cache",))
@@ -353,6 +432,7 @@ def decode_loop(
     steps: int,
     config: ModelConfig,
     moe_path: str,
+    choices: KernelChoices = DEFAULT_CHOICES,
 ) -> tuple[Array, KVCache]:
     """Greedy decoding: `tokens` [B] sit at `pos`; step i feeds position pos + i and emits its argmax.
 
@@ -363,7 +443,7 @@ def decode_loop(
 
     def body(i, carry):
         current, cache, out = carry
-        logits, cache = _step(config, params, current, cache, pos + i, moe_path)
+        logits, cache = _step(config, params, current, cache, pos + i, moe_path, choices)
         following = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         return following, cache, out.at[:, i].set(following)
 

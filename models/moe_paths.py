@@ -14,15 +14,24 @@ from typing import Any
 import jax
 
 from moetune.kernels.errors import ConfigInvalid
-from moetune.kernels.moe import moe_mlp, moe_mlp_sorted, moe_mlp_using
+from moetune.kernels.moe import moe_mlp, moe_mlp_sorted, moe_mlp_using, pallas_mode
 from moetune.kernels.moe.reference import moe_mlp_reference
 
 Array = Any
-# fn(x[T, H], router_logits[T, E], w_gate_up[E, H, 2F], w_down[E, F, H], *, top_k) -> [T, H]
+# fn(x[T, H], router_logits[T, E], w_gate_up[E, H, 2F], w_down[E, F, H], *, top_k, routing_mode) -> [T, H];
+# routing_mode: how the routed paths' top-k and sort run (moe_mlp's argument of that name).
 MoeFn = Callable[..., Array]
 
+
+def _dense(x: Array, router_logits: Array, w_gate_up: Array, w_down: Array, *, top_k: int, routing_mode: str):
+    """The reference computes every expert and masks: it has no routing kernel to choose, so routing_mode
+    is only checked."""
+    pallas_mode.check(routing_mode, "routing_mode")
+    return moe_mlp_reference(x, router_logits, w_gate_up, w_down, top_k=top_k)
+
+
 MOE_PATHS: dict[str, MoeFn] = {
-    "dense": moe_mlp_reference,
+    "dense": _dense,
     "ragged": functools.partial(moe_mlp_using, jax.lax.ragged_dot),
     "moetune": moe_mlp,
 }

@@ -26,26 +26,20 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from moetune.kernels.moe import pallas_mode, routing_kernel
+from moetune.kernels.moe import routing_kernel
 from moetune.kernels.moe.pallas_mode import pow2_at_least
 
 Array = Any
-MODE_ENV = "MOETUNE_NORM_ROUTER"  # kernel, xla or interpret: see moetune.kernels.moe.pallas_mode
-GATHER_MODE_ENV = "MOETUNE_NORM_ROUTE_GATHER"  # the same, for norm_route_gather
 MAX_TOKENS = 64  # one program per token; a prefill batch stays with XLA
+# Each program holds the whole router [H, E] in registers as float32: 128 KB at Mixtral's 4096 x 8. One
+# of 128 experts (Qwen3-30B-A3B's 2048 x 128: 1 MB) would not fit, so routers wider than the routing
+# kernel's bound stay with XLA's dot; nothing between 16 and 128 experts was measured.
+MAX_EXPERTS = routing_kernel.MAX_EXPERTS
 MAX_GATHERED_ROWS = 8  # tokens * top_k for norm_route_gather's one program (each row is a masked store)
 
 
-def mode() -> str:
-    return pallas_mode.mode(MODE_ENV)
-
-
-def gather_mode() -> str:
-    return pallas_mode.mode(GATHER_MODE_ENV)
-
-
-def fits(tokens: int) -> bool:
-    return tokens <= MAX_TOKENS
+def fits(tokens: int, experts: int) -> bool:
+    return tokens <= MAX_TOKENS and experts <= MAX_EXPERTS
 
 
 def fits_gather(tokens: int, experts: int, top_k: int) -> bool:
@@ -58,7 +52,7 @@ def norm_and_router(
     """(rms_norm(x, weight, eps) [T, H] in x's dtype, its router logits [T, E] float32); x [T, H]."""
     tokens, hidden = x.shape
     experts = router.shape[1]
-    if weight.shape != (hidden,) or router.shape[0] != hidden or not fits(tokens):
+    if weight.shape != (hidden,) or router.shape[0] != hidden or not fits(tokens, experts):
         raise ValueError(f"norm_and_router: x {x.shape}, weight {weight.shape}, router {router.shape}")
     return pl.pallas_call(
         functools.partial(_kernel, eps=eps),

@@ -32,6 +32,13 @@ class LayerParams:
     router: Array  # [H, E]
     w_gate_up: Array  # [E, H, 2F]: gate columns, then up columns
     w_down: Array  # [E, F, H]
+    # Only with config.qk_norm: each query / key head's RMSNorm weight [D].
+    q_norm: Array | None = None
+    k_norm: Array | None = None
+    # Only with config.shared_experts: the shared experts as one dense SwiGLU MLP of S = count * F_shared,
+    # [H, 2S] (gate columns, then up columns) and [S, H].
+    w_shared_gate_up: Array | None = None
+    w_shared_down: Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -54,6 +61,15 @@ def _init_layer(key: Array, config: ModelConfig) -> LayerParams:
     dtype = jnp.dtype(c.dtype)
     keys = jax.random.split(key, 5)
     q_width, kv_width = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    optional = {}
+    if c.qk_norm:
+        optional["q_norm"] = optional["k_norm"] = jnp.ones((c.head_dim,), dtype)
+    if c.shared_experts:
+        # Keys of their own, so that adding shared experts leaves the other weights as they were.
+        up_key, down_key = jax.random.split(jax.random.fold_in(key, 1))
+        shared = c.shared_experts * c.shared_intermediate
+        optional["w_shared_gate_up"] = _uniform(up_key, (c.hidden, 2 * shared), c.hidden, dtype)
+        optional["w_shared_down"] = _uniform(down_key, (shared, c.hidden), shared, dtype)
     return LayerParams(
         attn_norm=jnp.ones((c.hidden,), dtype),
         wqkv=_uniform(keys[0], (c.hidden, q_width + 2 * kv_width), c.hidden, dtype),
@@ -62,6 +78,7 @@ def _init_layer(key: Array, config: ModelConfig) -> LayerParams:
         router=_uniform(keys[2], (c.hidden, c.experts), c.hidden, dtype),
         w_gate_up=_uniform(keys[3], (c.experts, c.hidden, 2 * c.intermediate), c.hidden, dtype),
         w_down=_uniform(keys[4], (c.experts, c.intermediate, c.hidden), c.intermediate, dtype),
+        **optional,
     )
 
 

@@ -9,7 +9,6 @@ they skip, except under CI=true, where a missing server is a failure rather than
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import sys
 import types
@@ -122,43 +121,42 @@ def triton_lowering_for_h200():
 
 
 @pytest.fixture
-def assert_decode_same_across_modes(monkeypatch):
-    """check(env, modes): the float32 tiny model decodes alike with $env at each of two modes (a Pallas
-    kernel's "kernel"/"interpret" against "xla"): a 6-token prompt, one decode_step at position 6, then
-    decode_loop's 3 steps from 7. The mode is read while tracing, so jax's caches are cleared around each
-    run; float32 matmuls, so that XLA's dots do not round through TF32 on a GPU."""
+def assert_decode_same_across_modes():
+    """check(field, values, base=DEFAULT_CHOICES): the float32 tiny model decodes alike with KernelChoices
+    field `field` at each of two values (a Pallas kernel's "kernel"/"interpret" against "xla"): a 6-token
+    prompt, one decode_step at position 6, then decode_loop's 3 steps from 7. jax's caches are cleared
+    around each run, so that what a test patches (a tiling table) is read by a fresh trace; float32
+    matmuls, so that XLA's dots do not round through TF32 on a GPU."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from moetune.models import mixtral
     from moetune.models.config import model_config
+    from moetune.models.kernel_choices import DEFAULT_CHOICES, KernelChoices
     from moetune.models.weights import init_params
 
     config = dataclasses.replace(model_config("tiny"), dtype="float32")
     params = init_params(config, seed=0)
     prompt = jax.random.randint(jax.random.key(1), (2, 6), 0, config.vocab, dtype=jnp.int32)
-    run = functools.partial(mixtral.decode_step, config=config, moe_path="moetune")
 
-    def decode(env: str, mode: str):
-        monkeypatch.setenv(env, mode)
+    def decode(choices: KernelChoices):
+        static = {"config": config, "moe_path": "moetune", "choices": choices}
         jax.clear_caches()
         try:
             with jax.default_matmul_precision("float32"):
                 cache = mixtral.KVCache.empty(config, 2, 12)
-                logits, cache = mixtral.prefill(params, prompt, cache, config=config, moe_path="moetune")
+                logits, cache = mixtral.prefill(params, prompt, cache, **static)
                 first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-                step_logits, cache = run(params, first, cache, 6)
-                emitted, cache = mixtral.decode_loop(
-                    params, first, cache, 7, steps=3, config=config, moe_path="moetune"
-                )
+                step_logits, cache = mixtral.decode_step(params, first, cache, 6, **static)
+                emitted, cache = mixtral.decode_loop(params, first, cache, 7, steps=3, **static)
         finally:
             jax.clear_caches()
         return logits, step_logits, emitted, cache
 
-    def check(env: str, modes: tuple[str, str]) -> None:
+    def check(field: str, values: tuple[str, str], base: KernelChoices = DEFAULT_CHOICES) -> None:
         (logits_a, step_a, tokens_a, cache_a), (logits_b, step_b, tokens_b, cache_b) = (
-            decode(env, mode) for mode in modes
+            decode(dataclasses.replace(base, **{field: value})) for value in values
         )
         np.testing.assert_allclose(np.asarray(logits_a), np.asarray(logits_b), rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(np.asarray(step_a), np.asarray(step_b), rtol=1e-4, atol=1e-4)

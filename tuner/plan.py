@@ -12,7 +12,22 @@ silu(gate) * up in its epilogue, on every backend that serves that op (`for_back
 the plain GEMM where the backend does not, as moe_mlp does); any other activation runs unfused.
 
 Example: Mixtral-8x7B at T=4096 -> gate_up m=8192,k=4096,n=28672,g=8 and down m=8192,k=14336,n=4096,g=8.
-Any MoE model works from its YAML alone; nothing here knows a model by name.
+Any MoE model works from its YAML alone (or from a Hugging Face config.json: tuner/hf_config.py); nothing
+here knows a model by name.
+
+Sharded models are tuned per shard, the problems one GPU runs:
+  * `tp: N` (tensor parallel) splits each expert's ffn N ways: gate_up N = 2 * ffn / tp, down K = ffn / tp.
+    Every TP rank computes all of its tokens' rows, so M stays T * top_k.
+  * `ep: N` (expert parallel) gives each shard experts / N of the experts: G = experts / ep. Token buckets
+    then count the tokens each shard holds (its attention's batch, T): the global batch is ep * T tokens,
+    whose ep * T * top_k rows the all-to-all spreads over the ep shards, so a shard receives on average
+    T * top_k rows (M = T * top_k, as unsharded), each of its experts ep * T * top_k / experts of them.
+    Example, DeepSeek-V3 at EP=8 and T=512 tokens per shard: 4096 tokens in all, 32768 rows, a shard's
+    32 experts receive 4096 of them (128 each).
+`shared_experts` (count, ffn) are dense experts every token goes through beside the routed ones. Their GEMMs
+are plain dense GEMMs ([T, H] x [H, 2 * count * ffn / tp] and back), not grouped ones: moetune does not tune
+them (no Problem is planned for them; XLA's dense GEMM runs them). Under EP they are replicated, each shard
+running them on its own T tokens; under TP their ffn is split as the routed experts' is.
 """
 
 from __future__ import annotations
@@ -31,6 +46,11 @@ from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Probl
 OP = GROUPED_MATMUL
 # The gate_up op moe_mlp dispatches for each activation; the others run the plain GEMM, then the activation.
 FUSED_GATE_UP = {"swiglu": GROUPED_MATMUL_SWIGLU}
+# Gated activations moe_mlp does not compute but whose models are tuned all the same, their gate_up as the
+# plain GEMM that a model's own layer would dispatch before applying it: gpt-oss's SwiGLU with clamped
+# inputs, a sigmoid gain of 1.702 and (up + 1) (moetune's fused epilogue computes silu(gate) * up).
+UNFUSED_ONLY_ACTIVATIONS = ("clamped_swiglu",)
+ACTIVATIONS = (*sorted(GATES), *UNFUSED_ONLY_ACTIVATIONS)
 OPS = (GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU)
 # Decode (1 token) to long prefill chunks (16384 tokens).
 DEFAULT_TOKEN_BUCKETS = tuple(2**i for i in range(15))
@@ -52,6 +72,22 @@ class PlannedProblem:
 
 
 @dataclasses.dataclass(frozen=True)
+class SharedExperts:
+    """`count` dense SwiGLU experts of `ffn` each that every token goes through (not tuned: see above)."""
+
+    count: int
+    ffn: int
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str) -> SharedExperts:
+        if not isinstance(data, dict) or set(data) != {"count", "ffn"}:
+            raise ConfigInvalid(f"{source}: shared_experts must be a mapping of count and ffn; got {data!r}")
+        for name in ("count", "ffn"):
+            _positive_int(f"{source}: shared_experts.{name}", data[name])
+        return cls(count=data["count"], ffn=data["ffn"])
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelShapes:
     name: str
     experts: int
@@ -64,21 +100,42 @@ class ModelShapes:
     transpose_rhs: bool = False
     token_buckets: tuple[int, ...] = DEFAULT_TOKEN_BUCKETS
     activation: str = "swiglu"
+    shared_experts: SharedExperts | None = None
+    tp: int = 1  # tensor parallel: each expert's ffn split tp ways
+    ep: int = 1  # expert parallel: the experts split ep ways; token buckets count one shard's tokens
 
     def __post_init__(self) -> None:
-        for name in ("experts", "top_k", "hidden", "ffn"):
+        for name in ("experts", "top_k", "hidden", "ffn", "tp", "ep"):
             _positive_int(f"{self.name}: {name}", getattr(self, name))
-        if self.activation not in GATES:
+        if self.activation not in ACTIVATIONS:
             raise ConfigInvalid(
-                f"{self.name}: activation={self.activation!r}; known: {', '.join(sorted(GATES))}"
+                f"{self.name}: activation={self.activation!r}; known: {', '.join(ACTIVATIONS)}"
             )
         if self.top_k > self.experts:
             raise ConfigInvalid(f"{self.name}: top_k={self.top_k} exceeds experts={self.experts}")
+        if self.ffn % self.tp:
+            raise ConfigInvalid(f"{self.name}: ffn={self.ffn} is not divisible by tp={self.tp}")
+        if self.experts % self.ep:
+            raise ConfigInvalid(f"{self.name}: experts={self.experts} is not divisible by ep={self.ep}")
+        if self.shared_experts is not None and self.shared_experts.ffn % self.tp:
+            raise ConfigInvalid(
+                f"{self.name}: shared_experts ffn={self.shared_experts.ffn} is not divisible by tp={self.tp}"
+            )
         if not self.token_buckets:
             raise ConfigInvalid(f"{self.name}: token_buckets is empty")
         for tokens in self.token_buckets:
             _positive_int(f"{self.name}: token bucket", tokens)
         object.__setattr__(self, "token_buckets", tuple(sorted(set(self.token_buckets))))
+
+    @property
+    def local_experts(self) -> int:
+        """The experts one shard holds: G of its grouped GEMMs."""
+        return self.experts // self.ep
+
+    @property
+    def shard_ffn(self) -> int:
+        """Each expert's ffn on one shard."""
+        return self.ffn // self.tp
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<model>") -> ModelShapes:
@@ -107,6 +164,8 @@ class ModelShapes:
             if not isinstance(buckets, list):
                 raise ConfigInvalid(f"{source}: token_buckets must be a list of token counts")
             data["token_buckets"] = tuple(buckets)
+        if data.get("shared_experts") is not None:
+            data["shared_experts"] = SharedExperts.from_dict(data["shared_experts"], source)
         return cls(**data)
 
     def with_buckets(self, buckets: tuple[int, ...]) -> ModelShapes:
@@ -118,15 +177,15 @@ class ModelShapes:
             m = tokens * self.top_k
             gate_up_op = FUSED_GATE_UP.get(self.activation, OP)
             for part, op, k, n in (
-                ("gate_up", gate_up_op, self.hidden, 2 * self.ffn),
-                ("down", OP, self.ffn, self.hidden),
+                ("gate_up", gate_up_op, self.hidden, 2 * self.shard_ffn),
+                ("down", OP, self.shard_ffn, self.hidden),
             ):
                 problem = Problem(
                     op,
                     m=m,
                     k=k,
                     n=n,
-                    g=self.experts,
+                    g=self.local_experts,
                     lhs_dtype=self.lhs_dtype,
                     rhs_dtype=self.rhs_dtype,
                     out_dtype=self.out_dtype,
@@ -147,7 +206,12 @@ def shipped_model_names() -> list[str]:
 
 
 def load_model(name_or_path: str) -> ModelShapes:
-    """A model from a YAML path, or by the name of a file shipped in configs/models/."""
+    """A model from a YAML path, by the name of a file shipped in configs/models/, or from a Hugging Face
+    config.json named as tuner/hf_config.py's `reference` writes it ("hf:tp=1,ep=8:PATH")."""
+    from moetune.tuner import hf_config  # it builds on this module
+
+    if name_or_path.startswith(hf_config.PREFIX):
+        return hf_config.load_reference(name_or_path)
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         try:

@@ -13,8 +13,8 @@ What runs, on every backend (`xla` on CPU, `mosaic_gpu` on Hopper), and what is 
     backend that declines the op (or another activation, e.g. geglu) gets the unfused path: the
     "grouped_matmul" GEMM writes [T*k, 2F] in the inputs' dtype and an XLA op applies the activation.
   * Routing (top-k, then the stable sort of the rows by expert) is pairwise comparisons while T*k and E
-    are small (decode): on a GPU one Pallas Triton kernel (routing_kernel.py), elsewhere XLA reductions;
-    lax.top_k and an argsort otherwise.
+    are small (decode): on a GPU one Pallas Triton kernel (routing_kernel.py), elsewhere XLA reductions
+    (the `routing_mode` argument chooses); lax.top_k and an argsort otherwise.
   * The token permutation is NOT fused into the first GEMM: a stable sort by expert, then a row gather
     (`jnp.take`) that writes a permuted [T*k, H] copy of the activations. See "grouped_matmul_gather".
   * The combine is NOT fused into the down GEMM: an XLA gather through the inverse permutation plus a
@@ -52,7 +52,7 @@ import jax.numpy as jnp
 
 from moetune.kernels.api import explain, grouped_matmul, grouped_matmul_swiglu, problem_of
 from moetune.kernels.errors import ConfigInvalid, Unsupported
-from moetune.kernels.moe import routing_kernel
+from moetune.kernels.moe import pallas_mode, routing_kernel
 from moetune.kernels.moe.reference import check_moe_args, gated_activation
 from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name
 
@@ -173,11 +173,14 @@ def _sorted_rows_by_comparison(flat: Array) -> tuple[Array, Array]:
     return slot_row, order
 
 
-def route_rows(router_logits: Array, top_k: int, renormalize: bool) -> tuple[Routing, SortedRows]:
-    """`route`, then `sort_by_expert`: in one Pallas Triton kernel where it fits and routing_kernel.mode()
-    allows, else as XLA ops."""
+def route_rows(
+    router_logits: Array, top_k: int, renormalize: bool, routing_mode: str = "auto"
+) -> tuple[Routing, SortedRows]:
+    """`route`, then `sort_by_expert`: in one Pallas Triton kernel (routing_kernel.py) where the batch fits
+    it and `routing_mode` does not resolve to "xla" ("auto": the kernel on a GPU, XLA's ops elsewhere;
+    "interpret": the kernel in Pallas's interpreter), else as XLA ops."""
     tokens, experts = router_logits.shape
-    mode = routing_kernel.mode()
+    mode = pallas_mode.resolve(routing_mode, "routing_mode")
     if mode != "xla" and routing_kernel.fits(tokens, experts, top_k):
         ids, weights, row_token, slot_row, sizes = routing_kernel.route_and_sort(
             router_logits, top_k, renormalize, interpret=mode == "interpret"
@@ -232,13 +235,14 @@ def moe_mlp_using(
     renormalize: bool = True,
     activation: str = "swiglu",
     fused_swiglu: GroupedGemm | None = None,
+    routing_mode: str = "auto",
 ) -> Array:
     """`moe_mlp` with any grouped GEMM: baselines pass jax.lax.ragged_dot to time XLA's own kernel.
 
     `fused_swiglu`, when given, computes the gate_up GEMM and SwiGLU in one op (used for swiglu only).
     """
     check_moe_args(x, router_logits, w_gate_up, w_down, top_k=top_k, activation=activation)
-    routing, rows = route_rows(router_logits, top_k, renormalize)
+    routing, rows = route_rows(router_logits, top_k, renormalize, routing_mode)
     hidden = _gate_up(gemm, _permute(x, rows), rows, w_gate_up, activation, fused_swiglu)
     return _down_and_combine(gemm, hidden, rows, w_down, routing)
 
@@ -254,6 +258,7 @@ def moe_mlp(
     activation: str = "swiglu",
     backend: str | None = None,
     fuse: bool = True,
+    routing_mode: str = "auto",
 ) -> Array:
     """Routed MoE MLP: out[t] = sum over t's top-k experts e of w[t, e] * down_e(act(gate_up_e(x[t]))).
 
@@ -263,10 +268,12 @@ def moe_mlp(
     `backend` (None: the dispatcher's default for the device), each with its tuned config looked up at
     trace time; with `fuse` (the default) swiglu's gate_up GEMM is "grouped_matmul_swiglu" wherever
     `backend` serves that op, and `fuse=False` forces the unfused path (benchmarks compare the two).
-    Raises ConfigInvalid for bad shapes or top_k, Unsupported for an unknown activation.
+    `routing_mode` says how top-k and the sort by expert run (`route_rows`): "auto" (the default) takes
+    the one-kernel routing where it fits on a GPU and XLA's ops otherwise; "kernel", "xla", "interpret".
+    Raises ConfigInvalid for bad shapes, top_k or routing_mode, Unsupported for an unknown activation.
     """
     check_moe_args(x, router_logits, w_gate_up, w_down, top_k=top_k, activation=activation)
-    routing, rows = route_rows(router_logits, top_k, renormalize)
+    routing, rows = route_rows(router_logits, top_k, renormalize, routing_mode)
     return moe_mlp_sorted(
         _permute(x, rows), routing, rows, w_gate_up, w_down, activation=activation, backend=backend, fuse=fuse
     )

@@ -5,7 +5,9 @@ four small kernels (top-k, the weights' gather, the sorted order, the group size
 ~1.5 us on the H200 in a step whose routing work is a few hundred comparisons. This is those four as one
 kernel, one program: every (token, slot) is compared with every other in registers, as
 `moe._top_k_by_comparison` and `moe._sorted_rows_by_comparison` do, with the same results (ties to the
-lower expert, then to the earlier slot; logits in IEEE total order).
+lower expert, then to the earlier slot; logits in IEEE total order). `moe.route_rows` runs it where
+its `routing_mode` argument resolves to "kernel" or "interpret" (see moetune.kernels.moe.pallas_mode)
+and the batch `fits`.
 """
 
 from __future__ import annotations
@@ -18,19 +20,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from moetune.kernels.moe import pallas_mode
 from moetune.kernels.moe.pallas_mode import pow2_at_least
 
 Array = Any
 MAX_EXPERTS = 16
 MAX_ROWS = 64  # tokens * top_k; the comparisons grow as its square
-MODE_ENV = "MOETUNE_ROUTING"  # kernel, xla or interpret: see moetune.kernels.moe.pallas_mode
-
-
-def mode() -> str:
-    """How `moe.route_rows` routes a batch that fits: this kernel ("kernel", the default on a GPU), XLA's
-    ops ("xla", the default elsewhere), or this kernel in Pallas's interpreter ("interpret")."""
-    return pallas_mode.mode(MODE_ENV)
 
 
 def fits(tokens: int, experts: int, top_k: int) -> bool:

@@ -1,5 +1,6 @@
-"""The decode attention kernels compiled by Triton on a Hopper GPU, at Mixtral-8x7B's attention shapes,
-against the model's einsum path in float32; and the model's decode with them against its decode without them.
+"""The decode attention kernels compiled by Triton on a Hopper GPU, at Mixtral-8x7B's attention shapes and
+Qwen3-30B-A3B's (q/k RMSNorm), against the model's einsum path in float32; and the model's decode with them
+against its decode without them.
 
 Skipped without one (tests/gpu/conftest.py). On the GPU machine:
     python3 -m pytest tests/gpu/test_decode_attention_gpu.py
@@ -37,7 +38,9 @@ def _einsum_path(qkv, keys, values, pos):
     return out.reshape(qkv.shape[0], -1), keys
 
 
-@pytest.mark.parametrize("tiling", [{}, {"block_k": 64, "splits": 64}, {"block_k": 128, "splits": 8}])
+@pytest.mark.parametrize(
+    "tiling", [da.Tiling(), da.Tiling(block_k=64, splits=64), da.Tiling(block_k=128, splits=8)], ids=str
+)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_kernels_match_the_float32_einsum_path_at_mixtral_shapes(batch, tiling):
     ks = jax.random.split(jax.random.key(batch), 3)
@@ -47,7 +50,7 @@ def test_kernels_match_the_float32_einsum_path_at_mixtral_shapes(batch, tiling):
     keys = normal(ks[1], (batch, kv_heads, LENGTH, dim)) + 20  # junk past pos: large, so a leak shows
     values = normal(ks[2], (batch, kv_heads, LENGTH, dim))
     f32 = lambda a: a.astype(jnp.float32)
-    attend = jax.jit(functools.partial(da.decode_attention, heads=heads, **tiling))
+    attend = jax.jit(functools.partial(da.decode_attention, heads=heads, tiling=tiling))
     for pos in (0, 63, 64, 2100, LENGTH - 1):
         want, want_keys = _einsum_path(f32(qkv), f32(keys), f32(values), pos)
         cos, sin = mixtral.rotation(jnp.asarray([pos]), dim // 2, MIXTRAL.rope_theta)
@@ -79,4 +82,38 @@ def test_partial_sums_of_the_projection_attend_as_their_rounded_sum_at_mixtral_s
 
 
 def test_model_decode_with_the_kernels_matches_decode_without(assert_decode_same_across_modes):
-    assert_decode_same_across_modes(da.MODE_ENV, ("xla", "kernel"))
+    assert_decode_same_across_modes("decode_attention", ("xla", "kernel"))
+
+
+def test_kernels_with_qk_norm_match_the_float32_einsum_path_at_qwen3_shapes():
+    qwen3 = model_config("qwen3_30b_a3b")
+    heads, kv_heads, dim = qwen3.heads, qwen3.kv_heads, qwen3.head_dim
+    ks = jax.random.split(jax.random.key(7), 5)
+    normal = lambda k, shape: jax.random.normal(k, shape, jnp.float32).astype(jnp.bfloat16)
+    qkv = normal(ks[0], (2, (heads + 2 * kv_heads) * dim)) * 4
+    keys = normal(ks[1], (2, kv_heads, LENGTH, dim))
+    values = normal(ks[2], (2, kv_heads, LENGTH, dim))
+    q_weight, k_weight = (1 + 0.5 * normal(k, (dim,)) for k in ks[3:])
+    f32 = lambda a: a.astype(jnp.float32)
+    attend = jax.jit(
+        lambda *a: da.decode_attention(*a, heads=heads, qk_norm=(q_weight, k_weight, qwen3.norm_eps))
+    )
+    for pos in (1, 700, LENGTH - 1):
+        want, (want_keys, _) = mixtral.einsum_attention(
+            qwen3,
+            f32(qkv)[:, None],
+            jnp.asarray([pos]),
+            (f32(keys), f32(values)),
+            (f32(q_weight), f32(k_weight)),
+        )
+        cos, sin = mixtral.rotation(jnp.asarray([pos]), dim // 2, qwen3.rope_theta)
+        out, new_keys, _ = attend(qkv, keys, values, pos, cos[0], sin[0])
+        out, want = np.asarray(out, np.float64), np.asarray(want.reshape(2, -1), np.float64)
+        rel_l2 = np.linalg.norm(out - want) / np.linalg.norm(want)
+        assert rel_l2 < 2e-2, f"pos {pos}: rel_l2={rel_l2:.3g}"
+        np.testing.assert_allclose(
+            np.asarray(new_keys[:, :, pos], np.float32),
+            np.asarray(want_keys[:, :, pos]),
+            rtol=3e-2,
+            atol=3e-2,
+        )

@@ -55,7 +55,7 @@ def test_model_decode_with_the_kernel_matches_decode_without(assert_decode_same_
     q, kv = tiny.heads * tiny.head_dim, tiny.kv_heads * tiny.head_dim
     small = gemv.Tiling(block_n=64, block_k=16, split_k=2)
     monkeypatch.setattr(gemv, "TILINGS", {(tiny.hidden, q + 2 * kv): small, (q, tiny.hidden): small})
-    assert_decode_same_across_modes(gemv.MODE_ENV, ("xla", "kernel"))
+    assert_decode_same_across_modes("gemv", ("xla", "kernel"))
 
 
 @pytest.mark.parametrize("rows", [1, 2, gemv.MAX_ROWS])
@@ -74,12 +74,11 @@ def test_wo_adds_into_the_float32_stream_with_atomics(rows):
 def test_model_decode_carrying_a_float32_residual_matches_the_two_adds(
     assert_decode_same_across_modes, monkeypatch
 ):
-    from moetune.models import decode_attention, norm_router
+    from moetune.models.kernel_choices import KernelChoices
 
     tiny = model_config("tiny")
     q, kv = tiny.heads * tiny.head_dim, tiny.kv_heads * tiny.head_dim
     small = gemv.Tiling(block_n=64, block_k=16, split_k=2)
     monkeypatch.setattr(gemv, "TILINGS", {(tiny.hidden, q + 2 * kv): small, (q, tiny.hidden): small})
-    for env in (gemv.MODE_ENV, decode_attention.MODE_ENV, norm_router.GATHER_MODE_ENV):
-        monkeypatch.setenv(env, "kernel")
-    assert_decode_same_across_modes(mixtral.RESIDUAL_ENV, ("add", "accumulate"))
+    every_kernel = KernelChoices(gemv="kernel", decode_attention="kernel", norm_route_gather="kernel")
+    assert_decode_same_across_modes("decode_residual", ("add", "accumulate"), every_kernel)

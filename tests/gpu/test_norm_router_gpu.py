@@ -32,7 +32,7 @@ def test_compiled_kernel_matches_the_model_ops_at_mixtral_shapes(tokens):
 
 
 def test_model_decode_with_the_kernel_matches_decode_without(assert_decode_same_across_modes):
-    assert_decode_same_across_modes(norm_router.MODE_ENV, ("xla", "kernel"))
+    assert_decode_same_across_modes("norm_router", ("xla", "kernel"))
 
 
 @pytest.mark.parametrize("tokens", [1, 4])
@@ -59,4 +59,4 @@ def test_compiled_gather_kernel_matches_the_kernels_and_ops_it_replaces_at_mixtr
 
 
 def test_model_decode_with_the_gather_kernel_matches_decode_without(assert_decode_same_across_modes):
-    assert_decode_same_across_modes(norm_router.GATHER_MODE_ENV, ("xla", "kernel"))
+    assert_decode_same_across_modes("norm_route_gather", ("xla", "kernel"))

@@ -36,4 +36,4 @@ def test_compiled_kernel_equals_the_xla_routing(tokens, experts, top_k, renormal
 
 
 def test_model_decode_with_the_kernel_matches_decode_without(assert_decode_same_across_modes):
-    assert_decode_same_across_modes(routing_kernel.MODE_ENV, ("xla", "kernel"))
+    assert_decode_same_across_modes("routing", ("xla", "kernel"))

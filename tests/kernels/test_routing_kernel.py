@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.lookup import LOOKUP
 from moetune.kernels.moe import layer as moe
 from moetune.kernels.moe import routing_kernel
@@ -73,7 +74,7 @@ def test_batches_beyond_one_program_are_refused_and_left_to_xla():
         routing_kernel.route_and_sort(jnp.zeros((33, 8)), 2, True, interpret=True)
 
 
-def test_moe_layer_routes_through_the_kernel_where_it_fits(monkeypatch):
+def test_moe_layer_routes_through_the_kernel_where_it_fits_and_its_mode_allows(monkeypatch):
     calls = []
     real = routing_kernel.route_and_sort
     monkeypatch.setattr(
@@ -85,13 +86,27 @@ def test_moe_layer_routes_through_the_kernel_where_it_fits(monkeypatch):
     w_gate_up = jax.random.normal(ks[2], (8, 64, 96), jnp.float32) * 0.1
     w_down = jax.random.normal(ks[3], (8, 48, 64), jnp.float32) * 0.1
     outputs = {}
-    for mode in ("xla", "interpret"):
-        monkeypatch.setenv(routing_kernel.MODE_ENV, mode)
-        outputs[mode] = [moe.moe_mlp(x[:t], logits[:t], w_gate_up, w_down, top_k=2) for t in (1, 32, 40)]
+    for mode in ("xla", "interpret", "auto"):
+        outputs[mode] = [
+            moe.moe_mlp(x[:t], logits[:t], w_gate_up, w_down, top_k=2, routing_mode=mode) for t in (1, 32, 40)
+        ]
     # Routing is exact either way, so the layer's outputs are the same bits.
-    for a, b in zip(outputs["xla"], outputs["interpret"], strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert calls == [(1, 8), (32, 8)]  # 40 tokens x 2 rows is more than one program compares
+    for mode in ("interpret", "auto"):
+        for a, b in zip(outputs["xla"], outputs[mode], strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # 40 tokens x 2 rows is more than one program compares; "auto" on a CPU is XLA's ops.
+    assert calls == [(1, 8), (32, 8)] * (2 if jax.default_backend() == "gpu" else 1)
+
+
+def test_the_routing_mode_is_an_argument_checked_by_name():
+    logits = jnp.zeros((2, 8))
+    with pytest.raises(
+        ConfigInvalid, match="routing_mode='fast'; expected one of auto, kernel, xla, interpret"
+    ):
+        moe.route_rows(logits, 2, True, routing_mode="fast")
+    # "kernel" where the batch does not fit the kernel is XLA's ops, as "auto" is.
+    routing, rows = moe.route_rows(jnp.zeros((40, 8)), 2, True, routing_mode="kernel")
+    assert rows.group_sizes.shape == (8,) and int(rows.group_sizes.sum()) == 80
 
 
 def test_kernel_lowers_to_triton_for_an_h200(triton_lowering_for_h200):

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.lookup import LOOKUP
 from moetune.models import gemv, mixtral
 from moetune.models.config import model_config
@@ -107,23 +108,24 @@ def tiny_tilings(monkeypatch):
 
 
 def test_model_projects_through_the_kernel_only_in_decode(tiny_tilings, monkeypatch):
-    monkeypatch.setenv(gemv.MODE_ENV, "interpret")
     calls = []
     kernel = gemv.project
     monkeypatch.setattr(gemv, "project", lambda *a, **kw: calls.append(kw["tiling"]) or kernel(*a, **kw))
     w = jnp.ones((64, 64), jnp.float32)
-    mixtral.project(jnp.ones((1, 1, 64), jnp.float32), w)
+    mixtral.project(jnp.ones((1, 1, 64), jnp.float32), w, gemv_mode="interpret")
     assert calls == [tiny_tilings]
-    mixtral.project(jnp.ones((1, 8, 64), jnp.float32), w)  # more rows than MAX_ROWS: XLA's dot
-    monkeypatch.setenv(gemv.MODE_ENV, "xla")
-    mixtral.project(jnp.ones((1, 1, 64), jnp.float32), w)
+    # More rows than MAX_ROWS: XLA's dot.
+    mixtral.project(jnp.ones((1, 8, 64), jnp.float32), w, gemv_mode="interpret")
+    mixtral.project(jnp.ones((1, 1, 64), jnp.float32), w, gemv_mode="xla")
     assert calls == [tiny_tilings]
+    mixtral.project(jnp.ones((1, 1, 64), jnp.float32), w)  # "auto": XLA's dot on a CPU, the kernel on a GPU
+    assert calls == [tiny_tilings] * (2 if jax.default_backend() == "gpu" else 1)
 
 
 def test_model_decoding_with_the_interpreted_kernel_matches_the_xla_ops(
     tiny_tilings, assert_decode_same_across_modes
 ):
-    assert_decode_same_across_modes(gemv.MODE_ENV, ("xla", "interpret"))
+    assert_decode_same_across_modes("gemv", ("xla", "interpret"))
 
 
 def test_model_decoding_with_both_kernels_feeds_attention_the_partial_sums(
@@ -131,8 +133,8 @@ def test_model_decoding_with_both_kernels_feeds_attention_the_partial_sums(
 ):
     """With the attention kernel on too, the model hands it wqkv's partial sums (no XLA sum between)."""
     from moetune.models import decode_attention
+    from moetune.models.kernel_choices import KernelChoices
 
-    monkeypatch.setenv(decode_attention.MODE_ENV, "interpret")
     fed = []
     attend = decode_attention.decode_attention
     monkeypatch.setattr(
@@ -140,7 +142,7 @@ def test_model_decoding_with_both_kernels_feeds_attention_the_partial_sums(
         "decode_attention",
         lambda qkv, *a, **kw: fed.append(qkv.shape) or attend(qkv, *a, **kw),
     )
-    assert_decode_same_across_modes(gemv.MODE_ENV, ("xla", "interpret"))
+    assert_decode_same_across_modes("gemv", ("xla", "interpret"), KernelChoices(decode_attention="interpret"))
     parts = (tiny_tilings.split_k, 2, 128)  # [S, B, W]: the fixture decodes 2 sequences
     assert (2, 128) in fed and parts in fed
 
@@ -174,15 +176,15 @@ def test_a_decode_step_with_every_kernel_on_carries_a_float32_residual_through_w
 ):
     """wo's GEMV adds into the float32 residual stream (no XLA add between it and norm_route_gather): the
     same tokens, logits and cache as the two adds in the model's dtype."""
-    from moetune.models import decode_attention, norm_router
+    from moetune.models.kernel_choices import KernelChoices
 
-    for env in (gemv.MODE_ENV, decode_attention.MODE_ENV, norm_router.GATHER_MODE_ENV):
-        monkeypatch.setenv(env, "interpret")
+    every_kernel = KernelChoices(
+        gemv="interpret", decode_attention="interpret", norm_route_gather="interpret"
+    )
     streams = []
     kernel = gemv.accumulate
     monkeypatch.setattr(gemv, "accumulate", lambda *a, **kw: streams.append(a[2].dtype) or kernel(*a, **kw))
-    assert_decode_same_across_modes(mixtral.RESIDUAL_ENV, ("add", "accumulate"))
+    assert_decode_same_across_modes("decode_residual", ("add", "accumulate"), every_kernel)
     assert streams and set(streams) == {jnp.dtype(jnp.float32)}
-    monkeypatch.setenv(mixtral.RESIDUAL_ENV, "sometimes")
-    with pytest.raises(ValueError, match=r"RESIDUAL='sometimes'; expected accumulate or add"):
-        mixtral._carries_residual(model_config("tiny"), None, jnp.ones((1, 1, 64)), None, "moetune")
+    with pytest.raises(ConfigInvalid, match=r"decode_residual='sometimes'; expected one of accumulate, add"):
+        KernelChoices(decode_residual="sometimes")

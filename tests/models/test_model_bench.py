@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from moetune.kernels.lookup import LOOKUP
 from moetune.models.bench import SCHEMA, run_model_bench
 from moetune.tuner.cli.bench_model import bench_model, bench_model_command
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -73,15 +74,57 @@ def test_bad_arguments_fail_before_any_work():
         run_model_bench("tiny", 0, 8, 2)
 
 
-def test_command_fails_with_exit_2_and_one_line_on_bad_input():
+def _app() -> typer.Typer:
     app = typer.Typer()
     app.command("model")(bench_model_command)
     app.command("other")(lambda: None)  # two commands, so "model" stays a subcommand name
+    return app
+
+
+def test_command_fails_with_exit_2_and_one_line_on_bad_input():
+    app = _app()
     run = CliRunner().invoke(app, ["model", "--model", "mixtral_9x9b"])
     assert run.exit_code == 2
-    assert "error: unknown model 'mixtral_9x9b'; known: mixtral_8x7b, tiny" in run.output
+    assert (
+        "error: unknown model 'mixtral_9x9b'; known: mixtral_8x7b, qwen3_30b_a3b, tiny, tiny_qwen3"
+        in run.output
+    )
     run = CliRunner().invoke(app, ["model", "--model", "tiny", "--moe-tokens", "4096,x"])
     assert run.exit_code == 2 and "--moe-tokens='4096,x' must be comma-separated integers" in run.output
+    run = CliRunner().invoke(app, ["model", "--model", "tiny", "--decode-attention-tiling", "splits=3"])
+    assert run.exit_code == 2
+    assert "error: decode attention tiling: splits=3 must be a power of two" in run.output
+    run = CliRunner().invoke(app, ["model", "--model", "tiny", "--gemv", "fast"], env={"COLUMNS": "200"})
+    assert run.exit_code == 2 and "'fast' is not one of 'auto', 'kernel', 'xla', 'interpret'" in run.output
+
+
+def test_each_kernel_choice_is_a_flag_with_its_default_shown():
+    run = CliRunner().invoke(_app(), ["model", "--help"], env={"COLUMNS": "200"})
+    assert run.exit_code == 0
+    text = " ".join(run.output.split())
+    for flag in ("--routing", "--norm-router", "--norm-route-gather", "--gemv", "--decode-attention"):
+        assert re.search(rf"{flag} +<auto\|kernel\|xla\|interpret> .*?\[default: auto\]", text), flag
+    assert "[default: block_k=64,splits=32,num_warps=4,num_stages=2]" in text
+    assert re.search(r"--decode-residual +<accumulate\|add> .*?\[default: accumulate\]", text)
+
+
+def test_the_qwen3_shaped_model_benches_with_the_kernel_choices_of_its_flags(tmp_path, monkeypatch):
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    out = tmp_path / "qwen3.json"
+    argv = ["model", "--model", "tiny_qwen3", "--layers", "1", "--prompt", "8", "--gen", "2"]
+    argv += ["--paths", "dense,moetune", "--moe-tokens", "16", "--runs", "1", "--out", str(out)]
+    argv += ["--gemv", "interpret", "--decode-attention", "xla", "--decode-attention-tiling", "splits=16"]
+    run = CliRunner().invoke(_app(), argv)
+    assert run.exit_code == 0, run.output
+    written = json.loads(out.read_text())
+    assert written["model"]["name"] == "tiny_qwen3" and written["model"]["qk_norm"]
+    assert written["ok"] and written["parity"]["moetune"]["ok"]
+    kernels = written["pallas_kernels"]
+    assert (kernels["gemv"], kernels["decode_attention"], kernels["routing"]) == ("interpret", "xla", "xla")
+    assert kernels["decode_attention_tiling"] == "block_k=64,splits=16,num_warps=4,num_stages=2"
+    # 8 rows per token over the 32 experts in every timed block.
+    for m in written["results"]["moetune"]["moe"]:
+        assert all(sum(rows) == 8 * m["tokens"] and len(rows) == 32 for rows in m["rows_per_expert"])
 
 
 def test_gpu_script_runs_with_only_jax_numpy_and_moetune(tmp_path):

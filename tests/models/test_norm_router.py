@@ -46,7 +46,8 @@ def test_interpreted_kernel_equals_the_model_ops(dtype, tokens, hidden, experts)
 
 def test_bad_shapes_and_prefill_batches_are_refused():
     x, weight, router = _inputs(65, 64, 8, jnp.float32)
-    assert norm_router.fits(64) and not norm_router.fits(65)
+    assert norm_router.fits(64, 8) and not norm_router.fits(65, 8)
+    assert not norm_router.fits(1, norm_router.MAX_EXPERTS + 1)  # a router too wide for one program
     with pytest.raises(ValueError, match=r"x \(65, 64\)"):
         norm_router.norm_and_router(x, weight, router, 1e-5, interpret=True)
     with pytest.raises(ValueError, match=r"router \(32, 8\)"):
@@ -54,7 +55,7 @@ def test_bad_shapes_and_prefill_batches_are_refused():
 
 
 def test_model_decoding_with_the_interpreted_kernel_matches_the_xla_ops(assert_decode_same_across_modes):
-    assert_decode_same_across_modes(norm_router.MODE_ENV, ("xla", "interpret"))
+    assert_decode_same_across_modes("norm_router", ("xla", "interpret"))
 
 
 def test_mixtral_shapes_lower_to_triton_for_an_h200(triton_lowering_for_h200):
@@ -102,7 +103,7 @@ def test_the_gather_kernel_refuses_what_one_program_cannot_hold():
 def test_model_decoding_with_the_interpreted_gather_kernel_matches_the_xla_ops(
     assert_decode_same_across_modes,
 ):
-    assert_decode_same_across_modes(norm_router.GATHER_MODE_ENV, ("xla", "interpret"))
+    assert_decode_same_across_modes("norm_route_gather", ("xla", "interpret"))
 
 
 def test_the_gather_kernel_lowers_to_triton_for_an_h200_at_mixtral_shapes(triton_lowering_for_h200):

@@ -529,30 +529,23 @@ def test_the_model_on_the_session9_pack():
     }
 
 
-def test_decode_timeline_switches_each_kernel_by_its_own_variable(monkeypatch):
-    """The variants spell the variables as literals (the parent process imports no jax): they must be the
-    ones the kernels read."""
-    from moetune.kernels.moe import routing_kernel
-    from moetune.models import decode_attention, gemv, mixtral, norm_router
+def test_decode_timeline_switches_each_kernel_by_its_own_choice(monkeypatch):
+    """The variants spell the kernel choices as literals (the parent process imports no jax): they must be
+    KernelChoices fields, and every variant's must parse."""
+    import dataclasses
+
+    from moetune.models.kernel_choices import MODE_FIELDS, KernelChoices
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import decode_timeline
 
-    names = {
-        decode_attention.MODE_ENV,
-        norm_router.MODE_ENV,
-        norm_router.GATHER_MODE_ENV,
-        routing_kernel.MODE_ENV,
-        gemv.MODE_ENV,
-    }
-    used = {name for extra in decode_timeline.VARIANTS.values() for name in extra if name != "XLA_FLAGS"}
-    assert used == names | {decode_attention.TILING_ENV, mixtral.RESIDUAL_ENV}
-    assert decode_timeline.VARIANTS["residual_add"] == {mixtral.RESIDUAL_ENV: "add"}
-    for extra in decode_timeline.VARIANTS.values():  # every tiling variant parses
-        if decode_attention.TILING_ENV in extra:
-            monkeypatch.setenv(decode_attention.TILING_ENV, extra[decode_attention.TILING_ENV])
-            assert decode_attention.tiling_from_env()
-    assert decode_timeline.VARIANTS["xla_all"] == dict.fromkeys(names, "xla")
+    used = {name for variant in decode_timeline.VARIANTS for name in decode_timeline.choices_of(variant)}
+    assert used == {field.name for field in dataclasses.fields(KernelChoices)}
+    for variant in decode_timeline.VARIANTS:
+        choices = KernelChoices.parse(**decode_timeline.choices_of(variant))
+        assert (choices != KernelChoices()) == bool(decode_timeline.choices_of(variant)), variant
+    assert decode_timeline.choices_of("residual_add") == {"decode_residual": "add"}
+    assert decode_timeline.choices_of("xla_all") == dict.fromkeys(MODE_FIELDS, "xla")
 
 
 def test_decode_timeline_groups_kernels_and_counts_per_token(monkeypatch):

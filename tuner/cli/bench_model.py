@@ -14,6 +14,9 @@ from typing import Annotated, Any
 import typer
 
 from moetune.kernels.errors import MoetuneError
+from moetune.kernels.moe.pallas_mode import Mode
+from moetune.models.config import MODELS
+from moetune.models.kernel_choices import DEFAULT_CHOICES, HELP, KernelChoices, Residual
 from moetune.tuner.cli.common import console, fail, json_text
 
 
@@ -29,6 +32,7 @@ def bench_model(
     moe_tokens: tuple[int, ...] = (4096, 1),
     runs: int = 3,
     use_db: bool = True,
+    choices: KernelChoices = DEFAULT_CHOICES,
 ) -> dict[str, Any]:
     """Run the benchmark (moetune.models.bench), print its summary, and return the result."""
     # Before jax's GPU backend starts: its default 75% of memory leaves too little beside Mixtral-8x7B's
@@ -47,6 +51,7 @@ def bench_model(
         moe_tokens=moe_tokens,
         runs=runs,
         use_db=use_db,
+        choices=choices,
         command="moetune bench model " + " ".join(_argv_tail()),
     )
     for line in summary_lines(result):
@@ -66,7 +71,7 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 
 
 def bench_model_command(
-    model: Annotated[str, typer.Option(help="Model preset: mixtral_8x7b or tiny.")] = "mixtral_8x7b",
+    model: Annotated[str, typer.Option(help=f"Model preset: {', '.join(MODELS)}.")] = "mixtral_8x7b",
     batch: Annotated[int, typer.Option(help="Sequences per step.")] = 1,
     prompt: Annotated[int, typer.Option(help="Prompt tokens per sequence (prefill).")] = 2048,
     gen: Annotated[int, typer.Option(help="Generated tokens per sequence (decode steps).")] = 128,
@@ -82,13 +87,50 @@ def bench_model_command(
         typer.Option("--no-db", help="Look winners up in the shipped config packs only, not in a database."),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Also print the JSON result.")] = False,
+    routing: Annotated[Mode, typer.Option(help=HELP["routing"])] = DEFAULT_CHOICES.routing,
+    norm_router: Annotated[Mode, typer.Option(help=HELP["norm_router"])] = DEFAULT_CHOICES.norm_router,
+    norm_route_gather: Annotated[
+        Mode, typer.Option(help=HELP["norm_route_gather"])
+    ] = DEFAULT_CHOICES.norm_route_gather,
+    gemv: Annotated[Mode, typer.Option(help=HELP["gemv"])] = DEFAULT_CHOICES.gemv,
+    decode_attention: Annotated[
+        Mode, typer.Option(help=HELP["decode_attention"])
+    ] = DEFAULT_CHOICES.decode_attention,
+    decode_attention_tiling: Annotated[str, typer.Option(help=HELP["decode_attention_tiling"])] = str(
+        DEFAULT_CHOICES.decode_attention_tiling
+    ),
+    decode_residual: Annotated[
+        Residual, typer.Option(help=HELP["decode_residual"])
+    ] = DEFAULT_CHOICES.decode_residual,
 ) -> None:
-    """Prefill and decode tokens/s and the MoE time per layer for the dense, ragged and moetune paths."""
+    """Prefill and decode tokens/s and the MoE time per layer for the dense, ragged and moetune paths.
+
+    Each kernel choice is auto (the Pallas kernel on a GPU, XLA's ops elsewhere), kernel, xla, or
+    interpret (the kernel in Pallas's interpreter)."""
     path_list = [p.strip() for p in paths.split(",") if p.strip()]
     tokens = _ints(moe_tokens, "--moe-tokens")
     try:
+        choices = KernelChoices.parse(
+            routing=routing,
+            norm_router=norm_router,
+            norm_route_gather=norm_route_gather,
+            gemv=gemv,
+            decode_attention=decode_attention,
+            decode_attention_tiling=decode_attention_tiling,
+            decode_residual=decode_residual,
+        )
         result = bench_model(
-            model, batch, prompt, gen, path_list, layers, out, moe_tokens=tokens, runs=runs, use_db=not no_db
+            model,
+            batch,
+            prompt,
+            gen,
+            path_list,
+            layers,
+            out,
+            moe_tokens=tokens,
+            runs=runs,
+            use_db=not no_db,
+            choices=choices,
         )
     except MoetuneError as e:
         fail(str(e))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -25,6 +26,22 @@ def _buckets(text: str | None) -> tuple[int, ...]:
         fail(f"--buckets {text!r} is not a comma-separated list of token counts")
 
 
+def _hf_models(path: Path | None, tp: int, ep: int) -> tuple[str, ...]:
+    """--hf-config as the spec's model name (tuner/hf_config.py), read once here so that a bad file fails
+    before anything is opened or written."""
+    if path is None:
+        if (tp, ep) != (1, 1):
+            fail("--tp and --ep shard an --hf-config model; give one")
+        return ()
+    from moetune.tuner import hf_config
+
+    try:
+        hf_config.load_hf_config(path, tp=tp, ep=ep)
+    except MoetuneError as e:
+        fail(str(e))
+    return (hf_config.reference(path, tp, ep),)
+
+
 @app.command()
 def tune(
     sweep: Annotated[
@@ -38,6 +55,15 @@ def tune(
         list[str] | None,
         typer.Option("--problem", help="One shape, e.g. m=8192,k=4096,n=28672,g=8,dtype=bf16."),
     ] = None,
+    hf_config: Annotated[
+        Path | None,
+        typer.Option("--hf-config", help="A Hugging Face config.json: tune its MoE layer (one shard's)."),
+    ] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor parallel: each expert's ffn split N ways.")] = 1,
+    ep: Annotated[
+        int,
+        typer.Option("--ep", help="Expert parallel: experts split N ways; buckets count a shard's tokens."),
+    ] = 1,
     buckets: Annotated[
         str | None, typer.Option("--buckets", help="Token buckets, e.g. 1,16,256 (default: the model's).")
     ] = None,
@@ -106,7 +132,7 @@ def tune(
     from moetune.tuner.spec import SweepSpec, load_sweep_file
 
     flags: dict[str, Any] = dict(
-        models=tuple(model or ()),
+        models=tuple(model or ()) + _hf_models(hf_config, tp, ep),
         problems=tuple(problem or ()),
         token_buckets=_buckets(buckets),
         backend=backend,

@@ -1,0 +1,218 @@
+"""A Hugging Face config.json -> the ModelShapes a model YAML builds: the MoE layer's shapes per shard.
+
+Each family names the same facts differently; FAMILIES says where each one's are:
+
+    model_type               routed experts     expert ffn             shared experts: count x ffn
+    mixtral                  num_local_experts  intermediate_size      none
+    qwen2_moe, qwen3_next    num_experts        moe_intermediate_size  1 x shared_expert_intermediate_size
+    qwen3_moe                num_experts        moe_intermediate_size  none
+    deepseek_v2/v3, glm4_moe n_routed_experts   moe_intermediate_size  n_shared_experts x (expert ffn)
+    gpt_oss                  num_local_experts  intermediate_size      none
+    llama4 (its text_config) num_local_experts  intermediate_size      1 x intermediate_size
+
+Every family takes top_k from num_experts_per_tok (gpt_oss's older files: experts_per_token), hidden from
+hidden_size, the dtype from torch_dtype (newer files: dtype; neither: bfloat16) and the activation from
+hidden_act (silu: swiglu; tanh-approximated gelu: geglu); gpt_oss's experts apply a clamped SwiGLU, tuned
+as the plain gate_up GEMM (plan.UNFUSED_ONLY_ACTIVATIONS). A quantization_config (DeepSeek-V3's FP8,
+gpt-oss's MXFP4 experts) is not read: the problems are the model's GEMMs in its torch_dtype. Only the
+MoE layers' shapes matter: which layers are dense (first_k_dense_replace, mlp_only_layers,
+interleave_moe_layer_step) changes how often the problems run, not what they are.
+
+`tp` and `ep` shard the layer as tuner/plan.py describes (TP splits each expert's ffn, EP the experts;
+token buckets then count one EP shard's tokens); a sweep names such a model by `reference(path, tp, ep)`,
+e.g. "hf:tp=1,ep=8:/models/DeepSeek-V3/config.json", which plan.load_model reads back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from moetune.kernels.errors import ConfigInvalid
+from moetune.kernels.problem import dtype_name
+from moetune.tuner.plan import DEFAULT_TOKEN_BUCKETS, ModelShapes, SharedExperts
+
+PREFIX = "hf:"
+TOP_K_FIELDS = ("num_experts_per_tok",)
+HIDDEN_ACTS = {  # hidden_act -> the gated activation its experts compute
+    "silu": "swiglu",
+    "swish": "swiglu",
+    "gelu_pytorch_tanh": "geglu",
+    "gelu_new": "geglu",
+    "gelu_fast": "geglu",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """Where one model_type's config keeps the MoE layer's facts (field names)."""
+
+    experts: str
+    ffn: str
+    top_k: tuple[str, ...] = TOP_K_FIELDS  # the first one present
+    shared_count: str | int | None = None  # a field, or a fixed count; None: no shared experts
+    shared_ffn: str | None = None
+    activation: str | None = None  # fixed; None: from hidden_act
+    text_config: bool = False  # the decoder's fields sit in "text_config" (multimodal configs)
+
+
+_QWEN_SHARED = {"shared_count": 1, "shared_ffn": "shared_expert_intermediate_size"}
+_DEEPSEEK = Family(
+    "n_routed_experts",
+    "moe_intermediate_size",
+    shared_count="n_shared_experts",
+    shared_ffn="moe_intermediate_size",
+)
+_LLAMA4 = {"shared_count": 1, "shared_ffn": "intermediate_size"}
+
+FAMILIES: dict[str, Family] = {
+    "mixtral": Family("num_local_experts", "intermediate_size"),
+    "qwen2_moe": Family("num_experts", "moe_intermediate_size", **_QWEN_SHARED),
+    "qwen3_moe": Family("num_experts", "moe_intermediate_size"),
+    "qwen3_next": Family("num_experts", "moe_intermediate_size", **_QWEN_SHARED),
+    "deepseek_v2": _DEEPSEEK,
+    "deepseek_v3": _DEEPSEEK,
+    "glm4_moe": _DEEPSEEK,
+    "gpt_oss": Family(
+        "num_local_experts",
+        "intermediate_size",
+        top_k=("num_experts_per_tok", "experts_per_token"),
+        activation="clamped_swiglu",
+    ),
+    "llama4": Family("num_local_experts", "intermediate_size", text_config=True, **_LLAMA4),
+    "llama4_text": Family("num_local_experts", "intermediate_size", **_LLAMA4),
+}
+
+
+def load_hf_config(
+    path: str | Path, *, tp: int = 1, ep: int = 1, token_buckets: tuple[int, ...] = DEFAULT_TOKEN_BUCKETS
+) -> ModelShapes:
+    """The per-shard MoE shapes of the model described by the config.json at `path`. Raises ConfigInvalid
+    (one line, naming the file) for a missing or unreadable file, bad JSON, an unsupported model_type, a
+    missing or bad field, or a shard that does not divide the model."""
+    path = Path(path)
+    config = _read(path)
+    model_type = config.get("model_type")
+    if model_type not in FAMILIES:
+        what = "no model_type" if model_type is None else f"model_type {model_type!r} is not supported"
+        raise ConfigInvalid(f"{path}: {what}; supported: {', '.join(FAMILIES)}")
+    family = FAMILIES[model_type]
+    fields = config
+    if family.text_config:
+        fields = config.get("text_config")
+        if not isinstance(fields, dict):
+            raise ConfigInvalid(
+                f"{path}: a {model_type} config keeps its decoder in text_config; it has none"
+            )
+    read = _Reader(path, model_type, fields)
+    top_k_field = next((name for name in family.top_k if name in fields), family.top_k[0])
+    shared = None
+    if family.shared_count is not None:
+        count = (
+            family.shared_count if isinstance(family.shared_count, int) else read.count(family.shared_count)
+        )
+        ffn = read.count(family.shared_ffn)
+        if count and ffn:
+            shared = SharedExperts(count=count, ffn=ffn)
+    dtype = read.dtype(
+        fields.get("torch_dtype") or fields.get("dtype") or config.get("torch_dtype") or "bfloat16"
+    )
+    return ModelShapes(
+        name=_name(config, model_type, tp, ep),
+        experts=read.positive(family.experts),
+        top_k=read.positive(top_k_field),
+        hidden=read.positive("hidden_size"),
+        ffn=read.positive(family.ffn),
+        lhs_dtype=dtype,
+        rhs_dtype=dtype,
+        out_dtype=dtype,
+        token_buckets=tuple(token_buckets),
+        activation=family.activation or read.activation(),
+        shared_experts=shared,
+        tp=tp,
+        ep=ep,
+    )
+
+
+def _read(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigInvalid(f"{path}: not a file")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigInvalid(f"{path}: cannot read it ({e})") from e
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigInvalid(f"{path}: not JSON ({e.msg} at line {e.lineno})") from e
+    if not isinstance(config, dict):
+        raise ConfigInvalid(f"{path}: a config.json holds one object; this holds a {type(config).__name__}")
+    return config
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reader:
+    """Typed reads of one config's fields, each failure naming the file, the family and the field."""
+
+    path: Path
+    model_type: str
+    fields: dict[str, Any]
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}: {self.model_type} config"
+
+    def positive(self, name: str) -> int:
+        if name not in self.fields:
+            raise ConfigInvalid(f"{self.where} has no {name}")
+        value = self.fields[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigInvalid(f"{self.where}: {name}={value!r} must be a positive integer")
+        return value
+
+    def count(self, name: str) -> int:
+        """A count that may be absent or 0 (no shared experts)."""
+        value = self.fields.get(name) or 0
+        return 0 if value == 0 else self.positive(name)
+
+    def dtype(self, value: Any) -> str:
+        try:
+            return dtype_name(str(value))
+        except ConfigInvalid as e:
+            raise ConfigInvalid(f"{self.where}: torch_dtype {e}") from None
+
+    def activation(self) -> str:
+        act = self.fields.get("hidden_act", "silu")
+        if act not in HIDDEN_ACTS:
+            raise ConfigInvalid(
+                f"{self.where}: hidden_act={act!r} is not a gated activation moetune tunes; "
+                f"known: {', '.join(HIDDEN_ACTS)}"
+            )
+        return HIDDEN_ACTS[act]
+
+
+def _name(config: dict[str, Any], model_type: str, tp: int, ep: int) -> str:
+    """The label's name: the checkpoint's (its _name_or_path's last part) or the family's, with the shard."""
+    base = str(config.get("_name_or_path") or "").rstrip("/").rsplit("/", 1)[-1] or model_type
+    return base.lower().replace("_", "-") + (f"-tp{tp}" if tp > 1 else "") + (f"-ep{ep}" if ep > 1 else "")
+
+
+def reference(path: str | Path, tp: int = 1, ep: int = 1) -> str:
+    """How a sweep's `models` names this config sharded so: "hf:tp=2,ep=8:/abs/path/config.json"."""
+    return f"{PREFIX}tp={tp},ep={ep}:{Path(path).resolve()}"
+
+
+def load_reference(name: str) -> ModelShapes:
+    """The ModelShapes of a `reference` string (ConfigInvalid for a malformed one)."""
+    options, sep, path = name.removeprefix(PREFIX).partition(":")
+    shards: dict[str, int] = {}
+    for item in filter(None, options.split(",")):
+        key, _, value = item.partition("=")
+        if key not in ("tp", "ep") or not value.isdigit():
+            raise ConfigInvalid(f"model {name!r}: expected hf:tp=N,ep=N:PATH")
+        shards[key] = int(value)
+    if not sep or not path:
+        raise ConfigInvalid(f"model {name!r}: expected hf:tp=N,ep=N:PATH")
+    return load_hf_config(path, **shards)
