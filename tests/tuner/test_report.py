@@ -128,21 +128,27 @@ def test_the_page_loads_nothing_from_elsewhere(sweep):
     assert "Plotly.newPlot" in report.html and len(report.html) > 1_000_000  # plotly.js is inline
 
 
-def test_a_winner_slower_by_single_medians_is_shown_with_both_numbers_and_the_decision(store, sim):
+def empty_sim_sweep(store):
     spec = {"spec": {}, "problems": [], "device": DEVICE.to_dict()}
-    sweep_id = store.create_sweep(backend="sim", strategy="grid", spec=spec, host="h", user="u")
+    return store.create_sweep(backend="sim", strategy="grid", spec=spec, host="h", user="u")
+
+
+def record_sim_trial(store, sweep_id, tile, seconds):
     problem = Problem("grouped_matmul", m=8, k=64, n=64, g=4)
-    made = {}
-    for tile, seconds in ((sim_backend.HEURISTIC_TILE, 1.0e-3), (2, 1.05e-3), (3, 1.4e-3)):
-        record = db_factories.trial(
-            config={"tile": tile},
-            median_s=seconds,
-            device=DEVICE,
-            backend="sim",
-            problem=problem,
-            sweep_id=sweep_id,
+    config = {"tile": tile}
+    return store.record_trial(
+        db_factories.trial(
+            config=config, median_s=seconds, device=DEVICE, backend="sim", problem=problem, sweep_id=sweep_id
         )
-        made[tile] = store.record_trial(record)
+    )
+
+
+def test_a_winner_slower_by_single_medians_is_shown_with_both_numbers_and_the_decision(store, sim):
+    sweep_id = empty_sim_sweep(store)
+    made = {
+        tile: record_sim_trial(store, sweep_id, tile, seconds)
+        for tile, seconds in ((sim_backend.HEURISTIC_TILE, 1.0e-3), (2, 1.05e-3), (3, 1.4e-3))
+    }
     reason = f"sweep {sweep_id}: beats the winner by more than the noise: 0.97 ms vs 1.01 ms"
     store.promote(made[2], reason=reason)
     report = build(store, sweep_id)
@@ -192,21 +198,10 @@ def test_every_text_is_escaped_in_the_page_and_in_the_charts(store, fake_backend
 
 
 def test_a_winner_kept_from_an_earlier_sweep_is_shown_and_said_to_be(store, sim):
-    spec = {"spec": {}, "problems": [], "device": DEVICE.to_dict()}
-    problem = Problem("grouped_matmul", m=8, k=64, n=64, g=4)
-    sweeps = [store.create_sweep(backend="sim", strategy="grid", spec=spec, host="h", user="u") for _ in "ab"]
-    for sweep_id, tile, seconds in ((sweeps[0], 2, 0.9e-3), (sweeps[1], 1, 1.2e-3), (sweeps[1], 3, 1.0e-3)):
-        record = db_factories.trial(
-            config={"tile": tile},
-            median_s=seconds,
-            device=DEVICE,
-            backend="sim",
-            problem=problem,
-            sweep_id=sweep_id,
-        )
-        trial_id = store.record_trial(record)
-        if sweep_id == sweeps[0]:
-            store.promote(trial_id, reason=f"sweep {sweeps[0]}: first winner")
-    [chart] = titled(build(store, sweeps[1]), "median time per config")
+    earlier, later = empty_sim_sweep(store), empty_sim_sweep(store)
+    store.promote(record_sim_trial(store, earlier, 2, 0.9e-3), reason=f"sweep {earlier}: first winner")
+    record_sim_trial(store, later, 1, 1.2e-3)
+    record_sim_trial(store, later, 3, 1.0e-3)
+    [chart] = titled(build(store, later), "median time per config")
     [winner] = [trace for trace in chart.data if trace.name == "winner"]
     assert list(winner.x) == pytest.approx([0.9]) and "timed outside this sweep" in winner.text[0]
