@@ -117,6 +117,7 @@ def test_cli_exports_and_refuses_a_name_already_in_the_storage_without_writing(s
         env={"MOETUNE_OPTUNA_STORAGE": storage},
     )
     assert renamed.exit_code == 0, renamed.output
+    assert 'optuna-dashboard "$MOETUNE_OPTUNA_STORAGE"' in renamed.output  # not the URL it may hide
     assert sorted(optuna.get_all_study_names(storage)) == sorted([name, f"second/{name.split('/', 1)[1]}"])
 
 

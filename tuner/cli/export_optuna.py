@@ -69,4 +69,5 @@ def export_optuna(
     )
     for name in names:
         console.print(f"  {name}", **plain)
-    console.print(f"view them with: optuna-dashboard {masked(url)}", **plain)
+    shown = masked(url) if storage else f'"${ENV_STORAGE}"'  # a runnable command, never the password
+    console.print(f"view them with: optuna-dashboard {shown}", **plain)
