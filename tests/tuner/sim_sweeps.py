@@ -1,5 +1,5 @@
-"""Synthetic sweeps for the report and export tests: the simulated backend (sim_backend.py) run by the
-real driver, in process, into a test store."""
+"""Synthetic sweeps for the report and export tests: recorded trial by trial, or the simulated backend
+(sim_backend.py) run by the real driver, in process, into a test store."""
 
 from __future__ import annotations
 
@@ -23,4 +23,23 @@ def run_sim_sweep(store, problems: list[str], *, strategy: str = "grid", costs: 
     sweep_id = store.create_sweep(backend="sim", strategy=strategy, spec=stored, host="h", user="u")
     driver = SweepDriver(store, InlineExecutor(sim_backend.simulate, DEVICE), spec, backend="sim")
     driver.run(planned, sweep_id=sweep_id)
+    return sweep_id
+
+
+def recorded_sweep(store, backend: str, problem, configs: list[dict], strategy: str = "grid") -> int:
+    """Sweep id of a sweep of `backend` whose trials are `configs`, all ok, the i-th taking (i + 1) ms."""
+    from tests.db import db_factories
+
+    spec = {"spec": {}, "problems": [], "device": DEVICE.to_dict()}
+    sweep_id = store.create_sweep(backend=backend, strategy=strategy, spec=spec, host="h", user="u")
+    for i, config in enumerate(configs):
+        record = db_factories.trial(
+            config=config,
+            median_s=1e-3 * (i + 1),
+            device=DEVICE,
+            backend=backend,
+            problem=problem,
+            sweep_id=sweep_id,
+        )
+        store.record_trial(record)
     return sweep_id

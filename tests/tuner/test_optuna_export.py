@@ -15,8 +15,7 @@ from moetune.search_spaces import xla as xla_space
 from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.optuna_export import export
 from moetune.tuner.tasks import OK
-from tests.db import db_factories
-from tests.tuner.sim_sweeps import DEVICE, run_sim_sweep
+from tests.tuner.sim_sweeps import recorded_sweep, run_sim_sweep
 
 _load_commands()
 PROBLEMS = ["m=8,k=64,n=64,g=4", "m=4,k=64,n=64,g=4"]
@@ -60,8 +59,6 @@ def test_each_strategy_exports_one_study_per_problem_with_every_trial(store, sim
 
 
 def test_values_stay_faithful_for_categorical_uneven_and_outgrown_domains(store, tmp_path):
-    spec = {"spec": {}, "problems": [], "device": DEVICE.to_dict()}
-    sweep_id = store.create_sweep(backend="xla", strategy="tpe", spec=spec, host="h", user="u")
     problem = Problem("grouped_matmul", m=64, k=64, n=64, g=4)
     configs = [
         {"strategy": "ragged_dot", "chunk_m": 128, "items_per_step": 8},
@@ -69,16 +66,7 @@ def test_values_stay_faithful_for_categorical_uneven_and_outgrown_domains(store,
         {"strategy": "chunked", "chunk_m": 1000, "items_per_step": 2},  # outside today's domain
         {"strategy": "ragged_dot", "chunk_m": 64},  # recorded before items_per_step existed
     ]
-    for i, config in enumerate(configs):
-        record = db_factories.trial(
-            config=config,
-            median_s=1e-3 * (i + 1),
-            device=DEVICE,
-            backend="xla",
-            problem=problem,
-            sweep_id=sweep_id,
-        )
-        store.record_trial(record)
+    sweep_id = recorded_sweep(store, "xla", problem, configs, strategy="tpe")
     storage = storage_of(tmp_path)
     [name] = export(store, sweep_id, storage, prefix="mixtral-xla")
     assert name == f"mixtral-xla/{problem.key}"

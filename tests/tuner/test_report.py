@@ -8,12 +8,14 @@ import itertools
 
 import pytest
 
+from moetune.kernels import registry
 from moetune.kernels.problem import Problem
 from moetune.tuner.report import build
 from moetune.tuner.tasks import OK
+from moetune.tuner.warm_start import baseline_config
 from tests.db import db_factories
 from tests.tuner import sim_backend
-from tests.tuner.sim_sweeps import DEVICE, run_sim_sweep
+from tests.tuner.sim_sweeps import DEVICE, recorded_sweep, run_sim_sweep
 
 # m=8: tiles 1..8 valid, 2 and 4 fail (6 ok); m=4: tiles 1..4 valid, 2 and 4 fail (2 ok: too few for
 # parameter importance).
@@ -205,3 +207,16 @@ def test_a_winner_kept_from_an_earlier_sweep_is_shown_and_said_to_be(store, sim)
     [chart] = titled(build(store, later), "median time per config")
     [winner] = [trace for trace in chart.data if trace.name == "winner"]
     assert list(winner.x) == pytest.approx([0.9]) and "timed outside this sweep" in winner.text[0]
+
+
+def test_a_sweep_of_the_xla_backend_marks_its_own_ragged_dot_trial_instead_of_repeating_it(store):
+    problem = Problem("grouped_matmul", m=64, k=64, n=64, g=4)
+    configs = [baseline_config()] + [
+        {"strategy": "chunked", "chunk_m": c, "items_per_step": 1} for c in (8, 16)
+    ]
+    [chart] = titled(build(store, recorded_sweep(store, "xla", problem, configs)), "median time per config")
+    bars = [(label, trace.name) for trace in chart.data for label in trace.y]
+    assert len(bars) == len(configs) and not [label for label, _ in bars if "(baseline)" in label]
+    heuristic = registry.get("xla").heuristic(problem, DEVICE).to_dict()
+    expected = "heuristic default" if heuristic == baseline_config() else "xla ragged_dot"
+    assert [role for label, role in bars if "strategy=ragged_dot" in label] == [expected]
