@@ -89,7 +89,8 @@ def problem_study(
 def _frozen(
     number: int, row: Any, space: OptunaSpace, recorded_at: datetime.datetime
 ) -> optuna.trial.FrozenTrial:
-    params = space.encode(row.config, partial=True)
+    # A value Optuna cannot hold as a choice (a list) stays in the `config` attribute only.
+    params = space.encode({k: v for k, v in row.config.items() if isinstance(v, OPTUNA_CHOICE)}, partial=True)
     timed = row.status == OK and row.median_s is not None
     attrs: dict[str, Any] = {"moetune_trial_id": row.id, "status": row.status, "config": row.config}
     if row.status != OK:

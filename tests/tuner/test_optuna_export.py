@@ -65,13 +65,22 @@ def test_values_stay_faithful_for_categorical_uneven_and_outgrown_domains(store,
         {"strategy": "chunked", "chunk_m": 32, "items_per_step": 2},
         {"strategy": "chunked", "chunk_m": 1000, "items_per_step": 2},  # outside today's domain
         {"strategy": "ragged_dot", "chunk_m": 64},  # recorded before items_per_step existed
+        {
+            "strategy": "ragged_dot",
+            "chunk_m": 64,
+            "items_per_step": 1,
+            "order": [2, 0, 1],
+        },  # no Optuna choice
     ]
     sweep_id = recorded_sweep(store, "xla", problem, configs, strategy="tpe")
     storage = storage_of(tmp_path)
     [name] = export(store, sweep_id, storage, prefix="mixtral-xla")
     assert name == f"mixtral-xla/{problem.key}"
     trials = optuna.load_study(study_name=name, storage=storage).get_trials()
-    assert [t.params for t in trials] == configs
+    assert [t.params for t in trials] == configs[:-1] + [
+        {k: v for k, v in configs[-1].items() if k != "order"}
+    ]
+    assert [t.user_attrs["config"] for t in trials] == configs
     distributions = trials[0].distributions
     assert distributions["strategy"] == CategoricalDistribution(list(xla_space.STRATEGIES))
     assert distributions["chunk_m"] == CategoricalDistribution([*xla_space.CHUNK_M, 1000])
