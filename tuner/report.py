@@ -1,8 +1,16 @@
-"""`moetune report SWEEP`: one self-contained HTML file (inline SVG, no scripts) about a sweep.
+"""`moetune report SWEEP`: one self-contained HTML file about a sweep, with Plotly charts.
 
-Sections: the sweep's settings and device; a table per problem (winner vs heuristic default vs XLA's
-ragged_dot); speedup per token bucket; failures by status and reason; time per config per problem.
-Everything comes from the database, so a report can be written anywhere, any time after the sweep.
+plotly.js is embedded inline (about 5 MB), so the page renders offline and loads nothing from elsewhere.
+Sections: the sweep's settings and device; the winners (winner vs heuristic default vs XLA's ragged_dot,
+and the decision that promoted each winner); winner vs heuristic and winner vs XLA per token bucket, one
+ratio per chart; failures by status and reason; per problem, time per config, the optimisation history,
+parameter importance and the failed trials. Everything comes from the database, so a report can be
+written anywhere, any time after the sweep.
+
+The winner's time is its trial's median from the sweep; the promotion itself was decided on interleaved
+re-timing (tuner/finalists.py), whose medians the winner's `reason` states. Single medians can rank two
+finalists the other way round: then the report shows both numbers and that decision, and never a
+bare claim that the winner is the slower one.
 """
 
 from __future__ import annotations
@@ -15,13 +23,14 @@ from typing import Any
 
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.problem import Problem
-from moetune.tuner import svg
+from moetune.tuner import optuna_study
+from moetune.tuner import report_figures as figures
 from moetune.tuner.tasks import OK, canonical
 from moetune.tuner.warm_start import baseline_config
 
 BASELINE_BACKEND = "xla"
-MAX_BARS = 30
-COLOURS = {"winner": "#59a14f", "heuristic": "#f28e2b", "baseline": "#b07aa1", "other": "#4e79a7"}
+MAX_BARS = 40  # configs per time chart: the fastest, plus the winner and the heuristic wherever they rank
+MAX_FAILED_ROWS = 50
 
 
 @dataclasses.dataclass
@@ -32,9 +41,13 @@ class _ProblemData:
     baseline_s: float | None = None
     heuristic: dict[str, Any] | None = None
     winner: Any = None
+    study: optuna_study.ProblemStudy | None = None
 
     def ok(self) -> list[Any]:
         return sorted((t for t in self.trials if t.status == OK and t.median_s), key=lambda t: t.median_s)
+
+    def failed(self) -> list[Any]:
+        return [t for t in self.trials if t.status != OK]
 
     def median_of(self, config: dict[str, Any] | None) -> float | None:
         if config is None:
@@ -48,6 +61,11 @@ class _ProblemData:
             return self.winner.median_s
         ok = self.ok()
         return ok[0].median_s if ok else None
+
+    @property
+    def shape(self) -> str:
+        p = self.problem
+        return f"{p.op} k={p.k},n={p.n},g={p.g}"
 
 
 def _labels(spec: dict[str, Any]) -> dict[str, str]:
@@ -77,9 +95,8 @@ def collect(store: Any, sweep_id: int) -> tuple[Any, list[_ProblemData], list[An
     sweep = store.get_sweep(sweep_id)
     trials = store.trials(sweep_id=sweep_id)
     labels = _labels(sweep.spec)
-    device = None
-    if isinstance(sweep.spec.get("device"), dict):
-        device = DeviceFingerprint.from_dict(sweep.spec["device"])
+    device = optuna_study.sweep_device(sweep.spec)
+    narrowed = (sweep.spec.get("spec") or {}).get("space")
     problems: dict[str, _ProblemData] = {}
     baseline_key = canonical(baseline_config())
     for t in sorted(trials, key=lambda t: t.id):
@@ -98,6 +115,9 @@ def collect(store: Any, sweep_id: int) -> tuple[Any, list[_ProblemData], list[An
                 fingerprint_hash=data.trials[0].fingerprint_hash,
                 backend=sweep.backend,
                 problem_key=data.problem.key,
+            )
+            data.study = optuna_study.problem_study(
+                sweep.backend, data.problem, device, narrowed, data.trials, sweep.created_at
             )
     ordered = sorted(problems.values(), key=lambda d: (d.problem.shape_key, d.problem.m))
     return sweep, ordered, trials
@@ -121,11 +141,52 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _reason(error: str) -> str:
+    return (error.splitlines() or [""])[0][:160]
+
+
+class _Plots:
+    """The page's figures in page order; each becomes one Plotly div (ids unique within the page)."""
+
+    def __init__(self) -> None:
+        self.figures: list[Any] = []
+
+    def html(self, figure: Any) -> str:
+        import plotly.io
+
+        self.figures.append(figure)
+        config = {"displaylogo": False, "responsive": True}
+        div_id = f"plot-{len(self.figures)}"
+        return plotly.io.to_html(
+            figure, full_html=False, include_plotlyjs=False, div_id=div_id, config=config
+        )
+
+
+def _decision(d: _ProblemData) -> str:
+    """Why the winner is the winner (the promotion's own words), and a warning where the sweep's single
+    medians rank the heuristic default ahead of it."""
+    if d.winner is None:
+        return "no winner"
+    heuristic_s = d.median_of(d.heuristic)
+    note = d.winner.reason or "promoted without a recorded reason"
+    if (
+        heuristic_s
+        and d.best_s
+        and heuristic_s < d.best_s
+        and canonical(d.heuristic) != canonical(d.winner.config)
+    ):
+        note = (
+            f"single medians: heuristic {_ms(heuristic_s)} ms < winner {_ms(d.best_s)} ms; "
+            f"the winner was decided on re-timing: {note}"
+        )
+    return note
+
+
 def _summary(problems: list[_ProblemData]) -> str:
     rows = []
     for d in problems:
         heuristic_s = d.median_of(d.heuristic)
-        failed = sum(1 for t in d.trials if t.status != OK)
+        failed = len(d.failed())
         rows.append(
             [
                 d.label,
@@ -136,73 +197,169 @@ def _summary(problems: list[_ProblemData]) -> str:
                 _ratio(heuristic_s, d.best_s),
                 _ratio(d.baseline_s, d.best_s),
                 _config(d.winner.config if d.winner else None),
+                _decision(d),
             ]
         )
-    header = ["problem", "trials", "winner ms", "heuristic ms", "xla ms", "vs heuristic", "vs xla", "winner"]
+    header = [
+        "problem",
+        "trials",
+        "winner ms",
+        "heuristic ms",
+        "xla ms",
+        "heuristic / winner",
+        "xla / winner",
+        "winner",
+        "decided by",
+    ]
     return _table(header, rows)
 
 
-def _speedup_chart(problems: list[_ProblemData]) -> str:
-    series: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+def _speedups(problems: list[_ProblemData], plots: _Plots) -> str:
+    """Two charts, one ratio each: the heuristic's time over the winner's, and XLA's over the winner's."""
+    vs_heuristic, vs_xla = [], []
     for d in problems:
-        shape = f"k={d.problem.k},n={d.problem.n}"
         heuristic_s = d.median_of(d.heuristic)
-        if d.best_s and d.baseline_s:
-            series[f"vs xla {shape}"].append((d.problem.m, d.baseline_s / d.best_s))
         if d.best_s and heuristic_s:
-            series[f"vs heuristic {shape}"].append((d.problem.m, heuristic_s / d.best_s))
-    return svg.line_chart(
-        dict(series),
-        title="speedup of the winner per token bucket",
-        x_label="M (token rows = tokens x top_k)",
-        y_label="speedup (x)",
-        reference=1.0,
-    )
+            note = _decision(d) if heuristic_s < d.best_s else ""
+            vs_heuristic.append(figures.Ratio(d.shape, d.problem.m, heuristic_s / d.best_s, note))
+        if d.best_s and d.baseline_s:
+            vs_xla.append(figures.Ratio(d.shape, d.problem.m, d.baseline_s / d.best_s))
+    parts = []
+    for ratios, title, axis, missing in (
+        (
+            vs_heuristic,
+            "winner vs the heuristic default: heuristic time / winner time",
+            "heuristic / winner (x)",
+            "No problem has both a winner and a timed heuristic default.",
+        ),
+        (
+            vs_xla,
+            "winner vs XLA's ragged_dot: XLA time / winner time",
+            "xla / winner (x)",
+            "No problem has both a winner and a timed XLA baseline.",
+        ),
+    ):
+        parts.append(
+            plots.html(figures.ratio_by_bucket(ratios, title, axis)) if ratios else f"<p>{missing}</p>"
+        )
+    return "".join(parts)
 
 
-def _failures(trials: list[Any]) -> str:
+def _failures(trials: list[Any], plots: _Plots) -> str:
     by_status = collections.Counter(t.status for t in trials if t.status != OK)
     if not by_status:
         return "<p>No candidate failed.</p>"
-    chart = svg.bar_chart(
-        [(status, count, "#e15759") for status, count in by_status.most_common()],
-        title="failed trials by status",
-        unit="trials",
-    )
-    reasons = collections.Counter(
-        (t.status, (t.error.splitlines() or [""])[0][:160]) for t in trials if t.status != OK
-    )
+    chart = plots.html(figures.failures(dict(by_status.most_common()), "failed trials by status"))
+    reasons = collections.Counter((t.status, _reason(t.error)) for t in trials if t.status != OK)
     rows = [[status, reason, str(count)] for (status, reason), count in reasons.most_common(40)]
     return chart + _table(["status", "reason", "trials"], rows)
 
 
-def _per_config(d: _ProblemData) -> str:
+def _varying(configs: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
+    """The parameters whose values differ among `configs`, and the values all of them share."""
+    names = list(dict.fromkeys(name for c in configs for name in c))
+    varying = [n for n in names if len({repr(c.get(n)) for c in configs}) > 1]
+    shared = {n: configs[0].get(n) for n in names if n not in varying}
+    return varying, shared
+
+
+def _time_per_config(d: _ProblemData, plots: _Plots) -> str:
     ok = d.ok()
     winner_key = canonical(d.winner.config) if d.winner else None
     heuristic_key = canonical(d.heuristic) if d.heuristic else None
-    bars = []
-    for t in ok[:MAX_BARS]:
-        key = canonical(t.config)
-        role = "winner" if key == winner_key else "heuristic" if key == heuristic_key else "other"
-        bars.append((_config(t.config), t.median_s * 1e3, COLOURS[role]))
-    if d.baseline_s:
-        bars.append(("xla ragged_dot (baseline)", d.baseline_s * 1e3, COLOURS["baseline"]))
-    more = f" (fastest {MAX_BARS} of {len(ok)})" if len(ok) > MAX_BARS else ""
-    legend = "green: the winner (decided by interleaved re-timing), orange: heuristic default, purple: XLA"
-    chart = svg.bar_chart(bars, title=f"{d.label}: median time per config{more}", unit="ms", legend=legend)
-    return f"<details><summary>{escape(d.label)}</summary>{chart}</details>"
+    shown = ok[:MAX_BARS] + [t for t in ok[MAX_BARS:] if canonical(t.config) in (winner_key, heuristic_key)]
+    roles = {winner_key: "winner", heuristic_key: "heuristic default"}
+    # A sweep of the xla backend times the baseline config as one of its candidates: marked, not repeated.
+    baseline_shown = ok[0].backend == BASELINE_BACKEND and any(
+        canonical(t.config) == canonical(baseline_config()) for t in shown
+    )
+    if baseline_shown:
+        roles = {canonical(baseline_config()): "xla ragged_dot"} | roles
+    entries: list[tuple[dict[str, Any], figures.Bar]] = []  # (config, its bar before it has a label)
+    for t in shown:
+        role = roles.get(canonical(t.config), "other")
+        note = f"trial {t.id}; {_decision(d)}" if role == "winner" else f"trial {t.id}"
+        entries.append((t.config, figures.Bar("", t.median_s, role, note)))
+    if d.winner is not None and d.winner.median_s and all(bar.role != "winner" for _, bar in entries):
+        # The winner was timed outside this sweep (kept from an earlier one): still shown, saying so.
+        note = f"trial {d.winner.trial_id}, timed outside this sweep; {_decision(d)}"
+        entries.append((d.winner.config, figures.Bar("", d.winner.median_s, "winner", note)))
+    varying, shared = _varying([config for config, _ in entries])
+    bars = [
+        dataclasses.replace(bar, label=_config({n: config.get(n) for n in varying}) or _config(config))
+        for config, bar in entries
+    ]
+    if d.baseline_s and not baseline_shown:
+        bars.append(figures.Bar("xla ragged_dot (baseline)", d.baseline_s, "xla ragged_dot"))
+    bars.sort(key=lambda b: b.seconds)
+    bars = [dataclasses.replace(b, label=f"#{i} {b.label}") for i, b in enumerate(bars, 1)]
+    more = f" (the fastest {MAX_BARS} of {len(ok)})" if len(ok) > MAX_BARS else ""
+    chart = plots.html(figures.time_per_config(bars, f"{d.label}: median time per config{more}"))
+    common = (
+        f"<p class=note>Every config shown has {escape(_config(shared))}.</p>" if shared and varying else ""
+    )
+    return chart + common
+
+
+def _history(d: _ProblemData, plots: _Plots) -> str:
+    order = list(range(1, len(d.trials) + 1))
+    seconds = [t.median_s if t.status == OK and t.median_s else None for t in d.trials]
+    return plots.html(figures.history(order, seconds, f"{d.label}: optimisation history"))
+
+
+def _importance(d: _ProblemData, plots: _Plots) -> str:
+    importances = optuna_study.importances(d.study) if d.study is not None else None
+    if importances is None:
+        return (
+            f"<p>Parameter importance: not enough trials ({len(d.ok())} ok; Optuna's evaluator needs at "
+            f"least {optuna_study.MIN_IMPORTANCE_TRIALS}, and a parameter that took two values).</p>"
+        )
+    title = f"{d.label}: parameter importance (Optuna, {len(d.ok())} ok trials)"
+    return plots.html(figures.importance(importances, title))
+
+
+def _failed_trials(d: _ProblemData) -> str:
+    failed = d.failed()
+    if not failed:
+        return ""
+    rows = [[str(t.id), t.status, _reason(t.error), _config(t.config)] for t in failed[:MAX_FAILED_ROWS]]
+    more = f" (the first {MAX_FAILED_ROWS} of {len(failed)})" if len(failed) > MAX_FAILED_ROWS else ""
+    return f"<h4>Failed trials{more}</h4>" + _table(["trial", "status", "reason", "config"], rows)
+
+
+def _problem_section(i: int, d: _ProblemData, plots: _Plots) -> str:
+    parts = [f'<h3 id="problem-{i}">{escape(d.label)}</h3>']
+    if d.ok():
+        parts += [_time_per_config(d, plots), _history(d, plots), _importance(d, plots)]
+    else:
+        parts.append("<p>No candidate passed.</p>")
+    parts.append(_failed_trials(d))
+    return "".join(parts)
 
 
 STYLE = """
-body { font-family: sans-serif; margin: 2em; color: #222; }
+body { font-family: sans-serif; margin: 2em; color: #222; max-width: 1200px; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 13px; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
-details { margin: 0.4em 0; }
+h3 { margin-top: 2em; border-top: 1px solid #ddd; padding-top: 1em; }
+.note { color: #555; font-size: 13px; }
 """
 
 
+@dataclasses.dataclass(frozen=True)
+class Report:
+    html: str
+    figures: list[Any]  # plotly Figures, in page order
+
+
 def render(store: Any, sweep_id: int) -> str:
+    return build(store, sweep_id).html
+
+
+def build(store: Any, sweep_id: int) -> Report:
+    from plotly.offline import get_plotlyjs
+
     sweep, problems, trials = collect(store, sweep_id)
     device = sweep.spec.get("device", {})
     settings = sweep.spec.get("spec", {})
@@ -215,21 +372,31 @@ def render(store: Any, sweep_id: int) -> str:
         ["started / finished", f"{sweep.created_at} / {sweep.finished_at or '-'}"],
         ["trials", str(len(trials))],
     ] + [[k, str(v)] for k, v in sorted(settings.items()) if v not in (None, [], "")]
-    per_config = "".join(_per_config(d) for d in problems if d.trials)
+    plots = _Plots()
+    with_trials = [d for d in problems if d.trials]
+    speedups = _speedups(problems, plots)
+    failures = _failures(trials, plots)
+    sections = "".join(_problem_section(i, d, plots) for i, d in enumerate(with_trials, 1))
+    contents = "".join(
+        f'<li><a href="#problem-{i}">{escape(d.label)}</a></li>' for i, d in enumerate(with_trials, 1)
+    )
     generated = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>moetune sweep {sweep_id}</title><style>{STYLE}</style></head>
+    html = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>moetune sweep {sweep_id}</title><style>{STYLE}</style>
+<script>{get_plotlyjs()}</script></head>
 <body>
 <h1>moetune sweep {sweep_id}</h1>
 {_table(["setting", "value"], facts)}
 <h2>Winners</h2>
 {_summary(problems)}
-<h2>Speedup per token bucket</h2>
-{_speedup_chart(problems)}
+<h2>Winner vs heuristic default and vs XLA per token bucket</h2>
+{speedups}
 <h2>Failures</h2>
-{_failures(trials)}
-<h2>Time per config</h2>
-{per_config or "<p>No candidate passed.</p>"}
+{failures}
+<h2>Per problem</h2>
+<ul>{contents}</ul>
+{sections or "<p>No trial of the sweep's backend.</p>"}
 <p style="color:#888">generated {generated} by moetune</p>
 </body></html>
 """
+    return Report(html, plots.figures)

@@ -1,4 +1,4 @@
-"""What people see: the live panel, the summary lines, and the HTML report of a sweep with failures."""
+"""What people see while a sweep runs: the live panel and the summary lines (the report: test_report.py)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,7 @@ import re
 
 from rich.console import Console
 
-from moetune.kernels.device import DeviceFingerprint
-from moetune.tuner.driver import SweepDriver
-from moetune.tuner.executors import InlineExecutor
-from moetune.tuner.plan import parse_problem
 from moetune.tuner.progress import LineProgress, RichProgress, Snapshot, summary_line
-from moetune.tuner.report import render
-from moetune.tuner.spec import SweepSpec
-from tests.tuner import sim_backend
 
 SNAPSHOT = Snapshot(
     elapsed_s=60.0,
@@ -49,35 +42,3 @@ def test_line_progress_prints_at_most_every_interval():
         progress.update(SNAPSHOT)
     progress.close(SNAPSHOT)
     assert console.export_text().count("10/30 trials") == 2  # the first update and the close
-
-
-def test_report_of_a_sweep_with_failures(store, sim):
-    sim_backend.COSTS.update({1: 2e-3, 2: None, 3: 1e-3, 4: None, 5: 1.5e-3})
-    device = DeviceFingerprint("Simulated GPU", "gpu", 4, 1 << 30, "9.0", "1", "1", "0", "0")
-    planned = [parse_problem("m=8,k=64,n=64,g=4"), parse_problem("m=32,k=64,n=64,g=4")]
-    spec = {
-        "spec": {"routing": "balanced"},
-        "problems": [p.to_dict() for p in planned],
-        "device": device.to_dict(),
-    }
-    sweep_id = store.create_sweep(backend="sim", strategy="grid", spec=spec, host="h", user="u")
-    driver = SweepDriver(
-        store, InlineExecutor(sim_backend.simulate, device), SweepSpec(backend="sim"), backend="sim"
-    )
-    driver.run(planned, sweep_id=sweep_id)
-    html = render(store, sweep_id)
-    assert html.startswith("<!DOCTYPE html>") and html.count("<svg") == 2 + 2  # speedup, failures, 2 problems
-    assert "failed trials by status" in html and "wrong_result" in html and "simulated wrong result" in html
-    assert "m=8,k=64,n=64,g=4" in html and "tile=3" in html
-    # Two problems: the speedup chart has one point per token bucket in each series.
-    assert "vs xla k=64,n=64" in html and "vs heuristic k=64,n=64" in html
-    assert "<script" not in html and not re.search(r"(src|href)=\"?https?:", html)
-
-
-def test_nice_ticks_are_round_and_cover_the_range():
-    from moetune.tuner.svg import nice_ticks
-
-    assert nice_ticks(0, 2.26) == [0, 1, 2, 3]
-    assert nice_ticks(0, 2) == [0, 0.5, 1, 1.5, 2]
-    assert nice_ticks(0.3, 7.2) == [0, 2, 4, 6, 8]
-    assert nice_ticks(1, 1) == [1]

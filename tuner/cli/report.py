@@ -10,6 +10,7 @@ import typer
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
 from moetune.tuner.cli.common import console, fail
+from moetune.tuner.cli.db_commands import DbOption
 
 
 @app.command()
@@ -18,12 +19,10 @@ def report(
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="HTML file to write (default: moetune-sweep-N.html).")
     ] = None,
-    db: Annotated[
-        str | None,
-        typer.Option("--db", help="Database URL (default: $MOETUNE_DB, else the default SQLite file)."),
-    ] = None,
+    db: DbOption = None,
 ) -> None:
-    """Write an HTML report: winners vs heuristic vs XLA, speedups, failures, time per config."""
+    """Write an HTML report (Plotly charts, renders offline): winners vs heuristic vs XLA with the decisions,
+    speedups per token bucket, failures, and per problem time per config, history and parameter importance."""
     from moetune.db import open_store
     from moetune.tuner.report import render
 

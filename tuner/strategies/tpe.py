@@ -2,10 +2,10 @@
 workers and tells results as they come back (Optuna's constant liar keeps a batch from piling onto one
 spot while its results are pending).
 
-Encoding: an ordered numeric domain (block sizes 64, 128, 256) becomes the integer index into the
-domain, so TPE's kernels see that 128 lies between 64 and 256; any other domain (strategy names,
-flags) is categorical. A failed candidate, or a point a constraint forbids, is told as +inf, so TPE
-learns to avoid the region rather than ignoring the trial.
+Encoding (tuner/optuna_space.py, ranked): an ordered numeric domain (block sizes 64, 128, 256) becomes
+the integer index into the domain, so TPE's kernels see that 128 lies between 64 and 256; any other
+domain (strategy names, flags) is categorical. A failed candidate, or a point a constraint forbids, is
+told as +inf, so TPE learns to avoid the region rather than ignoring the trial.
 
 Discrete spaces run out: when TPE keeps proposing configs that were already tried, the strategy falls
 back to unseen valid configs in a seeded random order, so a batch is always filled while any remain.
@@ -20,17 +20,13 @@ from typing import Any
 
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.errors import ConfigInvalid
+from moetune.tuner.optuna_space import OptunaSpace
 from moetune.tuner.strategies.base import CandidateSpace, Strategy
 
 # Proposals one `ask` may waste on known or forbidden points before the fallback fills the batch: each
 # proposal costs milliseconds, and near the end of a small space almost every proposal is a repeat.
 MAX_WASTED_PROPOSALS = 10
 FAILED = math.inf
-
-
-def _is_ordered_numeric(values: tuple[Any, ...]) -> bool:
-    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-    return numeric and list(values) == sorted(values) and len(set(values)) == len(values)
 
 
 class TpeStrategy(Strategy):
@@ -49,12 +45,8 @@ class TpeStrategy(Strategy):
         super().__init__(space, seed=seed, warm_start=warm_start)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self._optuna = optuna
-        self._distributions: dict[str, Any] = {}
-        for name, values in space.domains.items():
-            if _is_ordered_numeric(values):
-                self._distributions[name] = optuna.distributions.IntDistribution(0, len(values) - 1)
-            else:
-                self._distributions[name] = optuna.distributions.CategoricalDistribution(list(values))
+        self._encoding = OptunaSpace(space.domains, ranked=True)
+        self._distributions = self._encoding.distributions
         sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials, multivariate=True)
         self._study = optuna.create_study(direction="minimize", sampler=sampler)
         self._asked: dict[KernelConfig, Any] = {}  # config -> its open optuna trial
@@ -62,30 +54,10 @@ class TpeStrategy(Strategy):
         self._valid: frozenset[KernelConfig] | None = None
         self._seen_valid = 0
 
-    def _encode(self, config: KernelConfig) -> dict[str, Any]:
-        params = config.to_dict()
-        encoded = {}
-        for name, dist in self._distributions.items():
-            value = params[name]
-            if isinstance(dist, self._optuna.distributions.IntDistribution):
-                encoded[name] = self.space.domains[name].index(value)
-            else:
-                encoded[name] = value
-        return encoded
-
-    def _decode(self, encoded: dict[str, Any]) -> dict[str, Any]:
-        params = {}
-        for name, dist in self._distributions.items():
-            value = encoded[name]
-            if isinstance(dist, self._optuna.distributions.IntDistribution):
-                value = self.space.domains[name][value]
-            params[name] = value
-        return params
-
     def _record(self, config: KernelConfig, value: float | None) -> None:
         """Add a result for a config that TPE did not propose (warm start, fallback, earlier sweep)."""
         try:
-            params = self._encode(config)
+            params = self._encoding.encode(config.to_dict())
         except (KeyError, ValueError):  # a stored config from an older space: nothing TPE can place
             return
         trial = self._optuna.trial.create_trial(
@@ -107,7 +79,7 @@ class TpeStrategy(Strategy):
         while len(taken) < n and not self.exhausted and wasted < MAX_WASTED_PROPOSALS:
             trial = self._study.ask(self._distributions)
             try:
-                config = self.space.make(self._decode(trial.params))
+                config = self.space.make(self._encoding.decode(trial.params))
             except ConfigInvalid:
                 self._study.tell(trial, FAILED)
                 wasted += 1

@@ -1,0 +1,73 @@
+"""`moetune export-optuna SWEEP`: write a sweep into an Optuna storage, one study per problem, for
+optuna-dashboard and Optuna's own analysis."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from moetune.kernels.errors import MoetuneError
+from moetune.tuner.cli import app
+from moetune.tuner.cli.common import console, fail
+from moetune.tuner.cli.db_commands import DbOption
+
+ENV_STORAGE = "MOETUNE_OPTUNA_STORAGE"
+
+
+@app.command("export-optuna")
+def export_optuna(
+    sweep: Annotated[int, typer.Argument(help="Sweep id (printed by `moetune tune`).")],
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            "--storage",
+            help=f"Optuna RDB storage URL, e.g. sqlite:///optuna.db (default: ${ENV_STORAGE}). A URL with "
+            "a password is refused here: put it in the variable, or the password in a pgpass file.",
+            show_default=False,
+        ),
+    ] = None,
+    study_name: Annotated[
+        str | None,
+        typer.Option(
+            "--study-name",
+            help="Prefix of the study names (default: sweep<id>); each study is "
+            "named <prefix>/<problem key>.",
+        ),
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """Export every trial of a sweep (any strategy) to an Optuna storage: value = median seconds,
+    ok trials COMPLETE, failed ones FAIL with their status and error as user attributes."""
+    from moetune.db import open_store
+    from moetune.db.urls import masked, parse
+
+    if storage is not None:
+        try:
+            has_password = parse(storage).password is not None
+        except MoetuneError as e:
+            fail(f"--storage: {e}")
+        if has_password:
+            fail(
+                f"--storage holds a password, which argv shows to every user; set ${ENV_STORAGE} "
+                "or use a pgpass file"
+            )
+    url = storage or os.environ.get(ENV_STORAGE)
+    if not url:
+        fail(f"no storage: give --storage URL or set ${ENV_STORAGE}")
+    from moetune.tuner.optuna_export import export
+
+    try:
+        with open_store(db) as store:
+            names = export(store, sweep, url, study_name)
+    except MoetuneError as e:
+        fail(str(e))
+    plain = {"markup": False, "highlight": False, "soft_wrap": True}
+    console.print(
+        f"wrote {len(names)} {'study' if len(names) == 1 else 'studies'} to {masked(url)}:", **plain
+    )
+    for name in names:
+        console.print(f"  {name}", **plain)
+    shown = masked(url) if storage else f'"${ENV_STORAGE}"'  # a runnable command, never the password
+    console.print(f"view them with: optuna-dashboard {shown}", **plain)
