@@ -1,8 +1,11 @@
-"""Values for the database tests: fingerprints, a problem and a trial-record factory."""
+"""Values for the database tests: fingerprints, a problem, a trial-record factory, and the tables a
+database holds (read with plain SQLAlchemy, not through the store)."""
 
 from __future__ import annotations
 
 import dataclasses
+
+import sqlalchemy as sa
 
 from moetune.db.records import TrialRecord
 from moetune.kernels.device import DeviceFingerprint
@@ -53,3 +56,12 @@ def trial(
         median_s=median_s,
         **extra,
     )
+
+
+def table_names(url: str) -> set[str]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return set(sa.inspect(connection).get_table_names())
+    finally:
+        engine.dispose()

@@ -12,6 +12,7 @@ from db_factories import GATE_UP, H200, H200_NEW_DRIVER, MI300, trial
 
 from moetune.db import DatabaseError, open_store
 from moetune.db.errors import InvalidRecord, RecordNotFound
+from moetune.db.leases import Owner
 from moetune.db.records import TrialRecord, canonical_config
 
 
@@ -30,7 +31,13 @@ def test_ensure_rows_are_idempotent(store):
 def test_sweep_lifecycle(store):
     spec = {"problems": [GATE_UP.key], "budget": 50}
     sweep_id = store.create_sweep(
-        backend="fake", strategy="grid", spec=spec, host="node1", user="ana", sweep_file="sweeps/a.yaml"
+        backend="fake",
+        strategy="grid",
+        spec=spec,
+        host="node1",
+        user="ana",
+        sweep_file="sweeps/a.yaml",
+        owner=Owner.here(),  # a live lease: without one, a running sweep shows as dead (test_leases.py)
     )
     row = store.get_sweep(sweep_id)
     assert (row.backend, row.strategy, row.spec, row.status, row.host, row.user, row.sweep_file) == (
