@@ -1,9 +1,10 @@
-"""Values for the database tests: fingerprints, a problem, a trial-record factory, and the tables a
-database holds (read with plain SQLAlchemy, not through the store)."""
+"""Values for the database tests: fingerprints, a problem, a trial-record factory; and, with plain
+SQLAlchemy rather than the store, the tables a database holds and a sweep's heartbeat moved back."""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 
 import sqlalchemy as sa
 
@@ -65,3 +66,17 @@ def table_names(url: str) -> set[str]:
             return set(sa.inspect(connection).get_table_names())
     finally:
         engine.dispose()
+
+
+SWEEPS = sa.table("sweeps", sa.column("id"), sa.column("heartbeat_at", sa.DateTime()))
+
+
+def age_heartbeat(url: str, sweep_id: int, seconds: float) -> None:
+    """Move the sweep's last heartbeat `seconds` into the past, as if its owner had gone silent."""
+    engine = sa.create_engine(url)
+    with engine.begin() as connection:
+        where = SWEEPS.c.id == sweep_id
+        beat = connection.scalar(sa.select(SWEEPS.c.heartbeat_at).where(where))
+        older = beat - datetime.timedelta(seconds=seconds)
+        connection.execute(sa.update(SWEEPS).where(where).values(heartbeat_at=older))
+    engine.dispose()

@@ -3,15 +3,13 @@ over and shown as dead, one timing sweep per device fingerprint."""
 
 from __future__ import annotations
 
-import datetime
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
-import sqlalchemy as sa
-from db_factories import H200, H200_NEW_DRIVER, trial
+from db_factories import H200, H200_NEW_DRIVER, age_heartbeat, trial
 
 from moetune.db import open_store
 from moetune.db.errors import DatabaseError, DeviceBusy, LeaseHeld, LeaseLost
@@ -29,20 +27,6 @@ def new_sweep(store, owner: Owner | None = None, device=None, force: bool = Fals
         device=device,
         force=force,
     )
-
-
-SWEEPS = sa.table("sweeps", sa.column("id"), sa.column("heartbeat_at", sa.DateTime()))
-
-
-def age_heartbeat(url: str, sweep_id: int, seconds: float) -> None:
-    """Move the sweep's last heartbeat `seconds` into the past, as if its owner had gone silent."""
-    engine = sa.create_engine(url)
-    with engine.begin() as connection:
-        where = SWEEPS.c.id == sweep_id
-        beat = connection.scalar(sa.select(SWEEPS.c.heartbeat_at).where(where))
-        older = beat - datetime.timedelta(seconds=seconds)
-        connection.execute(sa.update(SWEEPS).where(where).values(heartbeat_at=older))
-    engine.dispose()
 
 
 def dead_pid() -> int:

@@ -117,6 +117,11 @@ def test_faults_are_recorded_and_the_sweep_goes_on(store, faulty, executor):
         assert trial.status == "ok" or trial.error
     counts = collections.Counter(t.status for t in trials)
     assert counts == {"ok": 2, "crashed": 4, "compile_error": 1, "timeout": 1, "wrong_result": 2}
+    # A crashed candidate ran once more on another worker before its crash was final: it crashed twice.
+    for trial in trials:
+        first = (trial.details or {}).get("first_attempt")
+        assert (first is not None) == (trial.status == "crashed"), trial
+        assert first is None or (first["status"] == "crashed" and first["error"] and first["worker"])
     assert "no result within 8s while compiling" in by_mode["hang"].error
     assert (
         "while compiling" in by_mode["segfault"].error
