@@ -125,27 +125,51 @@ def test_one_timing_sweep_per_device_unless_forced(db_url):
         assert store.get_sweep(other_device).device_kind == H200.device_kind
 
 
-def test_two_sweeps_claiming_one_device_at_once_get_it_once(db_url):
-    with open_store(db_url) as store:
-        store.ensure_device(H200)
+def at_once(url: str, count: int, attempt) -> list[str]:
+    """What `attempt(store)` returned in each of `count` threads started together (each with a store of
+    its own on `url`), sorted."""
     results: list[str] = []
-    start = threading.Barrier(4)
+    start = threading.Barrier(count)
 
-    def claim() -> None:
-        with open_store(db_url) as own:
+    def run() -> None:
+        with open_store(url) as own:
             start.wait()
-            try:
-                new_sweep(own, Owner.here(), device=H200)
-                results.append("claimed")
-            except DeviceBusy:
-                results.append("busy")
+            results.append(attempt(own))
 
-    threads = [threading.Thread(target=claim) for _ in range(4)]
+    threads = [threading.Thread(target=run) for _ in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(results) == ["busy", "busy", "busy", "claimed"]
+    return sorted(results)
+
+
+def test_two_sweeps_claiming_one_device_at_once_get_it_once(db_url):
+    with open_store(db_url) as store:
+        store.ensure_device(H200)
+
+    def claim(own) -> str:
+        try:
+            new_sweep(own, Owner.here(), device=H200)
+            return "claimed"
+        except DeviceBusy:
+            return "busy"
+
+    assert at_once(db_url, 4, claim) == ["busy", "busy", "busy", "claimed"]
+
+
+def test_two_resumers_at_once_get_the_lease_once(db_url):
+    with open_store(db_url) as store:
+        sweep_id = new_sweep(store)  # a dead sweep, free to take over
+
+    def resume(own) -> str:
+        try:
+            own.acquire_sweep(sweep_id, Owner.here())
+            return "resumed"
+        except LeaseHeld:
+            return "refused"
+
+    assert at_once(db_url, 4, resume) == ["refused", "refused", "refused", "resumed"]
 
 
 def test_sweeps_lists_newest_first_with_counts_and_device(store):
