@@ -53,12 +53,13 @@ def create_sweep(
         created_at=utcnow(),
         finished_at=None if status == "running" else utcnow(),
     )
-    now = leases.db_now(session)
-    if device is not None:
-        sweep.device_id = (ids or entities.KnownIds()).device(session, device)
-        leases.check_device_free(session, sweep.device_id, now, force)
-    if owner is not None:
-        leases.take(sweep, owner, now)
+    if device is not None or owner is not None:
+        now = leases.db_now(session)
+        if device is not None:
+            sweep.device_id = (ids or entities.KnownIds()).device(session, device)
+            leases.check_device_free(session, sweep.device_id, now, force)
+        if owner is not None:
+            leases.take(sweep, owner, now)
     session.add(sweep)
     session.flush()
     return sweep.id
@@ -79,7 +80,7 @@ def _sweep_rows(session: Session, query: Select) -> list[SweepRow]:
         counts, counts.c.sweep_id == Sweep.id
     )
     now = leases.db_now(session)
-    return [sweep_row(s, now, kind, count or 0) for s, kind, count in session.execute(query)]
+    return [_sweep_row(s, now, kind, count or 0) for s, kind, count in session.execute(query)]
 
 
 def get_sweep(session: Session, sweep_id: int) -> SweepRow:
@@ -94,10 +95,11 @@ def sweeps(session: Session, *, limit: int | None = None) -> list[SweepRow]:
     return _sweep_rows(session, select(Sweep).order_by(Sweep.id.desc()).limit(limit))
 
 
-def sweep_row(s: Sweep, now: datetime.datetime, device_kind: str | None, trials: int) -> SweepRow:
+def _sweep_row(s: Sweep, now: datetime.datetime, device_kind: str | None, trials: int) -> SweepRow:
     spec = dict(s.spec)
     if device_kind is None and isinstance(spec.get("device"), dict):
-        device_kind = spec["device"].get("device_kind")  # compile-only: the target's stand-in
+        # No device claimed (compile-only: the target's stand-in; or recorded before leases).
+        device_kind = spec["device"].get("device_kind")
     problems = spec.get("problems")
     age = leases.age_s(s, now)
     return SweepRow(
