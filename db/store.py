@@ -19,7 +19,7 @@ from typing import Any, Self
 
 from moetune.db import entities, leases, misses, pack_io, schema, transaction, trials, urls, winners
 from moetune.db.engine import make_engine
-from moetune.db.errors import NoDatabase
+from moetune.db.errors import DatabaseError, NoDatabase
 from moetune.db.leases import Owner
 from moetune.db.models import Device, Kernel, ProblemRow
 from moetune.db.records import MissRow, SweepRow, TrialRecord, TrialRow, WinnerRow
@@ -105,6 +105,24 @@ class Store:
             self._make_default_folder()
             state = schema.migrate(self._engine, self._url, only_if_empty=True)
         state.check()
+
+    def checkpoint(self) -> None:
+        """SQLite: copy what was committed to the -wal into the database file now, without waiting for
+        anyone (PASSIVE); DatabaseError when the file cannot be written. SQLite's own checkpoints fail
+        silently, and commits go on succeeding into the -wal alone: with the database file made
+        immutable, a sweep would end well with all of its data in the -wal, whose index (-shm) then
+        grows until the process dies of SIGBUS. Nothing to do for other databases."""
+        if self.dialect != "sqlite" or not self.shared:
+            return
+        import sqlite3
+
+        connection = self._engine.raw_connection()  # outside any transaction: a checkpoint needs that
+        try:
+            connection.cursor().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as e:
+            raise DatabaseError(transaction.describe(e, self._url)) from e
+        finally:
+            connection.close()
 
     def check_readable(self) -> None:
         """NoDatabase for a database not created yet; SchemaMismatch for any revision but head."""

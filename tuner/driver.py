@@ -26,6 +26,7 @@ loop runs on a Ray cluster or synchronously in-process with a simulated runner.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -257,18 +258,27 @@ class SweepDriver:
         if self.owner is None or not self.store.shared:  # no other process can see a private database
             return None
         owner = self.owner
-        beat = lambda: self.store.heartbeat(sweep_id, owner)  # noqa: E731
+
+        def beat() -> bool:
+            held = self.store.heartbeat(sweep_id, owner)
+            self.store.checkpoint()  # a database file that stopped taking writes is found here
+            return held
+
         heartbeat = Heartbeat(beat, f"sweep {sweep_id}", interval_s=leases.HEARTBEAT_S)
         heartbeat.start()
         return heartbeat
 
     def _finish(self, sweep_id: int, status: str, failure: BaseException | None) -> None:
         try:
+            if failure is None:  # before "done" is written: no sweep ends well with its trials in -wal only
+                self.store.checkpoint()
             self.store.finish_sweep(sweep_id, status, owner=self.owner)
         except DatabaseError:
-            if failure is None:
-                raise
-            # Finishing failed too (the database that failed the sweep): `failure` is the one to report.
+            if failure is not None:
+                return  # finishing failed too (the database that failed the sweep): report the first failure
+            with contextlib.suppress(DatabaseError):  # failed where that can still be written
+                self.store.finish_sweep(sweep_id, "failed", owner=self.owner)
+            raise
 
     def _loop(self, sweep_id: int, heartbeat: Heartbeat | None) -> None:
         while not all(r.phase in ("done", "skipped") for r in self.runs):

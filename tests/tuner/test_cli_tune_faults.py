@@ -16,7 +16,7 @@ from moetune.tuner.candidate import CandidateRunner
 from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.executors import InlineExecutor
 from moetune.tuner.tasks import CRASHED, CompileOnlyTask, RetimeTask, failed
-from tests.db.db_factories import age_heartbeat
+from tests.db.db_factories import age_heartbeat, set_immutable
 from tests.tuner import sim_backend
 from tests.tuner.test_driver import DEVICE
 
@@ -157,3 +157,30 @@ def test_a_database_that_stops_accepting_writes_exits_4_with_one_line(db_url, wo
     with open_store(db_url) as store:
         [sweep] = store.sweeps()
         assert sweep.status == "failed" and sweep.trials == 3
+
+
+def test_a_database_file_made_immutable_mid_sweep_fails_the_sweep_and_keeps_its_trials(
+    sqlite_url, tmp_path, workers, monkeypatch
+):
+    """The file stops taking writes while commits still succeed into SQLite's -wal: the sweep must not
+    end well (with its data in the -wal alone, on its way to SIGBUS once the -wal's index outgrows it)."""
+    path = tmp_path / "moetune.db"
+    record = Store.record_trial
+
+    def record_then_freeze(self, rec):
+        trial_id = record(self, rec)
+        if trial_id == 3:
+            set_immutable(path, True)
+        return trial_id
+
+    monkeypatch.setattr(Store, "record_trial", record_then_freeze)
+    try:
+        result = tune(sqlite_url, "--problem", PROBLEM, "--backend", "sim")
+    finally:
+        set_immutable(path, False)
+    assert result.exit_code == 4, result.output
+    assert "failed: database" in error_line(result) and "winners of sweep" not in result.output
+    monkeypatch.undo()
+    with open_store(sqlite_url) as store:  # what reached the -wal is there, and the sweep is failed
+        [sweep] = store.sweeps()
+        assert sweep.status == "failed" and sweep.trials == len(sim_backend.TILES)

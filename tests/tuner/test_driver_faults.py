@@ -158,7 +158,7 @@ class WritesStop:
     """The store, until `after` trials are written; then every write named in `refused` raises
     DatabaseError, as a database that stops accepting writes does (a read-only file, a full disk)."""
 
-    WRITES = ("record_trial", "promote", "heartbeat", "finish_sweep")
+    WRITES = ("record_trial", "promote", "heartbeat", "checkpoint", "finish_sweep")
 
     def __init__(self, store, after: int, refused=WRITES) -> None:
         self._store, self._left, self._refused = store, after, set(refused)
@@ -181,7 +181,7 @@ class WritesStop:
 @pytest.mark.parametrize("finish", [True, False])
 def test_a_database_that_stops_accepting_writes_fails_the_sweep(store, sim, finish):
     sweep_id = store.create_sweep(backend="sim", strategy="grid", spec={}, host="h", user="u")
-    refused = WritesStop.WRITES if not finish else ("record_trial", "promote", "heartbeat")
+    refused = WritesStop.WRITES if not finish else ("record_trial", "promote", "heartbeat", "checkpoint")
     broken = WritesStop(store, after=3, refused=refused)
     driver = SweepDriver(
         broken, InlineExecutor(sim_backend.simulate, DEVICE), SweepSpec(backend="sim"), backend="sim"
@@ -230,11 +230,14 @@ def test_the_heartbeat_keeps_the_lease_and_a_taken_over_sweep_stops(db_url, sim,
         assert len(sim_trials(store, sweep_id=sweep_id)) < len(sim_backend.TILES)
 
 
-def test_a_heartbeat_the_database_refuses_fails_the_sweep(store, sim, monkeypatch):
+@pytest.mark.parametrize("write", ["heartbeat", "checkpoint"])
+def test_a_heartbeat_the_database_refuses_fails_the_sweep(store, sim, monkeypatch, write):
+    """The heartbeat thread beats and checkpoints every HEARTBEAT_S: a database that refuses either ends
+    the sweep there, not at its end."""
     monkeypatch.setattr(leases, "HEARTBEAT_S", 0.01)
     owner = Owner.here()
     sweep_id = store.create_sweep(backend="sim", strategy="grid", spec={}, host="h", user="u", owner=owner)
-    broken = WritesStop(store, after=1, refused=("heartbeat",))
+    broken = WritesStop(store, after=1, refused=(write,))
 
     def slow(task):
         time.sleep(0.05)
@@ -243,7 +246,7 @@ def test_a_heartbeat_the_database_refuses_fails_the_sweep(store, sim, monkeypatc
     driver = SweepDriver(
         broken, InlineExecutor(slow, DEVICE), SweepSpec(backend="sim"), backend="sim", owner=owner
     )
-    with pytest.raises(DatabaseError, match=r"readonly database \(heartbeat\)"):
+    with pytest.raises(DatabaseError, match=rf"readonly database \({write}\)"):
         driver.run([PROBLEM], sweep_id=sweep_id)
     assert store.get_sweep(sweep_id).status == "failed"
     assert len(store.trials(sweep_id=sweep_id)) < len(sim_backend.TILES)  # it stopped there
