@@ -11,10 +11,14 @@ for many machines, or many hosts writing at once, use PostgreSQL.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import socket
-from collections.abc import Callable
+import tempfile
+import urllib.parse
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Self
 
 from moetune.db import entities, leases, misses, pack_io, schema, transaction, trials, urls, winners
@@ -45,6 +49,34 @@ def open_store(url: str | None = None, *, check_schema: bool = True, read_only: 
             store.close()
             raise
     return store
+
+
+@contextlib.contextmanager
+def open_any_revision(url: str) -> Iterator[Store]:
+    """A store that reads `url` whatever its schema revision, and changes nothing: a SQLite file of an
+    older revision is copied into a temporary folder and the copy migrated to head (so the results
+    databases kept beside the benchmarks stay as they were recorded); any other is opened read-only."""
+    with open_store(url, check_schema=False, read_only=True) as probe:
+        state = probe.schema_state()
+    path = urls.sqlite_file(urls.parse(urls.resolve(url)))
+    if state.status != "outdated" or path is None:
+        with open_store(url, read_only=True) as store:
+            yield store
+        return
+    import sqlite3
+
+    with tempfile.TemporaryDirectory(prefix="moetune-copy-") as folder:
+        copy = Path(folder) / path.name
+        source = sqlite3.connect(f"file:{urllib.parse.quote(str(path))}?mode=ro", uri=True)
+        target = sqlite3.connect(copy)
+        try:
+            source.backup(target)  # consistent, with whatever the source's -wal holds
+        finally:
+            target.close()
+            source.close()
+        with open_store(f"sqlite:///{copy}", check_schema=False) as store:
+            store.upgrade()
+            yield store
 
 
 class Store:
