@@ -11,6 +11,7 @@ from db_factories import GATE_UP, table_names, trial
 from moetune.db import DatabaseError, open_store, schema
 from moetune.db.errors import NoDatabase, SchemaMismatch
 from moetune.db.models import TABLE_NAMES
+from moetune.db.store import open_any_revision
 
 
 def test_a_missing_sqlite_file_is_one_line_and_nothing_is_created(tmp_path):
@@ -59,3 +60,20 @@ def test_an_older_schema_is_named_and_left_alone(db_url):
         open_store(db_url, read_only=True)
     with open_store(db_url, check_schema=False) as store:
         assert store.revision() == "v0.1.0.a"
+
+
+def test_a_file_of_an_older_revision_is_read_through_a_migrated_copy(tmp_path):
+    path = tmp_path / "results.db"
+    url = f"sqlite:///{path}"
+    with open_store(url) as store:
+        trial_id = store.record_trial(trial())
+        store.downgrade("v0.1.0.c")
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    with open_any_revision(url) as store:
+        assert [t.id for t in store.trials()] == [trial_id] and store.revision() == schema.head()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+    with open_store(url, check_schema=False) as store:
+        assert store.revision() == "v0.1.0.c"
+    with pytest.raises(NoDatabase):
+        with open_any_revision(url.replace("results", "missing")):
+            pass
