@@ -10,7 +10,7 @@ The owner is (host, pid, random token). The token is new for every run: a proces
 taken over finds its token gone at its next heartbeat and stops, so it never writes over the new owner.
 
 A lease is stale when
-  - it has no heartbeat (a sweep from before leases, or one whose owner let go),
+  - it has no heartbeat (a sweep from before leases, one that ended, or one whose owner let go),
   - its heartbeat is older than GRACE_S, or
   - its owner ran on this host and that process is gone: a resumer on the same host takes over a
     SIGKILLed sweep at once instead of waiting out the grace period. This assumes that a host name
@@ -113,9 +113,10 @@ def _holder(sweep: Sweep, age: float | None) -> str:
 
 
 def _held_by_other(sweep: Sweep, owner: Owner, now: datetime.datetime) -> bool:
-    if sweep.owner_token == owner.token:
+    """Whatever the sweep's status: a resumer holds the lease before its sweep runs again."""
+    if sweep.owner_token in (None, owner.token):
         return False
-    return sweep.status == RUNNING and not is_stale(sweep.owner_host, sweep.owner_pid, age_s(sweep, now))
+    return not is_stale(sweep.owner_host, sweep.owner_pid, age_s(sweep, now))
 
 
 def take(sweep: Sweep, owner: Owner, now: datetime.datetime) -> None:
@@ -193,11 +194,10 @@ def release(session: Session, sweep_id: int, owner: Owner) -> None:
 
 
 def finish(session: Session, sweep_id: int, owner: Owner | None) -> Sweep:
-    """The sweep row to finish: LeaseLost when `owner` no longer holds it (the new owner's sweep now)."""
-    if owner is None:
-        return _locked(session, sweep_id)
-    sweep = _owned(session, sweep_id, owner)
-    sweep.heartbeat_at = db_now(session)  # the last sign of life: when it ended
+    """The sweep row to finish, its lease let go (the owner stays, as who ran it last): LeaseLost when
+    `owner` no longer holds it (the new owner's sweep now)."""
+    sweep = _locked(session, sweep_id) if owner is None else _owned(session, sweep_id, owner)
+    sweep.heartbeat_at = None
     return sweep
 
 

@@ -89,6 +89,21 @@ def test_another_hosts_owner_is_judged_by_its_heartbeat_only(db_url):
         store.acquire_sweep(sweep_id, Owner.here())
 
 
+def test_a_resumer_holds_the_lease_before_the_sweep_runs_again_and_an_ended_sweep_is_free(store):
+    first = Owner.here()
+    sweep_id = new_sweep(store, first)
+    store.finish_sweep(sweep_id, "interrupted", owner=first)
+    row = store.get_sweep(sweep_id)
+    assert (row.status, row.owner, row.heartbeat_age_s) == ("interrupted", str(first), None)
+    resumer = Owner.here()
+    store.acquire_sweep(sweep_id, resumer)  # an ended sweep's lease is free at once
+    assert store.get_sweep(sweep_id).status == "interrupted"  # until it runs again (claim_device)
+    with pytest.raises(LeaseHeld):  # while the first resumer starts its workers
+        store.acquire_sweep(sweep_id, Owner.here())
+    store.claim_device(sweep_id, resumer, H200)
+    assert store.get_sweep(sweep_id).status == "running"
+
+
 def test_a_sweep_without_heartbeat_is_dead_and_a_released_one_is_free(store):
     legacy = new_sweep(store)  # no owner: as every sweep recorded before leases
     assert store.get_sweep(legacy).status == "dead" and store.get_sweep(legacy).heartbeat_age_s is None

@@ -107,8 +107,7 @@ def test_a_resumed_sweep_claims_its_device_too(db_url, workers):
     first = tune(db_url, "--problem", PROBLEM.replace("m=8", "m=32"), "--backend", "sim", "--force")
     assert first.exit_code == 0, first.output
     with open_store(db_url) as store:
-        [resumable, *_] = store.sweeps()
-        age_heartbeat(db_url, resumable.id, 3600)
+        [resumable, *_] = store.sweeps()  # done: its lease ended with it
     refused = tune(db_url, "--resume", str(resumable.id))
     assert refused.exit_code == 2 and "another sweep times on this device" in error_line(refused)
     with open_store(db_url) as store:  # refused before it started: its lease is let go, nothing else changed
