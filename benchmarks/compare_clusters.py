@@ -26,9 +26,9 @@ def from_database(path: Path, sweep_id: int) -> dict:
     """A sweep's database in the shape of `bench tuner --out`'s "ray" run: its candidates only (trials of
     the sweep's backend; the XLA baselines of another backend's sweep are left out), and per problem the
     winner this sweep promoted, else its fastest ok candidate."""
-    from moetune.db import open_store
+    from moetune.db.store import open_any_revision
 
-    with open_store(f"sqlite:///{path}") as store:
+    with open_any_revision(f"sqlite:///{path}") as store:
         backend = store.get_sweep(sweep_id).backend
         trials = [
             t

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from moetune.db import open_store
+from moetune.db.store import open_any_revision
 
 
 def best_of(store, problem_key: str):
@@ -29,7 +29,7 @@ def best_of(store, problem_key: str):
 
 def compare(sweep_url: str, grid_url: str, tolerance: float) -> dict:
     rows = []
-    with open_store(sweep_url) as sweep, open_store(grid_url) as grid:
+    with open_any_revision(sweep_url) as sweep, open_any_revision(grid_url) as grid:
         keys = sorted({t.problem.key for t in grid.trials()})
         for key in keys:
             grid_best = best_of(grid, key)

@@ -16,7 +16,7 @@ import json
 import statistics
 from pathlib import Path
 
-from moetune.db import open_store
+from moetune.db.store import open_any_revision
 from moetune.tuner.candidate import PHASES
 
 
@@ -132,7 +132,7 @@ def lanes(trials: list, start, span_s: float) -> list[dict]:
 
 
 def timeline(url: str, sweep_id: int) -> dict:
-    with open_store(url) as store:
+    with open_any_revision(url) as store:
         trials = [t for t in store.trials(sweep_id=sweep_id) if t.started_at and t.finished_at]
     trials.sort(key=lambda t: t.started_at)
     seen: set[tuple[str, str]] = set()

@@ -6,8 +6,8 @@
 
 Modules: store (the Store API), records (values in and out), models (ORM tables), migrations/ (Alembic),
 schema (revisions), engine and transaction (connections, locking, retries, errors), urls (which
-database, password masking), and one module per kind of query (entities, trials, winners, misses,
-pack_io).
+database, password masking), leases (which process runs a sweep), and one module per kind of query
+(entities, trials, winners, misses, pack_io).
 """
 
 from typing import TYPE_CHECKING

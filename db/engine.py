@@ -5,10 +5,18 @@ of failing at once; and write transactions start with BEGIN IMMEDIATE. That last
 transaction that reads first and writes later cannot wait for the lock (SQLite would deadlock), so it
 fails with "database is locked" however long the timeout. pysqlite's own transaction handling is turned
 off so that our BEGIN is the one used (the recipe in SQLAlchemy's pysqlite documentation).
+
+Read-only engines (`read_only=True`, for commands that only read) never create, migrate or write the
+database: SQLite opens the file with the `mode=ro` URI (a missing file is an error, not a new database)
+and `query_only`; PostgreSQL sessions are READ ONLY. One thing SQLite still does: a reader of a WAL
+database shares its -shm index with the writers, so it creates the empty -wal and -shm beside a file that
+has none (the next writer uses and removes them); the database file itself is never touched.
 """
 
 from __future__ import annotations
 
+import functools
+import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from moetune.db import urls
@@ -23,8 +31,9 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 POSTGRES_CONNECT_TIMEOUT_S = 10
 
 
-def make_engine(url: URL) -> Engine:
-    """An engine for `url`; raises DatabaseError when the URL names an unknown dialect or driver."""
+def make_engine(url: URL, *, read_only: bool = False) -> Engine:
+    """An engine for `url` (one that never writes, with `read_only`); raises DatabaseError when the URL
+    names an unknown dialect or driver."""
     from sqlalchemy import create_engine, event
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
@@ -37,6 +46,8 @@ def make_engine(url: URL) -> Engine:
             from sqlalchemy.pool import StaticPool
 
             kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+        elif read_only:
+            url = _read_only_uri(url)
     elif backend == "postgresql":
         kwargs.update(pool_pre_ping=True, connect_args={"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S})
     try:
@@ -49,9 +60,19 @@ def make_engine(url: URL) -> Engine:
     except (ArgumentError, TypeError, ValueError) as e:
         raise DatabaseError(f"bad database URL {urls.masked(url)}: {urls.scrub(str(e), url)}") from e
     if backend == "sqlite":
-        event.listen(engine, "connect", _sqlite_on_connect)
+        event.listen(engine, "connect", functools.partial(_sqlite_on_connect, read_only=read_only))
         event.listen(engine, "begin", _sqlite_begin)
+    elif read_only and backend == "postgresql":
+        event.listen(engine, "connect", _postgres_read_only)
     return engine
+
+
+def _read_only_uri(url: URL) -> URL:
+    """The SQLite URL as a `mode=ro` URI: the file is opened for reading and never created."""
+    database = url.database or ""
+    if not database.startswith("file:"):
+        database = "file:" + urllib.parse.quote(database)
+    return url.set(database=database).update_query_dict({"mode": "ro", "uri": "true"})
 
 
 def writer(engine: Engine) -> Engine:
@@ -59,12 +80,15 @@ def writer(engine: Engine) -> Engine:
     return engine.execution_options(**{WRITE_OPTION: True})
 
 
-def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any, *, read_only: bool) -> None:
     dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (_sqlite_begin)
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys = ON")
+        if read_only:
+            cursor.execute("PRAGMA query_only = ON")
+            return  # switching to WAL would be a write
         (mode,) = cursor.execute("PRAGMA journal_mode").fetchone()
         if mode not in ("wal", "memory"):
             cursor.execute("PRAGMA journal_mode = WAL")
@@ -75,6 +99,15 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor.execute("PRAGMA synchronous = NORMAL")
     finally:
         cursor.close()
+
+
+def _postgres_read_only(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+    finally:
+        cursor.close()
+    dbapi_connection.commit()  # the driver opened a transaction for the SET; a rollback would undo it
 
 
 def _sqlite_begin(connection: Any) -> None:

@@ -95,6 +95,9 @@ class ProblemRow(Base):
 
 
 class Sweep(Base):
+    """One `moetune tune` run, and its lease (moetune.db.leases): the process that runs it now proves it
+    is alive by moving `heartbeat_at`; `device_id` is the device it times on (None: compile-only)."""
+
     __tablename__ = "sweeps"
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -108,6 +111,11 @@ class Sweep(Base):
     sweep_file: Mapped[str | None] = mapped_column(String(1024))
     created_at: Mapped[datetime.datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime.datetime | None]
+    owner_host: Mapped[str | None] = mapped_column(String(255))
+    owner_pid: Mapped[int | None]
+    owner_token: Mapped[str | None] = mapped_column(String(32))
+    heartbeat_at: Mapped[datetime.datetime | None]
+    device_id: Mapped[int | None] = mapped_column(ForeignKey("devices.id"), index=True)
 
 
 class Trial(Base):

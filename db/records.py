@@ -19,7 +19,10 @@ from moetune.kernels.problem import Problem
 
 # Every trial is written once, when it has ended, so every status is final.
 TRIAL_STATUSES = ("ok", "compile_error", "wrong_result", "timeout", "crashed", "pruned")
-SWEEP_STATUSES = ("running", "done", "failed", "interrupted")
+# incomplete: the sweep ran to its end, but some problem could not be decided (its finalists' re-timing
+# failed twice); `moetune tune --resume` tries again. A running sweep whose process died shows as "dead"
+# (moetune.db.leases), a status that is shown, never stored.
+SWEEP_STATUSES = ("running", "done", "failed", "interrupted", "incomplete")
 # A winner row is never deleted: promotion supersedes the active one, rollback marks it rolled_back.
 WINNER_STATES = ("active", "superseded", "rolled_back")
 
@@ -159,6 +162,9 @@ class MissRow:
 
 @dataclasses.dataclass(frozen=True)
 class SweepRow:
+    """A sweep as read. `status` is the one to show: "dead" for a running sweep whose lease is stale
+    (moetune.db.leases), else `stored_status`, what the row holds."""
+
     id: int
     backend: str
     strategy: str
@@ -169,3 +175,9 @@ class SweepRow:
     created_at: datetime.datetime
     finished_at: datetime.datetime | None
     sweep_file: str | None
+    stored_status: str = ""
+    owner: str | None = None  # "host:pid" of the process that holds (or last held) the lease
+    heartbeat_age_s: float | None = None  # by the database's clock, when read
+    device_kind: str | None = None  # of the device it times on (a compile-only sweep's target stand-in)
+    problems: int = 0
+    trials: int = 0

@@ -11,14 +11,20 @@ for many machines, or many hosts writing at once, use PostgreSQL.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import socket
-from collections.abc import Callable
+import tempfile
+import urllib.parse
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Self
 
-from moetune.db import entities, misses, pack_io, schema, transaction, trials, urls, winners
+from moetune.db import entities, leases, misses, pack_io, schema, transaction, trials, urls, winners
 from moetune.db.engine import make_engine
+from moetune.db.errors import DatabaseError, NoDatabase
+from moetune.db.leases import Owner
 from moetune.db.models import Device, Kernel, ProblemRow
 from moetune.db.records import MissRow, SweepRow, TrialRecord, TrialRow, WinnerRow
 from moetune.kernels.device import DeviceFingerprint
@@ -26,32 +32,68 @@ from moetune.kernels.packs import Pack
 from moetune.kernels.problem import Problem
 
 
-def open_store(url: str | None = None, *, check_schema: bool = True) -> Store:
+def open_store(url: str | None = None, *, check_schema: bool = True, read_only: bool = False) -> Store:
     """The store at url > $MOETUNE_DB > the default SQLite file.
 
     A fresh database is migrated to head; an older or unknown schema raises SchemaMismatch naming the
     fix. check_schema=False skips both (for `moetune db ...` and doctor, which handle any revision).
+
+    read_only=True (commands that only read): nothing is ever created, migrated or written (engine.py);
+    a database that does not exist yet, or has no moetune tables, raises NoDatabase.
     """
-    store = Store(url)
+    store = Store(url, read_only=read_only)
     if check_schema:
         try:
-            store.ensure_schema()
+            store.check_readable() if read_only else store.ensure_schema()
         except BaseException:
             store.close()
             raise
     return store
 
 
+@contextlib.contextmanager
+def open_any_revision(url: str) -> Iterator[Store]:
+    """A store that reads `url` whatever its schema revision, and changes nothing: a SQLite file of an
+    older revision is copied into a temporary folder and the copy migrated to head (so the results
+    databases kept beside the benchmarks stay as they were recorded); any other is opened read-only."""
+    with open_store(url, check_schema=False, read_only=True) as probe:
+        state = probe.schema_state()
+    path = urls.sqlite_file(urls.parse(urls.resolve(url)))
+    if state.status != "outdated" or path is None:
+        with open_store(url, read_only=True) as store:
+            yield store
+        return
+    import sqlite3
+
+    with tempfile.TemporaryDirectory(prefix="moetune-copy-") as folder:
+        copy = Path(folder) / path.name
+        source = sqlite3.connect(f"file:{urllib.parse.quote(str(path))}?mode=ro", uri=True)
+        target = sqlite3.connect(copy)
+        try:
+            source.backup(target)  # consistent, with whatever the source's -wal holds
+        finally:
+            target.close()
+            source.close()
+        with open_store(f"sqlite:///{copy}", check_schema=False) as store:
+            store.upgrade()
+            yield store
+
+
 class Store:
-    def __init__(self, url: str | None = None) -> None:
+    def __init__(self, url: str | None = None, *, read_only: bool = False) -> None:
         text = urls.resolve(url)
         self._url = urls.parse(text)
         # Only the default location's folder is created (on the first write); a typo in an explicit
         # path should fail rather than create folders.
         self._default_file = urls.sqlite_file(self._url) if text == urls.default_url() else None
-        self._engine = make_engine(self._url)
+        self._engine = make_engine(self._url, read_only=read_only)
         self._pid = os.getpid()
         self._ids = entities.KnownIds()
+
+    @property
+    def shared(self) -> bool:
+        """Whether other processes can reach this database (every one but in-memory SQLite)."""
+        return self.dialect != "sqlite" or urls.sqlite_file(self._url) is not None
 
     @property
     def url(self) -> str:
@@ -94,6 +136,33 @@ class Store:
         if state.status in ("missing", "empty", "unversioned"):
             self._make_default_folder()
             state = schema.migrate(self._engine, self._url, only_if_empty=True)
+        state.check()
+
+    def checkpoint(self) -> None:
+        """SQLite: copy what was committed to the -wal into the database file now, without waiting for
+        anyone (PASSIVE); DatabaseError when the file cannot be written. SQLite's own checkpoints fail
+        silently, and commits go on succeeding into the -wal alone: with the database file made
+        immutable, a sweep would end well with all of its data in the -wal, whose index (-shm) then
+        grows until the process dies of SIGBUS. Nothing to do for other databases."""
+        if self.dialect != "sqlite" or not self.shared:
+            return
+        import sqlite3
+
+        connection = self._engine.raw_connection()  # outside any transaction: a checkpoint needs that
+        try:
+            connection.cursor().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as e:
+            raise DatabaseError(transaction.describe(e, self._url)) from e
+        finally:
+            connection.close()
+
+    def check_readable(self) -> None:
+        """NoDatabase for a database not created yet; SchemaMismatch for any revision but head."""
+        state = self.schema_state()
+        if state.status in ("missing", "empty"):
+            path = urls.sqlite_file(self._url)
+            where = f"no database at {path}" if path is not None else f"no moetune tables in {self.url}"
+            raise NoDatabase(f"{where}; run a sweep or moetune db upgrade first")
         state.check()
 
     def upgrade(self, target: str = "head") -> None:
@@ -139,19 +208,54 @@ class Store:
         host: str,
         user: str,
         sweep_file: str | None = None,
+        owner: Owner | None = None,
+        device: DeviceFingerprint | None = None,
+        force: bool = False,
     ) -> int:
-        def create(s: Any) -> int:
-            return trials.create_sweep(
-                s, backend=backend, strategy=strategy, spec=spec, host=host, user=user, sweep_file=sweep_file
-            )
+        """A new running sweep. `owner`: its lease is taken (moetune.db.leases). `device`: the device a
+        timing sweep times on, claimed at once; DeviceBusy (nothing written) while another live sweep
+        times on it, unless `force`."""
+        fields = dict(backend=backend, strategy=strategy, spec=spec, host=host, user=user)
+        lease = dict(owner=owner, device=device, force=force, ids=self._ids)
+        return self._run(
+            lambda s: trials.create_sweep(s, sweep_file=sweep_file, **fields, **lease), write=True
+        )
 
-        return self._run(create, write=True)
+    def acquire_sweep(self, sweep_id: int, owner: Owner) -> None:
+        """Take the lease of an existing sweep (to resume it); LeaseHeld while another process holds it."""
+        self._run(lambda s: leases.acquire(s, sweep_id, owner), write=True)
 
-    def finish_sweep(self, sweep_id: int, status: str) -> None:
-        self._run(lambda s: trials.finish_sweep(s, sweep_id, status), write=True)
+    def claim_device(
+        self, sweep_id: int, owner: Owner, device: DeviceFingerprint | None, *, force: bool = False
+    ) -> None:
+        """Mark `owner`'s sweep running on `device` (None: compile-only); DeviceBusy while another live
+        sweep times on that device, unless `force`; LeaseLost when `owner` no longer holds the lease."""
+
+        def claim(s: Any) -> None:
+            device_id = None if device is None else self._ids.device(s, device)
+            leases.claim_device(s, sweep_id, owner, device_id, force)
+
+        self._run(claim, write=True)
+
+    def heartbeat(self, sweep_id: int, owner: Owner) -> bool:
+        """Move the lease's heartbeat; False when `owner` no longer holds it."""
+        return self._run(lambda s: leases.heartbeat(s, sweep_id, owner), write=True)
+
+    def release_sweep(self, sweep_id: int, owner: Owner) -> None:
+        """Let go of the lease without finishing the sweep (its run never started)."""
+        self._run(lambda s: leases.release(s, sweep_id, owner), write=True)
+
+    def finish_sweep(self, sweep_id: int, status: str, *, owner: Owner | None = None) -> None:
+        """Record the sweep's final status; with `owner`, LeaseLost (nothing written) when it no longer
+        holds the lease."""
+        self._run(lambda s: trials.finish_sweep(s, sweep_id, status, owner), write=True)
 
     def get_sweep(self, sweep_id: int) -> SweepRow:
         return self._run(lambda s: trials.get_sweep(s, sweep_id), write=False)
+
+    def sweeps(self, *, limit: int | None = None) -> list[SweepRow]:
+        """Sweeps, newest first."""
+        return self._run(lambda s: trials.sweeps(s, limit=limit), write=False)
 
     def record_trial(self, rec: TrialRecord) -> int:
         """Write one finished trial; committed (durable) when this returns."""

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session, contains_eager
 
-from moetune.db import entities
+from moetune.db import entities, leases
 from moetune.db.errors import RecordNotFound
 from moetune.db.models import Device, Kernel, ProblemRow, Sweep, Trial
 from moetune.db.records import (
@@ -20,6 +21,7 @@ from moetune.db.records import (
     check_choice,
     utcnow,
 )
+from moetune.kernels.device import DeviceFingerprint
 
 
 def create_sweep(
@@ -32,7 +34,13 @@ def create_sweep(
     user: str,
     sweep_file: str | None,
     status: str = "running",
+    owner: leases.Owner | None = None,
+    device: DeviceFingerprint | None = None,
+    force: bool = False,
+    ids: entities.KnownIds | None = None,
 ) -> int:
+    """A new sweep; with `owner`, its lease is taken; with `device` (a timing sweep's), the device is
+    claimed, refused (DeviceBusy) while another live sweep times on it unless `force`."""
     check_choice("sweep status", status, SWEEP_STATUSES)
     sweep = Sweep(
         backend=backend,
@@ -45,38 +53,72 @@ def create_sweep(
         created_at=utcnow(),
         finished_at=None if status == "running" else utcnow(),
     )
+    if device is not None or owner is not None:
+        now = leases.db_now(session)
+        if device is not None:
+            sweep.device_id = (ids or entities.KnownIds()).device(session, device)
+            leases.check_device_free(session, sweep.device_id, now, force)
+        if owner is not None:
+            leases.take(sweep, owner, now)
     session.add(sweep)
     session.flush()
     return sweep.id
 
 
-def _sweep(session: Session, sweep_id: int) -> Sweep:
-    sweep = session.get(Sweep, sweep_id)
-    if sweep is None:
-        raise RecordNotFound(f"no sweep with id {sweep_id}")
-    return sweep
-
-
-def finish_sweep(session: Session, sweep_id: int, status: str) -> None:
+def finish_sweep(session: Session, sweep_id: int, status: str, owner: leases.Owner | None = None) -> None:
+    """Set the final status; with `owner`, only while it still holds the lease (else LeaseLost)."""
     check_choice("sweep status", status, SWEEP_STATUSES)
-    sweep = _sweep(session, sweep_id)
+    sweep = leases.finish(session, sweep_id, owner)
     sweep.status = status
     sweep.finished_at = None if status == "running" else utcnow()
 
 
+def _sweep_rows(session: Session, query: Select) -> list[SweepRow]:
+    counts = select(Trial.sweep_id, func.count().label("trials")).group_by(Trial.sweep_id).subquery()
+    query = query.add_columns(Device.device_kind, counts.c.trials)
+    query = query.outerjoin(Device, Sweep.device_id == Device.id).outerjoin(
+        counts, counts.c.sweep_id == Sweep.id
+    )
+    now = leases.db_now(session)
+    return [_sweep_row(s, now, kind, count or 0) for s, kind, count in session.execute(query)]
+
+
 def get_sweep(session: Session, sweep_id: int) -> SweepRow:
-    s = _sweep(session, sweep_id)
+    rows = _sweep_rows(session, select(Sweep).where(Sweep.id == sweep_id))
+    if not rows:
+        raise RecordNotFound(f"no sweep with id {sweep_id}")
+    return rows[0]
+
+
+def sweeps(session: Session, *, limit: int | None = None) -> list[SweepRow]:
+    """Sweeps, newest first."""
+    return _sweep_rows(session, select(Sweep).order_by(Sweep.id.desc()).limit(limit))
+
+
+def _sweep_row(s: Sweep, now: datetime.datetime, device_kind: str | None, trials: int) -> SweepRow:
+    spec = dict(s.spec)
+    if device_kind is None and isinstance(spec.get("device"), dict):
+        # No device claimed (compile-only: the target's stand-in; or recorded before leases).
+        device_kind = spec["device"].get("device_kind")
+    problems = spec.get("problems")
+    age = leases.age_s(s, now)
     return SweepRow(
-        s.id,
-        s.backend,
-        s.strategy,
-        dict(s.spec),
-        s.status,
-        s.host,
-        s.user,
-        s.created_at,
-        s.finished_at,
-        s.sweep_file,
+        id=s.id,
+        backend=s.backend,
+        strategy=s.strategy,
+        spec=spec,
+        status=leases.shown_status(s.status, s.owner_host, s.owner_pid, age),
+        host=s.host,
+        user=s.user,
+        created_at=s.created_at,
+        finished_at=s.finished_at,
+        sweep_file=s.sweep_file,
+        stored_status=s.status,
+        owner=None if s.owner_host is None else f"{s.owner_host}:{s.owner_pid}",
+        heartbeat_age_s=age,
+        device_kind=device_kind,
+        problems=len(problems) if isinstance(problems, list) else 0,
+        trials=trials,
     )
 
 

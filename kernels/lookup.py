@@ -174,7 +174,7 @@ class WinnerLookup:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._tables: dict[tuple[_Sources, str | None, str, str], _Table] = {}
-        self._stores: dict[str, Any] = {}
+        self._stores: dict[tuple[str, bool], Any] = {}  # (url, read_only) -> Store, or why it failed
         self._rosters: dict[tuple[str, str], tuple[Backend, ...]] = {}
         self._logged: set[tuple[str, ...]] = set()
         self._default_db_file: Any = _UNRESOLVED  # then the Path, or None without platformdirs
@@ -364,23 +364,25 @@ class WinnerLookup:
 
     def _db_winners(self, url: str, backend: str, device: DeviceFingerprint) -> list[Winner]:
         try:
-            rows = self._store(url).winners(device_kind=device.device_kind, backend=backend, active_only=True)
+            store = self._store(url, read_only=True)  # reading winners never creates or migrates a database
+            rows = store.winners(device_kind=device.device_kind, backend=backend, active_only=True)
         except Exception as e:  # the one edge where it is recorded: a database failure must not break a jit
             self.warn_once("db-failed", url, f"moetune: not using the database for winners: {e}")
             return []
         return [db_winner(row) for row in rows]
 
-    def _store(self, url: str) -> Any:
+    def _store(self, url: str, *, read_only: bool = False) -> Any:
+        key = (url, read_only)
         with self._lock:
-            if url not in self._stores:
+            if key not in self._stores:
                 from moetune.db import open_store
 
                 try:
-                    self._stores[url] = open_store(url)
+                    self._stores[key] = open_store(url, read_only=read_only)
                 except Exception as e:
                     # Remembered, so a database that cannot open is tried once per process, not per call.
-                    self._stores[url] = e
-            store = self._stores[url]
+                    self._stores[key] = e
+            store = self._stores[key]
         if isinstance(store, Exception):
             raise store
         return store

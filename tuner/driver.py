@@ -11,12 +11,22 @@ result to the store the moment it arrives (so a killed driver loses nothing that
 A compile-only sweep (a target this machine lacks) runs the same loop with CompileOnlyTasks: statuses
 ok / pruned / compile_error and the binaries' facts, recorded under a stand-in fingerprint, no timing.
 
+Faults end honestly. A task that fails for reasons outside its config gets one more attempt on another
+worker (the executor has replaced the one that died): a crashed candidate (a kernel that really crashes
+crashes twice; a worker killed from outside passes the second time; the trial's details keep the first
+attempt), and a re-timing whose finalists all came back untimed. A re-timing that fails twice leaves
+its problem without a new winner and the sweep `incomplete` (`--resume` re-times it). A database that
+stops accepting writes ends the sweep at once, `failed` where that can still be written. With an
+`owner`, the sweep's lease (moetune.db.leases) is kept alive from a background thread; a run whose lease
+was taken over stops without writing anything more.
+
 Everything that touches the world (store, executor, clock, progress display) is injected, so the same
 loop runs on a Ray cluster or synchronously in-process with a simulated runner.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -24,6 +34,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from moetune.db import leases
+from moetune.db.errors import DatabaseError, LeaseLost
+from moetune.db.leases import Heartbeat, Owner
 from moetune.kernels import registry
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint
@@ -36,6 +49,7 @@ from moetune.tuner.routing import describe_routings, parse_routings, verificatio
 from moetune.tuner.spec import SweepSpec
 from moetune.tuner.summary import SweepOutcome
 from moetune.tuner.tasks import (
+    CRASHED,
     OK,
     CandidateResult,
     CandidateTask,
@@ -43,6 +57,7 @@ from moetune.tuner.tasks import (
     Result,
     RetimeResult,
     RetimeTask,
+    Task,
     canonical,
 )
 from moetune.tuner.warm_start import baseline_config, warm_start_configs
@@ -54,8 +69,31 @@ BASELINE_BACKEND = "xla"
 class _Pending:
     run: ProblemRun
     kind: str  # candidate | baseline | retime
+    task: Task
     config: KernelConfig | None = None
     finalists: list[finalists.Finalist] = dataclasses.field(default_factory=list)
+    first_attempt: CandidateResult | RetimeResult | None = None  # on a second attempt: the first's result
+
+    def first_attempt_details(self) -> dict[str, Any] | None:
+        """What the trial's details keep of a first, failed attempt (None when there was none)."""
+        first = self.first_attempt
+        if not isinstance(first, CandidateResult):
+            return None
+        times = {
+            name: value.isoformat()
+            for name in ("started_at", "finished_at")
+            if (value := getattr(first, name))
+        }
+        kept = {"status": first.status, "error": first.error, "host": first.host, "worker": first.worker}
+        return {"first_attempt": kept | times}
+
+
+def _failed_outside_config(result: Result) -> bool:
+    """Whether the result may be the worker's fault rather than the config's, so worth one more try: a
+    crashed candidate, or a re-timing in which no finalist was timed."""
+    if isinstance(result, RetimeResult):
+        return not any(result.samples_s)
+    return result.status == CRASHED
 
 
 def largest_first(runs: list[ProblemRun]) -> list[ProblemRun]:
@@ -84,10 +122,13 @@ class SweepDriver:
         poll_s: float = 0.25,
         compile_target: str | None = None,
         device: DeviceFingerprint | None = None,
+        owner: Owner | None = None,
     ) -> None:
         """`compile_target` makes this a compile-only sweep for that target, recorded under `device` (a
-        stand-in fingerprint); otherwise trials are recorded under the executor's device."""
+        stand-in fingerprint); otherwise trials are recorded under the executor's device. `owner` holds
+        the sweep's lease: `run` keeps it alive and finishes the sweep only while it holds it."""
         self.store = store
+        self.owner = owner
         self.executor = executor
         self.spec = spec
         self.backend = registry.get(backend)
@@ -183,37 +224,80 @@ class SweepDriver:
     # --- the loop ---------------------------------------------------------------------------------
 
     def run(self, planned: list[PlannedProblem], *, sweep_id: int) -> SweepOutcome:
+        """Run the sweep to its end; its row is finished with the status (also when this raises: failed,
+        or interrupted on KeyboardInterrupt), except after LeaseLost. A DatabaseError met while finishing
+        a sweep that failed already is left out: the first failure is the one raised."""
         self.sweep_id = sweep_id
         self._started = self.clock()
-        self.prepare(planned, sweep_id)
-        status = "failed"
+        heartbeat = self._heartbeat(sweep_id)
+        status: str | None = "failed"
+        failure: BaseException | None = None
         try:
+            self.prepare(planned, sweep_id)
             self.progress.start(self._snapshot())
-            while not all(r.phase in ("done", "skipped") for r in self.runs):
-                self._fill()
-                if not self.executor.in_flight():
-                    self._fill()  # a problem changed phase (e.g. its search ended): its next step goes now
-                    if not self.executor.in_flight() and not all(
-                        r.phase in ("done", "skipped") for r in self.runs
-                    ):
-                        stuck = [
-                            f"{r.label} ({r.phase})" for r in self.runs if r.phase not in ("done", "skipped")
-                        ]
-                        raise RuntimeError(
-                            f"sweep {sweep_id} stalled with nothing to run: {', '.join(stuck)}"
-                        )
-                    continue
-                for result in self.executor.wait(self.poll_s):
-                    self._handle(result)
-                self.progress.update(self._snapshot())
-            status = "done"
-        except KeyboardInterrupt:
-            status = "interrupted"
+            self._loop(sweep_id, heartbeat)
+            status = "incomplete" if any(r.incomplete for r in self.runs) else "done"
+        except KeyboardInterrupt as e:
+            status, failure = "interrupted", e
+            raise
+        except LeaseLost as e:
+            status, failure = None, e  # the sweep is another process's now: its row is not ours to write
+            raise
+        except BaseException as e:
+            failure = e
             raise
         finally:
-            self.store.finish_sweep(sweep_id, status)
+            if heartbeat is not None:
+                heartbeat.stop()
             self.progress.close(self._snapshot())
+            if status is not None:
+                self._finish(sweep_id, status, failure)
         return self.outcome(status)
+
+    def _heartbeat(self, sweep_id: int) -> Heartbeat | None:
+        if self.owner is None or not self.store.shared:  # no other process can see a private database
+            return None
+        owner = self.owner
+
+        def beat() -> bool:
+            held = self.store.heartbeat(sweep_id, owner)
+            self.store.checkpoint()  # a database file that stopped taking writes is found here
+            return held
+
+        heartbeat = Heartbeat(beat, f"sweep {sweep_id}", interval_s=leases.HEARTBEAT_S)
+        heartbeat.start()
+        return heartbeat
+
+    def _finish(self, sweep_id: int, status: str, failure: BaseException | None) -> None:
+        try:
+            if failure is None:  # before "done" is written: no sweep ends well with its trials in -wal only
+                self.store.checkpoint()
+            self.store.finish_sweep(sweep_id, status, owner=self.owner)
+        except DatabaseError:
+            if failure is not None:
+                return  # finishing failed too (the database that failed the sweep): report the first failure
+            with contextlib.suppress(DatabaseError):  # failed where that can still be written
+                self.store.finish_sweep(sweep_id, "failed", owner=self.owner)
+            raise
+
+    def _loop(self, sweep_id: int, heartbeat: Heartbeat | None) -> None:
+        while not all(r.phase in ("done", "skipped") for r in self.runs):
+            if heartbeat is not None:
+                heartbeat.check()  # a lost lease or a database refusing the heartbeat ends the sweep
+            self._fill()
+            if not self.executor.in_flight():
+                self._fill()  # a problem changed phase (e.g. its search ended): its next step goes now
+                if not self.executor.in_flight() and not all(
+                    r.phase in ("done", "skipped") for r in self.runs
+                ):
+                    stuck = [
+                        f"{r.label} ({r.phase})" for r in self.runs if r.phase not in ("done", "skipped")
+                    ]
+                    raise RuntimeError(f"sweep {sweep_id} stalled with nothing to run: {', '.join(stuck)}")
+                continue
+            for result in self.executor.wait(self.poll_s):
+                self._handle(result)
+            self.progress.update(self._snapshot())
 
     def _past_deadline(self) -> bool:
         return self.spec.minutes is not None and self.clock() - self._started > self.spec.minutes * 60
@@ -319,8 +403,11 @@ class SweepDriver:
         else:
             task = self._candidate_task(run, config)
         run.in_flight[task.task_id] = config
-        self._pending[task.task_id] = _Pending(run, "candidate", config)
-        self.executor.submit(task)
+        self._submit(_Pending(run, "candidate", task, config))
+
+    def _submit(self, pending: _Pending) -> None:
+        self._pending[pending.task.task_id] = pending
+        self.executor.submit(pending.task)
 
     def _candidate_task(self, run: ProblemRun, config: KernelConfig) -> CandidateTask:
         return CandidateTask(
@@ -349,8 +436,7 @@ class SweepDriver:
             timer_backend=self.backend.name,
         )
         run.baseline_task = task.task_id
-        self._pending[task.task_id] = _Pending(run, "baseline")
-        self.executor.submit(task)
+        self._submit(_Pending(run, "baseline", task))
 
     def _submit_retime(self, run: ProblemRun) -> None:
         chosen = run.retime_finalists
@@ -366,30 +452,52 @@ class SweepDriver:
         )
         run.retime_task = task.task_id
         run.phase = "retime"
-        self._pending[task.task_id] = _Pending(run, "retime", finalists=chosen)
-        self.executor.submit(task)
+        self._submit(_Pending(run, "retime", task, finalists=chosen))
+
+    def _retry(self, pending: _Pending, result: Result) -> bool:
+        """Submit the task once more when its first attempt failed outside its config; True if it did.
+
+        The worker that failed is gone (the executor replaced it), so the second attempt runs elsewhere.
+        It takes the first one's place, in flight and in the budget: one config, one trial."""
+        if pending.first_attempt is not None or not _failed_outside_config(result):
+            return False
+        task = dataclasses.replace(pending.task, task_id=self._new_id())
+        run = pending.run
+        if pending.kind == "candidate":
+            run.in_flight[task.task_id] = run.in_flight.pop(result.task_id)
+        elif pending.kind == "baseline":
+            run.baseline_task = task.task_id
+        else:
+            run.retime_task = task.task_id
+        self._submit(dataclasses.replace(pending, task=task, first_attempt=result))
+        return True
 
     # --- results ----------------------------------------------------------------------------------
 
     def _handle(self, result: Result) -> None:
         pending = self._pending.pop(result.task_id)
+        if self._retry(pending, result):
+            return
         run = pending.run
         if pending.kind == "retime":
-            self._settle(run, pending.finalists, result)
+            self._settle(run, pending, result)
             return
+        first = pending.first_attempt_details()
         if pending.kind == "baseline":
             xla = registry.get(BASELINE_BACKEND)
-            trial_id = self._record(run, xla.name, xla.source_hash(), baseline_config(), result, run.routing)
-            run.baseline = Known(trial_id, baseline_config(), result.status, result.median_s, self.sweep_id)
+            config = baseline_config()
+            trial_id = self._record(run, xla.name, xla.source_hash(), config, result, run.routing, first)
+            run.baseline = Known(trial_id, config, result.status, result.median_s, self.sweep_id)
             run.baseline_task = None
             run.baseline_wanted = False
             return
         config = run.in_flight.pop(result.task_id)
-        routing, details = run.routing, None
+        routing, details = run.routing, first
         if self.compile_target:
             # No routing exists without a device; the details keep the binary's facts instead, and which
             # earlier trial compiled to the same binary (time only that one).
-            routing, details = None, dict(result.static or {"target": self.compile_target})
+            routing = None
+            details = (first or {}) | dict(result.static or {"target": self.compile_target})
             duplicate_of = run.binaries.get(details.get("binary_hash"))
             if duplicate_of is not None:
                 details["duplicate_of"] = duplicate_of
@@ -446,7 +554,16 @@ class SweepDriver:
         self._recorded += 1
         return trial_id
 
-    def _settle(self, run: ProblemRun, chosen: list[finalists.Finalist], result: RetimeResult) -> None:
+    def _settle(self, run: ProblemRun, pending: _Pending, result: RetimeResult) -> None:
+        chosen = pending.finalists
+        if pending.first_attempt is not None and _failed_outside_config(result):
+            # Twice no finalist timed: no decision can be made. The winner stays; --resume re-times.
+            errors = "; ".join(dict.fromkeys(r.error for r in (pending.first_attempt, result) if r.error))
+            run.decision = finalists.Decision(None, f"re-timing failed twice, no new winner ({errors})")
+            run.incomplete = True
+            run.retime_task = None
+            run.phase = "settled"
+            return
         decision = finalists.decide(chosen, result.samples_s, self.spec.min_gain)
         if result.error and decision.promote is None:
             decision = dataclasses.replace(decision, reason=f"{decision.reason} ({result.error})")

@@ -2,7 +2,8 @@
 
 Phases: "search" (asking the strategy, within the budget) -> "retime_wanted" (finalists chosen) ->
 "retime" (re-timing in flight) -> "settled" (promotion decided) -> "done" (its baseline is in too).
-A problem the backend declines is "skipped" from the start.
+A problem the backend declines is "skipped" from the start. One whose re-timing failed twice settles
+`incomplete`, without a decision: the sweep is then incomplete, and resuming it re-times the problem.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class ProblemRun:
     phase: str = "search"
     skipped: str = ""
     decision: Decision | None = None
+    incomplete: bool = False  # settled without a decision (re-timing failed twice)
     retime_task: str | None = None
     retime_finalists: list[Finalist] = dataclasses.field(default_factory=list)
     binaries: dict[str, int] = dataclasses.field(

@@ -21,6 +21,7 @@ class ProblemOutcome:
     winner_config: dict[str, Any] | None
     winner_s: float | None
     decision: str
+    incomplete: bool = False  # no decision could be made (its finalists' re-timing failed twice)
 
     @property
     def speedup_vs_heuristic(self) -> float | None:
@@ -45,6 +46,11 @@ class SweepOutcome:
     trials: int
     problems: list[ProblemOutcome]
     compile_target: str | None = None  # set for a compile-only sweep: nothing was timed
+
+    @property
+    def incomplete(self) -> list[str]:
+        """The problems left without a decision (the sweep's status is then "incomplete")."""
+        return [p.label for p in self.problems if p.incomplete]
 
 
 def outcome(
@@ -83,6 +89,7 @@ def outcome(
                 winner_config=winner.config if winner else None,
                 winner_s=run.median_of(winner.config) if winner else None,
                 decision=run.decision.reason if run.decision else "",
+                incomplete=run.incomplete,
             )
         )
     return SweepOutcome(

@@ -193,8 +193,13 @@ def create_sweep(
     planned: list[PlannedProblem],
     device: DeviceFingerprint,
     sweep_file: str | None,
+    *,
+    owner: Any = None,
+    force: bool = False,
 ) -> int:
-    """The sweep row; it keeps the resolved spec and problem list so that --resume rebuilds this sweep."""
+    """The sweep row; it keeps the resolved spec and problem list so that --resume rebuilds this sweep.
+    With `owner` (moetune.db.leases.Owner) the sweep is leased to it, and a timing sweep claims `device`
+    (DeviceBusy, nothing written, while another live sweep times on it, unless `force`)."""
     stored = {
         # The database URL stays out: it may hold a password, and the sweep is in that database anyway.
         "spec": spec.to_dict() | {"backend": backend.name, "db": None},
@@ -208,6 +213,9 @@ def create_sweep(
         host=socket.gethostname(),
         user=_user(),
         sweep_file=sweep_file,
+        owner=owner,
+        device=None if spec.compile_only else device,
+        force=force,
     )
 
 

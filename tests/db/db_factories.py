@@ -1,8 +1,16 @@
-"""Values for the database tests: fingerprints, a problem and a trial-record factory."""
+"""Values for the database tests: fingerprints, a problem, a trial-record factory; with plain SQLAlchemy
+rather than the store, the tables a database holds and a sweep's heartbeat moved back; and a file made
+immutable, as a database that stops accepting writes."""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import subprocess
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
 
 from moetune.db.records import TrialRecord
 from moetune.kernels.device import DeviceFingerprint
@@ -53,3 +61,37 @@ def trial(
         median_s=median_s,
         **extra,
     )
+
+
+def table_names(url: str) -> set[str]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return set(sa.inspect(connection).get_table_names())
+    finally:
+        engine.dispose()
+
+
+SWEEPS = sa.table("sweeps", sa.column("id"), sa.column("heartbeat_at", sa.DateTime()))
+
+
+def age_heartbeat(url: str, sweep_id: int, seconds: float) -> None:
+    """Move the sweep's last heartbeat `seconds` into the past, as if its owner had gone silent."""
+    engine = sa.create_engine(url)
+    with engine.begin() as connection:
+        where = SWEEPS.c.id == sweep_id
+        beat = connection.scalar(sa.select(SWEEPS.c.heartbeat_at).where(where))
+        older = beat - datetime.timedelta(seconds=seconds)
+        connection.execute(sa.update(SWEEPS).where(where).values(heartbeat_at=older))
+    engine.dispose()
+
+
+def set_immutable(path: Path, on: bool) -> None:
+    """chattr +i (or -i): a file that nobody may write, root included (chmod does not stop root). Skips
+    the test where the file system or the user's capabilities do not allow it."""
+    try:
+        done = subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True, text=True)
+    except FileNotFoundError:
+        pytest.skip("chattr is not installed")
+    if done.returncode and on:
+        pytest.skip(f"cannot make {path.name} immutable here: {done.stderr.strip()}")

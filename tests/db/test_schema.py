@@ -2,29 +2,24 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import subprocess
 import sys
 
 import pytest
 import sqlalchemy as sa
-from db_factories import GATE_UP, H200, trial
+from db_factories import GATE_UP, H200, table_names, trial
 
 from moetune.db import open_store, schema
 from moetune.db.errors import SchemaMismatch
+from moetune.db.leases import Owner
 from moetune.db.models import TABLE_NAMES, Base
 
 FIRST = "v0.1.0.a"
 BEFORE_DETAILS = "v0.1.0.b"  # the last revision without trials.details
-
-
-def _tables(url: str) -> set[str]:
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as connection:
-            return set(sa.inspect(connection).get_table_names())
-    finally:
-        engine.dispose()
+BEFORE_LEASE = "v0.1.0.c"  # the last revision without the sweep lease columns
+LEASE_COLUMNS = {"owner_host", "owner_pid", "owner_token", "heartbeat_at", "device_id"}
 
 
 def _columns(url: str, table: str) -> set[str]:
@@ -57,7 +52,7 @@ def test_fresh_database_is_migrated_to_head_on_first_use(db_url):
     with open_store(db_url) as store:
         assert store.revision() == schema.head()
         assert store.schema_state().status == "current"
-    assert TABLE_NAMES <= _tables(db_url)
+    assert TABLE_NAMES <= table_names(db_url)
 
 
 def test_downgrade_to_base_and_upgrade_again(db_url):
@@ -65,7 +60,7 @@ def test_downgrade_to_base_and_upgrade_again(db_url):
         store.record_trial(trial())
         store.downgrade("base")
         assert store.revision() is None
-        assert not (TABLE_NAMES & _tables(db_url))
+        assert not (TABLE_NAMES & table_names(db_url))
         store.upgrade()
         assert store.revision() == schema.head()
         assert store.trials() == []
@@ -77,7 +72,7 @@ def test_old_revision_with_data_is_upgraded_to_head(db_url):
     with open_store(db_url, check_schema=False) as store:
         store.downgrade(FIRST)  # trials exist at the first revision already and keep their rows
         assert store.schema_state().status == "outdated"
-        assert "winners" not in _tables(db_url) and _trial_ids(db_url) == {trial_id}
+        assert "winners" not in table_names(db_url) and _trial_ids(db_url) == {trial_id}
         # Writing through the store is refused, with the command that fixes it.
         with pytest.raises(SchemaMismatch, match="run `moetune db upgrade`"):
             store.ensure_schema()
@@ -111,6 +106,59 @@ def test_trial_details_column_comes_and_goes_keeping_every_trial(db_url):
         assert {row.id: row.details for row in store.trials()}[again] == {"binary_hash": "cd"}
 
 
+def test_sweeps_of_the_revision_before_leases_upgrade_to_dead_and_resumable(db_url):
+    """v0.1.0.d adds the lease to sweeps: a sweep left running before it has no heartbeat, so it shows as
+    dead and the next resumer takes it over; its trials stay with it."""
+    with open_store(db_url) as store:
+        store.downgrade(BEFORE_LEASE)
+        assert not (LEASE_COLUMNS & _columns(db_url, "sweeps"))
+    engine = sa.create_engine(db_url)
+    old_sweeps = sa.table(
+        "sweeps",
+        *(sa.column(c) for c in ("id", "backend", "strategy", "status", "host", "username")),
+        sa.column("spec", sa.JSON()),
+        sa.column("created_at", sa.DateTime()),
+    )
+    with engine.begin() as connection:  # what a sweep of that revision left: running, with no lease
+        connection.execute(
+            sa.insert(old_sweeps).values(
+                id=7,
+                backend="fake",
+                strategy="grid",
+                status="running",
+                spec={},
+                host="old-host",
+                username="ana",
+                created_at=datetime.datetime(2026, 12, 1),
+            )
+        )
+    engine.dispose()
+    with open_store(db_url, check_schema=False) as store:
+        store.upgrade()
+        assert LEASE_COLUMNS <= _columns(db_url, "sweeps")
+    with open_store(db_url) as store:
+        trial_id = store.record_trial(trial(sweep_id=7))
+        row = store.get_sweep(7)
+        assert (row.status, row.stored_status, row.owner, row.heartbeat_age_s) == (
+            "dead",
+            "running",
+            None,
+            None,
+        )
+        owner = Owner.here()
+        store.acquire_sweep(7, owner)
+        store.claim_device(7, owner, H200)
+        row = store.get_sweep(7)
+        assert (row.status, row.owner, row.device_kind, row.trials) == (
+            "running",
+            str(owner),
+            "NVIDIA H200",
+            1,
+        )
+        store.downgrade(BEFORE_LEASE)  # and back: the sweep and its trial keep their rows
+        assert not (LEASE_COLUMNS & _columns(db_url, "sweeps")) and _trial_ids(db_url) == {trial_id}
+
+
 def test_older_revision_names_the_upgrade_command(db_url):
     with open_store(db_url, check_schema=False) as store:
         store.upgrade(FIRST)
@@ -130,7 +178,7 @@ def test_unknown_revision_says_to_upgrade_moetune(db_url):
             store.upgrade()
         with pytest.raises(SchemaMismatch, match="upgrade moetune"):
             store.downgrade("base")
-    assert TABLE_NAMES <= _tables(db_url)
+    assert TABLE_NAMES <= table_names(db_url)
 
 
 def test_moetune_tables_without_a_revision_are_refused(db_url):
@@ -159,7 +207,7 @@ def test_other_applications_tables_do_not_block_a_fresh_database(sqlite_url):
     engine.dispose()
     with open_store(sqlite_url) as store:
         assert store.revision() == schema.head()
-    assert "alembic_version" in _tables(sqlite_url)
+    assert "alembic_version" in table_names(sqlite_url)
 
 
 def test_migrated_schema_matches_the_models(db_url):
@@ -200,4 +248,4 @@ def test_migrations_are_packages_with_their_data():
     for name in ("alembic.ini", "script.py.mako", "env.py", "versions/__init__.py"):
         assert (migrations / name).is_file(), name
     versions = [p.name for p in (migrations / "versions").iterdir() if p.name.startswith("v")]
-    assert len(versions) >= 3 and schema.head() not in (FIRST, BEFORE_DETAILS)
+    assert len(versions) >= 4 and schema.head() not in (FIRST, BEFORE_DETAILS, BEFORE_LEASE)

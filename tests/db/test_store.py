@@ -8,10 +8,11 @@ import json
 import math
 
 import pytest
-from db_factories import GATE_UP, H200, H200_NEW_DRIVER, MI300, trial
+from db_factories import GATE_UP, H200, H200_NEW_DRIVER, MI300, set_immutable, trial
 
 from moetune.db import DatabaseError, open_store
 from moetune.db.errors import InvalidRecord, RecordNotFound
+from moetune.db.leases import Owner
 from moetune.db.records import TrialRecord, canonical_config
 
 
@@ -30,7 +31,13 @@ def test_ensure_rows_are_idempotent(store):
 def test_sweep_lifecycle(store):
     spec = {"problems": [GATE_UP.key], "budget": 50}
     sweep_id = store.create_sweep(
-        backend="fake", strategy="grid", spec=spec, host="node1", user="ana", sweep_file="sweeps/a.yaml"
+        backend="fake",
+        strategy="grid",
+        spec=spec,
+        host="node1",
+        user="ana",
+        sweep_file="sweeps/a.yaml",
+        owner=Owner.here(),  # a live lease: without one, a running sweep shows as dead (test_leases.py)
     )
     row = store.get_sweep(sweep_id)
     assert (row.backend, row.strategy, row.spec, row.status, row.host, row.user, row.sweep_file) == (
@@ -223,3 +230,20 @@ def test_corrupt_sqlite_file_is_a_database_error(tmp_path):
     with pytest.raises(DatabaseError, match="file is not a database"):
         open_store(f"sqlite:///{path}")
     assert path.read_bytes() == b"this is not a database" * 100
+
+
+def test_checkpoint_reports_a_database_file_that_stopped_taking_writes(tmp_path):
+    """Commits still succeed into the -wal; only a checkpoint finds that the file takes no writes."""
+    path = tmp_path / "moetune.db"
+    with open_store(f"sqlite:///{path}") as store:
+        store.record_trial(trial())
+        store.checkpoint()
+        set_immutable(path, True)
+        try:
+            store.record_trial(trial(config={"block_m": 8}))
+            with pytest.raises(DatabaseError, match="moetune.db") as info:
+                store.checkpoint()
+            assert "\n" not in str(info.value)
+        finally:
+            set_immutable(path, False)
+        assert len(store.trials()) == 2

@@ -1197,9 +1197,9 @@ def test_session15_the_t1024_and_up_rows_again():
 
 def _sweep_pairs(db: Path) -> dict[tuple[str, int], list[float]]:
     """(op, M) -> for each config timed in both the expert and the "m" order, expert time / "m" time."""
-    from moetune.db.store import open_store
+    from moetune.db.store import open_any_revision
 
-    with open_store(f"sqlite:///{db}") as store:
+    with open_any_revision(f"sqlite:///{db}") as store:
         rows = [r for r in store.trials(backend="mosaic_gpu", status="ok") if r.worker != "pack-import"]
     by_config: dict[tuple, dict[str, float]] = {}
     for row in rows:

@@ -251,7 +251,8 @@ def running(monkeypatch, device: DeviceFingerprint) -> None:
 def test_best_on_an_empty_database_lists_the_shipped_pack(monkeypatch):
     pack = packs.load(SHIPPED_H200)
     running(monkeypatch, pack.device)
-    rows = json.loads(ok("best", "--gpu", "NVIDIA H200", "--json").stdout)  # the default database: empty
+    open_store().close()  # the default database, created empty (`best` only reads: it creates none)
+    rows = json.loads(ok("best", "--gpu", "NVIDIA H200", "--json").stdout)
     assert sorted((r["problem"]["key"], r["config"], r["median_s"]) for r in rows) == sorted(
         (e.problem.key, e.config, e.median_s) for e in pack.entries
     )
@@ -297,6 +298,7 @@ def test_best_tells_fresh_from_stale_on_this_machine(
 ):
     xla_pack(tmp_path, source_hash=pack_source)
     running(monkeypatch, on)
+    open_store(sqlite_url).close()
     with lookup.using_packs(tmp_path):
         (row,) = json.loads(ok("best", "--db", sqlite_url, "--backend", "xla", "--json").stdout)
     assert (row["origin"], row["freshness"], row["config"]) == (
@@ -343,6 +345,7 @@ def test_best_lists_database_and_pack_rows_side_by_side(sqlite_url, tmp_path, mo
 
 
 def test_best_ignores_a_pack_dispatch_would_not_read(sqlite_url, tmp_path):
+    open_store(sqlite_url).close()
     xla_pack(tmp_path)
     (tmp_path / "nvidia_h200__xla.json").rename(tmp_path / "h200.json")  # dispatch looks up by name only
     with lookup.using_packs(tmp_path):
@@ -435,7 +438,7 @@ def test_doctor_masks_the_password(postgres_url):
     [
         (["trials", "--db", "definitely not a url"], "not a database URL"),
         (["best", "--db", "nosuch://x/y"], "unsupported database URL scheme"),
-        (["trials", "--db", "sqlite:////nonexistent-dir/x.db"], "unable to open database file"),
+        (["trials", "--db", "sqlite:////nonexistent-dir/x.db"], "no database at /nonexistent-dir/x.db"),
         (["db", "upgrade", "--db", f"postgresql+psycopg://moetune:{SECRET}@127.0.0.1:1/x"], "127.0.0.1"),
         (["doctor", "--db", f"postgresql+psycopg://moetune:{SECRET}@127.0.0.1:1/x"], "connection"),
     ],

@@ -15,7 +15,16 @@ app = typer.Typer(
 
 def _load_commands() -> None:
     # Imported for their side effect of adding commands to `app`.
-    from moetune.tuner.cli import bench, db_commands, doctor, explain, export_optuna, report, tune  # noqa: F401
+    from moetune.tuner.cli import (  # noqa: F401
+        bench,
+        db_commands,
+        doctor,
+        explain,
+        export_optuna,
+        report,
+        sweeps,
+        tune,
+    )
 
 
 def main() -> None:

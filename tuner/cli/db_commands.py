@@ -49,12 +49,13 @@ app.add_typer(db_app, name="db")
 
 
 @contextlib.contextmanager
-def opened_store(db: str | None, *, check_schema: bool = True) -> Iterator[Store]:
-    """The store for --db; any moetune error (database, schema, pack) ends the command via fail()."""
+def opened_store(db: str | None, *, check_schema: bool = True, read_only: bool = False) -> Iterator[Store]:
+    """The store for --db (one that never writes, with `read_only`); any moetune error (database,
+    schema, pack) ends the command via fail()."""
     from moetune.db import open_store
 
     try:
-        store = open_store(db, check_schema=check_schema)
+        store = open_store(db, check_schema=check_schema, read_only=read_only)
     except MoetuneError as e:
         fail(str(e))
     try:
@@ -102,7 +103,7 @@ def db_upgrade(
 @db_app.command("current")
 def db_current(db: DbOption = None, as_json: JsonOption = False) -> None:
     """Show the database's schema revision and whether this moetune can use it."""
-    with opened_store(db, check_schema=False) as store:
+    with opened_store(db, check_schema=False, read_only=True) as store:
         state = store.schema_state()
     note = (
         state.problem()
@@ -223,9 +224,9 @@ def trials_command(
         fail(f"--status {status!r} is not one of {', '.join(TRIAL_STATUSES)}")
     if limit < 0:
         fail(f"--limit {limit} must be 0 (all) or more")
-    with opened_store(db) as store:
-        if sweep is not None:
-            store.get_sweep(sweep)  # RecordNotFound names the id
+    with opened_store(db, read_only=True) as store:
+        # RecordNotFound names the id; its status (dead: its process stopped) goes into the title.
+        sweep_row = store.get_sweep(sweep) if sweep is not None else None
         _check_known("backend", backend, store.backends())
         _check_known("gpu", gpu, store.device_kinds())
         if problem is not None and not store.has_problem(problem):
@@ -247,7 +248,8 @@ def trials_command(
     else:
         details = any(r.details and "target" in r.details for r in rows)  # compile-only trials
         cells = [_trial_cells(r, details=details) for r in rows]
-        emit(cells, as_json=False, title=f"{len(rows)} trials (newest first)")
+        of_sweep = f" of sweep {sweep_row.id} ({sweep_row.status})" if sweep_row else ""
+        emit(cells, as_json=False, title=f"{len(rows)} trials{of_sweep} (newest first)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,7 +407,7 @@ def best(
 
     shipped = _pack_winners() if with_packs else []
     where = "the database or the config packs" if with_packs else "the database"
-    with opened_store(db) as store:
+    with opened_store(db, read_only=True) as store:
         _check_known("gpu", gpu, sorted({*store.device_kinds(), *(r.device_kind for r in shipped)}), where)
         _check_known(
             "backend", backend, sorted({*store.backends(), *(r.winner.backend for r in shipped)}), where
@@ -437,7 +439,7 @@ def misses_command(
     db: DbOption = None, gpu: GpuOption = None, backend: BackendOption = None, as_json: JsonOption = False
 ) -> None:
     """Show dispatch lookups that found no winner, most frequent first (what to tune next)."""
-    with opened_store(db) as store:
+    with opened_store(db, read_only=True) as store:
         _check_known("gpu", gpu, store.device_kinds())
         rows = store.misses(device_kind=gpu, backend=backend)
     emit(
@@ -471,7 +473,7 @@ def export(
     from moetune.kernels import packs
 
     target = output or Path(packs.file_name(gpu, backend))
-    with opened_store(db) as store:
+    with opened_store(db, read_only=True) as store:
         pack = store.export_pack(device_kind=gpu, backend=backend)
         total = len(store.winners(device_kind=gpu, backend=backend))
     _write_atomically(target, pack.dumps() + "\n")

@@ -27,6 +27,7 @@ def explain(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Say which backend and config `moetune.kernels.grouped_matmul` picks for a shape, and why."""
+    from moetune.db import open_store
     from moetune.kernels import api
     from moetune.kernels.lookup import LOOKUP
     from moetune.kernels.problem import Problem
@@ -43,6 +44,8 @@ def explain(
             out_dtype=out_dtype or dtype,
             transpose_rhs=transpose_rhs,
         )
+        if db:  # read as the lookup reads it, never created or migrated: a missing one is an error here
+            open_store(db, read_only=True).close()
         with LOOKUP.using_db(db) if db else contextlib.nullcontext():
             explanation = api.explain(problem, backend=backend)
     except MoetuneError as e:

@@ -28,7 +28,7 @@ def report(
 
     path = out or Path(f"moetune-sweep-{sweep}.html")
     try:
-        with open_store(db) as store:
+        with open_store(db, read_only=True) as store:
             html = render(store, sweep)
     except MoetuneError as e:
         fail(str(e))

@@ -1,10 +1,19 @@
-"""`moetune tune`: run a tuning sweep (or plan one with --dry-run, or finish one with --resume)."""
+"""`moetune tune`: run a tuning sweep (or plan one with --dry-run, or finish one with --resume).
+
+Exit codes: 0 the sweep is done; 2 bad input, or refused before anything ran (another process runs
+that sweep, or another sweep times on the same device: --force); 3 incomplete (some problem could not be
+decided, its finalists' re-timing failed twice: --resume re-times it); 4 the sweep stopped (the database
+stopped accepting writes, or another process took the sweep over); 130 interrupted.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -15,6 +24,8 @@ from moetune.tuner.cli.common import console, err_console, fail, json_text
 
 # Flags that may change when a sweep resumes: where it runs, not what it measures.
 RESUMABLE = {"db", "ray_address", "workers", "minutes"}
+EXIT_INCOMPLETE = 3
+EXIT_STOPPED = 4
 
 
 def _buckets(text: str | None) -> tuple[int, ...]:
@@ -125,9 +136,19 @@ def tune(
     inline: Annotated[
         bool, typer.Option("--inline", help="No Ray: compile and time one by one in this process.")
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Time even while another sweep times on this device (both are disturbed)."
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the outcome (or the plan) as JSON.")] = False,
 ) -> None:
-    """Tune kernels: compile candidates in parallel, verify each, time each exclusively, keep the winners."""
+    """Tune kernels: compile candidates in parallel, verify each, time each exclusively, keep the winners.
+
+    Exit codes: 0 done; 2 bad input or refused (the sweep runs elsewhere; the device is busy: --force);
+    3 incomplete (re-timing failed twice: --resume); 4 stopped (the database failed, or the sweep was
+    taken over); 130 interrupted."""
     from moetune.db import open_store
     from moetune.tuner.spec import SweepSpec, load_sweep_file
 
@@ -171,12 +192,20 @@ def tune(
                 dry_run=dry_run,
                 inline=inline,
                 as_json=as_json,
+                force=force,
             )
             return
         spec, sweep_file = load_sweep_file(sweep) if sweep else (SweepSpec(), None)
         spec = spec.override(**flags)
         _run(
-            spec, None, resume_id=None, sweep_file=sweep_file, dry_run=dry_run, inline=inline, as_json=as_json
+            spec,
+            None,
+            resume_id=None,
+            sweep_file=sweep_file,
+            dry_run=dry_run,
+            inline=inline,
+            as_json=as_json,
+            force=force,
         )
     except MoetuneError as e:
         from moetune.tuner.sweep_setup import NothingToTune
@@ -189,59 +218,115 @@ def tune(
             typer.echo(json_text({"sweep_id": None, "nothing_to_tune": str(e), "problems": []}))
 
 
-def _run(spec, planned, *, resume_id, sweep_file, dry_run: bool, inline: bool, as_json: bool) -> None:
+def _stop(message: str, code: int) -> NoReturn:
+    """One line on stderr, and the exit code of a sweep that did not end done."""
+    err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@dataclasses.dataclass
+class _Lease:
+    started: bool  # the sweep claimed its device and runs: from here on the driver finishes it
+
+
+@contextlib.contextmanager
+def _leased(store, resume_id: int | None, owner) -> Iterator[_Lease]:
+    """For --resume: the sweep's lease, taken before any worker starts (a second resumer is refused at
+    once) and let go again when the run ends before the sweep started."""
+    lease = _Lease(started=resume_id is None)
+    if resume_id is not None:
+        store.acquire_sweep(resume_id, owner)
+    try:
+        yield lease
+    finally:
+        if not lease.started:
+            with contextlib.suppress(MoetuneError):  # the database may be what failed
+                store.release_sweep(resume_id, owner)
+
+
+def _run(
+    spec, planned, *, resume_id, sweep_file, dry_run: bool, inline: bool, as_json: bool, force: bool
+) -> None:
     from moetune.db import open_store
-    from moetune.tuner import sweep_setup
-    from moetune.tuner.driver import SweepDriver
-    from moetune.tuner.progress import default_progress
+    from moetune.db.leases import Owner
 
     store = open_store(spec.db)
+    owner = Owner.here()
     try:
         if dry_run:
             _dry_run(spec, planned, store, as_json)
             return
-        executor, started_ray = sweep_setup.make_executor(spec, inline=inline)
-        try:
-            backend, device, target = sweep_setup.resolve_target(spec, executor.device)
-            if planned is None:
-                planned = sweep_setup.resolve_problems(spec, store, backend, device)
-            sweep_setup.check_space(spec, backend, planned, device)
-            if resume_id is None:
-                sweep_id = sweep_setup.create_sweep(store, spec, backend, planned, device, sweep_file)
-            else:
-                sweep_id = resume_id
-            err_console.print(
-                f"sweep {sweep_id}: {len(planned)} problems, backend {backend.name}, "
-                f"strategy {spec.strategy}, {executor.workers} workers on {device.device_kind}; "
-                f"database {store.url}",
-                markup=False,
-                highlight=False,
-            )
-            driver = SweepDriver(
-                store,
-                executor,
-                spec,
-                backend=backend.name,
-                progress=default_progress(),
-                compile_target=target,
-                device=device,
-            )
-            try:
-                outcome = driver.run(planned, sweep_id=sweep_id)
-            except KeyboardInterrupt:
-                err_console.print(
-                    f"interrupted; finish it with: moetune tune --resume {sweep_id}", markup=False
-                )
-                raise typer.Exit(130) from None
-        finally:
-            executor.close()
-            if started_ray:
-                from moetune.tuner import ray_pool
-
-                ray_pool.disconnect()
+        with _leased(store, resume_id, owner) as lease:
+            outcome = _sweep(spec, planned, store, owner, lease, resume_id, sweep_file, inline, force)
         _print_outcome(outcome, as_json)
+        if outcome.incomplete:
+            _stop(
+                f"sweep {outcome.sweep_id} is incomplete: re-timing failed twice for "
+                f"{', '.join(outcome.incomplete)} (no new winner); finish it with: "
+                f"moetune tune --resume {outcome.sweep_id}",
+                EXIT_INCOMPLETE,
+            )
     finally:
         store.close()
+
+
+def _sweep(spec, planned, store, owner, lease, resume_id, sweep_file, inline: bool, force: bool):
+    from moetune.db.errors import DatabaseError, LeaseLost
+    from moetune.tuner import sweep_setup
+    from moetune.tuner.driver import SweepDriver
+    from moetune.tuner.progress import default_progress
+
+    executor, started_ray = sweep_setup.make_executor(spec, inline=inline)
+    try:
+        backend, device, target = sweep_setup.resolve_target(spec, executor.device)
+        if planned is None:
+            planned = sweep_setup.resolve_problems(spec, store, backend, device)
+        sweep_setup.check_space(spec, backend, planned, device)
+        # The device is known now that the workers run; a timing sweep claims it before any trial.
+        if resume_id is None:
+            sweep_id = sweep_setup.create_sweep(
+                store, spec, backend, planned, device, sweep_file, owner=owner, force=force
+            )
+        else:
+            sweep_id = resume_id
+            store.claim_device(sweep_id, owner, None if target else device, force=force)
+        lease.started = True
+        err_console.print(
+            f"sweep {sweep_id}: {len(planned)} problems, backend {backend.name}, "
+            f"strategy {spec.strategy}, {executor.workers} workers on {device.device_kind}; "
+            f"database {store.url}",
+            markup=False,
+            highlight=False,
+        )
+        driver = SweepDriver(
+            store,
+            executor,
+            spec,
+            backend=backend.name,
+            progress=default_progress(),
+            compile_target=target,
+            device=device,
+            owner=owner,
+        )
+        try:
+            return driver.run(planned, sweep_id=sweep_id)
+        except KeyboardInterrupt:
+            err_console.print(f"interrupted; finish it with: moetune tune --resume {sweep_id}", markup=False)
+            raise typer.Exit(130) from None
+        except LeaseLost as e:
+            _stop(str(e), EXIT_STOPPED)
+        except DatabaseError as e:
+            _stop(
+                f"sweep {sweep_id} failed: {e}; the trials recorded before are kept (finish it with: "
+                f"moetune tune --resume {sweep_id})",
+                EXIT_STOPPED,
+            )
+    finally:
+        executor.close()
+        if started_ray:
+            from moetune.tuner import ray_pool
+
+            ray_pool.disconnect()
 
 
 def _dry_run(spec, planned, store, as_json: bool) -> None:
