@@ -1,21 +1,20 @@
-"""benchmarks/sweep_timeline.py on databases with the trials' phase times and without them (before they
-were recorded: a real H200 sweep's database)."""
+"""benchmarks/sweep_timeline.py on small sweep databases, with the trials' phase times and without them
+(databases from before trials recorded their phases)."""
 
 from __future__ import annotations
 
 import datetime
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 
-from benchmarks import sweep_timeline
+from moetune.db import open_store
 from moetune.kernels.problem import Problem
 from moetune.tuner.candidate import PHASES
+from tests.benchmarks.scripts import load_script
 from tests.db.db_factories import trial
 
-OLD_DB = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "2026-11-29_h200_e2e_sweep.db"
+sweep_timeline = load_script("sweep_timeline")
 T0 = datetime.datetime(2026, 11, 29, 12, 0, 0)
 A = Problem("grouped_matmul", m=64, k=32, n=64, g=4)
 B = Problem("grouped_matmul", m=128, k=32, n=64, g=4)
@@ -67,7 +66,10 @@ def test_phases_split_by_a_workers_first_trial_of_a_problem_and_idle_workers(sto
 
 def test_a_database_from_before_phases_reads_and_prints(tmp_path, monkeypatch, capsys):
     db = tmp_path / "old.db"
-    shutil.copy(OLD_DB, db)
+    with open_store(f"sqlite:///{db}") as store:
+        sweep_id = store.create_sweep(backend="fake", strategy="tpe", spec={}, host="h", user="u")
+        for worker, problem, start_s, end_s in (("w0", A, 0, 4), ("w1", A, 1, 3), ("w0", B, 6, 9)):
+            record(store, sweep_id, worker, problem, start_s, end_s)  # no details: no phases, no lanes
     monkeypatch.setattr("sys.argv", ["sweep_timeline.py", str(db)])
     sweep_timeline.main()
     out = capsys.readouterr().out
@@ -75,8 +77,8 @@ def test_a_database_from_before_phases_reads_and_prints(tmp_path, monkeypatch, c
     monkeypatch.setattr("sys.argv", ["sweep_timeline.py", str(db), "--json"])
     sweep_timeline.main()
     result = json.loads(capsys.readouterr().out)
-    assert result["later_trials"]["phases"] == {} and result["trials"] > 0
-    assert 0 <= result["idle_fraction"] <= 1
+    assert result["later_trials"]["phases"] == {} and result["trials"] == 3
+    assert result["worker_idle"]["w0"]["idle_fraction"] == pytest.approx(2 / 9)  # idle 4-6 s of 0-9 s
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
