@@ -14,7 +14,7 @@ Here it is two:
   combine        grid (batch * heads, head_dim / 32): rescales one head's split partial sums to their common
                  max and divides, 32 output columns a program.
 
-Both are latency-bound at decode sizes (H200, session 10): one program's few dependent loads, not the
+Both are latency-bound at decode sizes (measured on the H200): one program's few dependent loads, not the
 cache's bytes, set their time, so they want many programs each doing little.
 
 Numerics follow the model's `_attend`: q and k roped in float32 then rounded to the cache dtype, scores in
@@ -40,7 +40,7 @@ QUERY_ROWS = 16  # a group's query heads, padded to the smallest M of Triton's d
 COMBINE_COLUMNS = 32  # output columns per combine program: more programs, each reading less
 MODE_ENV = "MOETUNE_DECODE_ATTENTION"  # kernel, xla or interpret: see moetune.kernels.moe.pallas_mode
 # The model's tiling, as "block_k=64,splits=64": for comparing tilings in the model, where the cache is
-# read cold (benchmarks/decode_timeline.py); unset, decode_attention's defaults.
+# read cold (a cache warm in L2 favours other tilings); unset, decode_attention's defaults.
 TILING_ENV = "MOETUNE_DECODE_ATTENTION_TILING"
 TILING_KEYS = ("block_k", "splits", "num_warps", "num_stages")
 
