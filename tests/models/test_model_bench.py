@@ -17,7 +17,7 @@ from moetune.kernels.lookup import LOOKUP
 from moetune.models.bench import SCHEMA, run_model_bench
 from moetune.tuner.cli.bench_model import bench_model, bench_model_command
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
