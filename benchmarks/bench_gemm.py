@@ -78,7 +78,7 @@ CANDIDATES = {
         C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=3, wg_split="n"),
         # 128-row CTAs of two 64-row consumers: at T=128 Zipf the largest expert's 94 rows fit one tile, so
         # its weights are read once, and a consumer whose half of a small expert's tile is empty issues no
-        # MMA. In session 8 (call 2) the second won down T=128 Zipf and lost gate_up's.
+        # MMA. On the H200 (2026-11-30) the second won down T=128 Zipf and lost gate_up's.
         C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="m"),
         C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=4, wg_split="m"),
     ],
@@ -100,7 +100,7 @@ CANDIDATES = {
         C(block_m=128, block_n=128, block_k=128, max_concurrent_steps=2, wg_split="n", grid_tile_width=16),
         C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=4, wg_split="m", grid_tile_width=16),
         C(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n", grid_tile_width=4),
-        # Added in session 14 for the rows where torch._grouped_mm was ahead (session 8, call 2). down at
+        # For the rows where torch._grouped_mm had been ahead (H200, 2026-11-30). down at
         # T=1024 Zipf takes 288 tiles of 128x256, 2.18 waves of 132 CTAs, so a third wave runs on 24 SMs;
         # as 64x256 or 128x128 CTAs it takes 4.24-4.36 waves of half-length tiles (2.5 long tiles' time).
         C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n"),
@@ -108,7 +108,7 @@ CANDIDATES = {
         C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="m"),
         C(block_m=128, block_n=64, block_k=64, max_concurrent_steps=6, wg_split="n"),
         # Tile order for Zipf routing, where a strip of 8 row tiles spans two or three experts' weights: the
-        # plain orders tried in session 14's call 2, then "expert", whose strips never leave an expert.
+        # plain orders first, then "expert", whose strips never leave an expert.
         C(**WIDE, block_k=64, max_concurrent_steps=4, grid_minor_dim="n", grid_tile_width=16),
         C(**WIDE, block_k=64, max_concurrent_steps=4, grid_tile_width=2),
         C(**WIDE, block_k=64, max_concurrent_steps=4, **EXPERT),
@@ -126,7 +126,7 @@ MGPU_SWEEP = [
 ]
 # --mgpu-sweep full: ragged_dot_mgpu's tiles (rows, columns, stages at block_k 64) whose stages and output
 # tile fit 227 KB of shared memory, each at grid widths 1 and 8, then the small sweep's: 20 configs beside the
-# default (issue 5 measured ragged_dot_mgpu's best of 20 against moetune).
+# default: the peer column is ragged_dot_mgpu at its best, not only at its default.
 MGPU_FULL_TILES = (
     (64, 128, 3), (64, 128, 4), (64, 128, 5), (64, 256, 3), (64, 256, 4),
     (128, 128, 3), (128, 128, 4), (128, 128, 5), (128, 256, 2), (128, 256, 3),
@@ -447,7 +447,7 @@ def main() -> int:
         "--mgpu-sweep",
         choices=tuple(MGPU_SWEEPS),
         default="full",
-        help="mgpu_best's configs beside the default: 20 (full: issue 5's 'best of its own sweep') or 2",
+        help="mgpu_best's configs beside the default: 20 (full: its best of its own sweep) or 2",
     )
     parser.add_argument("--mgpu-sweep-min-tokens", type=int, default=1, help="smaller T: default only")
     args = parser.parse_args()

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# End to end on the GPU machine, in one device call (600 s at most):
+# End to end on a GPU machine, in one run of at most 10 minutes:
 #   GPU 0: the Mixtral sweep through `moetune tune` on a local Ray cluster (every token bucket, both GEMMs,
 #          each candidate timed on balanced and Zipf routing), the pack export, the HTML report, a --resume
 #          and a --stale re-run that must repeat nothing, then the shipped-pack dispatch test on the new pack;
-#   GPU 1 (nvidia-h200-x2): at the same time, the exhaustive grid of a narrowed space on four problems (two
+#   GPU 1 (on a host with two): at the same time, the exhaustive grid of a narrowed space on four problems (two
 #          decode, two prefill), compared with the sweep's winners (benchmarks/compare_grid.py), GPU tests
 #          (E2E_GPU1_TESTS), `moetune bench tuner`, and with E2E_MODEL_LAYERS=N, once the sweep has ended,
 #          benchmarks/bench_model.py on an N-layer Mixtral reading the sweep's winners from its database.
-#          E2E_SKIP_GPU1=1 leaves GPU 1 (and its cores) to another job of the same call; E2E_SKIP_BENCH=1
+#          E2E_SKIP_GPU1=1 leaves GPU 1 (and its cores) to another job of the same run; E2E_SKIP_BENCH=1
 #          skips the throughput bench there.
 # E2E_IMPORT_PACK=FILE imports a pack into the sweep's database first: its winners are then the sweep's
 # warm starts (after a kernel change they are of another source hash, so they are tried, not kept).
@@ -16,13 +16,14 @@
 # E2E_RESUME_DB=FILE resumes sweep E2E_RESUME_SWEEP (default 1) of a copy of that database instead.
 # E2E_EXTRA_SWEEP=FILE runs that sweep file too, after the model's sweep and into the same database (budget
 # E2E_EXTRA_BUDGET, E2E_EXTRA_S seconds), so the exported pack holds its winners as well.
-# Every step is time-boxed; logs and artifacts land under $OUT (bundled: a call returns at most 8 files).
-# The defaults are those of the 2026-11-29 session-3 run (README, "End to end"), except the steps it skipped.
+# Every step is time-boxed (E2E_DEADLINE_S); logs and artifacts land under $OUT, the logs in one tarball.
+# The defaults (TPE, budget 16 per problem, 14 workers, balanced and Zipf routing) sweep Mixtral-8x7B's 30
+# problems on one H200 well within the deadline.
 #
 # On the GPU machine, from the repository root with .devdeps carried:
 #   bash benchmarks/device_e2e.sh
 # A CPU rehearsal of the same plumbing:
-#   OUT=/tmp/e2e E2E_MODEL=tiny E2E_BUCKETS=1,64 E2E_BACKEND=xla E2E_SKIP_GPU_TESTS=1 E2E_SKIP_GRID=1 bash benchmarks/device_e2e.sh
+#   OUT=$(mktemp -d) E2E_MODEL=tiny E2E_BUCKETS=1,64 E2E_BACKEND=xla E2E_SKIP_GPU_TESTS=1 E2E_SKIP_GRID=1 bash benchmarks/device_e2e.sh
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for logs and artifacts}
 mkdir -p "$OUT"

@@ -1,12 +1,13 @@
-# Sourced by the device scripts (benchmarks/device_*.sh) on the GPU machine: the packages its image lacks
-# (Ray, Optuna, SQLAlchemy, ... carried in .devdeps by ../shared/tools/device-bundle), moetune itself,
-# and the environment every sweep on a shared GPU needs. Needs OUT set.
+# Sourced by the device scripts (benchmarks/device_*.sh) on a GPU machine: the packages its image lacks
+# (Ray, Optuna, SQLAlchemy, ...: a site-packages tarball in .devdeps/site.tar.xz, e.g. from
+# ../shared/tools/device-bundle), moetune itself, and the environment every sweep on a shared GPU needs.
+# Needs OUT set.
 if ! python3 -c 'import ray, optuna, sqlalchemy' 2>/dev/null; then
-  mkdir -p /tmp/site && tar xJf .devdeps/site.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  site=$(mktemp -d) && tar xJf .devdeps/site.tar.xz -C "$site" && export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
   python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 fi
 # Every runtime dependency the image lacks, checked up front: one missing from the bundle would otherwise
-# fail each step of a device call seconds in, with the machine held all the while.
+# fail each step of a run seconds in, with the machine held all the while.
 python3 -c 'import alembic, optuna, platformdirs, ray, sqlalchemy' || {
   echo "device_env.sh: .devdeps lacks a dependency; rebuild it: ../shared/tools/device-bundle platformdirs" >&2
   exit 1
@@ -17,8 +18,8 @@ export PYTHONUNBUFFERED=1
 # so that the largest shapes' verification buffers of one worker never starve another. Kernel times are
 # CUPTI times of the kernel alone, which the allocator does not touch.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
-# These machines report a small MemTotal that grows as memory is used (KINDS.md): Ray's memory monitor
-# would read that as pressure and kill workers, so it stays off here.
+# Some container hosts report a small MemTotal that grows as memory is used: Ray's memory monitor would
+# read that as pressure and kill workers, so it stays off here.
 export RAY_memory_monitor_refresh_ms=0
 step() { printf '\n=== [%s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 # Fold each SQLite database's write-ahead log into it, so that $OUT brings back one file per database.

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 7 on the GPU machine, in one device call (600 s at most):
+# The model benchmark on a GPU machine, in one run of at most 10 minutes:
 #   GPU 0: the Mixtral-8x7B model benchmark (benchmarks/bench_model.py: prefill and decode tokens/s and the
 #          MoE layer alone, for the dense, moetune and XLA ragged_dot paths, with parity against dense);
-#   GPU 1 (nvidia-h200-x2): the fused SwiGLU check (benchmarks/device_fused_check.py), then tests/gpu.
+#   GPU 1 (on a host with two): the GPU tests (tests/gpu).
 # On a one-GPU machine the GPU 1 half runs after the model benchmark, in what time is left.
-# Knobs: MODEL_BATCH (1), MODEL_PROMPT (2048), MODEL_GEN (128), MODEL_S (480), FUSED_S (240), TESTS ("tests/gpu");
+# Knobs: MODEL_BATCH (1), MODEL_PROMPT (2048), MODEL_GEN (128), MODEL_S (480), TESTS ("tests/gpu");
 # GPU1_CMD replaces the GPU 1 half with one command (its output in $OUT/gpu1.log), e.g.
 #   GPU1_CMD='python3 benchmarks/bench_gemm.py --out $OUT/bench_gemm.json --budget-s 420'
 #   bash benchmarks/device_model.sh          # with .devdeps carried; logs and JSON under $OUT
@@ -19,10 +19,6 @@ gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c GPU)
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv >"$OUT/gpu.txt" 2>&1
 
 second_half() {
-  step "fused SwiGLU check"
-  timeout "$(cap ${FUSED_S:-240})" python3 benchmarks/device_fused_check.py --out "$OUT/fused.json" \
-    --budget-s "$(( ${FUSED_S:-240} - 40 ))" >"$OUT/fused.log" 2>&1
-  echo "fused rc=$?" >>"$OUT/fused.log"
   step "GPU tests: ${TESTS:-tests/gpu}"
   timeout "$(cap 600)" python3 -m pytest ${TESTS:-tests/gpu} -m gpu -v -p no:cacheprovider -rs >"$OUT/gpu-tests.log" 2>&1
   echo "gpu tests rc=$?" >>"$OUT/gpu-tests.log"
@@ -46,4 +42,4 @@ CUDA_VISIBLE_DEVICES=0 timeout "$(cap ${MODEL_S:-480})" python3 benchmarks/bench
 echo "model rc=$?" >>"$OUT/model.log"
 if [ "$gpus" -ge 2 ]; then wait "$other"; else CUDA_VISIBLE_DEVICES=0 second_half; fi
 tail -n 30 "$OUT/model.log"
-if [ -n "${GPU1_CMD:-}" ]; then tail -n 45 "$OUT/gpu1.log"; else tail -n 25 "$OUT/fused.log"; tail -n 40 "$OUT/gpu-tests.log"; fi
+if [ -n "${GPU1_CMD:-}" ]; then tail -n 45 "$OUT/gpu1.log"; else tail -n 40 "$OUT/gpu-tests.log"; fi

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# One GPU against two of one host, in one device call (issue 9): the Mixtral-8x7B sweep (every bucket,
+# One GPU against two of one host, in one run: the Mixtral-8x7B sweep (every bucket,
 # both GEMMs, both routings) on a Ray cluster of GPU 0 and half the cores, then the same sweep on one
 # cluster of both GPUs and all cores. Both use the seeded random strategy, so both try the same
 # candidates (TPE's next candidate depends on the order results come back, which the GPU count changes)
 # and their winners and every config's time can be compared; both leave out the XLA baseline, which is
 # not candidate work. While the one-GPU sweep has GPU 0, GPU 1 runs MG_GPU1_JOB:
 #   check (default): the same sweep with its XLA baselines on the buckets MG_CHECK_BUCKETS, whose
-#          configs' times are compared with the one-GPU sweep's (a baseline compiling beside a timing
-#          once disturbed it; see tuner/candidate.py);
-#   bench: `moetune bench tuner`, Ray against one by one on the same candidates (issue 6's ratio);
-#   command: the shell command MG_GPU1_CMD (another measurement that needs a GPU, e.g. decode_probe.py),
+#          configs' times are compared with the one-GPU sweep's (a baseline compiled beside a timing
+#          disturbs it; see tuner/candidate.py);
+#   bench: `moetune bench tuner`, Ray against one by one on the same candidates;
+#   command: the shell command MG_GPU1_CMD (another measurement that needs a GPU, e.g. bench_model.py),
 #          its output in gpu1.log.
 # Writes one_gpu.db, two_gpus.db, multi_gpu.json (benchmarks/compare_clusters.py: throughput ratio,
 # winners' agreement, same-config times), and check.db with check_vs_one.json, or throughput.json.
 #
-# On nvidia-h200-x2, from the repository root with .devdeps carried:
+# On a host with two GPUs, from the repository root with .devdeps carried:
 #   bash benchmarks/device_multi_gpu.sh
 # Knobs: MG_MODEL, MG_BUDGET (16), MG_PER_GPU (14 workers), MG_ONE_S (300), MG_TWO_S (200),
 #        MG_CHECK_BUCKETS (512,1024,2048,4096,8192), MG_BENCH_BUCKETS (64,256), MG_BENCH_BUDGET (40),

@@ -1,5 +1,5 @@
 """Benchmark shapes, routings, inputs and the shipped pack's path, shared by bench_gemm.py,
-device_kernel_check.py, chain_ab.py and decode_ops.py.
+device_kernel_check.py and gemm_table.py.
 
 Mixtral-8x7B: 8 experts, top-2 routing, so T tokens give M = 2T rows and an expert sees at most T rows.
 gate_up is [2T, 4096] x [8, 4096, 28672] (gate and up fused), down [2T, 14336] x [8, 14336, 4096].
@@ -128,9 +128,9 @@ def environment() -> dict:
 
 
 def target_ratios(case: dict) -> dict[str, float | None]:
-    """Issue 5's three ratios for one bench_gemm case: the better peer's time (torch._grouped_mm or
-    ragged_dot_mgpu's best) over moetune's, cuBLAS's same-FLOP time over moetune's, and the HBM roofline of
-    the touched weights over moetune's time (None where a time is missing)."""
+    """The three ratios of a bench_gemm case (docs/performance.md): the better peer's time
+    (torch._grouped_mm or ragged_dot_mgpu's best) over moetune's, cuBLAS's same-FLOP time over moetune's,
+    and the HBM roofline of the touched weights over moetune's time (None where a time is missing)."""
     ms = {name: case["methods"].get(name, {}).get("median_ms") for name in case["methods"]}
     mine = ms.get("moetune")
     peers = [ms[name] for name in ("torch_grouped_mm", "mgpu_best") if ms.get(name)]

@@ -11,7 +11,7 @@ add after wo, its own small kernel before attention).
 The dot is a tensor-core dot of x padded to DOT_ROWS rows, so that Triton pipelines the weight tiles'
 loads `num_stages` deep. Products summed elementwise with plain loads were slower at every tiling: one
 loop step waits for its load, and at one or two steps a program they still read at only 65% of the
-roofline (`benchmarks/decode_ops.py --only gemv`, session 11).
+roofline (H200, Mixtral-8x7B's projections).
 
 Numerics follow `rms_norm(x) @ w` with float32 accumulation: the normed row is rounded to x's dtype before
 the dot, the partial sums are float32.
@@ -42,9 +42,8 @@ class Tiling:
     num_stages: int = 3  # weight tiles in flight per program
 
 
-# The tiling per weight shape (K, N); others take Tiling()'s defaults, which are the best tiling of
-# `benchmarks/decode_ops.py --only gemv` for Mixtral's wqkv [4096, 6144] and wo [4096, 4096] on the H200
-# (session 11, 30 tilings): 14.6 and 9.7 us.
+# The tiling per weight shape (K, N); others take Tiling()'s defaults, which were the best of 30 tilings
+# timed alone for Mixtral's wqkv [4096, 6144] and wo [4096, 4096] on the H200: 14.6 and 9.7 us.
 TILINGS: dict[tuple[int, int], Tiling] = {}
 
 

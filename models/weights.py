@@ -25,7 +25,7 @@ Array = Any
 class LayerParams:
     attn_norm: Array  # [H]
     # q, k and v projections side by side, [H, (heads + 2 * kv_heads) * D]: one GEMM reads all three (in
-    # decode, three separate GEMVs cost 38 us more per layer on the H200: benchmarks/decode_probe.py).
+    # decode, three separate GEMVs cost 38 us more per layer on the H200).
     wqkv: Array
     wo: Array  # [heads * D, H]
     moe_norm: Array  # [H]

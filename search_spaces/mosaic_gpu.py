@@ -209,9 +209,8 @@ _COMPUTE_BOUND_TILES = (
 )
 # Walked one expert at a time first. On the H200, at Mixtral's Zipf-routed GEMMs for T=1024-4096, these tiles
 # took up to 12.6% less time in that order than in the "m" order (level at down T=1024; one run of one tile
-# 6.5% slower), and -1.0% to +1.0% at the balanced ones
-# (benchmarks/results/2026-11-30_h200_session14_call{4,6}_bench_gemm_*.json); real routing is rarely
-# balanced. The "m" order stays in the list so that sweeps start from both.
+# 6.5% slower), and -1.0% to +1.0% at the balanced ones (bench_gemm.py, 2026-11-30); real routing is
+# rarely balanced. The "m" order stays in the list so that sweeps start from both.
 _COMPUTE_BOUND = _in_expert_order(_COMPUTE_BOUND_TILES) + _COMPUTE_BOUND_TILES
 # Under the SwiGLU epilogue each consumer holds two accumulators and each stage two weight tiles: the
 # same CTA shapes with half the columns per warpgroup, or fewer stages, fit the registers and shared memory.
@@ -222,20 +221,19 @@ _SWIGLU_COMPUTE_BOUND_TILES = (
     MosaicGpuConfig(block_m=128, block_n=64, block_k=64, max_concurrent_steps=3, wg_split="n"),
     MosaicGpuConfig(block_m=64, block_n=128, block_k=64, max_concurrent_steps=3, wg_split="m"),
 )
-# Under the SwiGLU epilogue the expert order paid off up to 1024 rows per expert and not above: in session
-# 15's H200 sweep of Mixtral's gate_up (same config in both orders, same run; objective over balanced and
+# Under the SwiGLU epilogue the expert order paid off up to 1024 rows per expert and not above: in an H200
+# sweep of Mixtral's gate_up (2026-11-30; same config in both orders, same run; objective over balanced and
 # Zipf routing) it took 0.922-1.009x the "m" order's time at M=1024-8192 (6 of 9 pairs faster) and
-# 1.012-1.048x at M=16384-32768 (all 4 slower) (benchmarks/results/2026-11-30_h200_session15_call2_sweep.db).
+# 1.012-1.048x at M=16384-32768 (all 4 slower).
 SWIGLU_EXPERT_ORDER_MAX_ROWS = 1024
 _SWIGLU_COMPUTE_BOUND = _SWIGLU_COMPUTE_BOUND_TILES + _in_expert_order(_SWIGLU_COMPUTE_BOUND_TILES)
 _SWIGLU_COMPUTE_BOUND_FEW_ROWS = _in_expert_order(_SWIGLU_COMPUTE_BOUND_TILES) + _SWIGLU_COMPUTE_BOUND_TILES
 # A quarter of a row per expert or less (decode: top-k rows over G experts, so at most that many experts'
 # weights are read): one warpgroup per 64x256 weight tile, one CTA per tile, and for the plain GEMM split-K
 # so that the touched experts' few column tiles fill the SMs. These were the winners of the 2026-11-30 H200
-# sweep at T=1 (Mixtral m=2): 1.15x (gate_up+SwiGLU) and 1.39x (down) over the memory-bound default
-# (benchmarks/results/2026-11-30_h200_session7_call1_sweep_outcome.json). With pad_lhs, the T=1 SwiGLU
-# winner of the pack (this tile, column tiles one at a time) took 111.7 us against 118.0, and the down
-# one 60.9 against 57.7: its pad is a copy of its own (..._session9_call1_decode_ops_pad.json).
+# sweep at T=1 (Mixtral m=2): 1.15x (gate_up+SwiGLU) and 1.39x (down) over the memory-bound default.
+# With pad_lhs, the T=1 SwiGLU winner of the pack (this tile, column tiles one at a time) took 111.7 us
+# against 118.0, and the down one 60.9 against 57.7: its pad is a copy of its own.
 _DECODE = (
     MosaicGpuConfig(
         block_m=64,

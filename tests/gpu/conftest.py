@@ -1,8 +1,8 @@
 """GPU tests run only where jax sees a Hopper GPU (compute capability 9.x); elsewhere they skip cleanly.
 
 Run them on the GPU machine with `python3 -m pytest tests/gpu -m gpu -q -o faulthandler_timeout=60`: a test
-still running after 60 s then prints every thread's stack (the CUPTI timer test has never finished on the
-device; sessions 3-5 each cut it at a deadline, with no trace of where it waits).
+still running after 60 s then prints every thread's stack, which shows where a hung kernel or timer waits
+(a run cut at a deadline otherwise leaves no trace of it).
 """
 
 from __future__ import annotations

@@ -1,0 +1,188 @@
+"""Baseline entries from the benchmark scripts' own output files (benchmarks/baselines.py add-*).
+
+Each function turns one kind of result file into entries of the baselines schema: moetune's raw samples
+and their median, the same measurement of every peer, the parameters that define the measurement, and
+where it came from (date, GPU, versions, the command made portable).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import statistics
+from pathlib import Path
+
+import gemm_table
+
+BENCHMARKS = Path(__file__).resolve().parent
+
+
+def portable_command(command: str) -> str:
+    """The command as anyone would type it from the repository root: a benchmark script named by its path
+    under benchmarks/, and every absolute path (the machine's output folder) as $OUT/<its name>.
+
+    'python3 bench_gemm.py --out /data/run/a.json' -> 'python3 benchmarks/bench_gemm.py --out $OUT/a.json'
+    """
+    words = []
+    for word in shlex.split(command):
+        if os.path.isabs(word):
+            words.append(f"$OUT/{Path(word).name}")
+            continue
+        if word.endswith((".py", ".sh")) and "/" not in word and (BENCHMARKS / word).exists():
+            word = f"benchmarks/{word}"
+        words.append(shlex.quote(word))
+    return " ".join(words)
+
+
+def measurement(samples: list[float], digits: int) -> dict:
+    """Samples rounded to `digits` decimals (the timer's resolution: ns for CUPTI's ms) and their median,
+    which has at most one decimal more."""
+    samples = [round(s, digits) for s in samples]
+    return {"samples": samples, "median": round(statistics.median(samples), digits + 1)}
+
+
+def driver_version(nvidia_smi: str) -> str | None:
+    """The driver from `nvidia-smi --query-gpu=name,driver_version,...` output: 'NVIDIA H200, 580.1, ...'."""
+    fields = [f.strip() for f in nvidia_smi.splitlines()[0].split(",")] if nvidia_smi.strip() else []
+    return fields[1] if len(fields) > 1 and re.fullmatch(r"\d+(\.\d+)+", fields[1]) else None
+
+
+def cuda_version(runtime: str) -> str | None:
+    """A device fingerprint's runtime as a CUDA version: 'cuda 13000' -> '13.0'."""
+    found = re.fullmatch(r"cuda (\d+)", runtime or "")
+    return f"{int(found[1]) // 1000}.{int(found[1]) % 1000 // 10}" if found else None
+
+
+def _known(**values: str | None) -> dict[str, str]:
+    return {key: value for key, value in values.items() if value}
+
+
+def gemm_entries(run: dict) -> list[dict]:
+    """One entry per case of a bench_gemm.py --out file that timed moetune: its samples, every other
+    method's as a peer, the HBM roofline of the touched weights as a bound, and the winning config."""
+    env = run["environment"]
+    versions = _known(
+        jax=env.get("jax"),
+        jaxlib=env.get("jaxlib"),
+        torch=env.get("torch"),
+        cuda=env.get("torch_cuda"),
+        driver=driver_version(env.get("nvidia_smi", "")),
+        python=env.get("python"),
+    )
+    entries = []
+    for case in run["cases"]:
+        moetune = case["methods"].get("moetune", {})
+        if "samples_ms" not in moetune:
+            continue  # moetune failed or was not asked for: nothing to compare
+        config, from_pack = gemm_table.winner_of(moetune)
+        peers = {
+            name: measurement(method["samples_ms"], 6)
+            for name, method in sorted(case["methods"].items())
+            if name != "moetune" and "samples_ms" in method
+        }
+        params = {key: case[key] for key in ("proj", "tokens", "m", "k", "n")}
+        params |= {"g": len(case["group_sizes"]), "routing": case["routing"]}
+        params |= {"group_sizes": case["group_sizes"], "read_GBps": round(run["bandwidth"]["read_GBps"], 1)}
+        entries.append(
+            {
+                "name": f"bench_gemm/{case['proj']}/T={case['tokens']}/{case['routing']}",
+                "suite": "bench_gemm",
+                "date": env["date"],
+                "gpu": env["device_kind"],
+                "versions": versions,
+                "command": portable_command(env["command"]),
+                "unit": "ms",
+                **measurement(moetune["samples_ms"], 6),
+                "params": params,
+                "peers": peers,
+                "bounds": {"hbm_roofline": round(case["hbm_roofline_ms"], 6)},
+                "config": config,
+                "from_pack": from_pack,
+            }
+        )
+    return entries
+
+
+def model_entries(run: dict) -> list[dict]:
+    """A bench_model.py --out file: the moetune path's prefill, decode and MoE-layer times in seconds per
+    sample, the other paths as peers; params.tokens is what one sample processes (tokens/s = tokens / s)."""
+    device, versions = run["device"], run["versions"]
+    model = run["model"]["name"]
+    shape = {"model": model, "layers": run["model"]["layers"], "batch": run["batch"]}
+    shape |= {"prompt": run["prompt"], "gen": run["gen"]}
+    common = {
+        "suite": "bench_model",
+        "date": run["date"],
+        "gpu": device["device_kind"],
+        "versions": _known(
+            jax=versions.get("jax"),
+            jaxlib=versions.get("jaxlib"),
+            cuda=cuda_version(device.get("runtime", "")),
+            driver=device.get("driver"),
+            python=versions.get("python"),
+            moetune=versions.get("moetune"),
+        ),
+        "command": portable_command(run["command"]),
+        "unit": "s",
+    }
+    results = run["results"]
+    others = [path for path in sorted(results) if path != "moetune"]
+    entries = []
+    for phase, tokens in (("prefill", run["batch"] * run["prompt"]), ("decode", run["batch"] * run["gen"])):
+        entries.append(
+            {
+                "name": f"bench_model/{model}/{phase}",
+                **common,
+                **measurement(results["moetune"][phase]["samples_s"], 9),
+                "params": shape | {"phase": phase, "tokens": tokens},
+                "peers": {path: measurement(results[path][phase]["samples_s"], 9) for path in others},
+            }
+        )
+    for index, layer in enumerate(results["moetune"]["moe"]):
+        peers = {path: measurement(results[path]["moe"][index]["samples_s"], 9) for path in others}
+        entries.append(
+            {
+                "name": f"bench_model/{model}/moe_layer/T={layer['tokens']}",
+                **common,
+                **measurement(layer["samples_s"], 9),
+                "params": shape | {"phase": "moe_layer", "tokens": layer["tokens"], "reps": layer["reps"]},
+                "peers": peers,
+            }
+        )
+    return entries
+
+
+def tuner_entry(runs: list[dict], *, date: str, versions: dict[str, str], command: str, gpu: str) -> dict:
+    """Runs of one tuner measurement, each sample one run's rate: `moetune bench tuner --out` files (Ray
+    against one by one, same candidates) or compare_clusters.py --out files (two GPUs against one).
+    Neither file records its environment, so the caller names it."""
+    if runs and all("ray" in r and "sequential" in r for r in runs):
+        mine = [r["ray"]["per_minute"] for r in runs]
+        theirs = {"sequential": [r["sequential"]["per_minute"] for r in runs]}
+        params = {"workers": runs[0]["ray"]["workers"], "problems": runs[0]["problems"]}
+        name, unit = "tuner/ray_vs_sequential", "variants/min"
+        title = f"Ray, {params['workers']} workers on one GPU, against one by one"
+    elif runs and all("base_per_minute" in r and "other_per_minute" in r for r in runs):
+        mine = [r["other_per_minute"] for r in runs]
+        theirs = {"one_gpu": [r["base_per_minute"] for r in runs]}
+        params = {"problems": len(runs[0]["problems"]), "winners_agree": [r["winners_agree"] for r in runs]}
+        name, unit = "tuner/two_gpus_vs_one", "trials/min"
+        title = "two GPUs of one host against one, same candidates"
+    else:
+        raise ValueError(
+            "each file must be a `moetune bench tuner --out` or a compare_clusters.py --out file"
+        )
+    return {
+        "name": name,
+        "suite": "tuner",
+        "title": title,
+        "date": date,
+        "gpu": gpu,
+        "versions": versions,
+        "command": command,
+        "unit": unit,
+        **measurement(mine, 1),
+        "params": params,
+        "peers": {peer: measurement(rates, 1) for peer, rates in theirs.items()},
+    }

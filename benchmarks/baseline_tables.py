@@ -1,0 +1,236 @@
+"""The Markdown that the documentation quotes from a GPU's baselines (benchmarks/baselines.py render).
+
+`render_page` rewrites every block between `<!-- baselines GPU full -->` (or `summary`) and
+`<!-- /baselines -->` of a page from that GPU's baselines and leaves the rest of the page as it is:
+`full` is docs/performance.md's section (every table, with where each came from), `summary` the
+README's (the balanced-routing GEMM table and the model's throughput).
+"""
+
+from __future__ import annotations
+
+import re
+
+import gemm_table
+
+BLOCK = re.compile(r"(<!-- baselines (\S+) (full|summary) -->\n)(.*?)(<!-- /baselines -->)", re.DOTALL)
+LABELS = {
+    "moetune": "moetune",
+    "torch_grouped_mm": "torch._grouped_mm",
+    "mgpu_best": "ragged_dot_mgpu (best of its sweep)",
+    "xla_ragged_dot": "XLA ragged_dot",
+    "cublas_torch": "cuBLAS, same FLOPs",
+    "ragged": "XLA ragged_dot",
+    "dense": "dense all-experts einsum",
+    "sequential": "one by one, in one process",
+    "one_gpu": "one GPU",
+}
+VERSION_NAMES = {"cuda": "CUDA", "python": "Python"}
+MODEL_PATHS = ("moetune", "ragged", "dense")
+
+
+def _suite(data: dict, suite: str) -> list[dict]:
+    return [e for e in data["entries"] if e["suite"] == suite]
+
+
+def _days(entries: list[dict]) -> str:
+    return ", ".join(sorted({e["date"][:10] for e in entries}))
+
+
+def _versions(entries: list[dict]) -> str:
+    """Every distinct set of versions: 'jax 0.11.2, CUDA 13.0, ...; ...'."""
+    texts = (", ".join(f"{VERSION_NAMES.get(k, k)} {v}" for k, v in e["versions"].items()) for e in entries)
+    return "; ".join(dict.fromkeys(texts))
+
+
+def _commands(entries: list[dict]) -> list[str]:
+    return [f"    {command}" for command in dict.fromkeys(e["command"] for e in entries)] + [""]
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
+
+
+# --- grouped GEMMs ---------------------------------------------------------------------------------------
+
+
+def gemm_cases(entries: list[dict]) -> list[dict]:
+    """The bench_gemm entries in the shape gemm_table.rows reads."""
+    cases = []
+    for e in entries:
+        methods = {"moetune": {"median_ms": e["median"]}}
+        methods |= {name: {"median_ms": peer["median"]} for name, peer in e["peers"].items()}
+        case = {key: e["params"][key] for key in ("proj", "tokens", "routing")}
+        case |= {"hbm_roofline_ms": e["bounds"]["hbm_roofline"], "methods": methods}
+        case["winner"] = gemm_table.winner_label(e["config"], e.get("from_pack", False))
+        cases.append(case)
+    return cases
+
+
+def _shapes(entries: list[dict]) -> str:
+    """'gate_up [2T, 4096] x [8, 4096, 28672], down ...': each projection's GEMM, M as a multiple of T."""
+    shapes = {}
+    for e in entries:
+        p = e["params"]
+        shapes[p["proj"]] = (
+            f"{p['proj']} [{p['m'] // p['tokens']}T, {p['k']}] x [{p['g']}, {p['k']}, {p['n']}]"
+        )
+    return ", ".join(shapes.values())
+
+
+def _bandwidth(entries: list[dict]) -> str:
+    rates = sorted({f"{e['params']['read_GBps'] / 1000:.2f}" for e in entries if "read_GBps" in e["params"]})
+    return "-".join(dict.fromkeys([rates[0], rates[-1]])) + " TB/s" if rates else "unknown"
+
+
+def gemm_full(data: dict) -> list[str]:
+    entries = _suite(data, "bench_gemm")
+    if not entries:
+        return []
+    lines = ["#### Grouped GEMMs: `benchmarks/bench_gemm.py`", ""]
+    lines += [f"Measured {_days(entries)} on {data['gpu']}: {_versions(entries)}.", ""] + _commands(entries)
+    lines += [
+        f"Mixtral-8x7B's MoE GEMMs ({_shapes(entries)}), balanced and Zipf-skewed routing; CUPTI kernel time "
+        f"in ms, median of the samples. HBM read bandwidth measured in the runs (the roofline's divisor): "
+        f"{_bandwidth(entries)}.",
+        "",
+    ]
+    return lines + gemm_table.rows(gemm_cases(entries)) + [""]
+
+
+def gemm_summary(data: dict) -> list[str]:
+    entries = [e for e in _suite(data, "bench_gemm") if e["params"]["routing"] == "balanced"]
+    if not entries:
+        return []
+    peers = ("torch_grouped_mm", "mgpu_best", "xla_ragged_dot", "cublas_torch")
+    rows = []
+    for case in sorted(gemm_cases(entries), key=lambda c: (c["proj"] != "gate_up", c["tokens"])):
+        ms = {name: method["median_ms"] for name, method in case["methods"].items()}
+        cells = [case["proj"], str(case["tokens"]), f"{ms['moetune']:.3f}"]
+        cells += [f"{ms[p]:.3f}" if p in ms else "-" for p in peers] + [f"{case['hbm_roofline_ms']:.3f}"]
+        rows.append(cells)
+    lines = [
+        f"Grouped GEMMs, {_days(entries)} ({_versions(entries)}): Mixtral-8x7B's {_shapes(entries)}, "
+        "balanced routing, CUPTI kernel time in ms, median of 10.",
+        "",
+    ]
+    lines += _commands(_suite(data, "bench_gemm"))
+    return lines + _table(["GEMM", "T", "moetune", *(LABELS[p] for p in peers), "HBM roofline"], rows) + [""]
+
+
+# --- the model benchmark ---------------------------------------------------------------------------------
+
+
+def _model_values(entries: list[dict]) -> dict[str, dict[str, float]]:
+    """Per path: prefill and decode tokens/s, and the MoE layer's ms at each token count ('T=4096')."""
+    out: dict[str, dict[str, float]] = {}
+    for e in entries:
+        p = e["params"]
+        seconds = {"moetune": e["median"]} | {path: peer["median"] for path, peer in e["peers"].items()}
+        for path, value in seconds.items():
+            key = f"T={p['tokens']}" if p["phase"] == "moe_layer" else p["phase"]
+            out.setdefault(path, {})[key] = value * 1000 if p["phase"] == "moe_layer" else p["tokens"] / value
+    return out
+
+
+def _layer_tokens(entries: list[dict]) -> list[int]:
+    return sorted(
+        {e["params"]["tokens"] for e in entries if e["params"]["phase"] == "moe_layer"}, reverse=True
+    )
+
+
+def model_table(entries: list[dict]) -> list[str]:
+    values, layers = _model_values(entries), _layer_tokens(entries)
+    head = ["MoE path", "prefill tokens/s", "decode tokens/s", *(f"MoE layer T={t}, ms" for t in layers)]
+    rows = []
+    for path in [p for p in MODEL_PATHS if p in values]:
+        v = values[path]
+        rows.append(
+            [
+                LABELS[path],
+                f"{v['prefill']:.0f}",
+                f"{v['decode']:.1f}",
+                *(f"{v[f'T={t}']:.3f}" for t in layers),
+            ]
+        )
+    return _table(head, rows)
+
+
+def model_full(data: dict) -> list[str]:
+    entries = _suite(data, "bench_model")
+    if not entries:
+        return []
+    p = entries[0]["params"]
+    lines = ["#### The model benchmark: `benchmarks/bench_model.py`", ""]
+    lines += [f"Measured {_days(entries)} on {data['gpu']}: {_versions(entries)}.", ""] + _commands(entries)
+    lines += [
+        f"{p['model']}, {p['layers']} layers, batch {p['batch']}, a prompt of {p['prompt']} tokens and "
+        f"{p['gen']} generated; host wall time, median of the samples; the MoE layer alone at each T.",
+        "",
+    ]
+    lines += model_table(entries)
+    values, layers = _model_values(entries), _layer_tokens(entries)
+    if layers and {"ragged", "dense"} <= set(values):
+        t = f"T={layers[0]}"
+        ragged, dense = (values[path][t] / values["moetune"][t] for path in ("ragged", "dense"))
+        lines += [
+            "",
+            f"At {t} moetune's MoE layer runs {ragged:.2f}x as fast as XLA ragged_dot's and {dense:.2f}x as "
+            "fast as the dense one.",
+        ]
+    return lines + [""]
+
+
+# --- the tuner ---------------------------------------------------------------------------------------------
+
+
+def tuner_full(data: dict) -> list[str]:
+    entries = _suite(data, "tuner")
+    if not entries:
+        return []
+    lines = ["#### The tuner", ""]
+    lines += [f"Measured {_days(entries)} on {data['gpu']}: {_versions(entries)}.", ""] + _commands(entries)
+    rows = []
+    for e in entries:
+        for peer, theirs in e["peers"].items():
+            rows.append(
+                [
+                    e.get("title", e["name"]),
+                    e["unit"],
+                    f"{e['median']:.1f}",
+                    f"{LABELS.get(peer, peer)}: {theirs['median']:.1f}",
+                    str(len(e["samples"])),
+                    f"{e['median'] / theirs['median']:.2f}x",
+                ]
+            )
+    return lines + _table(["measurement", "unit", "moetune", "against", "runs", "ratio"], rows) + [""]
+
+
+# --- pages -------------------------------------------------------------------------------------------------
+
+
+def render_full(data: dict) -> str:
+    lines = [f"### {data['gpu']}", ""] + gemm_full(data) + model_full(data) + tuner_full(data)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def render_summary(data: dict) -> str:
+    lines = gemm_summary(data)
+    model = _suite(data, "bench_model")
+    if model:
+        lines += [f"The whole model ({model[0]['params']['model']}, {_days(model)}):", ""] + _commands(model)
+        lines += model_table(model) + [""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def render_page(text: str, baselines: dict[str, dict]) -> str:
+    """`text` with every baselines block rendered again from `baselines` (GPU key -> baselines data)."""
+
+    def block(match: re.Match) -> str:
+        start, key, kind, _, end = match.groups()
+        if key not in baselines:
+            raise ValueError(f"a block names GPU {key!r}, which has no baselines file")
+        return start + (render_full if kind == "full" else render_summary)(baselines[key]) + end
+
+    return BLOCK.sub(block, text)

@@ -1,0 +1,284 @@
+"""Measured baselines as data: one small, versioned file per GPU model (benchmarks/baselines/<gpu>.json),
+built from the benchmark scripts' own output files, and the tables the documentation quotes from it.
+
+    python3 benchmarks/baselines.py add-gemm gate_up.json down.json   # bench_gemm.py --out files
+    python3 benchmarks/baselines.py add-model model.json              # bench_model.py --out file
+    python3 benchmarks/baselines.py add-tuner run.json ... --gpu "NVIDIA H200" --date 2026-11-30 \\
+        --versions jax=0.11.2,jaxlib=0.11.2 --command "bash benchmarks/device_multi_gpu.sh"
+        # `moetune bench tuner --out` or compare_clusters.py --out files, which record no environment
+    python3 benchmarks/baselines.py render [--check]                  # README.md and docs/performance.md
+
+The file (schema "moetune.baselines", version 1):
+
+    {"schema": "moetune.baselines", "schema_version": 1, "gpu": "NVIDIA H200", "entries": [
+      {"name": "bench_gemm/gate_up/T=4096/balanced", "suite": "bench_gemm", "date": "2026-11-30T20:01:07Z",
+       "gpu": "NVIDIA H200", "versions": {"jax": "0.11.2", "jaxlib": "0.11.2", "torch": ..., "cuda": ...},
+       "command": "python3 benchmarks/bench_gemm.py ...", "unit": "ms", "samples": [...], "median": 2.37,
+       "params": {"proj": "gate_up", "tokens": 4096, "m": 8192, ...},
+       "peers": {"torch_grouped_mm": {"samples": [...], "median": 2.39}, ...},
+       "bounds": {"hbm_roofline": 0.402}, "config": {...}, "from_pack": true}, ...]}
+
+An entry is one measurement of moetune and of each peer it is compared with, raw samples kept. Adding
+a measurement replaces the entry of the same name: the file holds the current numbers, git their
+history. The checks below are written out rather than left to a schema library because the scripts in
+benchmarks/ run where only jax and numpy may be installed, and because the checks that matter (a
+median is its samples' median, names are unique) are not expressible in a JSON Schema anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import baseline_entries
+import baseline_tables
+
+SCHEMA = "moetune.baselines"
+SCHEMA_VERSION = 1
+ROOT = Path(__file__).resolve().parents[1]
+BASELINES = ROOT / "benchmarks" / "baselines"
+PAGES = (ROOT / "README.md", ROOT / "docs" / "performance.md")
+SUITES = ("bench_gemm", "bench_model", "tuner")
+UNITS = ("ms", "s", "trials/min", "variants/min")
+REQUIRED = ("name", "suite", "date", "gpu", "versions", "command", "unit", "samples", "median", "params")
+OPTIONAL = ("title", "peers", "bounds", "config", "from_pack")
+# What each suite's tables read beyond the required fields.
+SUITE_PARAMS = {
+    "bench_gemm": ("proj", "tokens", "m", "k", "n", "g", "routing"),
+    "bench_model": ("model", "phase", "tokens"),
+    "tuner": (),
+}
+DATE = re.compile(r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?)?")
+
+
+def gpu_key(device_kind: str) -> str:
+    """The file name of a GPU model: 'NVIDIA H200' -> 'nvidia_h200' (as config packs are named)."""
+    return re.sub(r"[^a-z0-9]+", "_", device_kind.lower()).strip("_")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _measurement_problems(where: str, value: dict) -> list[str]:
+    samples = value.get("samples")
+    if not isinstance(samples, list) or not samples:
+        return [f"{where}: samples must be a non-empty list"]
+    if not all(_is_number(s) and s > 0 for s in samples):
+        return [f"{where}: every sample must be a positive number"]
+    median, expected = value.get("median"), statistics.median(samples)
+    if not _is_number(median) or abs(median - expected) > 1e-9 * expected:
+        return [f"{where}: median={median!r} is not the median of its samples ({expected})"]
+    return []
+
+
+def _entry_problems(where: str, entry: dict, gpu: object) -> list[str]:
+    problems = [f"{where}: missing {key}" for key in REQUIRED if key not in entry]
+    problems += [f"{where}: unknown field {key!r}" for key in entry if key not in REQUIRED + OPTIONAL]
+    if problems:
+        return problems
+    suite, versions, params = entry["suite"], entry["versions"], entry["params"]
+    if suite not in SUITES:
+        problems.append(f"{where}: suite={suite!r} is not one of {', '.join(SUITES)}")
+    if entry["unit"] not in UNITS:
+        problems.append(f"{where}: unit={entry['unit']!r} is not one of {', '.join(UNITS)}")
+    if not isinstance(entry["date"], str) or not DATE.fullmatch(entry["date"]):
+        problems.append(f"{where}: date={entry['date']!r} is not an ISO 8601 date")
+    if entry["gpu"] != gpu:
+        problems.append(f"{where}: gpu={entry['gpu']!r} differs from the file's gpu={gpu!r}")
+    if not isinstance(versions, dict) or not {"jax", "jaxlib"} <= set(versions):
+        problems.append(f"{where}: versions must name at least jax and jaxlib")
+    elif not all(isinstance(v, str) and v for v in versions.values()):
+        problems.append(f"{where}: every version must be a non-empty string")
+    if not isinstance(entry["command"], str) or not entry["command"].strip():
+        problems.append(f"{where}: command must be a non-empty string")
+    if not isinstance(params, dict):
+        problems.append(f"{where}: params must be an object")
+    else:
+        problems += [
+            f"{where}: params lacks {key}" for key in SUITE_PARAMS.get(suite, ()) if key not in params
+        ]
+    problems += _measurement_problems(where, entry)
+    peers = entry.get("peers", {})
+    for peer, value in peers.items() if isinstance(peers, dict) else ():
+        if not isinstance(value, dict) or set(value) != {"samples", "median"}:
+            problems.append(f"{where}: peers.{peer} must hold exactly samples and median")
+        else:
+            problems += _measurement_problems(f"{where}: peers.{peer}", value)
+    bounds = entry.get("bounds", {})
+    for bound, value in bounds.items() if isinstance(bounds, dict) else ():
+        if not _is_number(value) or value <= 0:
+            problems.append(f"{where}: bounds.{bound} must be a positive number")
+    if suite == "bench_gemm" and not ("hbm_roofline" in bounds and isinstance(entry.get("config"), dict)):
+        problems.append(f"{where}: a bench_gemm entry needs bounds.hbm_roofline and the winning config")
+    return problems
+
+
+def problems_of(data: object) -> list[str]:
+    """Every way `data` breaks the baselines schema, one line each; [] for a valid file."""
+    if not isinstance(data, dict):
+        return ["the file is not a JSON object"]
+    problems = []
+    if data.get("schema") != SCHEMA:
+        problems.append(f"schema={data.get('schema')!r}, expected {SCHEMA!r}")
+    if data.get("schema_version") != SCHEMA_VERSION:
+        problems.append(f"schema_version={data.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+    problems += [
+        f"unknown field {k!r}" for k in data if k not in ("schema", "schema_version", "gpu", "entries")
+    ]
+    if not isinstance(data.get("gpu"), str) or not data["gpu"]:
+        problems.append("gpu must be a non-empty string")
+    entries = data.get("entries")
+    if not isinstance(entries, list):
+        return problems + ["entries must be a list"]
+    names = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            problems.append(f"entries[{index}] is not an object")
+            continue
+        names.append(entry.get("name"))
+        problems += _entry_problems(f"entries[{index}] ({entry.get('name', '?')})", entry, data.get("gpu"))
+    problems += [
+        f"the name {n!r} is used more than once" for n in sorted({n for n in names if names.count(n) > 1})
+    ]
+    return problems
+
+
+def load(path: Path) -> dict:
+    data = json.loads(path.read_text())
+    problems = problems_of(data)
+    if problems:
+        raise ValueError(f"{path}: " + "; ".join(problems))
+    return data
+
+
+def load_all(folder: Path = BASELINES) -> dict[str, dict]:
+    """Every GPU's baselines, by file stem (the GPU key)."""
+    return {path.stem: load(path) for path in sorted(folder.glob("*.json"))}
+
+
+def dumps(data: dict) -> str:
+    """The file's text. A value that fits in a line is written on one (a measurement, the versions), and
+    so is an object of scalars (a config); larger ones take one item a line. The file stays small, and a
+    re-measured entry shows as a few changed lines."""
+
+    def write(value: object, indent: str) -> str:
+        flat = json.dumps(value, separators=(", ", ": "))
+        scalars = isinstance(value, dict) and not any(isinstance(v, dict | list) for v in value.values())
+        if len(indent) + len(flat) <= 180 or scalars or not isinstance(value, dict | list) or not value:
+            return flat
+        inner = indent + " "
+        if isinstance(value, list):
+            return "[\n" + ",\n".join(inner + write(v, inner) for v in value) + "\n" + indent + "]"
+        items = (f"{inner}{json.dumps(k)}: {write(v, inner)}" for k, v in value.items())
+        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+
+    return write(data, "") + "\n"
+
+
+def upsert(data: dict, entries: Iterable[dict]) -> dict:
+    """`data` with each entry added, replacing the entry of the same name where there is one."""
+    out = list(data["entries"])
+    index = {e["name"]: i for i, e in enumerate(out)}
+    for entry in entries:
+        if entry["name"] in index:
+            out[index[entry["name"]]] = entry
+        else:
+            index[entry["name"]] = len(out)
+            out.append(entry)
+    return {**data, "entries": out}
+
+
+def add(path: Path, entries: list[dict]) -> dict:
+    """The baselines at `path` (a new file if there is none) with `entries` added; nothing is written
+    when the result breaks the schema."""
+    gpus = sorted({e["gpu"] for e in entries})
+    if len(gpus) != 1:
+        raise ValueError(f"the entries must be of one GPU model, not {gpus}")
+    data = (
+        load(path) if path.exists() else {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "gpu": gpus[0]}
+    )
+    data = upsert({**data, "entries": data.get("entries", [])}, entries)
+    problems = problems_of(data)
+    if problems:
+        raise ValueError(f"{path}: " + "; ".join(problems))
+    return data
+
+
+def render(pages: Iterable[Path], baselines: dict[str, dict], *, check: bool) -> list[Path]:
+    """The pages whose baselines blocks differ from `baselines`; rewritten unless `check`."""
+    stale = []
+    for page in pages:
+        text = page.read_text()
+        rendered = baseline_tables.render_page(text, baselines)
+        if rendered != text:
+            stale.append(page)
+            if not check:
+                page.write_text(rendered)
+    return stale
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name in ("add-gemm", "add-model", "add-tuner"):
+        sub = commands.add_parser(name)
+        sub.add_argument("runs", type=Path, nargs="+", help="the benchmark's --out files")
+        sub.add_argument("--file", type=Path, help="the baselines file (default: the runs' GPU's)")
+        if name == "add-tuner":
+            sub.add_argument("--gpu", required=True, help="the GPU model as jax names it, e.g. 'NVIDIA H200'")
+            sub.add_argument("--date", required=True, help="when the runs ran, e.g. 2026-11-30")
+            sub.add_argument("--versions", required=True, help="e.g. jax=0.11.2,jaxlib=0.11.2,driver=580.1")
+            sub.add_argument("--command", required=True, dest="run_command", help="what made the runs")
+    render_cmd = commands.add_parser("render", help="rewrite the baselines blocks of the README and docs")
+    render_cmd.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page is stale")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "render":
+            stale = render(PAGES, load_all(), check=args.check)
+            verb = "is out of date (run benchmarks/baselines.py render)" if args.check else "rewritten"
+            print(
+                "\n".join(f"{page.relative_to(ROOT)} {verb}" for page in stale) or "every page is up to date"
+            )
+            return 1 if args.check and stale else 0
+        runs = [json.loads(path.read_text()) for path in args.runs]
+        if args.command == "add-gemm":
+            entries = [e for run in runs for e in baseline_entries.gemm_entries(run)]
+        elif args.command == "add-model":
+            entries = [e for run in runs for e in baseline_entries.model_entries(run)]
+        else:
+            versions = dict(pair.split("=", 1) for pair in args.versions.split(","))
+            info = {"date": args.date, "versions": versions, "command": args.run_command, "gpu": args.gpu}
+            entries = [baseline_entries.tuner_entry(runs, **info)]
+        if not entries:
+            raise ValueError(f"no measurement of moetune in {', '.join(map(str, args.runs))}")
+        path = args.file or BASELINES / f"{gpu_key(entries[0]['gpu'])}.json"
+        data = add(path, entries)
+    except KeyError as e:
+        print(
+            f"error: {args.command}: a run file lacks the field {e}: not that benchmark's output?",
+            file=sys.stderr,
+        )
+        return 2
+    except (OSError, ValueError) as e:
+        print(f"error: {args.command}: {e}", file=sys.stderr)
+        return 2
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(data))
+    print(f"{path}: {len(entries)} entries added or replaced, {len(data['entries'])} in all")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""benchmarks/baseline_entries.py on synthetic benchmark outputs: what each result file becomes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.benchmarks.scripts import load_script
+
+entries = load_script("baseline_entries")
+baselines = load_script("baselines")
+
+
+def test_a_command_is_written_as_anyone_would_type_it_from_the_repository_root():
+    command = "python3 bench_gemm.py --projs gate_up --out '/data/run 7/out.json' --pack /opt/x/p.json"
+    assert entries.portable_command(command) == (
+        "python3 benchmarks/bench_gemm.py --projs gate_up --out $OUT/out.json --pack $OUT/p.json"
+    )
+    assert entries.portable_command("moetune tune --routing 'a b'") == "moetune tune --routing 'a b'"
+    assert entries.portable_command("python3 nonexistent.py") == "python3 nonexistent.py"
+
+
+def test_samples_are_rounded_to_the_timers_resolution_and_the_median_follows():
+    assert entries.measurement([0.1234564, 0.2000001, 0.15], 6) == {
+        "samples": [0.123456, 0.2, 0.15],
+        "median": 0.15,
+    }
+    assert entries.measurement([1.000001, 2.000002], 6)["median"] == 1.5000015  # one decimal more
+
+
+def test_versions_read_from_nvidia_smi_and_a_device_runtime():
+    assert entries.driver_version("NVIDIA H200, 580.159.04, 345 MHz\nNVIDIA H200, 580.159.04") == "580.159.04"
+    assert entries.driver_version("unavailable: no nvidia-smi") is None
+    assert entries.driver_version("") is None
+    assert entries.cuda_version("cuda 13000") == "13.0"
+    assert entries.cuda_version("cuda 12080") == "12.8"
+    assert entries.cuda_version("") is None
+
+
+def bench_model_run() -> dict:
+    def path(prefill_s, decode_s, layer_s):
+        return {
+            "prefill": {"samples_s": [prefill_s, prefill_s * 1.1, prefill_s * 0.9]},
+            "decode": {"samples_s": [decode_s]},
+            "moe": [{"tokens": 64, "reps": 5, "samples_s": [layer_s, layer_s]}],
+        }
+
+    return {
+        "command": "python3 benchmarks/bench_model.py --model tiny --out /data/out/model.json",
+        "date": "2026-01-02T03:04:05Z",
+        "batch": 2,
+        "prompt": 32,
+        "gen": 4,
+        "model": {"name": "tiny", "layers": 2},
+        "device": {"device_kind": "Test GPU", "driver": "580.1", "runtime": "cuda 13000"},
+        "versions": {"jax": "0.11.2", "jaxlib": "0.11.2", "python": "3.12.3"},
+        "results": {
+            "moetune": path(0.01, 0.02, 0.001),
+            "ragged": path(0.04, 0.08, 0.004),
+            "dense": path(0.02, 0.1, 0.002),
+        },
+    }
+
+
+def test_a_model_run_becomes_prefill_decode_and_layer_entries_with_the_other_paths_as_peers():
+    made = entries.model_entries(bench_model_run())
+    assert [e["name"] for e in made] == [
+        "bench_model/tiny/prefill",
+        "bench_model/tiny/decode",
+        "bench_model/tiny/moe_layer/T=64",
+    ]
+    prefill, decode, layer = made
+    assert (
+        prefill["params"]["tokens"] == 64 and decode["params"]["tokens"] == 8
+    )  # batch * prompt, batch * gen
+    assert prefill["median"] == 0.01 and sorted(prefill["peers"]) == ["dense", "ragged"]
+    assert layer["peers"]["ragged"] == {"samples": [0.004, 0.004], "median": 0.004}
+    assert prefill["versions"] == {
+        "jax": "0.11.2",
+        "jaxlib": "0.11.2",
+        "cuda": "13.0",
+        "driver": "580.1",
+        "python": "3.12.3",
+    }
+    assert prefill["command"] == "python3 benchmarks/bench_model.py --model tiny --out $OUT/model.json"
+    file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": made}
+    assert baselines.problems_of(file) == []
+
+
+def test_tuner_runs_of_either_kind_become_one_entry_with_a_sample_per_run():
+    info = {
+        "date": "2026-01-02",
+        "versions": {"jax": "0.11.2", "jaxlib": "0.11.2"},
+        "command": "c",
+        "gpu": "G",
+    }
+    bench = {"problems": 4, "ray": {"per_minute": 270.2, "workers": 14}, "sequential": {"per_minute": 17.8}}
+    made = entries.tuner_entry([bench], **info)
+    assert (made["name"], made["unit"], made["samples"]) == (
+        "tuner/ray_vs_sequential",
+        "variants/min",
+        [270.2],
+    )
+    assert made["peers"] == {"sequential": {"samples": [17.8], "median": 17.8}}
+    runs = [
+        {
+            "base_per_minute": 200.0,
+            "other_per_minute": 420.0,
+            "winners_agree": 29,
+            "problems": {"a": {}, "b": {}},
+        },
+        {
+            "base_per_minute": 210.0,
+            "other_per_minute": 380.0,
+            "winners_agree": 30,
+            "problems": {"a": {}, "b": {}},
+        },
+    ]
+    made = entries.tuner_entry(runs, **info)
+    assert made["samples"] == [420.0, 380.0] and made["median"] == 400.0
+    assert made["peers"]["one_gpu"]["median"] == 205.0
+    assert made["params"] == {"problems": 2, "winners_agree": [29, 30]}
+    with pytest.raises(ValueError, match="moetune bench tuner --out"):
+        entries.tuner_entry([bench, runs[0]], **info)
