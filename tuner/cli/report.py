@@ -9,7 +9,7 @@ import typer
 
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import console, fail
+from moetune.tuner.cli.common import DbOption, console, fail
 
 
 @app.command()
@@ -18,10 +18,7 @@ def report(
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="HTML file to write (default: moetune-sweep-N.html).")
     ] = None,
-    db: Annotated[
-        str | None,
-        typer.Option("--db", help="Database URL (default: $MOETUNE_DB, else the default SQLite file)."),
-    ] = None,
+    db: DbOption = None,
 ) -> None:
     """Write an HTML report: winners vs heuristic vs XLA, speedups, failures, time per config."""
     from moetune.db import open_store
