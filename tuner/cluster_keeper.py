@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-cpus", type=int, required=True)
     parser.add_argument("--object-store-bytes", type=int, required=True)
     args = parser.parse_args(argv)
+    import ray  # noqa: F401  first: it also makes psutil, which it ships, importable for the teardown
 
     # The driver reads one line from stdout; whatever else is printed there (Ray's own processes inherit
     # it) goes to stderr instead.

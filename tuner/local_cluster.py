@@ -65,14 +65,17 @@ class LocalCluster:
     keeper: subprocess.Popen
 
     def stop(self) -> None:
-        """Take the cluster down and wait until the keeper has (it kills what Ray leaves)."""
+        """Take the cluster down and wait until the keeper has: it kills every Ray process when its stdin
+        closes, or on SIGTERM (a keeper still inside ray.init() reads no stdin)."""
         if self.keeper.stdin is not None and not self.keeper.stdin.closed:
             self.keeper.stdin.close()
-        try:
-            self.keeper.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.keeper.kill()
-            self.keeper.wait()
+        for ask in (lambda: None, self.keeper.terminate, self.keeper.kill):
+            ask()
+            try:
+                self.keeper.wait(timeout=STOP_TIMEOUT_S)
+                return
+            except subprocess.TimeoutExpired:
+                continue
 
 
 def start(num_cpus: int, object_store_bytes: int) -> LocalCluster:
