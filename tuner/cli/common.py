@@ -1,4 +1,4 @@
-"""Helpers shared by CLI commands: one-line failures with exit code 2, table-or-JSON output, --db."""
+"""What the CLI commands share: one-line failures with exit code 2, table-or-JSON output, the --db option."""
 
 from __future__ import annotations
 
