@@ -69,13 +69,15 @@ class LocalCluster:
         closes, or on SIGTERM (a keeper still inside ray.init() reads no stdin)."""
         if self.keeper.stdin is not None and not self.keeper.stdin.closed:
             self.keeper.stdin.close()
-        for ask in (lambda: None, self.keeper.terminate, self.keeper.kill):
-            ask()
+        try:
+            self.keeper.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.keeper.terminate()
             try:
                 self.keeper.wait(timeout=STOP_TIMEOUT_S)
-                return
             except subprocess.TimeoutExpired:
-                continue
+                self.keeper.kill()
+                self.keeper.wait()
 
 
 def start(num_cpus: int, object_store_bytes: int) -> LocalCluster:
