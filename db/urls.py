@@ -1,7 +1,9 @@
 """Which database: an explicit URL, else $MOETUNE_DB, else a SQLite file in the user's data directory.
 
 Passwords never reach output, logs or error messages: everything printed goes through `masked()`, and
-`scrub()` removes the password from driver messages that might echo connection parameters.
+`scrub()` removes the password from driver messages that might echo connection parameters. Nor do they
+reach a command line, which every user of the machine can read (ps, /proc) and which Ray records as a
+job's entrypoint: `refuse_password()` turns such a --db away, and $MOETUNE_DB or a pgpass file carries it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlsplit
 
 from moetune.db.errors import DatabaseError
 
@@ -64,6 +67,28 @@ def scrub(message: str, url: URL) -> str:
     if url.password:
         line = line.replace(str(url.password), "***")
     return line
+
+
+def has_password(text: str) -> bool:
+    """Whether `text` is a URL that carries a password: in its user part (scheme://user:pw@host) or as
+    libpq's `password` query parameter (scheme://user@host/db?password=pw)."""
+    if "://" not in text:
+        return False
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # e.g. an unclosed IPv6 bracket: not a URL anything could connect with
+        return False
+    return parts.password is not None or "password" in parse_qs(parts.query)
+
+
+def refuse_password(url: str) -> None:
+    """A database URL given on a command line must not carry a password."""
+    if has_password(url):
+        raise DatabaseError(
+            "--db holds a password, which the process list shows every user and Ray records with the "
+            f"sweep; put the URL in ${ENV_DB}, or the password in a pgpass file (~/.pgpass or $PGPASSFILE, "
+            "which psycopg reads)"
+        )
 
 
 def sqlite_file(url: URL) -> Path | None:

@@ -49,6 +49,7 @@ import itertools
 import logging
 import math
 import os
+import sys
 import time
 from collections import deque
 from typing import Any
@@ -56,6 +57,7 @@ from typing import Any
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import MoetuneError
 from moetune.kernels.registry import ENV_EXTRA
+from moetune.tuner import local_cluster
 from moetune.tuner.executors import Executor
 from moetune.tuner.tasks import (
     CRASHED,
@@ -81,6 +83,9 @@ AFFINITY_MEMORY = 4
 # A free lane goes to the ready worker with the least device work (tasks.device_work), unless one has
 # waited longer than this: then the longest-waiting goes first, so large problems are never starved.
 LANE_PATIENCE_S = 10.0
+
+# The local cluster connect() started, for disconnect() to stop: Ray's own connection is per process too.
+_local: local_cluster.LocalCluster | None = None
 
 
 class PoolError(MoetuneError):
@@ -178,27 +183,41 @@ def affinity(slot: _Slot, task: Task) -> int:
 
 
 def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
-    """Join the cluster at `address`, or start a local one bound to 127.0.0.1; True if this started it."""
-    import ray
-
-    if ray.is_initialized():
+    """Join the cluster at `address`, or start a local one (tuner/local_cluster.py: on loopback only, with
+    a private token, without the database's secrets, gone with this process); True if this started it."""
+    global _local
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
         return False
     quiet = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     if address:
+        import ray
+
         try:
             ray.init(address=address, **quiet)
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise PoolError(f"cannot join the Ray cluster at {address}: {e}") from e
         return False
-    cpus = num_cpus or len(os.sched_getaffinity(0))
-    ray.init(num_cpus=cpus, _node_ip_address="127.0.0.1", object_store_memory=OBJECT_STORE_BYTES, **quiet)
+    cluster = local_cluster.start(num_cpus or len(os.sched_getaffinity(0)), OBJECT_STORE_BYTES)
+    import ray
+
+    try:
+        ray.init(address=cluster.address, **quiet)
+    except BaseException:
+        cluster.stop()
+        raise
+    _local = cluster
     return True
 
 
 def disconnect() -> None:
+    global _local
     import ray
 
     ray.shutdown()
+    if _local is not None:
+        _local.stop()
+        _local = None
 
 
 def default_worker_count(use_devices: bool = True, device_resource: str = "GPU") -> int:

@@ -10,6 +10,13 @@ from pathlib import Path
 import pytest
 
 from moetune.kernels import registry
+from moetune.tuner import local_cluster
+
+# Ray reads the settings that keep moetune's local cluster on loopback and behind its token once, when it
+# is imported (tuner/local_cluster.py), and a test may import Ray before the cluster starts (`moetune
+# doctor` does): so they are set before any test runs, as a user would set them before importing Ray.
+os.environ.setdefault(local_cluster.LOOPBACK_ENV, "0")
+os.environ.setdefault(local_cluster.AUTH_MODE_ENV, "token")
 
 # The helper backends are imported by their full name (tests.tuner.faulty_backend): here through pytest's
 # `pythonpath` option (pyproject.toml), in Ray workers through PYTHONPATH (the ray_cluster fixture).

@@ -34,11 +34,15 @@ def test_sigkill_then_resume_repeats_nothing_and_loses_nothing(db_url, ray_clust
     space = registry.get("xla").search_space(problem, current_fingerprint())
     assert len(space.enumerate(problem, current_fingerprint())[0]) == VALID
 
-    tune = ["tune", "--db", db_url, "--ray-address", ray_cluster, "--workers", "2"]
+    tune = ["tune", "--ray-address", ray_cluster, "--workers", "2"]
+    env = os.environ | {"MOETUNE_DB": db_url}  # not --db: the CLI refuses a password on its command line
     open_store(db_url).close()  # create the schema now, so that polling never races the CLI's migration
     log = open(tmp_path / "first.log", "w")
     first = subprocess.Popen(
-        [*CLI, *tune, "--problem", PROBLEM, "--backend", "xla", "--no-baseline"], stdout=log, stderr=log
+        [*CLI, *tune, "--problem", PROBLEM, "--backend", "xla", "--no-baseline"],
+        stdout=log,
+        stderr=log,
+        env=env,
     )
     try:
         deadline = time.monotonic() + 180
@@ -63,7 +67,7 @@ def test_sigkill_then_resume_repeats_nothing_and_loses_nothing(db_url, ray_clust
     assert len(before) < VALID
 
     resumed = subprocess.run(
-        [*CLI, *tune, "--resume", str(sweep_id)], capture_output=True, text=True, timeout=300
+        [*CLI, *tune, "--resume", str(sweep_id)], capture_output=True, text=True, timeout=300, env=env
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"winners of sweep {sweep_id}" in resumed.stdout

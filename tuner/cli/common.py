@@ -1,14 +1,16 @@
-"""Helpers shared by CLI commands: one-line failures with exit code 2, table-or-JSON output."""
+"""What the CLI commands share: one-line failures with exit code 2, table-or-JSON output, the --db option."""
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from moetune.db import DatabaseError, urls
 
 console = Console()
 err_console = Console(stderr=True)
@@ -20,6 +22,28 @@ def fail(message: str) -> NoReturn:
     """Print one line on stderr and exit 2: the convention for every bad input."""
     err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def checked_db(url: str | None) -> str | None:
+    """Every --db's callback, run while the command line is parsed, so before anything starts."""
+    if url is not None:
+        try:
+            urls.refuse_password(url)
+        except DatabaseError as e:
+            fail(str(e))
+    return url
+
+
+DbOption = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        help="Database URL without a password, e.g. postgresql+psycopg://user@host/db (default: "
+        "$MOETUNE_DB, which may hold one, else SQLite in the user data directory).",
+        show_default=False,
+        callback=checked_db,
+    ),
+]
 
 
 def emit(rows: list[dict[str, Any]], *, as_json: bool, title: str | None = None) -> None:

@@ -21,7 +21,7 @@ import typer
 
 from moetune.kernels.errors import MoetuneError, PackInvalid
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import console, emit, err_console, fail
+from moetune.tuner.cli.common import DbOption, console, emit, err_console, fail
 
 if TYPE_CHECKING:
     from moetune.db import Store
@@ -29,15 +29,6 @@ if TYPE_CHECKING:
     from moetune.kernels.device import DeviceFingerprint
     from moetune.kernels.lookup import Winner
 
-DbOption = Annotated[
-    str | None,
-    typer.Option(
-        "--db",
-        help="Database URL, e.g. postgresql+psycopg://user@host/db (default: $MOETUNE_DB, else SQLite "
-        "in the user data directory).",
-        show_default=False,
-    ),
-]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 GpuOption = Annotated[
     str | None, typer.Option("--gpu", help="GPU model (jax device_kind), e.g. 'NVIDIA H200'.")

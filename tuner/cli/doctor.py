@@ -15,8 +15,8 @@ import typer
 
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import emit, fail, json_text
-from moetune.tuner.cli.db_commands import DbOption, JsonOption
+from moetune.tuner.cli.common import DbOption, emit, fail, json_text
+from moetune.tuner.cli.db_commands import JsonOption
 
 PACKAGES = ("jax", "jaxlib", "ray", "optuna", "sqlalchemy", "alembic", "psycopg")
 

@@ -8,7 +8,7 @@ import typer
 
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import fail, json_text
+from moetune.tuner.cli.common import checked_db, fail, json_text
 
 
 @app.command()
@@ -22,7 +22,10 @@ def explain(
     transpose_rhs: bool = typer.Option(False, "--transpose-rhs", help="Weights stored [G, N, K]."),
     backend: str | None = typer.Option(None, "--backend", help="Ask this backend first."),
     db: str | None = typer.Option(
-        None, "--db", help="Database URL (default: $MOETUNE_DB, else the default file if it exists)."
+        None,
+        "--db",
+        help="Database URL without a password (default: $MOETUNE_DB, else the default file if it exists).",
+        callback=checked_db,
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:

@@ -9,8 +9,7 @@ import typer
 
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import console, fail
-from moetune.tuner.cli.db_commands import DbOption
+from moetune.tuner.cli.common import DbOption, console, fail
 
 
 @app.command()

@@ -20,7 +20,7 @@ from rich.console import Console
 
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import console, err_console, fail, json_text
+from moetune.tuner.cli.common import DbOption, console, err_console, fail, json_text
 
 # Flags that may change when a sweep resumes: where it runs, not what it measures.
 RESUMABLE = {"db", "ray_address", "workers", "minutes"}
@@ -107,10 +107,7 @@ def tune(
     workers: Annotated[
         int | None, typer.Option("--workers", help="Compile workers (default: one per cluster CPU).")
     ] = None,
-    db: Annotated[
-        str | None,
-        typer.Option("--db", help="Database URL (default: $MOETUNE_DB, else the default SQLite file)."),
-    ] = None,
+    db: DbOption = None,
     ray_address: Annotated[
         str | None, typer.Option("--ray-address", help="Join this Ray cluster (default: start a local one).")
     ] = None,
