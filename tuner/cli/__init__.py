@@ -15,7 +15,7 @@ app = typer.Typer(
 
 def _load_commands() -> None:
     # Imported for their side effect of adding commands to `app`.
-    from moetune.tuner.cli import bench, db_commands, doctor, explain, report, tune  # noqa: F401
+    from moetune.tuner.cli import bench, db_commands, doctor, explain, pack_schema, report, tune  # noqa: F401
 
 
 def main() -> None:

@@ -1,0 +1,282 @@
+"""The config pack format as pydantic models: what every field may hold, and the pack's JSON Schema.
+
+moetune.kernels.packs validates a decoded pack with `PackModel` and then builds its frozen values (Pack,
+Problem, DeviceFingerprint). configs/pack.schema.json is `json_schema()` written out: a test keeps the
+two equal, and `moetune pack-schema` prints it.
+
+Bounds are those of the database columns an imported pack lands in, on every dialect (db/models.py; a
+test in tests/db holds the two together): Integer is 32-bit on PostgreSQL even where SQLite would take
+any size, BigInteger 64-bit, String(N) at most N characters. Text never holds control characters, so a
+value can neither split an error line nor drive the terminal. Unknown fields are refused at every level.
+
+The pack level types a config's values only (bounded numbers, bools, short strings): what a backend's
+config may hold is `config_model(config_cls)`, which moetune.db.pack_io.check_pack applies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import json
+import math
+import typing
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StringConstraints,
+    ValidationError,
+    WithJsonSchema,
+    create_model,
+)
+
+from moetune.kernels.config import KernelConfig
+from moetune.kernels.problem import DTYPES, Problem, known_ops
+
+SCHEMA = "moetune.pack"
+SCHEMA_VERSION = 1
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MAX = 2**63 - 1
+# String(N) lengths of the columns the text lands in (db/models.py).
+NAME_LENGTH = 64  # backend, op (String(64)); config parameter names and values, by the same measure
+HASH_LENGTH = 64  # kernel source hash (String(64))
+DEVICE_TEXT_LENGTHS = {
+    "device_kind": 128,
+    "platform": 32,
+    "compute_capability": 32,
+    "driver": 64,
+    "runtime": 64,
+    "jax_version": 32,
+    "jaxlib_version": 32,
+}
+# A backend's Config has about a dozen parameters; more than this is not a config.
+CONFIG_FIELDS_MAX = 64
+
+# C0 controls, DEL and C1 controls: a newline would split a one-line error, an escape sequence would
+# drive the terminal that prints the value.
+NO_CONTROL_CHARACTERS = r"^[^\x00-\x1f\x7f-\x9f]*$"
+_NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
+_HASH_PATTERN = r"^[A-Za-z0-9._-]+$"
+# 2026-11-29T12:00:00Z, optionally with fractions of a second or an offset instead of Z.
+_TIMESTAMP_PATTERN = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})$"
+
+
+def text(max_length: int, *, min_length: int = 0) -> Any:
+    """A string of at most `max_length` characters, none of them a control character."""
+    return Annotated[
+        str, StringConstraints(min_length=min_length, max_length=max_length, pattern=NO_CONTROL_CHARACTERS)
+    ]
+
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_LENGTH, pattern=_NAME_PATTERN)]
+Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
+Dim = Annotated[int, Field(ge=1, le=INT32_MAX)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+DType = Literal[DTYPES]  # type: ignore[valid-type]  # a Literal of the tuple's names
+
+
+def _known_op(op: str) -> str:
+    if op not in known_ops():
+        raise ValueError(f"op {op!r} is not one of {', '.join(known_ops())}")
+    return op
+
+
+def _real_time(value: str) -> str:
+    datetime.datetime.fromisoformat(value)  # the pattern admits month 13; this does not
+    return value
+
+
+def _config_value(value: Any) -> Any:
+    # One validator rather than a union: a union reports one error per member for a single bad value.
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not INT32_MIN <= value <= INT32_MAX:
+            raise ValueError(f"{value} does not fit a 32-bit integer")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value} is not a finite number")
+        return value
+    if isinstance(value, str):
+        if len(value) > NAME_LENGTH or not value.isprintable():
+            raise ValueError(f"must be printable text of at most {NAME_LENGTH} characters")
+        return value
+    raise ValueError(f"must be an integer, number, bool or string, not {type(value).__name__}")
+
+
+ConfigValue = Annotated[
+    Any,
+    PlainValidator(_config_value),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": INT32_MIN, "maximum": INT32_MAX},
+                {"type": "number"},
+                {"type": "boolean"},
+                {"type": "string", "maxLength": NAME_LENGTH, "pattern": NO_CONTROL_CHARACTERS},
+            ]
+        }
+    ),
+]
+
+
+class _Strict(BaseModel):
+    # strict: 1 is not True, "4096" is not 4096, 4096.0 is not 4096.
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class DeviceModel(_Strict):
+    """moetune.kernels.device.DeviceFingerprint: the device the pack's winners were tuned on."""
+
+    device_kind: text(DEVICE_TEXT_LENGTHS["device_kind"], min_length=1)  # type: ignore[valid-type]
+    platform: text(DEVICE_TEXT_LENGTHS["platform"])  # type: ignore[valid-type]
+    core_count: Annotated[int, Field(ge=0, le=INT32_MAX)]
+    memory_bytes: Annotated[int, Field(ge=0, le=INT64_MAX)]
+    compute_capability: text(DEVICE_TEXT_LENGTHS["compute_capability"])  # type: ignore[valid-type]
+    driver: text(DEVICE_TEXT_LENGTHS["driver"])  # type: ignore[valid-type]
+    runtime: text(DEVICE_TEXT_LENGTHS["runtime"])  # type: ignore[valid-type]
+    jax_version: text(DEVICE_TEXT_LENGTHS["jax_version"])  # type: ignore[valid-type]
+    jaxlib_version: text(DEVICE_TEXT_LENGTHS["jaxlib_version"])  # type: ignore[valid-type]
+
+
+class ProblemModel(_Strict):
+    """moetune.kernels.problem.Problem, as Problem.to_dict writes it."""
+
+    schema_version: Literal[Problem.SCHEMA_VERSION]  # type: ignore[valid-type]
+    op: Annotated[
+        Name,
+        AfterValidator(_known_op),
+        Field(description="One of the ops this moetune knows (moetune.kernels.problem.known_ops())."),
+    ]
+    m: Dim
+    k: Dim
+    n: Dim
+    g: Dim
+    lhs_dtype: DType
+    rhs_dtype: DType
+    out_dtype: DType
+    transpose_rhs: bool
+
+
+class EntryModel(_Strict):
+    """One winner: the problem, the backend's config for it, and its median time."""
+
+    problem: ProblemModel
+    config: Annotated[
+        dict[Name, ConfigValue],
+        # Names outside the pattern are refused too (pydantic writes the pattern as patternProperties).
+        Field(max_length=CONFIG_FIELDS_MAX, json_schema_extra={"additionalProperties": False}),
+    ]
+    median_s: Annotated[FiniteFloat, Field(gt=0)] | None
+
+
+class PackModel(_Strict):
+    """A moetune config pack: the winners of one backend on one device model."""
+
+    model_config = ConfigDict(title="moetune config pack")
+
+    schema_: Annotated[Literal[SCHEMA], Field(alias="schema")]
+    schema_version: Literal[SCHEMA_VERSION]
+    created: Annotated[
+        str, StringConstraints(max_length=40, pattern=_TIMESTAMP_PATTERN), AfterValidator(_real_time)
+    ]
+    device: DeviceModel
+    backend: Name
+    kernel_source_hash: Annotated[
+        str, StringConstraints(min_length=1, max_length=HASH_LENGTH, pattern=_HASH_PATTERN)
+    ]
+    entries: list[EntryModel]
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a config pack."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **PackModel.model_json_schema()}
+
+
+def json_schema_text() -> str:
+    """`json_schema()` as configs/pack.schema.json holds it and `moetune pack-schema` prints it."""
+    return json.dumps(json_schema(), indent=2) + "\n"
+
+
+@functools.cache
+def config_model(config_cls: type[KernelConfig]) -> type[BaseModel]:
+    """The pydantic model of one backend's Config fields: their own types, strictly, with ints bounded to
+    32 bits, floats finite, strings short and printable; no unknown field. Missing fields take the
+    Config's defaults, as KernelConfig.from_dict does."""
+    bounded: dict[Any, Any] = {int: Int32, float: FiniteFloat, str: text(NAME_LENGTH), bool: bool}
+    hints = typing.get_type_hints(config_cls)
+    fields = {
+        f.name: (
+            bounded.get(hints[f.name], hints[f.name]),
+            f.default if f.default is not dataclasses.MISSING else ...,
+        )
+        for f in dataclasses.fields(config_cls)
+    }
+    return create_model(
+        f"{config_cls.__name__}Fields", __config__=ConfigDict(strict=True, extra="forbid"), **fields
+    )
+
+
+def typed_config(config_cls: type[KernelConfig], data: Any) -> KernelConfig:
+    """`data` as a `config_cls`; raises ValidationError for a wrong type or unknown field, and the
+    Config's own ConfigInvalid for a rule it breaks."""
+    values = config_model(config_cls).model_validate(data)
+    return config_cls(**{name: getattr(values, name) for name in type(values).model_fields})
+
+
+def describe(error: ValidationError, data: Any = None) -> str:
+    """The first problem of a ValidationError on one line: 'entries[3].problem.m=0: must be >= 1'.
+
+    Given the validated `data`, location parts that do not index into it (pydantic's names of union
+    members or validators) are left out of the path.
+    """
+    first = error.errors(include_url=False)[0]
+    kind = first["type"]
+    path, node = "", data
+    loc = first["loc"]
+    for i, part in enumerate(loc):
+        inside = data is None or _indexes(node, part)
+        if not inside and not (kind == "missing" and i == len(loc) - 1):
+            break
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        node = node[part] if inside and data is not None else None
+    if kind == "extra_forbidden":
+        message = "unknown field"
+    elif kind == "missing":
+        message = "missing field"
+    else:
+        ctx = first.get("ctx", {})
+        if kind == "value_error":
+            message = str(ctx.get("error", "")) or first["msg"]
+        elif kind == "string_pattern_mismatch":
+            message = _PATTERN_WORDS.get(ctx.get("pattern"), first["msg"])
+        else:
+            message = first["msg"]
+        message = message[:1].lower() + message[1:]
+        shown = repr(first["input"])
+        path = f"{path}={shown if len(shown) <= 40 else shown[:37] + '...'}" if path else path
+    more = error.error_count() - 1
+    return f"{path or 'pack'}: {message}" + (f" (and {more} more problems)" if more else "")
+
+
+_PATTERN_WORDS = {
+    NO_CONTROL_CHARACTERS: "holds a control character",
+    _NAME_PATTERN: "must be lowercase letters, digits and _, starting with a letter",
+    _TIMESTAMP_PATTERN: "is not a time like 2026-11-29T12:00:00Z",
+    _HASH_PATTERN: "must be letters, digits, '.', '_' or '-'",
+}
+
+
+def _indexes(node: Any, part: Any) -> bool:
+    if isinstance(node, dict):
+        return part in node
+    if isinstance(node, list):
+        return isinstance(part, int) and 0 <= part < len(node)
+    return False
