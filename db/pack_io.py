@@ -30,9 +30,10 @@ from moetune.kernels.backend import Backend
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import ConfigInvalid, MoetuneError, PackInvalid, UnknownBackend, Unsupported
-from moetune.kernels.pack_schema import describe, typed_config
+from moetune.kernels.pack_schema import typed_config
 from moetune.kernels.packs import Pack, PackEntry
 from moetune.kernels.problem import Problem
+from moetune.kernels.typed_fields import describe
 
 IMPORT_CHUNK_ENTRIES = 200
 # Between chunks on SQLite. A writer waiting for SQLite's lock retries at most every 100 ms (its busy
@@ -87,6 +88,10 @@ def check_pack(pack: Pack, source: str = "<pack>") -> Pack:
     a pruning-only constraint (correct but wasteful) does not refuse it. A pack built in Python rather
     than read from a file gets the file's checks too (packs.parse of its dict).
     """
+    if len(source) > SOURCE_LENGTH:
+        raise PackInvalid(
+            f"the pack's path has {len(source)} characters; the database records {SOURCE_LENGTH}"
+        )
     pack = packs.parse(pack.to_dict(), source)
     try:
         backend = registry.get(pack.backend)
@@ -148,10 +153,6 @@ def import_pack(
     (same fingerprint, backend, source hash and problem) are skipped, so importing a pack twice changes
     nothing the second time.
     """
-    if len(source) > SOURCE_LENGTH:
-        raise PackInvalid(
-            f"the pack's path has {len(source)} characters; the database records at most {SOURCE_LENGTH}"
-        )
     chunks = [
         pack.entries[start : start + IMPORT_CHUNK_ENTRIES]
         for start in range(0, len(pack.entries), IMPORT_CHUNK_ENTRIES)

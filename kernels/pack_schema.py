@@ -6,21 +6,19 @@ two equal, and `moetune pack-schema` prints it.
 
 Bounds are those of the database columns an imported pack lands in, on every dialect (db/models.py; a
 test in tests/db holds the two together): Integer is 32-bit on PostgreSQL even where SQLite would take
-any size, BigInteger 64-bit, String(N) at most N characters. Text never holds control characters, so a
-value can neither split an error line nor drive the terminal. Unknown fields are refused at every level.
+any size, BigInteger 64-bit, String(N) at most N characters. Text never holds control characters.
+Unknown fields are refused at every level.
 
 The pack level types a config's values only (bounded numbers, bools, short strings): what a backend's
-config may hold is `config_model(config_cls)`, which moetune.db.pack_io.check_pack applies.
+config may hold is `typed_config(config_cls, ...)`, which moetune.db.pack_io.check_pack applies.
+Strictness, bounds and one-line errors are moetune.kernels.typed_fields'.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import functools
 import json
 import math
-import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -30,19 +28,27 @@ from pydantic import (
     Field,
     PlainValidator,
     StringConstraints,
-    ValidationError,
     WithJsonSchema,
-    create_model,
 )
 
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.problem import DTYPES, Problem, known_ops
+from moetune.kernels.typed_fields import (
+    HASH_PATTERN,
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    NAME_PATTERN,
+    NO_CONTROL_CHARACTERS,
+    TIMESTAMP_PATTERN,
+    FiniteFloat,
+    fields_model,
+    text,
+)
 
 SCHEMA = "moetune.pack"
 SCHEMA_VERSION = 1
 
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-INT64_MAX = 2**63 - 1
 # String(N) lengths of the columns the text lands in (db/models.py).
 NAME_LENGTH = 64  # backend, op (String(64)); config parameter names and values, by the same measure
 HASH_LENGTH = 64  # kernel source hash (String(64))
@@ -58,26 +64,8 @@ DEVICE_TEXT_LENGTHS = {
 # A backend's Config has about a dozen parameters; more than this is not a config.
 CONFIG_FIELDS_MAX = 64
 
-# C0 controls, DEL and C1 controls: a newline would split a one-line error, an escape sequence would
-# drive the terminal that prints the value.
-NO_CONTROL_CHARACTERS = r"^[^\x00-\x1f\x7f-\x9f]*$"
-_NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
-_HASH_PATTERN = r"^[A-Za-z0-9._-]+$"
-# 2026-11-29T12:00:00Z, optionally with fractions of a second or an offset instead of Z.
-_TIMESTAMP_PATTERN = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})$"
-
-
-def text(max_length: int, *, min_length: int = 0) -> Any:
-    """A string of at most `max_length` characters, none of them a control character."""
-    return Annotated[
-        str, StringConstraints(min_length=min_length, max_length=max_length, pattern=NO_CONTROL_CHARACTERS)
-    ]
-
-
-Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_LENGTH, pattern=_NAME_PATTERN)]
-Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_LENGTH, pattern=NAME_PATTERN)]
 Dim = Annotated[int, Field(ge=1, le=INT32_MAX)]
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 DType = Literal[DTYPES]  # type: ignore[valid-type]  # a Literal of the tuple's names
 
 
@@ -185,12 +173,12 @@ class PackModel(_Strict):
     schema_: Annotated[Literal[SCHEMA], Field(alias="schema")]
     schema_version: Literal[SCHEMA_VERSION]
     created: Annotated[
-        str, StringConstraints(max_length=40, pattern=_TIMESTAMP_PATTERN), AfterValidator(_real_time)
+        str, StringConstraints(max_length=40, pattern=TIMESTAMP_PATTERN), AfterValidator(_real_time)
     ]
     device: DeviceModel
     backend: Name
     kernel_source_hash: Annotated[
-        str, StringConstraints(min_length=1, max_length=HASH_LENGTH, pattern=_HASH_PATTERN)
+        str, StringConstraints(min_length=1, max_length=HASH_LENGTH, pattern=HASH_PATTERN)
     ]
     entries: list[EntryModel]
 
@@ -205,78 +193,9 @@ def json_schema_text() -> str:
     return json.dumps(json_schema(), indent=2) + "\n"
 
 
-@functools.cache
-def config_model(config_cls: type[KernelConfig]) -> type[BaseModel]:
-    """The pydantic model of one backend's Config fields: their own types, strictly, with ints bounded to
-    32 bits, floats finite, strings short and printable; no unknown field. Missing fields take the
-    Config's defaults, as KernelConfig.from_dict does."""
-    bounded: dict[Any, Any] = {int: Int32, float: FiniteFloat, str: text(NAME_LENGTH), bool: bool}
-    hints = typing.get_type_hints(config_cls)
-    fields = {
-        f.name: (
-            bounded.get(hints[f.name], hints[f.name]),
-            f.default if f.default is not dataclasses.MISSING else ...,
-        )
-        for f in dataclasses.fields(config_cls)
-    }
-    return create_model(
-        f"{config_cls.__name__}Fields", __config__=ConfigDict(strict=True, extra="forbid"), **fields
-    )
-
-
 def typed_config(config_cls: type[KernelConfig], data: Any) -> KernelConfig:
-    """`data` as a `config_cls`; raises ValidationError for a wrong type or unknown field, and the
-    Config's own ConfigInvalid for a rule it breaks."""
-    values = config_model(config_cls).model_validate(data)
-    return config_cls(**{name: getattr(values, name) for name in type(values).model_fields})
-
-
-def describe(error: ValidationError, data: Any = None) -> str:
-    """The first problem of a ValidationError on one line: 'entries[3].problem.m=0: must be >= 1'.
-
-    Given the validated `data`, location parts that do not index into it (pydantic's names of union
-    members or validators) are left out of the path.
-    """
-    first = error.errors(include_url=False)[0]
-    kind = first["type"]
-    path, node = "", data
-    loc = first["loc"]
-    for i, part in enumerate(loc):
-        inside = data is None or _indexes(node, part)
-        if not inside and not (kind == "missing" and i == len(loc) - 1):
-            break
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-        node = node[part] if inside and data is not None else None
-    if kind == "extra_forbidden":
-        message = "unknown field"
-    elif kind == "missing":
-        message = "missing field"
-    else:
-        ctx = first.get("ctx", {})
-        if kind == "value_error":
-            message = str(ctx.get("error", "")) or first["msg"]
-        elif kind == "string_pattern_mismatch":
-            message = _PATTERN_WORDS.get(ctx.get("pattern"), first["msg"])
-        else:
-            message = first["msg"]
-        message = message[:1].lower() + message[1:]
-        shown = repr(first["input"])
-        path = f"{path}={shown if len(shown) <= 40 else shown[:37] + '...'}" if path else path
-    more = error.error_count() - 1
-    return f"{path or 'pack'}: {message}" + (f" (and {more} more problems)" if more else "")
-
-
-_PATTERN_WORDS = {
-    NO_CONTROL_CHARACTERS: "holds a control character",
-    _NAME_PATTERN: "must be lowercase letters, digits and _, starting with a letter",
-    _TIMESTAMP_PATTERN: "is not a time like 2026-11-29T12:00:00Z",
-    _HASH_PATTERN: "must be letters, digits, '.', '_' or '-'",
-}
-
-
-def _indexes(node: Any, part: Any) -> bool:
-    if isinstance(node, dict):
-        return part in node
-    if isinstance(node, list):
-        return isinstance(part, int) and 0 <= part < len(node)
-    return False
+    """`data` as a `config_cls`: its own field types, strictly, ints 32-bit, floats finite, strings short
+    and printable, no unknown field, missing fields at their defaults (as KernelConfig.from_dict).
+    Raises ValidationError for a wrong type, the Config's own ConfigInvalid for a rule it breaks."""
+    values = fields_model(config_cls, text_length=NAME_LENGTH).model_validate(data)
+    return config_cls(**dict(values))

@@ -25,8 +25,9 @@ from pydantic import ValidationError
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import ConfigInvalid, PackInvalid
 from moetune.kernels.input_files import read_input_file
-from moetune.kernels.pack_schema import SCHEMA, SCHEMA_VERSION, PackModel, describe
+from moetune.kernels.pack_schema import SCHEMA, SCHEMA_VERSION, PackModel
 from moetune.kernels.problem import Problem
+from moetune.kernels.typed_fields import describe
 
 # The shipped pack is ~24 kB for 38 winners: 16 MiB holds some 25,000, and no more is read into memory.
 MAX_PACK_BYTES = 16 << 20

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from moetune.kernels.errors import MoetuneError
-from moetune.tuner.cli.common import console, fail, json_text
+from moetune.tuner.cli.common import check_output_file, console, fail, json_text
 
 
 def bench_model(
@@ -86,6 +86,8 @@ def bench_model_command(
     """Prefill and decode tokens/s and the MoE time per layer for the dense, ragged and moetune paths."""
     path_list = [p.strip() for p in paths.split(",") if p.strip()]
     tokens = _ints(moe_tokens, "--moe-tokens")
+    if out is not None:
+        check_output_file("--out", out)
     try:
         result = bench_model(
             model, batch, prompt, gen, path_list, layers, out, moe_tokens=tokens, runs=runs, use_db=not no_db
