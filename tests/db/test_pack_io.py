@@ -292,3 +292,26 @@ def test_a_concurrent_writer_gets_through_while_a_large_import_runs(db_url, fake
     assert finished["writer"] < finished["import"], "the writer waited for the whole import"
     with open_store(db_url) as store:
         assert len(store.winners()) == 600 and store.trials(limit=None)[0].worker in ("sweep", "pack-import")
+
+
+@pytest.mark.parametrize(
+    ("chunk_m", "expect"),
+    [
+        (8 * 10**30, "chunk_m=8000000000000000000000000000000: 8000000000000000000000000000000 does not fit"),
+        (8e30, "chunk_m=8e+30: input should be a valid integer"),
+    ],
+)
+def test_an_xla_chunk_that_would_break_every_trace_is_refused(chunk_m, expect, tmp_path):
+    """chunk_m=8e30 once imported, and then every jax.jit of a call of that shape failed."""
+    cpu = dataclasses.replace(H200, device_kind="cpu", platform="cpu", compute_capability="x86_64")
+    good = packs.Pack(
+        cpu, "xla", "src1", (packs.PackEntry(GATE_UP, {"strategy": "chunked", "chunk_m": 64}, 1e-3),)
+    )
+    assert pack_io.check_pack(good).entries[0].config["chunk_m"] == 64
+    data = json.loads(good.dumps())
+    data["entries"][0]["config"]["chunk_m"] = chunk_m
+    path = tmp_path / "xla.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PackInvalid, match="entries") as caught:
+        pack_io.check_pack(packs.load(path), str(path))
+    assert expect in str(caught.value)

@@ -5,7 +5,8 @@ CASES is the one list. A case is a command line, the files to create before it r
 meets ("absent": --db names a file that does not exist; "tuned": a database holding the winners of the
 shipped pack) and its exit code. Each runs through Typer's CliRunner (or, for a few, the real
 interpreter) in a folder of its own, which is also the working directory and the home of the default
-database; afterwards every file there, the database included, must be as it was. The same list renders
+database; afterwards every file there, the database included, must be as it was, and no case may have
+started Ray. The same list renders
 docs/bad-inputs.md, and a test fails when that file differs: regenerate it with
 
     python -m tests.tuner.test_bad_inputs > docs/bad-inputs.md
@@ -590,8 +591,15 @@ def _run(case: Case, folder: Path) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+def _no_ray(*args: Any, **kwargs: Any) -> None:
+    raise AssertionError("a bad input started Ray: it was checked too late")
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
 def test_bad_input(case, tmp_path, monkeypatch, tuned_database):
+    from moetune.tuner import ray_pool
+
+    monkeypatch.setattr(ray_pool, "connect", _no_ray)
     folder = tmp_path / "case"
     folder.mkdir()
     monkeypatch.chdir(folder)
