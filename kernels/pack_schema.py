@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -66,7 +67,7 @@ CONFIG_FIELDS_MAX = 64
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_LENGTH, pattern=NAME_PATTERN)]
 Dim = Annotated[int, Field(ge=1, le=INT32_MAX)]
-DType = Literal[DTYPES]  # type: ignore[valid-type]  # a Literal of the tuple's names
+DType = Literal[DTYPES]  # a Literal of the tuple's names
 
 
 def _known_op(op: str) -> str:
@@ -93,8 +94,8 @@ def _config_value(value: Any) -> Any:
             raise ValueError(f"{value} is not a finite number")
         return value
     if isinstance(value, str):
-        if len(value) > NAME_LENGTH or not value.isprintable():
-            raise ValueError(f"must be printable text of at most {NAME_LENGTH} characters")
+        if len(value) > NAME_LENGTH or not re.match(NO_CONTROL_CHARACTERS, value):
+            raise ValueError(f"must be text of at most {NAME_LENGTH} characters, none a control character")
         return value
     raise ValueError(f"must be an integer, number, bool or string, not {type(value).__name__}")
 
@@ -123,21 +124,21 @@ class _Strict(BaseModel):
 class DeviceModel(_Strict):
     """moetune.kernels.device.DeviceFingerprint: the device the pack's winners were tuned on."""
 
-    device_kind: text(DEVICE_TEXT_LENGTHS["device_kind"], min_length=1)  # type: ignore[valid-type]
-    platform: text(DEVICE_TEXT_LENGTHS["platform"])  # type: ignore[valid-type]
+    device_kind: text(DEVICE_TEXT_LENGTHS["device_kind"], min_length=1)
+    platform: text(DEVICE_TEXT_LENGTHS["platform"])
     core_count: Annotated[int, Field(ge=0, le=INT32_MAX)]
     memory_bytes: Annotated[int, Field(ge=0, le=INT64_MAX)]
-    compute_capability: text(DEVICE_TEXT_LENGTHS["compute_capability"])  # type: ignore[valid-type]
-    driver: text(DEVICE_TEXT_LENGTHS["driver"])  # type: ignore[valid-type]
-    runtime: text(DEVICE_TEXT_LENGTHS["runtime"])  # type: ignore[valid-type]
-    jax_version: text(DEVICE_TEXT_LENGTHS["jax_version"])  # type: ignore[valid-type]
-    jaxlib_version: text(DEVICE_TEXT_LENGTHS["jaxlib_version"])  # type: ignore[valid-type]
+    compute_capability: text(DEVICE_TEXT_LENGTHS["compute_capability"])
+    driver: text(DEVICE_TEXT_LENGTHS["driver"])
+    runtime: text(DEVICE_TEXT_LENGTHS["runtime"])
+    jax_version: text(DEVICE_TEXT_LENGTHS["jax_version"])
+    jaxlib_version: text(DEVICE_TEXT_LENGTHS["jaxlib_version"])
 
 
 class ProblemModel(_Strict):
     """moetune.kernels.problem.Problem, as Problem.to_dict writes it."""
 
-    schema_version: Literal[Problem.SCHEMA_VERSION]  # type: ignore[valid-type]
+    schema_version: Literal[Problem.SCHEMA_VERSION]
     op: Annotated[
         Name,
         AfterValidator(_known_op),

@@ -64,3 +64,10 @@ def test_the_longest_problem_key_fits_its_column():
     )
     assert len(biggest.key) <= _column(ProblemRow, "key").length
     assert len(biggest.shape_key) <= _column(ProblemRow, "shape_key").length
+
+
+def test_a_recorded_sweep_file_path_fits_its_column():
+    from moetune.db.models import Sweep
+    from moetune.tuner import spec
+
+    assert spec.SWEEP_FILE_LENGTH == Sweep.__table__.c.sweep_file.type.length

@@ -54,7 +54,10 @@ def _config(d):
         ),
         (lambda d: _config(d).update(block_m=8 * 10**30), "does not fit a 32-bit integer"),
         (lambda d: _config(d).update(block_m=[64]), "not list"),
-        (lambda d: _config(d).update(wg_split="n" * 65), "printable text of at most 64"),
+        (
+            lambda d: _config(d).update(wg_split="n" * 65),
+            "text of at most 64 characters, none a control character",
+        ),
         (lambda d: _config(d).update({"Block-M": 64}), "entries[0].config.Block-M="),
         (lambda d: _config(d).update({f"p{i}": 1 for i in range(70)}), "at most 64 items"),
         (lambda d: d["entries"][0].update(median_s=0), "entries[0].median_s=0"),
