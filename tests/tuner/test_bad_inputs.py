@@ -657,13 +657,19 @@ def render() -> str:
                 for name, content in case.files.items()
             )
             via = " (subprocess)" if case.subprocess else ""
-            cells = [_md(case.name) + via, f"`{_md(_short(command))}`", _md(files), case.db, str(case.code)]
+            cells = [
+                _md(case.name) + via,
+                f"`{_md(_short(command))}`",
+                _md(_short(files, 40)),
+                case.db,
+                str(case.code),
+            ]
             out.append("| " + " | ".join([*cells, "1", "nothing"]) + " |")
     return "\n".join(out) + "\n"
 
 
-def _short(command: str) -> str:
-    return command if len(command) <= 120 else command[:117] + "..."
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _md(text: str) -> str:
