@@ -1,23 +1,47 @@
 """Config packs in and out of the database (the file format itself is moetune.kernels.packs).
 
-Import validates the whole pack first (`check_pack`: the backend exists here and every config is valid
-for it), then writes everything in one transaction, so a bad pack writes nothing at all.
+Import validates the whole pack first (`check_pack`: the backend exists here, every config has its
+Config's types and rules, and its search space would not call it invalid), so a bad pack writes nothing
+at all. It then writes the entries in chunks of IMPORT_CHUNK_ENTRIES, one transaction each, so that a
+sweep writing its trials beside a large import waits for one chunk, never for the whole pack (a single
+transaction of 20,000 entries held SQLite's write lock for a minute). A database failure part-way leaves
+the chunks before it imported and the import's sweep row marked failed; importing the pack again
+finishes it, since entries that already are the active winner are skipped.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from moetune.db import trials, winners
+from moetune.db import entities, trials, winners
 from moetune.db.errors import RecordNotFound
-from moetune.db.models import Device, Kernel, Winner
+from moetune.db.models import Device, Kernel, Sweep, Winner
 from moetune.db.records import TrialRecord, canonical_config
-from moetune.kernels import registry
-from moetune.kernels.errors import ConfigInvalid, PackInvalid, UnknownBackend
+from moetune.kernels import packs, registry
+from moetune.kernels.backend import Backend
+from moetune.kernels.config import KernelConfig
+from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.errors import ConfigInvalid, MoetuneError, PackInvalid, UnknownBackend, Unsupported
+from moetune.kernels.pack_schema import typed_config
 from moetune.kernels.packs import Pack, PackEntry
+from moetune.kernels.problem import Problem
+from moetune.kernels.typed_fields import describe
+
+IMPORT_CHUNK_ENTRIES = 200
+# Between chunks on SQLite. A writer waiting for SQLite's lock retries at most every 100 ms (its busy
+# handler's longest sleep), so a longer pause lets it in; without one the importer, already waiting, takes
+# the lock back at once. PostgreSQL queues waiting writers itself.
+SQLITE_CHUNK_PAUSE_S = 0.12
+# The import's sweep row records where the pack came from in a String(1024) column.
+SOURCE_LENGTH = Sweep.__table__.c.sweep_file.type.length
 
 
 def export_pack(session: Session, *, device_kind: str, backend: str) -> Pack:
@@ -57,9 +81,20 @@ def export_pack(session: Session, *, device_kind: str, backend: str) -> Pack:
 
 
 def check_pack(pack: Pack, source: str = "<pack>") -> Pack:
-    """The pack with every config normalised by its backend's Config; PackInvalid names the first fault."""
+    """The pack with every config normalised by its backend's Config; PackInvalid names the first fault.
+
+    A config is refused for a wrong type, an unknown field or a rule of its Config, and for a validity
+    constraint of the backend's search space for that problem on the pack's device (SearchSpace.validity);
+    a pruning-only constraint (correct but wasteful) does not refuse it. A pack built in Python rather
+    than read from a file gets the file's checks too (packs.parse of its dict).
+    """
+    if len(source) > SOURCE_LENGTH:
+        raise PackInvalid(
+            f"the pack's path has {len(source)} characters; the database records {SOURCE_LENGTH}"
+        )
+    pack = packs.parse(pack.to_dict(), source)
     try:
-        config_cls = registry.get(pack.backend).config_cls
+        backend = registry.get(pack.backend)
     except UnknownBackend as e:
         raise PackInvalid(f"{source}: pack is for backend {pack.backend!r}, not usable here ({e})") from e
     seen: set[str] = set()
@@ -67,31 +102,113 @@ def check_pack(pack: Pack, source: str = "<pack>") -> Pack:
     for i, entry in enumerate(pack.entries):
         key = entry.problem.key
         if key in seen:
-            raise PackInvalid(f"{source}: entry {i} repeats problem {key}")
+            raise PackInvalid(f"{source}: entries[{i}] repeats problem {key}")
         seen.add(key)
+        where = f"{source}: entries[{i}] ({key})"
         try:
-            config = config_cls.from_dict(entry.config)
-        except (ConfigInvalid, TypeError) as e:
-            raise PackInvalid(f"{source}: entry {i} ({key}) has a bad {pack.backend} config ({e})") from e
+            config = typed_config(backend.config_cls, entry.config)
+        except ValidationError as e:
+            raise PackInvalid(f"{where}: bad {pack.backend} config: {describe(e, entry.config)}") from None
+        except ConfigInvalid as e:
+            raise PackInvalid(f"{where}: bad {pack.backend} config: {e}") from e
+        reason = _invalid(backend, entry.problem, config, pack.device)
+        if reason is not None:
+            raise PackInvalid(f"{where}: {pack.backend} cannot run this config: {reason}")
         entries.append(PackEntry(entry.problem, config.to_dict(), entry.median_s))
     return Pack(pack.device, pack.backend, pack.kernel_source_hash, tuple(entries), pack.created)
 
 
-def import_pack(session: Session, pack: Pack, *, source: str, host: str, user: str) -> int:
+def _invalid(
+    backend: Backend, problem: Problem, config: KernelConfig, device: DeviceFingerprint
+) -> str | None:
+    """Why `backend` cannot run `config` for `problem` on `device`, or None."""
+    try:
+        backend.check(problem)
+        space = backend.search_space(problem, device)
+    except Unsupported as e:  # the backend declines the problem itself
+        return str(e)
+    except (ImportError, NotImplementedError):  # no search space to ask on this machine
+        return None
+    return space.invalid(problem, config, device)
+
+
+def chunk_pause_s(dialect: str) -> float:
+    return SQLITE_CHUNK_PAUSE_S if dialect == "sqlite" else 0.0
+
+
+def import_pack(
+    run: Callable[[Callable[[Session], Any]], Any],
+    pack: Pack,
+    *,
+    source: str,
+    host: str,
+    user: str,
+    ids: entities.KnownIds | None = None,
+    pause_s: float = 0.0,
+) -> int:
     """Write a checked pack's entries as trials and promote them; returns how many winners changed.
 
-    Entries whose config already is the active winner (same fingerprint, backend, source hash and
-    problem) are skipped, so importing a pack twice changes nothing the second time.
+    `run(fn)` runs fn(session) in one write transaction (Store's); each chunk of IMPORT_CHUNK_ENTRIES
+    entries is one call, with `pause_s` between calls. Entries whose config already is the active winner
+    (same fingerprint, backend, source hash and problem) are skipped, so importing a pack twice changes
+    nothing the second time.
     """
+    chunks = [
+        pack.entries[start : start + IMPORT_CHUNK_ENTRIES]
+        for start in range(0, len(pack.entries), IMPORT_CHUNK_ENTRIES)
+    ]
+    sweep_id, imported = None, 0
+    try:
+        for n, chunk in enumerate(chunks):
+            if n and pause_s:
+                time.sleep(pause_s)
+            write = functools.partial(
+                _write_chunk,
+                pack=pack,
+                chunk=chunk,
+                sweep_id=sweep_id,
+                last=n == len(chunks) - 1,
+                source=source,
+                host=host,
+                user=user,
+                ids=ids,
+            )
+            # run() may call write again after a conflict: what it returns is what was committed.
+            sweep_id, count = run(write)
+            imported += count
+    except BaseException:
+        if sweep_id is not None:
+            try:
+                run(functools.partial(trials.finish_sweep, sweep_id=sweep_id, status="failed"))
+            except MoetuneError:  # the database is failing already; the first error is the one to report
+                pass
+        raise
+    return imported
+
+
+def _write_chunk(
+    session: Session,
+    *,
+    pack: Pack,
+    chunk: tuple[PackEntry, ...],
+    sweep_id: int | None,
+    last: bool,
+    source: str,
+    host: str,
+    user: str,
+    ids: entities.KnownIds | None,
+) -> tuple[int | None, int]:
+    """One chunk of an import in one transaction: (the import's sweep id, or None while no entry needed
+    writing, and how many winners this chunk changed). The sweep row is created with the first entry
+    written, as "running", and marked done by the last chunk."""
     family = session.scalar(
         select(Kernel.family)
         .where(Kernel.backend == pack.backend, Kernel.source_hash == pack.kernel_source_hash)
         .order_by(Kernel.id)
         .limit(1)
     )
-    sweep_id = None
     imported = 0
-    for entry in pack.entries:
+    for entry in chunk:
         current = winners.current_winner(
             session, fingerprint_hash=pack.device.hash, backend=pack.backend, problem_key=entry.problem.key
         )
@@ -110,7 +227,6 @@ def import_pack(session: Session, pack: Pack, *, source: str, host: str, user: s
                 host=host,
                 user=user,
                 sweep_file=source,
-                status="done",
             )
         record = TrialRecord(
             sweep_id=sweep_id,
@@ -126,7 +242,9 @@ def import_pack(session: Session, pack: Pack, *, source: str, host: str, user: s
             host=host,
             worker="pack-import",
         )
-        trial_id = trials.record_trial(session, record)
+        trial_id = trials.record_trial(session, record, ids)
         winners.promote(session, trial_id, reason=f"imported from {source}")
         imported += 1
-    return imported
+    if last and sweep_id is not None:
+        trials.finish_sweep(session, sweep_id, "done")
+    return sweep_id, imported

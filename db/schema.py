@@ -92,6 +92,11 @@ def head() -> str:
     return _revisions()[0]
 
 
+def known_revisions() -> frozenset[str]:
+    """Every revision id of moetune's migrations (what `moetune db upgrade|downgrade` may name)."""
+    return _revisions()[1]
+
+
 def read_state(connection: Connection, url: URL) -> SchemaState:
     from alembic.runtime.migration import MigrationContext
     from sqlalchemy import inspect

@@ -368,11 +368,17 @@ class Store:
         )
 
     def import_pack(self, pack: Pack, *, source: str = "<pack>") -> int:
-        """Check the whole pack first (PackInvalid, nothing written), then import it in one transaction."""
+        """Check the whole pack first (PackInvalid, nothing written), then import it a chunk of entries
+        per transaction, so that other writers get the lock in between (pack_io.import_pack)."""
         checked = pack_io.check_pack(pack, source)
-        host, user = socket.gethostname(), _user()
-        return self._run(
-            lambda s: pack_io.import_pack(s, checked, source=source, host=host, user=user), write=True
+        return pack_io.import_pack(
+            lambda fn: self._run(fn, write=True),
+            checked,
+            source=source,
+            host=socket.gethostname(),
+            user=_user(),
+            ids=self._ids,
+            pause_s=pack_io.chunk_pause_s(self.dialect),
         )
 
 

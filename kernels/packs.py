@@ -1,10 +1,14 @@
 """Config packs: versioned JSON files of winners for one device model and backend, shipped in configs/tuned/.
 
-A pack is plain data (never pickle), validated on load. Layout (schema_version 1):
+A pack is plain data (never pickle), validated completely on load: every field is typed and bounded by
+the pydantic models in moetune.kernels.pack_schema (configs/pack.schema.json is their JSON Schema).
+Layout (schema_version 1):
 
     {"schema": "moetune.pack", "schema_version": 1, "created": "2026-11-29T12:00:00Z",
      "device": {<DeviceFingerprint fields>}, "backend": "mosaic_gpu", "kernel_source_hash": "ab12...",
      "entries": [{"problem": {<Problem fields>}, "config": {<Config fields>}, "median_s": 0.00123}]}
+
+Whether each config suits its backend is checked where the backend is known: moetune.db.pack_io.check_pack.
 """
 
 from __future__ import annotations
@@ -16,12 +20,17 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import ConfigInvalid, PackInvalid
+from moetune.kernels.input_files import read_input_file
+from moetune.kernels.pack_schema import SCHEMA, SCHEMA_VERSION, PackModel
 from moetune.kernels.problem import Problem
+from moetune.kernels.typed_fields import describe
 
-SCHEMA = "moetune.pack"
-SCHEMA_VERSION = 1
+# The shipped pack is ~24 kB for 38 winners: 16 MiB holds some 25,000, and no more is read into memory.
+MAX_PACK_BYTES = 16 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,35 +78,51 @@ def parse(data: Any, source: str = "<pack>") -> Pack:
         raise PackInvalid(f"{source}: not a moetune config pack (schema is not {SCHEMA!r})")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise PackInvalid(f"{source}: pack schema_version={version!r}; this moetune reads {SCHEMA_VERSION}")
-    for key, kind in (("device", dict), ("backend", str), ("kernel_source_hash", str), ("entries", list)):
-        if not isinstance(data.get(key), kind):
-            raise PackInvalid(f"{source}: field {key!r} is missing or not a {kind.__name__}")
+        shown = repr(version) if len(repr(version)) <= 40 else "(not a version number)"
+        raise PackInvalid(f"{source}: pack schema_version={shown}; this moetune reads {SCHEMA_VERSION}")
     try:
-        device = DeviceFingerprint(**data["device"])
-    except TypeError as e:
-        raise PackInvalid(f"{source}: bad device fingerprint ({e})") from e
+        model = PackModel.model_validate(data)
+    except ValidationError as e:
+        raise PackInvalid(f"{source}: {describe(e, data)}") from None
     entries = []
-    for i, raw in enumerate(data["entries"]):
-        if not isinstance(raw, dict) or not isinstance(raw.get("config"), dict):
-            raise PackInvalid(f"{source}: entry {i} has no config mapping")
-        median = raw.get("median_s")
-        if median is not None and not (isinstance(median, (int, float)) and median > 0):
-            raise PackInvalid(f"{source}: entry {i} median_s={median!r} is not a positive number")
-        try:
-            problem = Problem.from_dict(raw.get("problem") or {})
-        except (ConfigInvalid, TypeError) as e:
-            raise PackInvalid(f"{source}: entry {i} has a bad problem ({e})") from e
-        entries.append(PackEntry(problem, raw["config"], median))
-    return Pack(
-        device, data["backend"], data["kernel_source_hash"], tuple(entries), str(data.get("created", ""))
-    )
+    for i, entry in enumerate(model.entries):
+        try:  # the rules between fields (an even n for swiglu's two halves)
+            problem = Problem(**entry.problem.model_dump(exclude={"schema_version"}))
+        except ConfigInvalid as e:
+            raise PackInvalid(f"{source}: entries[{i}].problem: {e}") from None
+        entries.append(PackEntry(problem, dict(entry.config), entry.median_s))
+    device = DeviceFingerprint(**model.device.model_dump())
+    return Pack(device, model.backend, model.kernel_source_hash, tuple(entries), model.created)
 
 
 def load(path: str | Path) -> Pack:
-    path = Path(path)
+    """Read and validate the pack file at `path` (a regular file of at most MAX_PACK_BYTES)."""
+    data = read_input_file(path, limit=MAX_PACK_BYTES, what="pack", error=PackInvalid)
+    return parse(decode(data, str(path)), str(path))
+
+
+def decode(data: bytes, source: str) -> Any:
+    """Strict JSON: UTF-8, no NaN or Infinity, no key twice in one object."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PackInvalid(f"{path}: cannot read pack ({e})") from e
-    return parse(data, str(path))
+        return json.loads(
+            data.decode("utf-8"), parse_constant=_refuse_constant, object_pairs_hook=_unique_keys
+        )
+    except UnicodeDecodeError as e:
+        raise PackInvalid(f"cannot read pack {source}: not UTF-8 text (byte {e.start})") from None
+    except RecursionError:
+        raise PackInvalid(f"cannot read pack {source}: JSON nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, a refused constant or key, an integer of too many digits
+        raise PackInvalid(f"cannot read pack {source}: not valid JSON ({e})") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"key {key!r} appears twice in one object")
+        seen.add(key)
+    return dict(pairs)

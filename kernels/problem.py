@@ -22,6 +22,12 @@ GROUPED_MATMUL_SWIGLU = "grouped_matmul_swiglu"
 _HALF_N_OPS = frozenset({GROUPED_MATMUL_SWIGLU})
 
 
+def known_ops() -> tuple[str, ...]:
+    """The op names moetune computes: what a pack, a sweep file or --problem may name. Input checks ask
+    this one function, never a list of their own."""
+    return (GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU)
+
+
 def dtype_name(dtype: Any) -> str:
     """Canonical name of a numpy/jax dtype or of a dtype string ('bf16' -> 'bfloat16')."""
     aliases = {"bf16": "bfloat16", "f16": "float16", "fp16": "float16", "f32": "float32", "fp32": "float32"}

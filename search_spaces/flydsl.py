@@ -74,11 +74,15 @@ def xcd_swizzle_needs_enough_tiles(
     return None
 
 
-CONSTRAINTS = (target_is_amd, kernel_can_be_built, tile_m_within_rows, xcd_swizzle_needs_enough_tiles)
+# The first two say whether the kernel can be built at all; the others only prune.
+VALIDITY_CONSTRAINTS = (target_is_amd, kernel_can_be_built)
+CONSTRAINTS = (*VALIDITY_CONSTRAINTS, tile_m_within_rows, xcd_swizzle_needs_enough_tiles)
 
 
 def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
-    return SearchSpace(config_cls=FlyDSLConfig, domains=DOMAINS, constraints=CONSTRAINTS)
+    return SearchSpace(
+        config_cls=FlyDSLConfig, domains=DOMAINS, constraints=CONSTRAINTS, validity=VALIDITY_CONSTRAINTS
+    )
 
 
 # Preferred defaults, most specific first: (max average rows per expert, config). The first one the

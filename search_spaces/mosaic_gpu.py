@@ -186,7 +186,8 @@ def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
     domains = dict(DOMAINS)
     if problem.m > SPLIT_K_MAX_M or problem.op == GROUPED_MATMUL_SWIGLU:
         domains["split_k"] = (1,)
-    return SearchSpace(MosaicGpuConfig, domains, CONSTRAINTS, seeds=tuple(preferred(problem, device)))
+    seeds = tuple(preferred(problem, device))
+    return SearchSpace(MosaicGpuConfig, domains, CONSTRAINTS, seeds=seeds, validity=VALIDITY_CONSTRAINTS)
 
 
 # Preferred configs in order (H200 measurements in benchmarks/README.md); the heuristic takes the first

@@ -28,12 +28,17 @@ class Pruned:
 @dataclasses.dataclass(frozen=True)
 class SearchSpace:
     """`seeds`: configs known to be good for this problem (a backend's preferred configs beyond the one its
-    heuristic picks), which a search tries early; the driver drops those a narrowed space excludes."""
+    heuristic picks), which a search tries early; the driver drops those a narrowed space excludes.
+
+    `validity`: the constraints among `constraints` that say the kernel cannot run a config at all; the
+    others only prune correct but wasteful points. An imported config pack is refused for breaking a
+    validity constraint, never for a pruning one (`invalid`)."""
 
     config_cls: type[KernelConfig]
     domains: Mapping[str, tuple[Any, ...]]
     constraints: tuple[Constraint, ...] = ()
     seeds: tuple[KernelConfig, ...] = ()
+    validity: tuple[Constraint, ...] = ()
 
     @property
     def size(self) -> int:
@@ -83,6 +88,14 @@ class SearchSpace:
             reason = constraint(problem, config, device)
             if reason is not None:
                 return reason
+        return None
+
+    def invalid(self, problem: Problem, config: KernelConfig, device: DeviceFingerprint) -> str | None:
+        """The first validity constraint `config` breaks, as "name: reason", else None."""
+        for constraint in self.validity:
+            reason = constraint(problem, config, device)
+            if reason is not None:
+                return f"{constraint.__name__}: {reason}"
         return None
 
     def enumerate(

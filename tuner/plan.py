@@ -37,11 +37,13 @@ import importlib.resources
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pydantic import ValidationError
 
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.moe.reference import GATES
-from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name
+from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name, known_ops
+from moetune.kernels.typed_fields import INT32_MAX, check_fields, describe
+from moetune.tuner.yaml_files import load_yaml, read_yaml_file
 
 OP = GROUPED_MATMUL
 # The gate_up op moe_mlp dispatches for each activation; the others run the plain GEMM, then the activation.
@@ -51,9 +53,10 @@ FUSED_GATE_UP = {"swiglu": GROUPED_MATMUL_SWIGLU}
 # inputs, a sigmoid gain of 1.702 and (up + 1) (moetune's fused epilogue computes silu(gate) * up).
 UNFUSED_ONLY_ACTIVATIONS = ("clamped_swiglu",)
 ACTIVATIONS = (*sorted(GATES), *UNFUSED_ONLY_ACTIVATIONS)
-OPS = (GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU)
 # Decode (1 token) to long prefill chunks (16384 tokens).
 DEFAULT_TOKEN_BUCKETS = tuple(2**i for i in range(15))
+# A model's name labels its problems in tables and sweep records.
+NAME_LENGTH = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +108,14 @@ class ModelShapes:
     ep: int = 1  # expert parallel: the experts split ep ways; token buckets count one shard's tokens
 
     def __post_init__(self) -> None:
+        if isinstance(self.token_buckets, list):
+            object.__setattr__(self, "token_buckets", tuple(self.token_buckets))
+        try:  # every field its annotated type, strictly, numbers bounded (typed_fields)
+            check_fields(self, text_length=NAME_LENGTH)
+        except ValidationError as e:
+            raise ConfigInvalid(describe(e, dataclasses.asdict(self))) from None
+        if not self.name.strip():
+            raise ConfigInvalid("a model's name must not be empty")
         for name in ("experts", "top_k", "hidden", "ffn", "tp", "ep"):
             _positive_int(f"{self.name}: {name}", getattr(self, name))
         if self.activation not in ACTIVATIONS:
@@ -158,7 +169,10 @@ class ModelShapes:
                 data.setdefault(name, dtype)
         for name in ("lhs_dtype", "rhs_dtype", "out_dtype"):
             if name in data:
-                data[name] = dtype_name(str(data[name]))
+                try:
+                    data[name] = dtype_name(str(data[name]))
+                except ConfigInvalid as e:
+                    raise ConfigInvalid(f"{source}: {name}: {e}") from None
         if "token_buckets" in data:
             buckets = data["token_buckets"]
             if not isinstance(buckets, list):
@@ -166,7 +180,10 @@ class ModelShapes:
             data["token_buckets"] = tuple(buckets)
         if data.get("shared_experts") is not None:
             data["shared_experts"] = SharedExperts.from_dict(data["shared_experts"], source)
-        return cls(**data)
+        try:
+            return cls(**data)
+        except ConfigInvalid as e:
+            raise ConfigInvalid(f"{source}: {e}") from None
 
     def with_buckets(self, buckets: tuple[int, ...]) -> ModelShapes:
         return dataclasses.replace(self, token_buckets=tuple(buckets))
@@ -180,6 +197,7 @@ class ModelShapes:
                 ("gate_up", gate_up_op, self.hidden, 2 * self.shard_ffn),
                 ("down", OP, self.shard_ffn, self.hidden),
             ):
+                _stored_size(f"{self.name} {part} T={tokens}", m=m, k=k, n=n)
                 problem = Problem(
                     op,
                     m=m,
@@ -200,6 +218,13 @@ def _positive_int(what: str, value: Any) -> None:
         raise ConfigInvalid(f"{what}={value!r} must be a positive integer")
 
 
+def _stored_size(what: str, **dims: int) -> None:
+    """A problem's dimensions are stored in 32-bit Integer columns (PostgreSQL's integer)."""
+    for name, value in dims.items():
+        if value > INT32_MAX:
+            raise ConfigInvalid(f"{what}: {name}={value} exceeds {INT32_MAX}, the largest dimension stored")
+
+
 def shipped_model_names() -> list[str]:
     root = importlib.resources.files("moetune.configs") / "models"
     return sorted(e.name.removesuffix(".yaml") for e in root.iterdir() if e.name.endswith(".yaml"))
@@ -214,29 +239,30 @@ def load_model(name_or_path: str) -> ModelShapes:
         return hf_config.load_reference(name_or_path)
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise ConfigInvalid(f"cannot read model file {path}: {e.strerror}") from e
         source = str(path)
+        data = read_yaml_file(path, "model file")
     else:
         entry = importlib.resources.files("moetune.configs") / "models" / f"{name_or_path}.yaml"
-        if not entry.is_file():
+        if not _shipped_name(name_or_path) or not entry.is_file():
             raise ConfigInvalid(
                 f"unknown model {name_or_path!r}; shipped models: {', '.join(shipped_model_names())} "
                 "(or pass a path to a YAML file)"
             )
-        text = entry.read_text()
         source = f"configs/models/{name_or_path}.yaml"
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigInvalid(f"{source}: not valid YAML ({e})") from e
+        data = load_yaml(entry.read_bytes(), source)
     return ModelShapes.from_dict(data, source)
+
+
+def _shipped_name(name: str) -> bool:
+    # A name, not a path: "../x" must not reach outside configs/models/.
+    return (
+        bool(name) and name.isprintable() and "/" not in name and "\\" not in name and name not in (".", "..")
+    )
 
 
 _PROBLEM_FIELDS = {"m": "m", "k": "k", "n": "n", "g": "g", "lhs": "lhs_dtype", "rhs": "rhs_dtype"}
 _PROBLEM_FIELDS |= {"out": "out_dtype", "t": "transpose_rhs", "transpose_rhs": "transpose_rhs"}
+_FLAGS = {"0": False, "1": True, "false": False, "true": True, "no": False, "yes": True}
 
 
 def parse_problem(text: str) -> PlannedProblem:
@@ -254,8 +280,8 @@ def parse_problem(text: str) -> PlannedProblem:
             dtype = value.strip()
         elif name == "op":
             op = value.strip()
-            if op not in OPS:
-                raise ConfigInvalid(f"problem {text!r}: op={op!r}; known: {', '.join(OPS)}")
+            if op not in known_ops():
+                raise ConfigInvalid(f"problem {text!r}: op={op!r}; known: {', '.join(known_ops())}")
         elif name in _PROBLEM_FIELDS:
             values[_PROBLEM_FIELDS[name]] = value.strip()
         else:
@@ -266,12 +292,18 @@ def parse_problem(text: str) -> PlannedProblem:
     if missing:
         raise ConfigInvalid(f"problem {text!r}: missing {', '.join(missing)}")
     for name in ("m", "k", "n", "g"):
-        try:
-            values[name] = int(values[name])
-        except ValueError:
-            raise ConfigInvalid(f"problem {text!r}: {name}={values[name]!r} is not an integer") from None
+        digits = values[name]
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > len(str(INT32_MAX)):
+            raise ConfigInvalid(f"problem {text!r}: {name}={digits!r} is not a positive integer")
+        values[name] = int(digits)
+    _stored_size(f"problem {text!r}", **{name: values[name] for name in ("m", "k", "n", "g")})
     if "transpose_rhs" in values:
-        values["transpose_rhs"] = values["transpose_rhs"].lower() in ("1", "true", "yes")
+        flag = values["transpose_rhs"].lower()
+        if flag not in _FLAGS:
+            raise ConfigInvalid(
+                f"problem {text!r}: t={values['transpose_rhs']!r} is not one of {', '.join(_FLAGS)}"
+            )
+        values["transpose_rhs"] = _FLAGS[flag]
     for name in ("lhs_dtype", "rhs_dtype", "out_dtype"):
         if dtype is not None:
             values.setdefault(name, dtype)

@@ -22,10 +22,18 @@ import importlib.resources
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pydantic import ValidationError
 
 from moetune.kernels.errors import ConfigInvalid
+from moetune.kernels.typed_fields import check_fields, describe
+from moetune.tuner import strategies
 from moetune.tuner.routing import parse_routings
+from moetune.tuner.yaml_files import load_yaml, read_yaml_file
+
+# Text fields (paths, URLs, routings, problem strings) are at most a path's length on Linux.
+TEXT_LENGTH = 4096
+# Where the sweep file came from is recorded in a String(1024) column (db/models.py Sweep.sweep_file).
+SWEEP_FILE_LENGTH = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,9 +70,20 @@ class SweepSpec:
     db: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("models", "problems", "token_buckets"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        try:  # every field its annotated type, strictly, numbers bounded (typed_fields)
+            check_fields(self, text_length=TEXT_LENGTH)
+        except ValidationError as e:
+            raise ConfigInvalid(describe(e, self.to_dict())) from None
         for name, value in (("budget", self.budget), ("workers", self.workers)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            if value is not None and value < 1:
                 raise ConfigInvalid(f"{name}={value!r} must be a positive integer")
+        if self.seed < 0:  # numpy's and jax's seeds are unsigned
+            raise ConfigInvalid(f"seed={self.seed} must be >= 0")
+        if self.strategy not in strategies.names():
+            raise ConfigInvalid(f"unknown strategy {self.strategy!r}; known: {', '.join(strategies.names())}")
         if self.minutes is not None and not self.minutes > 0:
             raise ConfigInvalid(f"minutes={self.minutes!r} must be positive")
         if not self.timeout_s > 0:
@@ -84,8 +103,6 @@ class SweepSpec:
         parse_routings(self.routing)  # a bad routing fails here, before anything is started or written
         if self.compile_only and self.strategy == "tpe":
             raise ConfigInvalid("a compile-only sweep has no times for tpe to learn from; use grid or random")
-        for name in ("models", "problems", "token_buckets"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -118,8 +135,8 @@ class SweepSpec:
                 raise ConfigInvalid(f"{source}: {name} must be a list")
         try:
             return cls(**data)
-        except TypeError as e:
-            raise ConfigInvalid(f"{source}: {e}") from e
+        except ConfigInvalid as e:
+            raise ConfigInvalid(f"{source}: {e}") from None
 
     def override(self, **flags: Any) -> SweepSpec:
         """A copy with every flag that was given (not None, not an empty list) replacing the file's value."""
@@ -140,16 +157,18 @@ def load_sweep_file(name_or_path: str) -> tuple[SweepSpec, str]:
     """The spec in a sweep file (a path, or the name of one in configs/sweeps/) and where it came from."""
     path = Path(name_or_path)
     if path.exists():
-        text, source = path.read_text(), str(path.resolve())
+        source = str(path.resolve())
+        data = read_yaml_file(path, "sweep file")
     else:
         entry = importlib.resources.files("moetune.configs") / "sweeps" / f"{path.stem}.yaml"
         if not entry.is_file():
             raise ConfigInvalid(
                 f"no sweep file {name_or_path!r}; shipped sweeps: {', '.join(shipped_sweep_names())}"
             )
-        text, source = entry.read_text(), f"configs/sweeps/{path.stem}.yaml"
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        raise ConfigInvalid(f"{source}: not valid YAML ({e})") from e
-    return SweepSpec.from_dict(data, source), source
+        source = f"configs/sweeps/{path.stem}.yaml"
+        data = load_yaml(entry.read_bytes(), source)
+    if len(source) > SWEEP_FILE_LENGTH:
+        raise ConfigInvalid(
+            f"sweep file path of {len(source)} characters; the database records {SWEEP_FILE_LENGTH}"
+        )
+    return SweepSpec.from_dict(data or {}, source), source

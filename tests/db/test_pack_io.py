@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.resources
 import json
+import threading
+import time
 
 import pytest
 from db_factories import GATE_UP, H200, H200_NEW_DRIVER, MI300, trial
 
-from moetune.db import open_store
-from moetune.db.errors import RecordNotFound
+from moetune.db import open_store, pack_io
+from moetune.db.errors import DatabaseError, RecordNotFound
 from moetune.kernels import packs
 from moetune.kernels.errors import PackInvalid
 
@@ -108,8 +112,11 @@ def test_export_with_no_winners_names_what_exists(sqlite_url):
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d["entries"][1]["config"].update(block_m=12), "entry 1 .* bad fake config .*block_m=12"),
-        (lambda d: d["entries"][1]["config"].update(tile_q=3), "entry 1 .*unknown"),
+        (
+            lambda d: d["entries"][1]["config"].update(block_m=12),
+            r"entries\[1\] .* bad fake config: block_m=12",
+        ),
+        (lambda d: d["entries"][1]["config"].update(tile_q=3), r"entries\[1\] .*tile_q: unknown field"),
         (lambda d: d["entries"].append(d["entries"][0]), "repeats problem"),
         (lambda d: d.update(backend="nosuchbackend"), "backend 'nosuchbackend'"),
     ],
@@ -124,3 +131,187 @@ def test_a_bad_pack_writes_nothing(db_url, fake_backend, mutate, message):
         with pytest.raises(PackInvalid, match=message):
             store.import_pack(pack)
         assert _row_counts(db_url) == before
+
+
+# --- check_pack: configs against their backend -----------------------------------------------------
+
+
+def _shipped():
+    return packs.load(importlib.resources.files("moetune.configs") / "tuned" / "nvidia_h200__mosaic_gpu.json")
+
+
+def test_the_shipped_pack_passes_every_check():
+    pack = _shipped()
+    assert pack_io.check_pack(pack, "shipped").entries == pack.entries
+
+
+def _with_first(pack, *, problem=None, **config):
+    first, *rest = pack.entries
+    entry = packs.PackEntry(problem or first.problem, {**first.config, **config}, first.median_s)
+    return dataclasses.replace(pack, entries=(entry, *rest))
+
+
+@pytest.mark.parametrize(
+    ("change", "expect"),
+    [
+        (dict(block_m=64.0), "block_m=64.0: input should be a valid integer"),
+        (dict(block_m="64"), "block_m='64': input should be a valid integer"),
+        (dict(persistent=1), "persistent=1: input should be a valid boolean"),
+        (dict(block_m=96), "block_m=96 is not one of 64, 128, 192, 256"),
+        (dict(tile_q=1), "tile_q: unknown field"),
+        # K=4096 is no multiple of block_k * split_k = 128 * 64: the kernel cannot run it.
+        (dict(block_k=128, split_k=64), "k_divisible: K=4096 is not a multiple of block_k * split_k"),
+    ],
+)
+def test_a_config_is_checked_against_its_backend(change, expect):
+    pack = _with_first(_shipped(), **change)
+    with pytest.raises(PackInvalid, match=r"shipped: entries\[0\] \(grouped_matmul/") as caught:
+        pack_io.check_pack(pack, "shipped")
+    assert expect in str(caught.value)
+
+
+def test_a_problem_the_backend_declines_is_refused():
+    first = _shipped().entries[0]
+    problem = dataclasses.replace(first.problem, lhs_dtype="float32", rhs_dtype="float32")
+    with pytest.raises(PackInvalid, match="cannot run this config: mosaic_gpu needs bfloat16 or float16"):
+        pack_io.check_pack(_with_first(_shipped(), problem=problem), "shipped")
+
+
+def test_pruning_only_constraints_do_not_refuse_a_config():
+    """pad_lhs on a problem taller than the CTA tile changes nothing: the search never times it, but it
+    runs."""
+    from moetune.search_spaces import mosaic_gpu
+
+    shipped = _shipped()
+    tallest = max(shipped.entries, key=lambda e: e.problem.m)
+    entry = packs.PackEntry(tallest.problem, {**tallest.config, "pad_lhs": True}, tallest.median_s)
+    pack = dataclasses.replace(shipped, entries=(entry,))
+    config = mosaic_gpu.MosaicGpuConfig.from_dict(entry.config)
+    assert mosaic_gpu.pad_lhs_only_small_m(entry.problem, config, pack.device) is not None
+    assert pack_io.check_pack(pack, "shipped").entries[0].config == config.to_dict()
+
+
+def test_a_config_missing_fields_takes_the_defaults(sqlite_url, fake_backend):
+    with open_store(sqlite_url) as store:
+        _tuned(store)
+        pack = store.export_pack(device_kind="NVIDIA H200", backend="fake")
+    first, *rest = pack.entries
+    short = dataclasses.replace(pack, entries=(packs.PackEntry(first.problem, {"block_m": 16}, 1e-3), *rest))
+    assert pack_io.check_pack(short).entries[0].config == {"block_m": 16, "block_n": 128}
+
+
+def test_a_pack_built_in_python_gets_the_file_checks(fake_backend):
+    device = dataclasses.replace(H200, device_kind="x" * 200)
+    pack = packs.Pack(device, "fake", "src1", (packs.PackEntry(GATE_UP, {"block_m": 8}, 1e-3),))
+    with pytest.raises(PackInvalid, match="device.device_kind=.*at most 128 characters"):
+        pack_io.check_pack(pack)
+
+
+# --- chunked import: other writers get the lock between chunks -------------------------------------
+
+
+def _big_pack(entries: int) -> packs.Pack:
+    return packs.Pack(
+        H200,
+        "fake",
+        "src1",
+        tuple(
+            packs.PackEntry(GATE_UP.with_m(m), {"block_m": 8, "block_n": 128}, 1e-3)
+            for m in range(1, entries + 1)
+        ),
+    )
+
+
+def test_a_large_import_commits_chunk_by_chunk(sqlite_url, fake_backend, monkeypatch):
+    monkeypatch.setattr(pack_io, "IMPORT_CHUNK_ENTRIES", 7)
+    transactions = []
+    with open_store(sqlite_url) as store:
+        original = store._run
+
+        def counting(fn, *, write):
+            transactions.append(write)
+            return original(fn, write=write)
+
+        monkeypatch.setattr(store, "_run", counting)
+        assert store.import_pack(_big_pack(30), source="big.json") == 30
+        monkeypatch.undo()
+        assert transactions == [True] * 5  # ceil(30 / 7)
+        (sweep,) = {t.sweep_id for t in store.trials(limit=None)}
+        assert store.get_sweep(sweep).status == "done"
+        assert len(store.winners()) == 30
+
+
+def test_an_import_failing_part_way_marks_its_sweep_failed(sqlite_url, fake_backend, monkeypatch):
+    monkeypatch.setattr(pack_io, "IMPORT_CHUNK_ENTRIES", 10)
+    real_promote = pack_io.winners.promote
+    calls = []
+
+    def promote(session, trial_id, reason):
+        calls.append(trial_id)
+        if len(calls) == 15:
+            raise DatabaseError("disk full")
+        return real_promote(session, trial_id, reason)
+
+    monkeypatch.setattr(pack_io.winners, "promote", promote)
+    with open_store(sqlite_url) as store:
+        with pytest.raises(DatabaseError, match="disk full"):
+            store.import_pack(_big_pack(30), source="big.json")
+        monkeypatch.undo()
+        assert len(store.winners()) == 10  # the first chunk is in, the second rolled back
+        (sweep,) = {t.sweep_id for t in store.trials(limit=None)}
+        assert store.get_sweep(sweep).status == "failed"
+        assert store.import_pack(_big_pack(30), source="big.json") == 20  # again: finishes it
+
+
+def test_a_concurrent_writer_gets_through_while_a_large_import_runs(db_url, fake_backend, monkeypatch):
+    """A sweep recording a trial beside a large import waits for one chunk, not for the whole pack."""
+    monkeypatch.setattr(pack_io, "IMPORT_CHUNK_ENTRIES", 40)
+    pack = _big_pack(600)  # 15 chunks
+    with open_store(db_url) as store:
+        store.ensure_device(H200)  # the migration and the device row, before the race
+    finished: dict[str, float] = {}
+
+    def run_import():
+        with open_store(db_url) as importer:
+            importer.import_pack(pack, source="big.json")
+        finished["import"] = time.monotonic()
+
+    thread = threading.Thread(target=run_import)
+    thread.start()
+    try:
+        with open_store(db_url) as sweep:
+            deadline = time.monotonic() + 120
+            # Start writing once the import has committed something (a single transaction commits last).
+            while not sweep.trials(limit=1) and thread.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            sweep.record_trial(trial(problem=GATE_UP.with_m(10**6), worker="sweep"))
+            finished["writer"] = time.monotonic()
+    finally:
+        thread.join(timeout=300)
+    assert not thread.is_alive()
+    assert finished["writer"] < finished["import"], "the writer waited for the whole import"
+    with open_store(db_url) as store:
+        assert len(store.winners()) == 600 and store.trials(limit=None)[0].worker in ("sweep", "pack-import")
+
+
+@pytest.mark.parametrize(
+    ("chunk_m", "expect"),
+    [
+        (8 * 10**30, "chunk_m=8000000000000000000000000000000: 8000000000000000000000000000000 does not fit"),
+        (8e30, "chunk_m=8e+30: input should be a valid integer"),
+    ],
+)
+def test_an_xla_chunk_that_would_break_every_trace_is_refused(chunk_m, expect, tmp_path):
+    """chunk_m=8e30 once imported, and then every jax.jit of a call of that shape failed."""
+    cpu = dataclasses.replace(H200, device_kind="cpu", platform="cpu", compute_capability="x86_64")
+    good = packs.Pack(
+        cpu, "xla", "src1", (packs.PackEntry(GATE_UP, {"strategy": "chunked", "chunk_m": 64}, 1e-3),)
+    )
+    assert pack_io.check_pack(good).entries[0].config["chunk_m"] == 64
+    data = json.loads(good.dumps())
+    data["entries"][0]["config"]["chunk_m"] = chunk_m
+    path = tmp_path / "xla.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PackInvalid, match="entries") as caught:
+        pack_io.check_pack(packs.load(path), str(path))
+    assert expect in str(caught.value)

@@ -49,6 +49,20 @@ def test_import_and_a_call_without_a_database_load_no_heavy_package(tmp_path):
     assert "after a call: []" in output
 
 
+def test_packs_load_with_jax_and_pydantic_alone(tmp_path):
+    output = run_python(
+        f"""
+        import importlib.resources, sys
+        from moetune.kernels import pack_schema, packs
+        shipped = importlib.resources.files("moetune.configs") / "tuned" / "nvidia_h200__mosaic_gpu.json"
+        assert packs.load(shipped).entries and pack_schema.json_schema()
+        print("loaded:", sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r})))
+        """,
+        tmp_path,
+    )
+    assert "loaded: []" in output
+
+
 def test_shard_map_keys_on_per_shard_shapes_for_every_strategy(tmp_path):
     output = run_python(
         """

@@ -536,13 +536,13 @@ def _valid_pack(url: str, tmp_path) -> dict:
         (lambda d: "{ this is not json", "cannot read pack"),
         (lambda d: json.dumps({"hello": "world"}), "not a moetune config pack"),
         (lambda d: json.dumps(d | {"schema_version": 99}), "schema_version=99"),
-        (lambda d: json.dumps(d | {"device": {"device_kind": "x"}}), "bad device fingerprint"),
+        (lambda d: json.dumps(d | {"device": {"device_kind": "x"}}), "device.platform: missing field"),
         (lambda d: json.dumps(d | {"backend": "nosuchbackend"}), "backend 'nosuchbackend'"),
         (
             lambda d: json.dumps(
                 d | {"entries": [d["entries"][0], {**d["entries"][1], "config": {"block_m": 7}}]}
             ),
-            "entry 1",
+            "entries[1]",
         ),
     ],
 )

@@ -130,7 +130,7 @@ def test_parse_problem():
     "text, message",
     [
         ("m=1,k=2,n=3", "missing g"),
-        ("m=x,k=2,n=3,g=1", "m='x' is not an integer"),
+        ("m=x,k=2,n=3,g=1", "m='x' is not a positive integer"),
         ("m=1,k=2,n=3,g=1,z=4", "unknown field 'z'"),
         ("m=1,k=2,n=3,g=1,dtype=int8", "dtype='int8'"),
         ("m=1,k", "is not name=value"),

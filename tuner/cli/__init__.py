@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import typer
 
+from moetune.tuner.cli.usage import OneLineErrors
+
 app = typer.Typer(
     name="moetune",
     help="Autotune MoE grouped-GEMM kernels per GPU model and serve the winners to JAX.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=OneLineErrors,  # a bad command line is one line, `error: ...`, exit 2
 )
 
 
@@ -21,6 +24,7 @@ def _load_commands() -> None:
         doctor,
         explain,
         export_optuna,
+        pack_schema,
         report,
         sweeps,
         tune,

@@ -11,7 +11,7 @@ import typer
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
 from moetune.tuner.cli.bench_model import bench_model_command
-from moetune.tuner.cli.common import console, fail, json_text
+from moetune.tuner.cli.common import check_output_file, check_range, console, fail, json_text
 
 bench_app = typer.Typer(
     help="Benchmarks: the tuner's throughput, a MoE model end to end.", no_args_is_help=True
@@ -52,6 +52,7 @@ def bench_tuner(
     out: Annotated[Path | None, typer.Option("--out", help="Also write the result as JSON here.")] = None,
 ) -> None:
     """Variants per minute (compiled + verified + timed): a Ray sweep vs the same candidates in-process."""
+    from moetune.kernels import registry
     from moetune.tuner.spec import SweepSpec
     from moetune.tuner.sweep_setup import model_problems
     from moetune.tuner.throughput import measure
@@ -60,6 +61,9 @@ def bench_tuner(
         token_buckets = tuple(int(b) for b in buckets.split(",") if b.strip()) if buckets else ()
     except ValueError:
         fail(f"--buckets {buckets!r} is not a comma-separated list of token counts")
+    check_range("--sequential-budget", sequential_budget)
+    if out is not None:
+        check_output_file("--out", out)
     try:
         spec = SweepSpec(
             backend=backend,
@@ -71,6 +75,8 @@ def bench_tuner(
             timeout_s=timeout_s,
             routing=routing,
         )
+        if backend != "auto":
+            registry.get(backend)  # UnknownBackend names the registered ones, before Ray starts
         result = measure(
             spec, model_problems(spec), sequential_budget=sequential_budget, sequential=not no_sequential
         )

@@ -17,7 +17,7 @@ from moetune.kernels.errors import MoetuneError
 from moetune.kernels.moe.pallas_mode import Mode
 from moetune.models.config import MODELS
 from moetune.models.kernel_choices import DEFAULT_CHOICES, HELP, KernelChoices, Residual
-from moetune.tuner.cli.common import console, fail, json_text
+from moetune.tuner.cli.common import check_output_file, console, fail, json_text
 
 
 def bench_model(
@@ -109,6 +109,8 @@ def bench_model_command(
     interpret (the kernel in Pallas's interpreter)."""
     path_list = [p.strip() for p in paths.split(",") if p.strip()]
     tokens = _ints(moe_tokens, "--moe-tokens")
+    if out is not None:
+        check_output_file("--out", out)
     try:
         choices = KernelChoices.parse(
             routing=routing,

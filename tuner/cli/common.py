@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from moetune.db import DatabaseError, urls
 
@@ -20,7 +23,7 @@ EXIT_BAD_INPUT = 2
 
 def fail(message: str) -> NoReturn:
     """Print one line on stderr and exit 2: the convention for every bad input."""
-    err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    err_console.print(f"error: {printable(message)}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
@@ -46,6 +49,40 @@ DbOption = Annotated[
 ]
 
 
+def check_range(option: str, value: int | None, low: int = 1) -> None:
+    """An integer option stays within [low, the largest 32-bit int]: problem dimensions and row ids are
+    32-bit Integer columns on PostgreSQL."""
+    from moetune.kernels.typed_fields import INT32_MAX
+
+    if value is not None and not low <= value <= INT32_MAX:
+        fail(f"{option} {value} is not in [{low}, {INT32_MAX}]")
+
+
+def check_output_file(option: str, path: Path) -> None:
+    """Fail before any work unless `path` can be written as a file: its folder exists and is writable,
+    and `path` is not a folder itself."""
+    folder = path.parent
+    if path.is_dir():
+        fail(f"{option} {path} is a directory")
+    if not folder.is_dir():
+        fail(f"{option} {path}: the directory {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        fail(f"{option} {path}: the directory {folder} is not writable")
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on (newlines, escape sequences, other controls)
+    written as its Python escape: text from a pack or a file can neither split a line nor restyle it."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def cell(value: Any) -> Text:
+    """A table cell that shows `value` as it is: rich would read "[red]" in a plain string as markup."""
+    return Text(printable(_cell(value)))
+
+
 def emit(rows: list[dict[str, Any]], *, as_json: bool, title: str | None = None) -> None:
     """Print rows as a rich table, or as a JSON list on stdout for scripts."""
     if as_json:
@@ -54,11 +91,11 @@ def emit(rows: list[dict[str, Any]], *, as_json: bool, title: str | None = None)
     if not rows:
         console.print("(no rows)")
         return
-    table = Table(title=title)
+    table = Table(title=None if title is None else cell(title))
     for column in rows[0]:
-        table.add_column(str(column))
+        table.add_column(cell(column))
     for row in rows:
-        table.add_row(*(_cell(v) for v in row.values()))
+        table.add_row(*(cell(v) for v in row.values()))
     console.print(table)
 
 

@@ -21,7 +21,16 @@ import typer
 
 from moetune.kernels.errors import MoetuneError, PackInvalid
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import DbOption, console, emit, err_console, fail
+from moetune.tuner.cli.common import (
+    DbOption,
+    check_output_file,
+    check_range,
+    console,
+    emit,
+    err_console,
+    fail,
+    printable,
+)
 
 if TYPE_CHECKING:
     from moetune.db import Store
@@ -59,12 +68,12 @@ def opened_store(db: str | None, *, check_schema: bool = True, read_only: bool =
 
 def say(message: str) -> None:
     """One plain line on stdout (no rich markup: URLs and configs may hold brackets)."""
-    console.print(message, markup=False, highlight=False, soft_wrap=True)
+    console.print(printable(message), markup=False, highlight=False, soft_wrap=True)
 
 
 def warn(message: str) -> None:
     """One plain line on stderr; the command goes on."""
-    err_console.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True)
+    err_console.print(f"warning: {printable(message)}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _check_known(name: str, value: str | None, known: list[str], where: str = "the database") -> None:
@@ -81,6 +90,7 @@ def db_upgrade(
     revision: Annotated[str, typer.Option("--revision", help="Target revision.")] = "head",
 ) -> None:
     """Migrate the database schema to the newest revision (creates a new database)."""
+    _check_revision(revision, "head")
     with opened_store(db, check_schema=False) as store:
         before = store.schema_state()
         store.upgrade(revision)
@@ -122,10 +132,21 @@ def db_downgrade(
     """Migrate the database schema back to an older revision (drops data of later revisions)."""
     if not yes:
         fail(f"downgrading to {revision} drops the tables of later revisions with their data; add --yes")
+    _check_revision(revision, "base")
     with opened_store(db, check_schema=False) as store:
+        if store.schema_state().status in ("missing", "empty"):  # nothing to downgrade; create nothing
+            fail(f"{store.url} holds no moetune tables to downgrade")
         store.downgrade(revision)
         after = store.revision()
     say(f"{store.url}: schema revision now {after or '(none)'}")
+
+
+def _check_revision(revision: str, alias: str) -> None:
+    from moetune.db.schema import known_revisions
+
+    known = known_revisions()
+    if revision != alias and revision not in known:
+        fail(f"no schema revision {revision!r}; known: {alias}, {', '.join(sorted(known))}")
 
 
 # --- queries --------------------------------------------------------------------------------------
@@ -213,8 +234,8 @@ def trials_command(
 
     if status is not None and status not in TRIAL_STATUSES:
         fail(f"--status {status!r} is not one of {', '.join(TRIAL_STATUSES)}")
-    if limit < 0:
-        fail(f"--limit {limit} must be 0 (all) or more")
+    check_range("--limit", limit, low=0)
+    check_range("--sweep", sweep)
     with opened_store(db, read_only=True) as store:
         # RecordNotFound names the id; its status (dead: its process stopped) goes into the title.
         sweep_row = store.get_sweep(sweep) if sweep is not None else None
@@ -396,6 +417,8 @@ def best(
     config packs', each with where it came from and whether it is fresh on this machine."""
     from moetune.kernels.lookup import db_winner
 
+    for option, value in (("--m", m), ("--k", k), ("--n", n), ("--g", g)):
+        check_range(option, value)
     shipped = _pack_winners() if with_packs else []
     where = "the database or the config packs" if with_packs else "the database"
     with opened_store(db, read_only=True) as store:
@@ -432,6 +455,7 @@ def misses_command(
     """Show dispatch lookups that found no winner, most frequent first (what to tune next)."""
     with opened_store(db, read_only=True) as store:
         _check_known("gpu", gpu, store.device_kinds())
+        _check_known("backend", backend, store.backends())
         rows = store.misses(device_kind=gpu, backend=backend)
     emit(
         [
@@ -464,6 +488,7 @@ def export(
     from moetune.kernels import packs
 
     target = output or Path(packs.file_name(gpu, backend))
+    check_output_file("--output", target)
     with opened_store(db, read_only=True) as store:
         pack = store.export_pack(device_kind=gpu, backend=backend)
         total = len(store.winners(device_kind=gpu, backend=backend))

@@ -8,7 +8,7 @@ import typer
 
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import checked_db, fail, json_text
+from moetune.tuner.cli.common import check_range, checked_db, fail, json_text
 
 
 @app.command()
@@ -31,11 +31,15 @@ def explain(
 ) -> None:
     """Say which backend and config `moetune.kernels.grouped_matmul` picks for a shape, and why."""
     from moetune.db import open_store
-    from moetune.kernels import api
+    from moetune.kernels import api, registry
     from moetune.kernels.lookup import LOOKUP
     from moetune.kernels.problem import Problem
 
+    for option, value in (("--m", m), ("--k", k), ("--n", n), ("--g", g)):
+        check_range(option, value)
     try:
+        if backend is not None:
+            registry.get(backend)  # UnknownBackend names the registered ones, before any database opens
         problem = Problem(
             op=api.OP,
             m=m,

@@ -9,7 +9,7 @@ import typer
 
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import DbOption, console, fail
+from moetune.tuner.cli.common import DbOption, check_output_file, check_range, console, fail
 
 
 @app.command()
@@ -25,7 +25,9 @@ def report(
     from moetune.db import open_store
     from moetune.tuner.report import render
 
+    check_range("sweep", sweep)
     path = out or Path(f"moetune-sweep-{sweep}.html")
+    check_output_file("--out", path)
     try:
         with open_store(db, read_only=True) as store:
             html = render(store, sweep)

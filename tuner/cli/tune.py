@@ -20,7 +20,7 @@ from rich.console import Console
 
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import DbOption, console, err_console, fail, json_text
+from moetune.tuner.cli.common import DbOption, cell, console, err_console, fail, json_text
 
 # Flags that may change when a sweep resumes: where it runs, not what it measures.
 RESUMABLE = {"db", "ray_address", "workers", "minutes"}
@@ -32,9 +32,12 @@ def _buckets(text: str | None) -> tuple[int, ...]:
     if not text:
         return ()
     try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
+        buckets = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         fail(f"--buckets {text!r} is not a comma-separated list of token counts")
+    if not buckets or min(buckets) < 1:
+        fail(f"--buckets {text!r}: token counts are positive integers")
+    return buckets
 
 
 def _hf_models(path: Path | None, tp: int, ep: int) -> tuple[str, ...]:
@@ -146,7 +149,6 @@ def tune(
     Exit codes: 0 done; 2 bad input or refused (the sweep runs elsewhere; the device is busy: --force);
     3 incomplete (re-timing failed twice: --resume); 4 stopped (the database failed, or the sweep was
     taken over); 130 interrupted."""
-    from moetune.db import open_store
     from moetune.tuner.spec import SweepSpec, load_sweep_file
 
     flags: dict[str, Any] = dict(
@@ -176,7 +178,9 @@ def tune(
             changed = sorted(k for k, v in flags.items() if v not in (None, (), []) and k not in RESUMABLE)
             if changed or sweep:
                 fail(f"--resume keeps the sweep's own settings; drop {', '.join(changed or ['--sweep'])}")
-            with open_store(db) as store:
+            if resume < 1:
+                fail(f"--resume {resume}: sweep ids start at 1")
+            with _store_holding_sweeps(db, resume) as store:
                 from moetune.tuner.sweep_setup import load_sweep
 
                 spec, planned = load_sweep(store, resume)
@@ -194,6 +198,7 @@ def tune(
             return
         spec, sweep_file = load_sweep_file(sweep) if sweep else (SweepSpec(), None)
         spec = spec.override(**flags)
+        _check_before_opening(spec)
         _run(
             spec,
             None,
@@ -239,6 +244,39 @@ def _leased(store, resume_id: int | None, owner) -> Iterator[_Lease]:
         if not lease.started:
             with contextlib.suppress(MoetuneError):  # the database may be what failed
                 store.release_sweep(resume_id, owner)
+
+
+def _check_before_opening(spec) -> None:
+    """What needs neither the workers' device nor the database, checked before either is touched, so
+    that a bad argument opens no store, creates no file and starts no Ray cluster."""
+    from moetune.kernels import registry
+    from moetune.kernels.errors import ConfigInvalid
+    from moetune.tuner import sweep_setup
+
+    if spec.backend != "auto":
+        registry.get(spec.backend)  # UnknownBackend names the registered ones
+    if spec.compile_only:
+        sweep_setup.resolve_target(spec, None)  # a compile-only target needs no device
+    if not sweep_setup.model_problems(spec) and not (spec.misses or spec.stale):  # loads every model file
+        raise ConfigInvalid(
+            "nothing to tune: give --model, --problem, --misses or --stale (or a sweep file that names them)"
+        )
+
+
+def _store_holding_sweeps(db: str | None, sweep_id: int):
+    """The store to resume a sweep from; a database that does not exist yet, or holds no tables, is
+    refused without being created or migrated."""
+    from moetune.db import Store, open_store
+    from moetune.db.errors import RecordNotFound
+
+    probe = Store(db)
+    try:
+        state = probe.schema_state()  # creates nothing
+    finally:
+        probe.close()
+    if state.status in ("missing", "empty"):
+        raise RecordNotFound(f"no sweep with id {sweep_id}: database {state.url} holds no sweeps")
+    return open_store(db)
 
 
 def _run(
@@ -355,11 +393,13 @@ def _dry_run(spec, planned, store, as_json: bool) -> None:
         return
     from rich.table import Table
 
-    table = Table(title=f"plan: backend {backend.name} on {device.device_kind}, strategy {spec.strategy}")
+    table = Table(
+        title=cell(f"plan: backend {backend.name} on {device.device_kind}, strategy {spec.strategy}")
+    )
     for column in ("problem", "valid", "pruned", "done before", "to run", "note"):
         table.add_column(column)
-    for r in plan.rows:
-        table.add_row(r.label, str(r.valid), str(r.pruned), str(r.done), str(r.to_run), r.skipped)
+    for r in plan.rows:  # labels come from model files: cells, never markup
+        table.add_row(*map(cell, (r.label, r.valid, r.pruned, r.done, r.to_run, r.skipped)))
     out = table_console()
     out.print(table)
     basis = "from earlier trials" if plan.measured else "a guess: no earlier trials"
@@ -396,11 +436,11 @@ def _print_outcome(outcome, as_json: bool) -> None:
             "vs_xla": "vs xla",
             "winner_config": "winner config",
         }
-    table = Table(title=title)
+    table = Table(title=cell(title))
     for header in columns.values():
         table.add_column(header)
-    for row in rows:
-        table.add_row(*(str(row[key]) for key in columns))
+    for row in rows:  # labels come from model files: cells, never markup
+        table.add_row(*(cell(row[key]) for key in columns))
     out = table_console()
     out.print(table)
     out.print(
