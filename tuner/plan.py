@@ -6,10 +6,10 @@ grouped GEMMs, because a gated expert multiplies twice:
     gate_up: M = T * top_k, K = hidden, N = 2 * ffn     (gate and up projections in one GEMM)
     down:    M = T * top_k, K = ffn,    N = hidden
 
-They are the Problems `moetune.kernels.moe_mlp` dispatches, so the winners are the ones it looks up: for
-a SwiGLU model (`activation: swiglu`, the default) gate_up is "grouped_matmul_swiglu", the GEMM with
-silu(gate) * up in its epilogue, on every backend that serves that op (`for_backend` turns it back into
-the plain GEMM where the backend does not, as moe_mlp does); any other activation runs unfused.
+They are the Problems `moetune.kernels.moe_mlp` dispatches, so the winners are the ones it looks up:
+gate_up is the op whose epilogue is the model's activation ("grouped_matmul_swiglu" for `activation:
+swiglu`, the default: the GEMM with silu(gate) * up in its epilogue) on every backend that serves that
+op (`for_backend` turns it back into the plain GEMM where the backend does not, as moe_mlp does).
 
 Example: Mixtral-8x7B at T=4096 -> gate_up m=8192,k=4096,n=28672,g=8 and down m=8192,k=14336,n=4096,g=8.
 Any MoE model works from its YAML alone; nothing here knows a model by name.
@@ -24,14 +24,12 @@ from typing import Any
 
 import yaml
 
+from moetune.kernels import ops
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.moe.reference import GATES
-from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name
+from moetune.kernels.problem import GROUPED_MATMUL, Problem, dtype_name
 
 OP = GROUPED_MATMUL
-# The gate_up op moe_mlp dispatches for each activation; the others run the plain GEMM, then the activation.
-FUSED_GATE_UP = {"swiglu": GROUPED_MATMUL_SWIGLU}
-OPS = (GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU)
 # Decode (1 token) to long prefill chunks (16384 tokens).
 DEFAULT_TOKEN_BUCKETS = tuple(2**i for i in range(15))
 
@@ -116,7 +114,9 @@ class ModelShapes:
         planned = []
         for tokens in self.token_buckets:
             m = tokens * self.top_k
-            gate_up_op = FUSED_GATE_UP.get(self.activation, OP)
+            # The gate_up op moe_mlp dispatches: the one fusing the activation, else the plain GEMM.
+            fused = ops.fusing(self.activation)
+            gate_up_op = OP if fused is None else fused.name
             for part, op, k, n in (
                 ("gate_up", gate_up_op, self.hidden, 2 * self.ffn),
                 ("down", OP, self.ffn, self.hidden),
@@ -177,7 +177,7 @@ _PROBLEM_FIELDS |= {"out": "out_dtype", "t": "transpose_rhs", "transpose_rhs": "
 
 def parse_problem(text: str) -> PlannedProblem:
     """'m=8192,k=4096,n=28672,g=8,dtype=bf16' -> a Problem; dtype sets lhs, rhs and out (each overridable);
-    `op=grouped_matmul_swiglu` names the fused gate_up op (default: the plain grouped_matmul)."""
+    `op=grouped_matmul_swiglu` names another registered op (default: the plain grouped_matmul)."""
     values: dict[str, Any] = {}
     dtype = None
     op = OP
@@ -190,8 +190,8 @@ def parse_problem(text: str) -> PlannedProblem:
             dtype = value.strip()
         elif name == "op":
             op = value.strip()
-            if op not in OPS:
-                raise ConfigInvalid(f"problem {text!r}: op={op!r}; known: {', '.join(OPS)}")
+            if op not in ops.names():
+                raise ConfigInvalid(f"problem {text!r}: op={op!r}; known: {', '.join(ops.names())}")
         elif name in _PROBLEM_FIELDS:
             values[_PROBLEM_FIELDS[name]] = value.strip()
         else:
@@ -220,7 +220,7 @@ def for_backend(planned: PlannedProblem, backend: Any) -> PlannedProblem:
     """The problem as moe_mlp dispatches it on `backend`: a fused gate_up op the backend does not serve
     becomes the plain GEMM of the same shape (the activation then runs in XLA)."""
     problem = planned.problem
-    if problem.op == OP:
+    if not problem.spec.epilogue:  # nothing fused, nothing to unfuse
         return planned
     try:
         backend.check(problem)
