@@ -1,7 +1,8 @@
 """Config packs in and out of the database (the file format itself is moetune.kernels.packs).
 
-Import validates the whole pack first (`check_pack`: the backend exists here and every config is valid
-for it), then writes everything in one transaction, so a bad pack writes nothing at all.
+Import validates the whole pack first (`check_pack`: every entry is one dispatch would trust, the
+backend exists here and every config is valid for it), then writes everything in one transaction, so a
+bad pack writes nothing at all.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from moetune.db import trials, winners
 from moetune.db.errors import RecordNotFound
 from moetune.db.models import Device, Kernel, Winner
 from moetune.db.records import TrialRecord, canonical_config
-from moetune.kernels import registry
-from moetune.kernels.errors import ConfigInvalid, PackInvalid, UnknownBackend
+from moetune.kernels.errors import PackInvalid
+from moetune.kernels.lookup import trusted_pack_entries
 from moetune.kernels.packs import Pack, PackEntry
 
 
@@ -57,24 +58,12 @@ def export_pack(session: Session, *, device_kind: str, backend: str) -> Pack:
 
 
 def check_pack(pack: Pack, source: str = "<pack>") -> Pack:
-    """The pack with every config normalised by its backend's Config; PackInvalid names the first fault."""
-    try:
-        config_cls = registry.get(pack.backend).config_cls
-    except UnknownBackend as e:
-        raise PackInvalid(f"{source}: pack is for backend {pack.backend!r}, not usable here ({e})") from e
-    seen: set[str] = set()
-    entries = []
-    for i, entry in enumerate(pack.entries):
-        key = entry.problem.key
-        if key in seen:
-            raise PackInvalid(f"{source}: entry {i} repeats problem {key}")
-        seen.add(key)
-        try:
-            config = config_cls.from_dict(entry.config)
-        except (ConfigInvalid, TypeError) as e:
-            raise PackInvalid(f"{source}: entry {i} ({key}) has a bad {pack.backend} config ({e})") from e
-        entries.append(PackEntry(entry.problem, config.to_dict(), entry.median_s))
-    return Pack(pack.device, pack.backend, pack.kernel_source_hash, tuple(entries), pack.created)
+    """The pack with every config normalised by its backend's Config; PackInvalid names the first entry
+    that dispatch would not trust (kernels.lookup.trusted_pack_entries, the one policy for both)."""
+    trusted, rejected = trusted_pack_entries(pack)
+    if rejected:
+        raise PackInvalid(f"{source}: {rejected[0]}")
+    return Pack(pack.device, pack.backend, pack.kernel_source_hash, tuple(trusted), pack.created)
 
 
 def import_pack(session: Session, pack: Pack, *, source: str, host: str, user: str) -> int:

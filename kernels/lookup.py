@@ -41,7 +41,7 @@ from moetune.kernels import packs, registry
 from moetune.kernels.backend import Backend
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint
-from moetune.kernels.errors import ConfigInvalid, PackInvalid
+from moetune.kernels.errors import ConfigInvalid, PackInvalid, UnknownBackend
 from moetune.kernels.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -407,7 +407,14 @@ class WinnerLookup:
                 f"{pack.device.device_kind!r}, not {backend} for {device.device_kind!r}",
             )
             return []
-        return pack_winners(pack)
+        trusted, rejected = trusted_pack_entries(pack)
+        for reason in rejected:
+            self.warn_once(
+                "bad-pack-entry",
+                f"{resource}:{reason}",
+                f"moetune: in config pack {resource}, ignoring {reason}",
+            )
+        return _winners_of(pack, trusted)
 
 
 def _packs_folder(folder: Any) -> Traversable:
@@ -422,7 +429,38 @@ def read_pack(resource: Traversable) -> packs.Pack:
         return packs.load(path)
 
 
+def trusted_pack_entries(pack: packs.Pack) -> tuple[list[packs.PackEntry], list[str]]:
+    """Which entries of a pack may be used, the one policy that dispatch and `moetune import` (which
+    refuses a pack with any untrusted entry) apply: (the trusted entries, each config normalised by its
+    backend's Config; why each other one is not). Untrusted: every entry when the pack's backend is not
+    registered here, an entry whose config its backend's Config rejects, and a repeat of a problem an
+    earlier entry holds."""
+    try:
+        config_cls = registry.get(pack.backend).config_cls
+    except UnknownBackend as e:
+        return [], [f"pack is for backend {pack.backend!r}, not usable here ({e})"]
+    trusted, rejected, seen = [], [], set()
+    for i, entry in enumerate(pack.entries):
+        key = entry.problem.key
+        if key in seen:
+            rejected.append(f"entry {i} repeats problem {key}")
+            continue
+        seen.add(key)
+        try:
+            config = config_cls.from_dict(entry.config)
+        except (ConfigInvalid, TypeError) as e:
+            rejected.append(f"entry {i} ({key}) has a bad {pack.backend} config ({e})")
+            continue
+        trusted.append(packs.PackEntry(entry.problem, config.to_dict(), entry.median_s))
+    return trusted, rejected
+
+
 def pack_winners(pack: packs.Pack) -> list[Winner]:
+    """The winners of the pack's trusted entries (`trusted_pack_entries`)."""
+    return _winners_of(pack, trusted_pack_entries(pack)[0])
+
+
+def _winners_of(pack: packs.Pack, entries: Iterable[packs.PackEntry]) -> list[Winner]:
     return [
         Winner(
             backend=pack.backend,
@@ -433,7 +471,7 @@ def pack_winners(pack: packs.Pack) -> list[Winner]:
             source_hash=pack.kernel_source_hash,
             median_s=entry.median_s,
         )
-        for entry in pack.entries
+        for entry in entries
     ]
 
 

@@ -16,10 +16,10 @@ from typing import Any
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.problem import Problem
 from moetune.tuner import svg
+from moetune.tuner.durations import ms
 from moetune.tuner.tasks import OK, canonical
-from moetune.tuner.warm_start import baseline_config
+from moetune.tuner.warm_start import BASELINE_BACKEND, baseline_config
 
-BASELINE_BACKEND = "xla"
 MAX_BARS = 30
 COLOURS = {"winner": "#59a14f", "heuristic": "#f28e2b", "baseline": "#b07aa1", "other": "#4e79a7"}
 
@@ -103,10 +103,6 @@ def collect(store: Any, sweep_id: int) -> tuple[Any, list[_ProblemData], list[An
     return sweep, ordered, trials
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.4g}"
-
-
 def _ratio(slow: float | None, fast: float | None) -> str:
     return f"{slow / fast:.2f}x" if slow and fast else "-"
 
@@ -130,9 +126,9 @@ def _summary(problems: list[_ProblemData]) -> str:
             [
                 d.label,
                 f"{len(d.trials) - failed} ok, {failed} failed",
-                _ms(d.best_s),
-                _ms(heuristic_s),
-                _ms(d.baseline_s),
+                ms(d.best_s),
+                ms(heuristic_s),
+                ms(d.baseline_s),
                 _ratio(heuristic_s, d.best_s),
                 _ratio(d.baseline_s, d.best_s),
                 _config(d.winner.config if d.winner else None),
