@@ -16,11 +16,13 @@ transpose_rhs). Its spec gives, as functions of the Problem:
     a grouped GEMM with the other rhs layout; drhs: the weight gradient out[g] = lhs[rows of g]^T @
     dout[rows of g], [G, K, N], whose contracting dimension is the ragged one).
 
-Example of what the fields can say without any tuner change: the weight-gradient op has operands lhs
-[m, k], dout [m, n] and the group sizes, out_shape (g, k, n), its own `dims_of` (n comes from dout) and
-a reference through jax.lax.ragged_dot_general with the ragged contracting dimension; an FP8 op with
+What the fields can say of the planned ops (tests/kernels/test_ops.py builds both): an FP8 op with
 per-row x per-column scales adds Operand("lhs_scale", (m,), float32, kind="scale", scales="lhs",
-layout="row") and its "column" twin for rhs (tests/kernels/test_ops.py builds both).
+layout="row") and its "column" twin for rhs; the weight-gradient op has operands lhs [m, k], dout [m, n]
+and the group sizes, out_shape (g, k, n), its own `dims_of` (n comes from dout) and a reference through
+jax.lax.ragged_dot_general with the ragged contracting dimension. Left for when they are built: the
+tuner draws only the lhs and rhs operands today (scales need a draw of their own), and its verification
+samples output rows as lhs rows (tuner/input_cache.reference_rows), which a [g, k, n] output is not.
 """
 
 from __future__ import annotations

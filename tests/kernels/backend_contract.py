@@ -130,7 +130,7 @@ class BackendContract:
             pytest.skip(f"{case.op} has no VJP yet (OpSpec.vjp is None)")
         raise AssertionError(f"{case.op} declares a VJP: extend the contract to check it")
 
-    # -- helpers --------------------------------------------------------------------------------------
+    # -- running a case -------------------------------------------------------------------------------
 
     def _runnable_configs(self, problem: Problem) -> list[KernelConfig]:
         reason = self.unavailable()
