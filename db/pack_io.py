@@ -63,7 +63,8 @@ def check_pack(pack: Pack, source: str = "<pack>") -> Pack:
     trusted, rejected = trusted_pack_entries(pack)
     if rejected:
         raise PackInvalid(f"{source}: {rejected[0]}")
-    return Pack(pack.device, pack.backend, pack.kernel_source_hash, tuple(trusted), pack.created)
+    entries = tuple(PackEntry(e.problem, config.to_dict(), e.median_s) for e, config in trusted)
+    return Pack(pack.device, pack.backend, pack.kernel_source_hash, entries, pack.created)
 
 
 def import_pack(session: Session, pack: Pack, *, source: str, host: str, user: str) -> int:

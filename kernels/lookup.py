@@ -414,7 +414,7 @@ class WinnerLookup:
                 f"{resource}:{reason}",
                 f"moetune: in config pack {resource}, ignoring {reason}",
             )
-        return _winners_of(pack, trusted)
+        return _winners_of(pack, [entry for entry, _ in trusted])
 
 
 def _packs_folder(folder: Any) -> Traversable:
@@ -429,12 +429,14 @@ def read_pack(resource: Traversable) -> packs.Pack:
         return packs.load(path)
 
 
-def trusted_pack_entries(pack: packs.Pack) -> tuple[list[packs.PackEntry], list[str]]:
+def trusted_pack_entries(
+    pack: packs.Pack,
+) -> tuple[list[tuple[packs.PackEntry, KernelConfig]], list[str]]:
     """Which entries of a pack may be used, the one policy that dispatch and `moetune import` (which
-    refuses a pack with any untrusted entry) apply: (the trusted entries, each config normalised by its
-    backend's Config; why each other one is not). Untrusted: every entry when the pack's backend is not
-    registered here, an entry whose config its backend's Config rejects, and a repeat of a problem an
-    earlier entry holds."""
+    refuses a pack with any untrusted entry) apply: ((each trusted entry, its config parsed by the
+    backend's Config), why each other one is not trusted). Untrusted: every entry when the pack's backend
+    is not registered here, an entry whose config its backend's Config rejects, and a repeat of a problem
+    an earlier entry holds."""
     try:
         config_cls = registry.get(pack.backend).config_cls
     except UnknownBackend as e:
@@ -451,13 +453,13 @@ def trusted_pack_entries(pack: packs.Pack) -> tuple[list[packs.PackEntry], list[
         except (ConfigInvalid, TypeError) as e:
             rejected.append(f"entry {i} ({key}) has a bad {pack.backend} config ({e})")
             continue
-        trusted.append(packs.PackEntry(entry.problem, config.to_dict(), entry.median_s))
+        trusted.append((entry, config))
     return trusted, rejected
 
 
 def pack_winners(pack: packs.Pack) -> list[Winner]:
     """The winners of the pack's trusted entries (`trusted_pack_entries`)."""
-    return _winners_of(pack, trusted_pack_entries(pack)[0])
+    return _winners_of(pack, [entry for entry, _ in trusted_pack_entries(pack)[0]])
 
 
 def _winners_of(pack: packs.Pack, entries: Iterable[packs.PackEntry]) -> list[Winner]:

@@ -204,7 +204,7 @@ def test_dispatch_and_import_trust_the_same_pack_entries(tmp_path, caplog):
     path.write_text(json.dumps(data))
     pack = packs.load(path)
     trusted, rejected = lookup.trusted_pack_entries(pack)
-    assert [e.problem for e in trusted] == [BASE]
+    assert [(e.problem, c) for e, c in trusted] == [(BASE, SEGMENTS)]
     assert rejected[0].startswith(f"entry 1 ({BASE.with_m(256).key}) has a bad xla config")
     assert rejected[1] == f"entry 2 repeats problem {BASE.key}"
     with lookup.using_packs(tmp_path), caplog.at_level(logging.WARNING, "moetune"):
@@ -214,7 +214,7 @@ def test_dispatch_and_import_trust_the_same_pack_entries(tmp_path, caplog):
     assert [w.problem for w in lookup.pack_winners(pack)] == [BASE]
     with pytest.raises(PackInvalid, match=r"entry 1 \(.*\) has a bad xla config"):
         check_pack(pack)
-    assert check_pack(packs.Pack(pack.device, "xla", "h", (pack.entries[0],))).entries == (pack.entries[0],)
+    assert check_pack(packs.Pack(pack.device, "xla", "h", (pack.entries[0],))).entries == pack.entries[:1]
     with pytest.raises(PackInvalid, match="not usable here"):
         check_pack(dataclasses.replace(pack, backend="nosuchbackend"))
 

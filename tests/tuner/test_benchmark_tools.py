@@ -126,8 +126,9 @@ def test_the_shipped_pack_was_restamped_only_because_no_packed_kernel_changed():
     before14 = json.loads(Path(f"{SESSION14_PACK_LOWERING}_before.json").read_text())
     after14 = json.loads(Path(f"{SESSION14_PACK_LOWERING}_after.json").read_text())
     assert before14["kernel_source_hash"] == after["kernel_source_hash"] != after14["kernel_source_hash"]
-    assert after14["kernel_source_hash"] == registry.get("mosaic_gpu").source_hash()
     assert before14["modules"] == after14["modules"] and len(after14["modules"]) == 38
+    # Restamped the same way since (the backend's op table): test_shipped_packs.py checks that the pack
+    # is on the running source.
 
 
 def test_merging_refuses_packs_of_another_kernel_source():
@@ -1247,7 +1248,9 @@ def test_session15_resweep_and_the_swiglu_expert_order():
     from moetune.search_spaces import mosaic_gpu as space
 
     shipped = json.loads(moe_shapes.SHIPPED_PACK.read_text())
-    assert shipped == json.loads(Path(f"{SESSION15}_call2_pack.json").read_text())
+    exported = json.loads(Path(f"{SESSION15}_call2_pack.json").read_text())
+    # The same pack, restamped since by benchmarks/pack_lowering.py (no packed kernel changed).
+    assert shipped | {"kernel_source_hash": ""} == exported | {"kernel_source_hash": ""}
     before = json.loads(Path(f"{SESSION9}_call3_pack.json").read_text())  # shipped until then
     old = {json.dumps(e["problem"], sort_keys=True): e["config"] for e in before["entries"]}
     changed = {
