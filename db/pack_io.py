@@ -1,7 +1,8 @@
 """Config packs in and out of the database (the file format itself is moetune.kernels.packs).
 
-Import validates the whole pack first (`check_pack`: the backend exists here, every config has its
-Config's types and rules, and its search space would not call it invalid), so a bad pack writes nothing
+Import validates the whole pack first (`check_pack`: every entry is one dispatch would trust,
+kernels.lookup.trusted_pack_entries: the backend exists here, every config has its Config's types and
+rules, and its search space would not call it invalid), so a bad pack writes nothing
 at all. It then writes the entries in chunks of IMPORT_CHUNK_ENTRIES, one transaction each, so that a
 sweep writing its trials beside a large import waits for one chunk, never for the whole pack (a single
 transaction of 20,000 entries held SQLite's write lock for a minute). A database failure part-way leaves
@@ -17,7 +18,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -25,15 +25,10 @@ from moetune.db import entities, trials, winners
 from moetune.db.errors import RecordNotFound
 from moetune.db.models import Device, Kernel, Sweep, Winner
 from moetune.db.records import TrialRecord, canonical_config
-from moetune.kernels import packs, registry
-from moetune.kernels.backend import Backend
-from moetune.kernels.config import KernelConfig
-from moetune.kernels.device import DeviceFingerprint
-from moetune.kernels.errors import ConfigInvalid, MoetuneError, PackInvalid, UnknownBackend, Unsupported
-from moetune.kernels.pack_schema import typed_config
+from moetune.kernels import packs
+from moetune.kernels.errors import MoetuneError, PackInvalid
+from moetune.kernels.lookup import trusted_pack_entries
 from moetune.kernels.packs import Pack, PackEntry
-from moetune.kernels.problem import Problem
-from moetune.kernels.typed_fields import describe
 
 IMPORT_CHUNK_ENTRIES = 200
 # Between chunks on SQLite. A writer waiting for SQLite's lock retries at most every 100 ms (its busy
@@ -81,55 +76,19 @@ def export_pack(session: Session, *, device_kind: str, backend: str) -> Pack:
 
 
 def check_pack(pack: Pack, source: str = "<pack>") -> Pack:
-    """The pack with every config normalised by its backend's Config; PackInvalid names the first fault.
-
-    A config is refused for a wrong type, an unknown field or a rule of its Config, and for a validity
-    constraint of the backend's search space for that problem on the pack's device (SearchSpace.validity);
-    a pruning-only constraint (correct but wasteful) does not refuse it. A pack built in Python rather
-    than read from a file gets the file's checks too (packs.parse of its dict).
-    """
+    """The pack with every config normalised by its backend's Config; PackInvalid names the first entry
+    that dispatch would not trust (kernels.lookup.trusted_pack_entries, the one policy for both). A pack
+    built in Python rather than read from a file gets the file's checks too (packs.parse of its dict)."""
     if len(source) > SOURCE_LENGTH:
         raise PackInvalid(
             f"the pack's path has {len(source)} characters; the database records {SOURCE_LENGTH}"
         )
     pack = packs.parse(pack.to_dict(), source)
-    try:
-        backend = registry.get(pack.backend)
-    except UnknownBackend as e:
-        raise PackInvalid(f"{source}: pack is for backend {pack.backend!r}, not usable here ({e})") from e
-    seen: set[str] = set()
-    entries = []
-    for i, entry in enumerate(pack.entries):
-        key = entry.problem.key
-        if key in seen:
-            raise PackInvalid(f"{source}: entries[{i}] repeats problem {key}")
-        seen.add(key)
-        where = f"{source}: entries[{i}] ({key})"
-        try:
-            config = typed_config(backend.config_cls, entry.config)
-        except ValidationError as e:
-            raise PackInvalid(f"{where}: bad {pack.backend} config: {describe(e, entry.config)}") from None
-        except ConfigInvalid as e:
-            raise PackInvalid(f"{where}: bad {pack.backend} config: {e}") from e
-        reason = _invalid(backend, entry.problem, config, pack.device)
-        if reason is not None:
-            raise PackInvalid(f"{where}: {pack.backend} cannot run this config: {reason}")
-        entries.append(PackEntry(entry.problem, config.to_dict(), entry.median_s))
-    return Pack(pack.device, pack.backend, pack.kernel_source_hash, tuple(entries), pack.created)
-
-
-def _invalid(
-    backend: Backend, problem: Problem, config: KernelConfig, device: DeviceFingerprint
-) -> str | None:
-    """Why `backend` cannot run `config` for `problem` on `device`, or None."""
-    try:
-        backend.check(problem)
-        space = backend.search_space(problem, device)
-    except Unsupported as e:  # the backend declines the problem itself
-        return str(e)
-    except (ImportError, NotImplementedError):  # no search space to ask on this machine
-        return None
-    return space.invalid(problem, config, device)
+    trusted, rejected = trusted_pack_entries(pack)
+    if rejected:
+        raise PackInvalid(f"{source}: {rejected[0]}")
+    entries = tuple(PackEntry(e.problem, config.to_dict(), e.median_s) for e, config in trusted)
+    return Pack(pack.device, pack.backend, pack.kernel_source_hash, entries, pack.created)
 
 
 def chunk_pause_s(dialect: str) -> float:

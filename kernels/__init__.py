@@ -3,10 +3,19 @@
     from moetune.kernels import grouped_matmul
     out = grouped_matmul(lhs, rhs, group_sizes)   # lhs [M, K], rhs [G, K, N], group_sizes [G] int32
 
+Every op of moetune.kernels.ops is reachable as call_op(name, lhs, rhs, group_sizes).
+
 Importing this package loads jax and the standard library only.
 """
 
-from moetune.kernels.api import Explanation, explain, grouped_matmul, grouped_matmul_swiglu, problem_of
+from moetune.kernels.api import (
+    Explanation,
+    call_op,
+    explain,
+    grouped_matmul,
+    grouped_matmul_swiglu,
+    problem_of,
+)
 from moetune.kernels.lookup import LOOKUP, Resolution, Winner
 from moetune.kernels.moe import moe_mlp
 from moetune.kernels.moe.reference import moe_mlp_reference
@@ -16,6 +25,7 @@ __all__ = [
     "Explanation",
     "Resolution",
     "Winner",
+    "call_op",
     "explain",
     "grouped_matmul",
     "grouped_matmul_swiglu",

@@ -1,5 +1,6 @@
-"""The public kernel API: `grouped_matmul` and `grouped_matmul_swiglu` (trace-time dispatch) and
-`explain` (the same decision, told). Each op is its own Problem key, tuned and looked up separately.
+"""The public kernel API: `grouped_matmul`, `grouped_matmul_swiglu` and `call_op` for any registered op
+(moetune.kernels.ops) (trace-time dispatch), and `explain` (the same decision, told). Each op is its own
+Problem key, tuned and looked up separately.
 
 At trace time a call turns its static shapes into a Problem, picks a backend (explicit argument >
 $MOETUNE_BACKEND > the highest-priority backend available on the device), asks the winner lookup for that
@@ -19,7 +20,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from moetune.kernels import registry
 from moetune.kernels.backend import Backend, KernelFn
@@ -27,7 +27,7 @@ from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint, current_fingerprint
 from moetune.kernels.errors import ConfigInvalid, UnknownBackend, Unsupported
 from moetune.kernels.lookup import LOOKUP, Resolution
-from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem
+from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, problem_of
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +109,12 @@ def grouped_matmul(
 
     `backend` and `config` override the choice and the lookup; the config's type names its backend. Works
     under jax.jit and inside shard_map, where the per-shard shapes make the key. `rows` is M when lhs
-    carries rows past it that belong to no group (a producer's padding, contents ignored): the result is
-    [M, N] and the key's M is `rows`.
+    carries rows past it that belong to no group (a producer's padding, e.g. to a kernel's tile; contents
+    ignored): the result is [M, N] and the key's M is `rows`. Every backend's kernel takes such an lhs as
+    it is (the contract in kernels/backend.py): mosaic_gpu's pad_lhs configs use the padding instead of
+    copying lhs into a padded buffer; xla computes on the first M rows.
     """
-    return _call(OP, lhs, rhs, group_sizes, transpose_rhs, preferred_element_type, backend, config, rows)
+    return call_op(OP, lhs, rhs, group_sizes, transpose_rhs, preferred_element_type, backend, config, rows)
 
 
 def grouped_matmul_swiglu(
@@ -130,32 +132,26 @@ def grouped_matmul_swiglu(
 
     The MoE gate_up projection and its SwiGLU in one op (gate columns first, then up). A backend that
     fuses it never writes h to memory; the others (xla) compute h in float32, then the activation.
-    Rows past sum(group_sizes) are zero. Arguments as for `grouped_matmul`.
+    Rows past sum(group_sizes) are zero. Arguments as for `grouped_matmul`, `rows` included.
     """
-    return _call(
-        GROUPED_MATMUL_SWIGLU,
-        lhs,
-        rhs,
-        group_sizes,
-        transpose_rhs,
-        preferred_element_type,
-        backend,
-        config,
-        rows,
-    )
+    op = GROUPED_MATMUL_SWIGLU
+    return call_op(op, lhs, rhs, group_sizes, transpose_rhs, preferred_element_type, backend, config, rows)
 
 
-def _call(
+def call_op(
     op: str,
     lhs: Any,
     rhs: Any,
     group_sizes: Any,
-    transpose_rhs: bool,
-    preferred_element_type: Any,
-    backend: str | None,
-    config: KernelConfig | None,
+    transpose_rhs: bool = False,
+    preferred_element_type: Any = None,
+    backend: str | None = None,
+    config: KernelConfig | None = None,
     rows: int | None = None,
 ) -> jax.Array:
+    """The registered op `op` (moetune.kernels.ops; e.g. "grouped_matmul_geglu") on lhs [M, K], rhs and
+    group_sizes, dispatched as `grouped_matmul` is; arguments as for `grouped_matmul`, `rows` included.
+    Raises ConfigInvalid for an unknown op, listing the registered ones."""
     lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
     if rows is not None and not (lhs.ndim == 2 and 0 < rows <= lhs.shape[0]):
         raise ValueError(f"rows={rows} must be between 1 and the {lhs.shape[0]} rows of lhs {lhs.shape}")
@@ -174,10 +170,6 @@ def _call(
     log.debug("%s -> %s %s (%s)", problem.key, explanation.backend, explanation.config, explanation.source)
     if group_sizes.dtype != jnp.int32:
         group_sizes = group_sizes.astype(jnp.int32)
-    if slack:
-        if registry.get(explanation.backend).takes_lhs_slack:
-            return kernel(lhs, rhs, group_sizes, rows=rows)
-        lhs = lhs[:rows]
     return kernel(lhs, rhs, group_sizes)
 
 
@@ -215,49 +207,6 @@ def explain(
         problem, backend=backend, config=config, device=device or current_fingerprint()
     )
     return explanation
-
-
-def problem_of(
-    lhs: Any,
-    rhs: Any,
-    group_sizes: Any = None,
-    *,
-    transpose_rhs: bool = False,
-    preferred_element_type: Any = None,
-    op: str = OP,
-) -> Problem:
-    """The static key of a call of `op`; raises ValueError naming the first shape that does not fit."""
-    if len(lhs.shape) != 2:
-        raise ValueError(f"lhs must be [M, K]; got shape {tuple(lhs.shape)}")
-    if len(rhs.shape) != 3:
-        raise ValueError(
-            f"rhs must be [G, {'N, K' if transpose_rhs else 'K, N'}]; got shape {tuple(rhs.shape)}"
-        )
-    m, k = lhs.shape
-    g = rhs.shape[0]
-    rhs_k, n = (rhs.shape[2], rhs.shape[1]) if transpose_rhs else (rhs.shape[1], rhs.shape[2])
-    if rhs_k != k:
-        layout = "[G, N, K]" if transpose_rhs else "[G, K, N]"
-        raise ValueError(f"lhs has K={k} but rhs {layout} has K={rhs_k} (shape {tuple(rhs.shape)})")
-    if group_sizes is not None:
-        if tuple(group_sizes.shape) != (g,):
-            raise ValueError(f"group_sizes must have shape ({g},) for G={g}; got {tuple(group_sizes.shape)}")
-        if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
-            raise ValueError(f"group_sizes must be integers (int32); got dtype {group_sizes.dtype}")
-    if op == GROUPED_MATMUL_SWIGLU and n % 2:
-        raise ValueError(f"{op} needs rhs with an even N (gate and up halves); got N={n}")
-    out_dtype = preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype)
-    return Problem(
-        op=op,
-        m=int(m),
-        k=int(k),
-        n=int(n),
-        g=int(g),
-        lhs_dtype=np.dtype(lhs.dtype).name,
-        rhs_dtype=np.dtype(rhs.dtype).name,
-        out_dtype=np.dtype(out_dtype).name,
-        transpose_rhs=transpose_rhs,
-    )
 
 
 def _dispatch(

@@ -1,10 +1,19 @@
 """The contract every backend implements; a backend is one folder `kernels/<name>/` exposing `BACKEND`.
 
+A backend declares the ops it serves in `kernels`, an op -> kernel table: op name -> the name of the
+function computing it in `kernel_module` (imported on first use by `kernel_for`). Serving a new op is one
+kernel function and one entry there (docs/adding-an-op.md).
+
 Call order, as dispatch and the tuner use it:
   1. `available(device)`      -> None when the backend can run on this device, else a one-line reason.
-  2. `check(problem)`         -> raises Unsupported when the backend declines the problem.
+  2. `check(problem)`         -> raises Unsupported when the backend declines the problem: an op not in
+                                 its table, or whatever its `check_problem` hook declines.
   3. `search_space(problem, device)` (tuner) or `heuristic(problem, device)` (dispatch miss).
-  4. `build(problem, config)` -> a JAX-callable f(lhs, rhs, group_sizes) -> out; pure, jit-able.
+  4. `build(problem, config)` -> a JAX-callable f(lhs, rhs, group_sizes) -> out; pure, jit-able. Its
+                                 arguments are the op's operands (OpSpec.operands) in order, and lhs
+                                 may have MORE rows than problem.m: rows past m belong to no group and
+                                 their contents are ignored; the result is [m, out_n] all the same (a
+                                 producer can hand over an lhs already padded to a kernel's tile).
   5. `timer()` (tuner)        -> how this backend's kernels are timed; it times what `executable`
                                  returns for the compiled kernel (by default the JAX executable itself).
   Optional, for backends that compile without the device (`compile_targets` non-empty):
@@ -21,8 +30,9 @@ import abc
 import dataclasses
 import functools
 import hashlib
+import importlib
 import importlib.resources
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from moetune.kernels.config import KernelConfig
@@ -66,17 +76,34 @@ class Backend(abc.ABC):
     # restricting its process to that device through `visible_devices_env`.
     device_resource: ClassVar[str] = "GPU"
     visible_devices_env: ClassVar[str] = "CUDA_VISIBLE_DEVICES"
-    # Whether build()'s kernels take `rows=M` with an lhs of more than M rows (rows past M in no group,
-    # contents ignored): a producer can then hand over an lhs already padded to the kernel's tile. Other
-    # backends get lhs[:M].
-    takes_lhs_slack: ClassVar[bool] = False
+    # The ops this backend serves: op name -> the name of its kernel function in `kernel_module`. A
+    # backend with an empty table serves nothing.
+    kernels: ClassVar[Mapping[str, str]] = {}
+    kernel_module: ClassVar[str] = ""
 
     @abc.abstractmethod
     def available(self, device: DeviceFingerprint) -> str | None:
         """None if this backend runs on `device`, otherwise why not."""
 
-    def check(self, problem: Problem) -> None:  # noqa: B027 - optional hook, accepting everything by default
-        """Raise Unsupported if the backend cannot compute `problem` at all."""
+    def check(self, problem: Problem) -> None:
+        """Raise Unsupported if the backend cannot compute `problem` at all: its op is not in `kernels`,
+        or `check_problem` declines it."""
+        self._require_served(problem.op)
+        self.check_problem(problem)
+
+    def check_problem(self, problem: Problem) -> None:  # noqa: B027 - optional hook, accepting by default
+        """Raise Unsupported for a problem of a served op that this backend still cannot compute (dtypes,
+        alignment)."""
+
+    def kernel_for(self, op: str) -> Callable[..., Any]:
+        """The kernel function of `op` from the table; Unsupported for an op the backend does not serve."""
+        self._require_served(op)
+        return getattr(importlib.import_module(self.kernel_module), self.kernels[op])
+
+    def _require_served(self, op: str) -> None:
+        if op not in self.kernels:
+            served = ", ".join(sorted(self.kernels)) or "no op"
+            raise Unsupported(f"{self.name} serves op={served}, not op={op!r}")
 
     @abc.abstractmethod
     def search_space(self, problem: Problem, device: DeviceFingerprint) -> SearchSpace:

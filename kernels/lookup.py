@@ -41,7 +41,7 @@ from moetune.kernels import packs, registry
 from moetune.kernels.backend import Backend
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint
-from moetune.kernels.errors import ConfigInvalid, PackInvalid
+from moetune.kernels.errors import ConfigInvalid, PackInvalid, UnknownBackend
 from moetune.kernels.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -409,7 +409,14 @@ class WinnerLookup:
                 f"{pack.device.device_kind!r}, not {backend} for {device.device_kind!r}",
             )
             return []
-        return pack_winners(pack)
+        trusted, rejected = trusted_pack_entries(pack)
+        for reason in rejected:
+            self.warn_once(
+                "bad-pack-entry",
+                f"{resource}:{reason}",
+                f"moetune: in config pack {resource}, ignoring {reason}",
+            )
+        return _winners_of(pack, [entry for entry, _ in trusted])
 
 
 def _packs_folder(folder: Any) -> Traversable:
@@ -424,7 +431,72 @@ def read_pack(resource: Traversable) -> packs.Pack:
         return packs.load(path)
 
 
+def trusted_pack_entries(
+    pack: packs.Pack,
+) -> tuple[list[tuple[packs.PackEntry, KernelConfig]], list[str]]:
+    """Which entries of a pack may be used, the one policy that dispatch and `moetune import` (which
+    refuses a pack with any untrusted entry) apply: ((each trusted entry, its config typed by the
+    backend's Config), why each other one is not trusted). Untrusted: every entry when the pack's backend
+    is not registered here; a repeat of a problem an earlier entry holds; a config of the wrong types,
+    with an unknown field or breaking a rule of its Config; and a config that a validity constraint of the
+    backend's search space for that problem on the pack's device refuses (a pruning-only constraint,
+    correct but wasteful, does not)."""
+    from pydantic import ValidationError
+
+    from moetune.kernels.pack_schema import typed_config
+    from moetune.kernels.typed_fields import describe
+
+    try:
+        backend = registry.get(pack.backend)
+    except UnknownBackend as e:
+        return [], [f"pack is for backend {pack.backend!r}, not usable here ({e})"]
+    trusted, rejected, seen = [], [], set()
+    for i, entry in enumerate(pack.entries):
+        key = entry.problem.key
+        where = f"entries[{i}] ({key})"
+        if key in seen:
+            rejected.append(f"entries[{i}] repeats problem {key}")
+            continue
+        seen.add(key)
+        try:
+            config = typed_config(backend.config_cls, entry.config)
+        except ValidationError as e:
+            rejected.append(f"{where}: bad {pack.backend} config: {describe(e, entry.config)}")
+            continue
+        except ConfigInvalid as e:
+            rejected.append(f"{where}: bad {pack.backend} config: {e}")
+            continue
+        reason = _invalid_for(backend, entry.problem, config, pack.device)
+        if reason is not None:
+            rejected.append(f"{where}: {pack.backend} cannot run this config: {reason}")
+            continue
+        trusted.append((entry, config))
+    return trusted, rejected
+
+
+def _invalid_for(
+    backend: Backend, problem: Problem, config: KernelConfig, device: DeviceFingerprint
+) -> str | None:
+    """Why `backend` cannot run `config` for `problem` on `device` (its search space's validity
+    constraints), or None; a backend without a space to ask on this machine accepts it."""
+    from moetune.kernels.errors import Unsupported
+
+    try:
+        backend.check(problem)
+        space = backend.search_space(problem, device)
+    except Unsupported as e:  # the backend declines the problem itself
+        return str(e)
+    except (ImportError, NotImplementedError):
+        return None
+    return space.invalid(problem, config, device)
+
+
 def pack_winners(pack: packs.Pack) -> list[Winner]:
+    """The winners of the pack's trusted entries (`trusted_pack_entries`)."""
+    return _winners_of(pack, [entry for entry, _ in trusted_pack_entries(pack)[0]])
+
+
+def _winners_of(pack: packs.Pack, entries: Iterable[packs.PackEntry]) -> list[Winner]:
     return [
         Winner(
             backend=pack.backend,
@@ -435,7 +507,7 @@ def pack_winners(pack: packs.Pack) -> list[Winner]:
             source_hash=pack.kernel_source_hash,
             median_s=entry.median_s,
         )
-        for entry in pack.entries
+        for entry in entries
     ]
 
 

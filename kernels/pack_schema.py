@@ -32,8 +32,9 @@ from pydantic import (
     WithJsonSchema,
 )
 
+from moetune.kernels import ops
 from moetune.kernels.config import KernelConfig
-from moetune.kernels.problem import DTYPES, Problem, known_ops
+from moetune.kernels.problem import DTYPES, Problem
 from moetune.kernels.typed_fields import (
     HASH_PATTERN,
     INT32_MAX,
@@ -71,8 +72,8 @@ DType = Literal[DTYPES]  # a Literal of the tuple's names
 
 
 def _known_op(op: str) -> str:
-    if op not in known_ops():
-        raise ValueError(f"op {op!r} is not one of {', '.join(known_ops())}")
+    if op not in ops.names():
+        raise ValueError(f"op {op!r} is not one of {', '.join(ops.names())}")
     return op
 
 
@@ -142,7 +143,7 @@ class ProblemModel(_Strict):
     op: Annotated[
         Name,
         AfterValidator(_known_op),
-        Field(description="One of the ops this moetune knows (moetune.kernels.problem.known_ops())."),
+        Field(description="One of the ops this moetune knows (moetune.kernels.ops.names())."),
     ]
     m: Dim
     k: Dim

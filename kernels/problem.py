@@ -8,24 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+import jax.numpy as jnp
+import numpy as np
+
+from moetune.kernels import ops
 from moetune.kernels.errors import ConfigInvalid
+from moetune.kernels.ops import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU
+
+if TYPE_CHECKING:
+    from moetune.kernels.ops import OpSpec
 
 DTYPES = ("bfloat16", "float16", "float32")
-
-GROUPED_MATMUL = "grouped_matmul"
-# out[m, :n/2] = silu(lhs @ rhs[g][:, :n/2]) * (lhs @ rhs[g][:, n/2:]): the MoE gate_up GEMM with its
-# SwiGLU activation applied to the float32 products (gate columns first, then up, as in moe_reference).
-GROUPED_MATMUL_SWIGLU = "grouped_matmul_swiglu"
-# Ops whose output has only half of rhs's N columns.
-_HALF_N_OPS = frozenset({GROUPED_MATMUL_SWIGLU})
-
-
-def known_ops() -> tuple[str, ...]:
-    """The op names moetune computes: what a pack, a sweep file or --problem may name. Input checks ask
-    this one function, never a list of their own."""
-    return (GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU)
+# The op names most callers use, importable from here as from moetune.kernels.ops.
+__all__ = ["DTYPES", "GROUPED_MATMUL", "GROUPED_MATMUL_SWIGLU", "Problem", "dtype_name", "problem_of"]
 
 
 def dtype_name(dtype: Any) -> str:
@@ -34,8 +31,6 @@ def dtype_name(dtype: Any) -> str:
     if isinstance(dtype, str):
         name = aliases.get(dtype, dtype)
     else:
-        import numpy as np
-
         name = np.dtype(dtype).name
     if name not in DTYPES:
         raise ConfigInvalid(f"dtype={name!r} is not one of {', '.join(DTYPES)}")
@@ -44,11 +39,13 @@ def dtype_name(dtype: Any) -> str:
 
 @dataclasses.dataclass(frozen=True, slots=True, order=True)
 class Problem:
-    """One grouped GEMM: out[m, n] = lhs[m, k] @ rhs[g][k, n] with rows grouped contiguously by expert.
+    """One call of an op over the generic dims of a grouped GEMM: m token rows grouped contiguously by
+    expert, k, n (rhs's columns), g experts, the dtypes and the weights' layout.
 
-    `n` is always rhs's column count; the op may fuse an epilogue that changes the output's width, which
-    `out_n` gives (out is [m, out_n]). `transpose_rhs` means the weights are stored [g, n, k]. Key strings
-    look like
+    What the op makes of them (operands, output shape, its own rules, FLOPs) is the op's spec
+    (`spec`, moetune.kernels.ops): for "grouped_matmul" out[m, n] = lhs[m, k] @ rhs[g][k, n]; an op fusing
+    an epilogue may change the output's width, which `out_n` gives. `transpose_rhs` means the weights are
+    stored [g, n, k]. Key strings look like
     ``grouped_matmul/m=4096,k=4096,n=28672,g=8,lhs=bfloat16,rhs=bfloat16,out=bfloat16,t=0/v1``.
     """
 
@@ -69,11 +66,14 @@ class Problem:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigInvalid(f"{name}={value!r} must be a positive integer")
-        if self.op in _HALF_N_OPS and self.n % 2:
-            raise ConfigInvalid(f"op={self.op} needs an even n (gate and up halves); got n={self.n}")
         for name in ("lhs_dtype", "rhs_dtype", "out_dtype"):
             object.__setattr__(self, name, dtype_name(getattr(self, name)))
         object.__setattr__(self, "transpose_rhs", bool(self.transpose_rhs))
+        self.spec.check(self)  # an unknown op lists the registered ones
+
+    @property
+    def spec(self) -> OpSpec:
+        return ops.get(self.op)
 
     @property
     def shape_key(self) -> str:
@@ -89,9 +89,13 @@ class Problem:
         return f"{op}/m={self.m},{rest}"
 
     @property
+    def out_shape(self) -> tuple[int, ...]:
+        return self.spec.out_shape(self)
+
+    @property
     def out_n(self) -> int:
         """Columns of the output: n, or n / 2 for an op that gates half of the columns by the other."""
-        return self.n // 2 if self.op in _HALF_N_OPS else self.n
+        return self.out_shape[-1]
 
     @property
     def rhs_shape(self) -> tuple[int, int, int]:
@@ -100,7 +104,12 @@ class Problem:
 
     @property
     def flops(self) -> int:
-        return 2 * self.m * self.k * self.n
+        return self.spec.flops(self)
+
+    @property
+    def bytes_touched(self) -> int:
+        """Bytes of every operand and of the output (moetune.kernels.ops.OpSpec.bytes_touched)."""
+        return self.spec.bytes_touched(self)
 
     def with_m(self, m: int) -> Problem:
         return dataclasses.replace(self, m=m)
@@ -126,3 +135,32 @@ class Problem:
     @classmethod
     def from_json(cls, text: str) -> Problem:
         return cls.from_dict(json.loads(text))
+
+
+def problem_of(
+    lhs: Any,
+    rhs: Any,
+    group_sizes: Any = None,
+    *,
+    transpose_rhs: bool = False,
+    preferred_element_type: Any = None,
+    op: str = GROUPED_MATMUL,
+) -> Problem:
+    """The static key of a call of `op` on these operands (arrays or jax.ShapeDtypeStructs); raises
+    ValueError naming the first shape that does not fit (ConfigInvalid, a ValueError, for the op's rules).
+    The output dtype is `preferred_element_type`, else the operands' promoted dtype."""
+    m, k, n, g = ops.get(op).dims_of(lhs, rhs, group_sizes, transpose_rhs)
+    out_dtype = (
+        jnp.result_type(lhs.dtype, rhs.dtype) if preferred_element_type is None else preferred_element_type
+    )
+    return Problem(
+        op=op,
+        m=m,
+        k=k,
+        n=n,
+        g=g,
+        lhs_dtype=np.dtype(lhs.dtype).name,
+        rhs_dtype=np.dtype(rhs.dtype).name,
+        out_dtype=np.dtype(out_dtype).name,
+        transpose_rhs=transpose_rhs,
+    )

@@ -1,5 +1,6 @@
-"""The reference every candidate is checked against: jax.lax.ragged_dot in float32 (followed by the op's
-epilogue, `reference_of`), and the tolerances."""
+"""The reference every candidate is checked against: each op's float32 reference (its spec's, built on
+`reference_grouped_matmul`, jax.lax.ragged_dot in float32), compiled without autotuning, and the
+tolerances."""
 
 from __future__ import annotations
 
@@ -12,21 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from moetune.kernels.errors import Unsupported, WrongResult
-from moetune.kernels.moe.reference import gated_activation
-from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name
-
-# Relative error ||out - ref|| / ||ref|| a result may have, by output dtype: a few units of the dtype's
-# rounding (bf16 keeps 8 mantissa bits, f16 11, f32 24), with room for a different summation order.
-_TOLERANCE = {"bfloat16": 1e-2, "float16": 1e-3, "float32": 1e-5}
+from moetune.kernels import ops
+from moetune.kernels.errors import WrongResult
+from moetune.kernels.ops.spec import TOLERANCE
+from moetune.kernels.problem import Problem, dtype_name
 
 # How the reference and the check programs are compiled: XLA's GEMM autotuning (on by default on GPUs)
 # costs seconds per new shape and buys nothing for a program that runs once per draw. Never for the
 # kernels or the XLA baseline being timed. Ignored where there is nothing to autotune (CPU).
 UNTUNED_COMPILE = {"xla_gpu_autotune_level": 0}
 _HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-# Each op's epilogue after the product ("" for none).
-_ACTIVATIONS = {GROUPED_MATMUL: "", GROUPED_MATMUL_SWIGLU: "swiglu"}
 
 _TRANSPOSED = lax.RaggedDotDimensionNumbers(
     dot_dimension_numbers=(((1,), (2,)), ((), ())),
@@ -58,66 +54,45 @@ def reference_grouped_matmul(
     return lax.ragged_dot(lhs, rhs, sizes, precision=precision, preferred_element_type=jnp.float32)
 
 
-def _activation(problem: Problem) -> str:
-    """The epilogue `problem`'s op applies after the product ("" for none)."""
-    if problem.op not in _ACTIVATIONS:
-        raise Unsupported(f"no reference for op={problem.op!r}")
-    return _ACTIVATIONS[problem.op]
+@functools.partial(jax.jit, static_argnames=("op", "transpose_rhs"), compiler_options=UNTUNED_COMPILE)
+def _reference(*operands: jax.Array, op: str, transpose_rhs: bool) -> jax.Array:
+    return ops.get(op).reference(*operands, transpose_rhs=transpose_rhs)
 
 
-def _product_then_epilogue(
-    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, transpose_rhs: bool, activation: str
-) -> jax.Array:
-    product = reference_grouped_matmul(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs)
-    return gated_activation(activation, product) if activation else product
-
-
-@functools.partial(jax.jit, static_argnames=("transpose_rhs", "activation"), compiler_options=UNTUNED_COMPILE)
-def _reference(
-    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_rhs: bool, activation: str
-) -> jax.Array:
-    return _product_then_epilogue(lhs, rhs, group_sizes, transpose_rhs, activation)
-
-
-@functools.partial(jax.jit, static_argnames=("transpose_rhs", "activation"), compiler_options=UNTUNED_COMPILE)
+@functools.partial(jax.jit, static_argnames=("op", "transpose_rhs"), compiler_options=UNTUNED_COMPILE)
 def _reference_of_rows(
-    lhs: jax.Array,
-    rows: jax.Array,
-    rhs: jax.Array,
-    group_sizes: jax.Array,
-    *,
-    transpose_rhs: bool,
-    activation: str,
+    lhs: jax.Array, rows: jax.Array, *operands: jax.Array, op: str, transpose_rhs: bool
 ) -> jax.Array:
-    return _product_then_epilogue(lhs[rows], rhs, group_sizes, transpose_rhs, activation)
+    return ops.get(op).reference(lhs[rows], *operands, transpose_rhs=transpose_rhs)
 
 
 @functools.lru_cache(maxsize=64)
-def rows_reference_program(problem: Problem, rows: int) -> Callable[[Any, Any, Any, Any], jax.Array]:
-    """Compiled, not run: (lhs [m, k], row ids int32 [rows], rhs, group sizes int32 [g] of those rows) ->
-    the float32 reference of lhs[row ids], [rows, out_n]. Compiling apart from running lets a tuner worker
-    compile while another worker times a kernel, and run it only while it holds the device."""
-    activation = _activation(problem)
+def rows_reference_program(problem: Problem, rows: int) -> Callable[..., jax.Array]:
+    """Compiled, not run: (lhs [m, k], row ids int32 [rows], the op's other operands, with the group sizes
+    of those rows) -> the float32 reference of lhs[row ids], [rows, out_n]. Compiling apart from running
+    lets a tuner worker compile while another worker times a kernel, and run it only while it holds the
+    device."""
+    lhs, *others = problem.spec.shape_dtypes(problem)
     return _reference_of_rows.lower(
-        jax.ShapeDtypeStruct((problem.m, problem.k), jnp.dtype(problem.lhs_dtype)),
+        lhs,
         jax.ShapeDtypeStruct((rows,), jnp.int32),
-        jax.ShapeDtypeStruct(problem.rhs_shape, jnp.dtype(problem.rhs_dtype)),
-        jax.ShapeDtypeStruct((problem.g,), jnp.int32),
+        *others,
+        op=problem.op,
         transpose_rhs=problem.transpose_rhs,
-        activation=activation,
     ).compile()
 
 
-def reference_of(problem: Problem) -> Callable[[Any, Any, Any], jax.Array]:
-    """(lhs, rhs, group_sizes) -> the float32 result a kernel for `problem` must match, [m, out_n]: one
-    compiled program per shape (without autotuning, UNTUNED_COMPILE). Call it outside jit: options like
-    these are only taken by a top-level jit."""
-    return functools.partial(_reference, transpose_rhs=problem.transpose_rhs, activation=_activation(problem))
+def reference_of(problem: Problem) -> Callable[..., jax.Array]:
+    """(the op's operands: lhs, rhs, group_sizes) -> the float32 result a kernel for `problem` must match,
+    [m, out_n]: one compiled program per shape (without autotuning, UNTUNED_COMPILE). Call it outside
+    jit: options like these are only taken by a top-level jit."""
+    return functools.partial(_reference, op=problem.op, transpose_rhs=problem.transpose_rhs)
 
 
 def tolerance(dtype: Any) -> float:
-    """Largest relative error accepted for a result of `dtype` ('bf16', jnp.bfloat16, ...)."""
-    return _TOLERANCE[dtype_name(dtype)]
+    """Largest relative error accepted for a result of `dtype` ('bf16', jnp.bfloat16, ...) by default;
+    an op's spec may set its own (OpSpec.tolerance)."""
+    return TOLERANCE[dtype_name(dtype)]
 
 
 def relative_error(out: Any, ref: Any) -> float:

@@ -8,10 +8,11 @@ drop points that are correct but redundant or wasteful, so the search never time
 those. The pruner, build() and the tests call these same functions. Hardware numbers come from
 kernels/backends/mosaic_gpu/hardware.py by compute capability.
 
-The same space serves "grouped_matmul" and "grouped_matmul_swiglu". The SwiGLU epilogue streams two
+The same space serves every op of the backend's table ("grouped_matmul", "grouped_matmul_swiglu") and
+asks the op's spec, never its name: a gated epilogue (SwiGLU) streams `rhs_columns_per_out_column` = 2
 weight tiles per step into two accumulators, so its shared-memory and register needs are larger for the
-same config; its output has F = N / 2 columns to tile, and it cannot split K (the activation is not
-linear in partial sums).
+same config; its output has F = N / 2 columns to tile, and it cannot split K (`linear_in_k`: the
+activation is not linear in partial sums).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from moetune.kernels.backends.mosaic_gpu import hardware, tiling
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import Unsupported
-from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem
+from moetune.kernels.problem import Problem
 from moetune.search_spaces.space import Constraint, SearchSpace
 
 # Split-K pays for its float32 partial sums only while the output is small (decode).
@@ -53,9 +54,6 @@ def k_divisible(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerp
     return None
 
 
-OPS = (GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU)
-
-
 def n_divisible(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
     # Under swiglu the tiles cover the F output columns, and an up tile sits F columns after its gate.
     if problem.out_n % config.cta_n:
@@ -64,12 +62,13 @@ def n_divisible(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerp
 
 
 def _out_columns(problem: Problem) -> str:
-    return f"F={problem.out_n}" if problem.op == GROUPED_MATMUL_SWIGLU else f"N={problem.n}"
+    return f"{problem.spec.out_columns}={problem.out_n}"
 
 
 def split_k_linear(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
-    if config.split_k > 1 and problem.op == GROUPED_MATMUL_SWIGLU:
-        return f"split_k={config.split_k}: the SwiGLU epilogue needs the whole K sum in one CTA"
+    if config.split_k > 1 and not problem.spec.linear_in_k:
+        epilogue = problem.spec.epilogue
+        return f"split_k={config.split_k}: the {epilogue} epilogue needs the whole K sum in one CTA"
     return None
 
 
@@ -167,9 +166,8 @@ RESOURCE_CONSTRAINTS: frozenset[Constraint] = frozenset({accumulator_fits_regist
 
 
 def check_problem(problem: Problem) -> None:
-    """Raise Unsupported when no config of this backend can compute `problem`."""
-    if problem.op not in OPS:
-        raise Unsupported(f"mosaic_gpu computes op={' or '.join(OPS)}, not op={problem.op!r}")
+    """Raise Unsupported when no config of this backend can compute `problem` of an op it serves (the
+    backend's check declines the other ops first)."""
     if problem.lhs_dtype != problem.rhs_dtype or problem.lhs_dtype not in ("bfloat16", "float16"):
         raise Unsupported(
             f"mosaic_gpu needs bfloat16 or float16 operands of one dtype, not "
@@ -181,10 +179,16 @@ def check_problem(problem: Problem) -> None:
         raise Unsupported(f"{_out_columns(problem)} is not a multiple of 64 (the smallest block_n)")
 
 
+def _check(problem: Problem) -> None:
+    from moetune.kernels.backends.mosaic_gpu import BACKEND
+
+    BACKEND.check(problem)
+
+
 def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
-    check_problem(problem)
+    _check(problem)
     domains = dict(DOMAINS)
-    if problem.m > SPLIT_K_MAX_M or problem.op == GROUPED_MATMUL_SWIGLU:
+    if problem.m > SPLIT_K_MAX_M or not problem.spec.linear_in_k:
         domains["split_k"] = (1,)
     seeds = tuple(preferred(problem, device))
     return SearchSpace(MosaicGpuConfig, domains, CONSTRAINTS, seeds=seeds, validity=VALIDITY_CONSTRAINTS)
@@ -269,23 +273,47 @@ _ALWAYS_VALID = MosaicGpuConfig(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Ranking:
+    """The preferred configs of one kind of CTA, best first, by regime: decode (at most
+    DECODE_ROWS_PER_EXPERT rows per expert), memory-bound (up to 64), compute-bound; up to `few_rows_max`
+    rows per expert the compute-bound ones go in `compute_bound_few_rows`' order."""
+
+    decode: tuple[MosaicGpuConfig, ...]
+    memory_bound: tuple[MosaicGpuConfig, ...]
+    compute_bound: tuple[MosaicGpuConfig, ...]
+    few_rows_max: float = 0
+    compute_bound_few_rows: tuple[MosaicGpuConfig, ...] = ()
+
+
+# By accumulators per CTA (tiling.accumulators, the op's rhs columns per output column): the plain GEMM's
+# one, and the two of the SwiGLU epilogue's gate and up.
+_RANKINGS = {
+    1: _Ranking(_DECODE, _MEMORY_BOUND, _COMPUTE_BOUND),
+    2: _Ranking(
+        _SWIGLU_DECODE,
+        _SWIGLU_MEMORY_BOUND,
+        _SWIGLU_COMPUTE_BOUND,
+        few_rows_max=SWIGLU_EXPERT_ORDER_MAX_ROWS,
+        compute_bound_few_rows=_SWIGLU_COMPUTE_BOUND_FEW_ROWS,
+    ),
+}
+
+
 def preferred(problem: Problem, device: DeviceFingerprint) -> list[MosaicGpuConfig]:
     """The preferred configs this problem admits, best first (sweeps start from all of them: on the H200
     the second SwiGLU compute-bound one beat the first, which the heuristic picks, by 2% at T=4096)."""
-    check_problem(problem)
+    _check(problem)
     rows_per_expert = problem.m / problem.g
-    if problem.op == GROUPED_MATMUL_SWIGLU:
-        decode, memory_bound, compute_bound = _SWIGLU_DECODE, _SWIGLU_MEMORY_BOUND, _SWIGLU_COMPUTE_BOUND
-        if rows_per_expert <= SWIGLU_EXPERT_ORDER_MAX_ROWS:
-            compute_bound = _SWIGLU_COMPUTE_BOUND_FEW_ROWS
-    else:
-        decode, memory_bound, compute_bound = _DECODE, _MEMORY_BOUND, _COMPUTE_BOUND
+    ranking = _RANKINGS[tiling.accumulators(problem)]
     if rows_per_expert <= DECODE_ROWS_PER_EXPERT:
-        ranked = decode + memory_bound
+        ranked = ranking.decode + ranking.memory_bound
     elif rows_per_expert <= 64:
-        ranked = memory_bound
+        ranked = ranking.memory_bound
+    elif rows_per_expert <= ranking.few_rows_max:
+        ranked = ranking.compute_bound_few_rows + ranking.memory_bound
     else:
-        ranked = compute_bound + memory_bound
+        ranked = ranking.compute_bound + ranking.memory_bound
     return [c for c in ranked if all(check(problem, c, device) is None for check in VALIDITY_CONSTRAINTS)]
 
 

@@ -60,9 +60,7 @@ from moetune.tuner.tasks import (
     Task,
     canonical,
 )
-from moetune.tuner.warm_start import baseline_config, warm_start_configs
-
-BASELINE_BACKEND = "xla"
+from moetune.tuner.warm_start import BASELINE_BACKEND, baseline_config, warm_start_configs
 
 
 @dataclasses.dataclass

@@ -14,6 +14,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from moetune.tuner.durations import ms
+
 
 @dataclasses.dataclass(frozen=True)
 class Finalist:
@@ -58,16 +60,14 @@ def decide(finalists: Sequence[Finalist], samples: Sequence[Sequence[float]], mi
     if winner is None:
         if any(f.is_winner for f in finalists):
             return Decision(best, "the current winner failed re-timing", medians)
-        return Decision(best, f"first winner: {_ms(best_median)} (re-timed interleaved)", medians)
+        return Decision(best, f"first winner: {ms(best_median)} ms (re-timed interleaved)", medians)
     winner_median, _, winner_samples = winner
     gain = (winner_median - best_median) / winner_median
     noise = max(spread(best_samples), spread(winner_samples))
     needed = max(min_gain, noise)
-    compared = f"{_ms(best_median)} vs {_ms(winner_median)} for the winner: {gain:+.1%}, needed {needed:.1%}"
+    compared = (
+        f"{ms(best_median)} ms vs {ms(winner_median)} ms for the winner: {gain:+.1%}, needed {needed:.1%}"
+    )
     if gain > needed:
         return Decision(best, f"beats the winner by more than the noise: {compared}", medians)
     return Decision(None, f"winner kept: {compared}", medians)
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.4g} ms"

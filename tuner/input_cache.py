@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import math
 import sys
 from collections.abc import Sequence
@@ -48,14 +47,9 @@ DEVICE_CACHE_FRACTION = 0.75
 
 
 def input_set_count(problem: Problem) -> int:
-    weight_bytes = math.prod(problem.rhs_shape) * jnp.dtype(problem.rhs_dtype).itemsize
+    rhs = problem.spec.operand("rhs")
+    weight_bytes = math.prod(rhs.shape(problem)) * jnp.dtype(rhs.dtype(problem)).itemsize
     return max(2, min(MAX_INPUT_SETS, -(-ROTATE_BYTES // max(weight_bytes, 1))))
-
-
-@functools.partial(jax.jit, static_argnames=("shape", "dtype", "scale"))
-def _normal(key: jax.Array, shape: tuple[int, ...], dtype: str, scale: float) -> jax.Array:
-    # Generated on the device: host-side numpy would take seconds for the largest weights.
-    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype)
 
 
 def _set_keys(seed: int, count: int) -> jax.Array:
@@ -64,16 +58,15 @@ def _set_keys(seed: int, count: int) -> jax.Array:
 
 
 def make_weights(problem: Problem, seed: int) -> tuple[jax.Array, ...]:
-    """The rhs of every input set; equal for problems that differ only in M."""
-    # rhs scaled by 1/sqrt(k) keeps outputs near unit size for every k, so tolerances mean the same.
-    scale = 1.0 / math.sqrt(problem.k)
+    """The rhs of every input set, drawn by the op's spec; equal for problems that differ only in M."""
     keys = _set_keys(seed, input_set_count(problem))
-    return tuple(_normal(key, problem.rhs_shape, problem.rhs_dtype, scale) for key in keys[:, 1])
+    return tuple(problem.spec.draw(problem, "rhs", key) for key in keys[:, 1])
 
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
-    """Random (never zero) operands for one problem: `sets` of (lhs, rhs) pairs to rotate through."""
+    """Random (never zero) operands for one problem, drawn by its op's spec (OpSpec.draw): `sets` of
+    (lhs, rhs) pairs to rotate through."""
 
     problem: Problem
     seed: int
@@ -84,7 +77,7 @@ class Inputs:
         """`weights`: the rhs sets when already made (make_weights of a problem with the same rhs)."""
         weights = tuple(weights) if weights is not None else make_weights(problem, seed)
         keys = _set_keys(seed, len(weights))
-        lhs = [_normal(key, (problem.m, problem.k), problem.lhs_dtype, 1.0) for key in keys[:, 0]]
+        lhs = [problem.spec.draw(problem, "lhs", key) for key in keys[:, 0]]
         return cls(problem, seed, tuple(zip(lhs, weights, strict=True)))
 
 
@@ -101,7 +94,8 @@ REFERENCE_MAX_BYTES = 256 * 2**20
 
 @dataclasses.dataclass(frozen=True)
 class Reference:
-    """The float32 result on the rows `rows` (sorted indices into the output): [len(rows), out_n]."""
+    """The float32 result on the rows `rows` (sorted indices into the output): [len(rows), out_n]
+    (the op's reference, kernels.reference.rows_reference_program)."""
 
     values: jax.Array
     rows: jax.Array
@@ -209,10 +203,6 @@ class InputCache:
 
     def mark_checks_compiled(self, inputs: Inputs) -> None:
         self._entry(inputs.problem, inputs.seed).checks_compiled = True
-
-    def has_reference(self, inputs: Inputs, group_sizes: Sequence[int]) -> bool:
-        entry = self._entries.get((inputs.problem, inputs.seed))
-        return entry is not None and tuple(int(s) for s in group_sizes) in entry.references
 
     def reference(self, inputs: Inputs, group_sizes: Sequence[int]) -> Reference:
         """The float32 result on `verify_args(inputs, group_sizes)`, on `reference_rows`; once per draw."""

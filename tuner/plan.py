@@ -6,10 +6,10 @@ grouped GEMMs, because a gated expert multiplies twice:
     gate_up: M = T * top_k, K = hidden, N = 2 * ffn     (gate and up projections in one GEMM)
     down:    M = T * top_k, K = ffn,    N = hidden
 
-They are the Problems `moetune.kernels.moe_mlp` dispatches, so the winners are the ones it looks up: for
-a SwiGLU model (`activation: swiglu`, the default) gate_up is "grouped_matmul_swiglu", the GEMM with
-silu(gate) * up in its epilogue, on every backend that serves that op (`for_backend` turns it back into
-the plain GEMM where the backend does not, as moe_mlp does); any other activation runs unfused.
+They are the Problems `moetune.kernels.moe_mlp` dispatches, so the winners are the ones it looks up:
+gate_up is the op whose epilogue is the model's activation ("grouped_matmul_swiglu" for `activation:
+swiglu`, the default: the GEMM with silu(gate) * up in its epilogue) on every backend that serves that
+op (`for_backend` turns it back into the plain GEMM where the backend does not, as moe_mlp does).
 
 Example: Mixtral-8x7B at T=4096 -> gate_up m=8192,k=4096,n=28672,g=8 and down m=8192,k=14336,n=4096,g=8.
 Any MoE model works from its YAML alone (or from a Hugging Face config.json: tuner/hf_config.py); nothing
@@ -39,15 +39,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from moetune.kernels import ops
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.moe.reference import GATES
-from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name, known_ops
+from moetune.kernels.problem import GROUPED_MATMUL, Problem, dtype_name
 from moetune.kernels.typed_fields import INT32_MAX, check_fields, describe
 from moetune.tuner.yaml_files import load_yaml, read_yaml_file
 
 OP = GROUPED_MATMUL
-# The gate_up op moe_mlp dispatches for each activation; the others run the plain GEMM, then the activation.
-FUSED_GATE_UP = {"swiglu": GROUPED_MATMUL_SWIGLU}
 # Gated activations moe_mlp does not compute but whose models are tuned all the same, their gate_up as the
 # plain GEMM that a model's own layer would dispatch before applying it: gpt-oss's SwiGLU with clamped
 # inputs, a sigmoid gain of 1.702 and (up + 1) (moetune's fused epilogue computes silu(gate) * up).
@@ -192,7 +191,9 @@ class ModelShapes:
         planned = []
         for tokens in self.token_buckets:
             m = tokens * self.top_k
-            gate_up_op = FUSED_GATE_UP.get(self.activation, OP)
+            # The gate_up op moe_mlp dispatches: the one fusing the activation, else the plain GEMM.
+            fused = ops.fusing(self.activation)
+            gate_up_op = OP if fused is None else fused.name
             for part, op, k, n in (
                 ("gate_up", gate_up_op, self.hidden, 2 * self.shard_ffn),
                 ("down", OP, self.shard_ffn, self.hidden),
@@ -267,7 +268,7 @@ _FLAGS = {"0": False, "1": True, "false": False, "true": True, "no": False, "yes
 
 def parse_problem(text: str) -> PlannedProblem:
     """'m=8192,k=4096,n=28672,g=8,dtype=bf16' -> a Problem; dtype sets lhs, rhs and out (each overridable);
-    `op=grouped_matmul_swiglu` names the fused gate_up op (default: the plain grouped_matmul)."""
+    `op=grouped_matmul_swiglu` names another registered op (default: the plain grouped_matmul)."""
     values: dict[str, Any] = {}
     dtype = None
     op = OP
@@ -280,8 +281,8 @@ def parse_problem(text: str) -> PlannedProblem:
             dtype = value.strip()
         elif name == "op":
             op = value.strip()
-            if op not in known_ops():
-                raise ConfigInvalid(f"problem {text!r}: op={op!r}; known: {', '.join(known_ops())}")
+            if op not in ops.names():
+                raise ConfigInvalid(f"problem {text!r}: op={op!r}; known: {', '.join(ops.names())}")
         elif name in _PROBLEM_FIELDS:
             values[_PROBLEM_FIELDS[name]] = value.strip()
         else:
@@ -316,7 +317,7 @@ def for_backend(planned: PlannedProblem, backend: Any) -> PlannedProblem:
     """The problem as moe_mlp dispatches it on `backend`: a fused gate_up op the backend does not serve
     becomes the plain GEMM of the same shape (the activation then runs in XLA)."""
     problem = planned.problem
-    if problem.op == OP:
+    if not problem.spec.epilogue:  # nothing fused, nothing to unfuse
         return planned
     try:
         backend.check(problem)

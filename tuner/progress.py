@@ -13,6 +13,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from moetune.tuner.durations import ms
+
 
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
@@ -46,10 +48,6 @@ def _duration(seconds: float | None) -> str:
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.4g}"
 
 
 def _config(config: dict[str, Any] | None) -> str:
@@ -131,7 +129,7 @@ class RichProgress(Progress):
             best.add_column(column)
         for label, best_s, heuristic_s, config in s.best[: self.max_problems]:
             speedup = f"{heuristic_s / best_s:.2f}x" if best_s and heuristic_s else "-"
-            best.add_row(label, _ms(best_s), _ms(heuristic_s), speedup, _config(config))
+            best.add_row(label, ms(best_s), ms(heuristic_s), speedup, _config(config))
         if len(s.best) > self.max_problems:
             best.caption = f"... and {len(s.best) - self.max_problems} more problems"
         return Group(summary_line(s), lanes, best)

@@ -25,10 +25,10 @@ from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.problem import Problem
 from moetune.tuner import optuna_study
 from moetune.tuner import report_figures as figures
+from moetune.tuner.durations import ms
 from moetune.tuner.tasks import OK, canonical
-from moetune.tuner.warm_start import baseline_config
+from moetune.tuner.warm_start import BASELINE_BACKEND, baseline_config
 
-BASELINE_BACKEND = "xla"
 MAX_BARS = 40  # configs per time chart: the fastest, plus the winner and the heuristic wherever they rank
 MAX_FAILED_ROWS = 50
 
@@ -123,10 +123,6 @@ def collect(store: Any, sweep_id: int) -> tuple[Any, list[_ProblemData], list[An
     return sweep, ordered, trials
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.4g}"
-
-
 def _ratio(slow: float | None, fast: float | None) -> str:
     return f"{slow / fast:.2f}x" if slow and fast else "-"
 
@@ -176,7 +172,7 @@ def _decision(d: _ProblemData) -> str:
         and canonical(d.heuristic) != canonical(d.winner.config)
     ):
         note = (
-            f"single medians: heuristic {_ms(heuristic_s)} ms < winner {_ms(d.best_s)} ms; "
+            f"single medians: heuristic {ms(heuristic_s)} ms < winner {ms(d.best_s)} ms; "
             f"the winner was decided on re-timing: {note}"
         )
     return note
@@ -191,9 +187,9 @@ def _summary(problems: list[_ProblemData]) -> str:
             [
                 d.label,
                 f"{len(d.trials) - failed} ok, {failed} failed",
-                _ms(d.best_s),
-                _ms(heuristic_s),
-                _ms(d.baseline_s),
+                ms(d.best_s),
+                ms(heuristic_s),
+                ms(d.baseline_s),
                 _ratio(heuristic_s, d.best_s),
                 _ratio(d.baseline_s, d.best_s),
                 _config(d.winner.config if d.winner else None),

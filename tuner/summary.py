@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from moetune.kernels.device import DeviceFingerprint
+from moetune.tuner.durations import ms
 from moetune.tuner.problem_run import Known, ProblemRun
 
 
@@ -97,10 +98,6 @@ def outcome(
     )
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.4g}"
-
-
 def _x(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
 
@@ -115,9 +112,9 @@ def outcome_rows(outcome: SweepOutcome) -> list[dict[str, Any]]:
             {
                 "problem": p.label,
                 "trials": p.skipped and f"skipped: {p.skipped}" or trials,
-                "winner_ms": _ms(p.winner_s),
-                "heuristic_ms": _ms(p.heuristic_s),
-                "xla_ms": _ms(p.baseline_s),
+                "winner_ms": ms(p.winner_s),
+                "heuristic_ms": ms(p.heuristic_s),
+                "xla_ms": ms(p.baseline_s),
                 "vs_heuristic": _x(p.speedup_vs_heuristic),
                 "vs_xla": _x(p.speedup_vs_baseline),
                 "winner_config": config,

@@ -32,12 +32,9 @@ from moetune.tuner.input_cache import InputCache, Inputs, Reference, reference_r
 
 
 def shape_dtypes(problem: Problem) -> tuple[jax.ShapeDtypeStruct, ...]:
-    """The argument shapes a kernel is compiled for: lhs [m, k], rhs, group sizes int32 [g]."""
-    return (
-        jax.ShapeDtypeStruct((problem.m, problem.k), jnp.dtype(problem.lhs_dtype)),
-        jax.ShapeDtypeStruct(problem.rhs_shape, jnp.dtype(problem.rhs_dtype)),
-        jax.ShapeDtypeStruct((problem.g,), jnp.int32),
-    )
+    """The argument shapes a kernel is compiled for, the op's operands in call order (for the grouped
+    GEMMs: lhs [m, k], rhs, group sizes int32 [g])."""
+    return problem.spec.shape_dtypes(problem)
 
 
 @functools.partial(jax.jit, static_argnames=("shape", "dtype"))
@@ -87,8 +84,9 @@ def relative_error_from_squares(diff_sq: float, ref_sq: float) -> float:
 
 
 def check_output(out: jax.Array, ref: Reference, group_sizes: Sequence[int], problem: Problem) -> float:
-    """The worst row's relative error of `out`; raises WrongResult when it must not pass."""
-    expected_shape = (problem.m, problem.out_n)
+    """The worst row's relative error of `out`; raises WrongResult when it must not pass (the tolerance
+    is the op's, by output dtype)."""
+    expected_shape = problem.out_shape
     if tuple(out.shape) != expected_shape:
         raise WrongResult(f"output shape {tuple(out.shape)} is not {expected_shape}")
     if jnp.dtype(out.dtype) != jnp.dtype(problem.out_dtype):
@@ -101,7 +99,7 @@ def check_output(out: jax.Array, ref: Reference, group_sizes: Sequence[int], pro
     if nans:
         raise WrongResult(f"output holds {nans} NaN values in rows [0, {assigned})")
     error = relative_error_from_squares(float(diff_sq), float(ref_sq))
-    limit = reference.tolerance(problem.out_dtype)
+    limit = problem.spec.tolerance_for(problem.out_dtype)
     if not error <= limit:
         raise WrongResult(
             f"relative error {error:.3g} (worst row) exceeds the {problem.out_dtype} tolerance {limit:g}"
@@ -126,10 +124,10 @@ def warm(inputs: Inputs, cache: InputCache) -> tuple[float, float]:
     rows = reference_row_count(problem)
     reference.rows_reference_program(problem, rows)
     compiled = time.perf_counter()
-    stand_in = jnp.zeros((problem.m, problem.out_n), jnp.dtype(problem.out_dtype))
-    stand_in_ref = jnp.zeros((rows, problem.out_n), jnp.float32)
+    stand_in = jnp.zeros(problem.out_shape, jnp.dtype(problem.out_dtype))
+    stand_in_ref = jnp.zeros((rows, *problem.out_shape[1:]), jnp.float32)
     jax.block_until_ready(_compare(stand_in, stand_in_ref, jnp.arange(rows, dtype=jnp.int32), np.int32(0)))
-    _nan_filled((problem.m, problem.out_n), jnp.dtype(problem.out_dtype)).delete()
+    _nan_filled(problem.out_shape, jnp.dtype(problem.out_dtype)).delete()
     cache.mark_checks_compiled(inputs)
     return compiled - started, time.perf_counter() - compiled
 
@@ -143,7 +141,7 @@ def verify(
     for sizes in draws:
         args = cache.verify_args(inputs, sizes)
         ref = cache.reference(inputs, sizes)
-        out = poisoned_call(fn, args, (problem.m, problem.out_n), problem.out_dtype)
+        out = poisoned_call(fn, args, problem.out_shape, problem.out_dtype)
         worst = max(worst, check_output(out, ref, sizes, problem))
         del out  # the next draw's poison should land where this output was
     return worst

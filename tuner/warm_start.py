@@ -20,6 +20,8 @@ from moetune.kernels.problem import Problem
 
 # Winners of other token counts to start from: the nearest ones, below and above.
 NEIGHBOURS = 4
+# The backend whose `baseline_config` every speedup is measured against.
+BASELINE_BACKEND = "xla"
 
 
 def baseline_config() -> dict[str, Any]:

@@ -7,11 +7,12 @@
 What runs, on every backend (`xla` on CPU, `mosaic_gpu` on Hopper), and what is fused:
   * The GEMMs are `moetune.kernels` dispatched calls, so each is one Problem (`moe_problems` lists them)
     that the tuner sweeps and the dispatcher looks up at trace time.
-  * SwiGLU IS fused into the gate_up GEMM (op "grouped_matmul_swiglu", Problem n=2F, out_n=F) when the
-    chosen backend serves that op: mosaic_gpu computes silu(gate) * up from its float32 accumulators and
-    writes only [T*k, F]; xla (the plain fallback) runs ragged_dot in float32, then the activation. A
-    backend that declines the op (or another activation, e.g. geglu) gets the unfused path: the
-    "grouped_matmul" GEMM writes [T*k, 2F] in the inputs' dtype and an XLA op applies the activation.
+  * The activation IS fused into the gate_up GEMM (the op whose spec has that epilogue:
+    "grouped_matmul_swiglu" or "grouped_matmul_geglu", Problem n=2F, out_n=F) when the chosen backend
+    serves that op: mosaic_gpu computes silu(gate) * up from its float32 accumulators and writes only
+    [T*k, F]; xla (the plain fallback) runs ragged_dot in float32, then the activation. A backend that
+    declines the op (mosaic_gpu declines geglu) gets the unfused path: the "grouped_matmul" GEMM writes
+    [T*k, 2F] in the inputs' dtype and an XLA op applies the activation.
   * Routing (top-k, then the stable sort of the rows by expert) is pairwise comparisons while T*k and E
     are small (decode): on a GPU one Pallas Triton kernel (routing_kernel.py), elsewhere XLA reductions
     (the `routing_mode` argument chooses); lax.top_k and an argsort otherwise.
@@ -50,11 +51,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from moetune.kernels.api import explain, grouped_matmul, grouped_matmul_swiglu, problem_of
+from moetune.kernels import ops
+from moetune.kernels.api import call_op, explain, grouped_matmul, problem_of
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.moe import pallas_mode, routing_kernel
 from moetune.kernels.moe.reference import check_moe_args, gated_activation
-from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name
+from moetune.kernels.problem import GROUPED_MATMUL, Problem, dtype_name
 
 Array = Any
 # gemm(lhs[M, K], rhs[G, K, N], group_sizes[G]) -> [M, N] in lhs's dtype, with jax.lax.ragged_dot semantics.
@@ -201,12 +203,12 @@ def _gate_up(
     rows: SortedRows,
     w_gate_up: Array,
     activation: str,
-    fused_swiglu: GroupedGemm | None = None,
+    fused: GroupedGemm | None = None,
 ) -> Array:
-    """[T*k, F] activated hidden rows in expert order: through `fused_swiglu` ([M, K] x [G, K, 2F] ->
-    [M, F]) when given and the activation is swiglu, else the GEMM then the activation."""
-    if fused_swiglu is not None and activation == "swiglu":
-        return fused_swiglu(permuted, w_gate_up, rows.group_sizes)
+    """[T*k, F] activated hidden rows in expert order: through `fused` (the GEMM with `activation` in its
+    epilogue, [M, K] x [G, K, 2F] -> [M, F]) when given, else the GEMM then the activation."""
+    if fused is not None:
+        return fused(permuted, w_gate_up, rows.group_sizes)
     return gated_activation(activation, gemm(permuted, w_gate_up, rows.group_sizes))
 
 
@@ -234,16 +236,13 @@ def moe_mlp_using(
     top_k: int,
     renormalize: bool = True,
     activation: str = "swiglu",
-    fused_swiglu: GroupedGemm | None = None,
     routing_mode: str = "auto",
 ) -> Array:
-    """`moe_mlp` with any grouped GEMM: baselines pass jax.lax.ragged_dot to time XLA's own kernel.
-
-    `fused_swiglu`, when given, computes the gate_up GEMM and SwiGLU in one op (used for swiglu only).
-    """
+    """`moe_mlp` with any grouped GEMM, unfused: baselines pass jax.lax.ragged_dot to time XLA's own
+    kernel."""
     check_moe_args(x, router_logits, w_gate_up, w_down, top_k=top_k, activation=activation)
     routing, rows = route_rows(router_logits, top_k, renormalize, routing_mode)
-    hidden = _gate_up(gemm, _permute(x, rows), rows, w_gate_up, activation, fused_swiglu)
+    hidden = _gate_up(gemm, _permute(x, rows), rows, w_gate_up, activation)
     return _down_and_combine(gemm, hidden, rows, w_down, routing)
 
 
@@ -266,8 +265,9 @@ def moe_mlp(
     Returns [T, H] in x's dtype. Routing weights are the softmax of the logits over the chosen top_k
     experts (`renormalize`, Mixtral) or over all E (Qwen-MoE with norm_topk_prob=False). The GEMMs run on
     `backend` (None: the dispatcher's default for the device), each with its tuned config looked up at
-    trace time; with `fuse` (the default) swiglu's gate_up GEMM is "grouped_matmul_swiglu" wherever
-    `backend` serves that op, and `fuse=False` forces the unfused path (benchmarks compare the two).
+    trace time; with `fuse` (the default) the gate_up GEMM is the op fusing the activation
+    ("grouped_matmul_swiglu", "grouped_matmul_geglu") wherever `backend` serves that op, and `fuse=False`
+    forces the unfused path (benchmarks compare the two).
     `routing_mode` says how top-k and the sort by expert run (`route_rows`): "auto" (the default) takes
     the one-kernel routing where it fits on a GPU and XLA's ops otherwise; "kernel", "xla", "interpret".
     Raises ConfigInvalid for bad shapes, top_k or routing_mode, Unsupported for an unknown activation.
@@ -306,10 +306,11 @@ def moe_mlp_sorted(
     gemm = functools.partial(grouped_matmul, backend=backend)
     gate_up = functools.partial(grouped_matmul, backend=backend, rows=m)
     fused = None
-    if fuse and activation == "swiglu":
+    fused_op = ops.fusing(activation) if fuse else None
+    if fused_op is not None:
         lhs = jax.ShapeDtypeStruct((m, permuted.shape[1]), permuted.dtype)
-        if serves(GROUPED_MATMUL_SWIGLU, lhs, w_gate_up, backend):
-            fused = functools.partial(grouped_matmul_swiglu, backend=backend, rows=m)
+        if serves(fused_op.name, lhs, w_gate_up, backend):
+            fused = functools.partial(call_op, fused_op.name, backend=backend, rows=m)
     hidden = _gate_up(gate_up, permuted, rows, w_gate_up, activation, fused)
     return _down_and_combine(gemm, hidden, rows, w_down, routing)
 
@@ -331,17 +332,19 @@ def moe_problems(
     experts: int,
     top_k: int,
     dtype: Any = "bfloat16",
-    fused_swiglu: bool = True,
+    fuse: bool = True,
+    activation: str = "swiglu",
 ) -> tuple[Problem, Problem]:
     """The (gate_up, down) Problems `moe_mlp` dispatches for `tokens` tokens: what a sweep should tune.
 
-    With `fused_swiglu` the gate_up Problem is op "grouped_matmul_swiglu" (what a swiglu layer runs on
-    a backend that serves it), else "grouped_matmul" (the unfused path).
+    With `fuse` the gate_up Problem is the op fusing `activation` ("grouped_matmul_swiglu" for swiglu:
+    what the layer runs on a backend that serves it), else "grouped_matmul" (the unfused path).
     """
     dtype = jnp.dtype(dtype_name(dtype))
     rows = tokens * top_k
     spec = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)
-    gate_up_op = GROUPED_MATMUL_SWIGLU if fused_swiglu else GROUPED_MATMUL
+    fused_op = ops.fusing(activation) if fuse else None
+    gate_up_op = GROUPED_MATMUL if fused_op is None else fused_op.name
     return (
         problem_of(spec(rows, hidden), spec(experts, hidden, 2 * intermediate), op=gate_up_op),
         problem_of(spec(rows, intermediate), spec(experts, intermediate, hidden)),

@@ -7,8 +7,8 @@ import pytest
 from sqlalchemy import BigInteger, Integer, String
 
 from moetune.db.models import Device, Kernel, ProblemRow, Winner
-from moetune.kernels import pack_schema
-from moetune.kernels.problem import DTYPES, Problem, known_ops
+from moetune.kernels import ops, pack_schema
+from moetune.kernels.problem import DTYPES, Problem
 
 
 def _max_length(model, field: str) -> int:
@@ -47,7 +47,7 @@ def test_names_and_hashes_fit_their_columns():
     for table, name in ((Kernel, "backend"), (Winner, "backend"), (ProblemRow, "op")):
         assert pack_schema.NAME_LENGTH <= _column(table, name).length
     assert pack_schema.HASH_LENGTH <= _column(Kernel, "source_hash").length
-    assert all(len(op) <= pack_schema.NAME_LENGTH for op in known_ops())
+    assert all(len(op) <= pack_schema.NAME_LENGTH for op in ops.names())
     assert all(len(dtype) <= _column(ProblemRow, "lhs_dtype").length for dtype in DTYPES)
 
 
@@ -57,7 +57,7 @@ def test_the_longest_problem_key_fits_its_column():
             Problem(
                 op, m=2**31 - 1, k=2**31 - 1, n=2**31 - 2, g=2**31 - 1, lhs_dtype=d, rhs_dtype=d, out_dtype=d
             )
-            for op in known_ops()
+            for op in ops.names()
             for d in DTYPES
         ),
         key=lambda p: len(p.key),

@@ -62,7 +62,7 @@ def test_hopper_dispatches_both_gemms_to_a_gpu_kernel():
     # the fused gate_up + SwiGLU op included.
     for tokens in (1, 4096):
         for fused in (True, False):
-            for problem in moe_problems(tokens, HIDDEN, INTERMEDIATE, EXPERTS, TOP_K, fused_swiglu=fused):
+            for problem in moe_problems(tokens, HIDDEN, INTERMEDIATE, EXPERTS, TOP_K, fuse=fused):
                 chosen = explain(problem)
                 assert chosen.backend != "xla", str(chosen)
                 assert not chosen.declined, str(chosen)

@@ -13,7 +13,7 @@ import pytest
 from moetune.kernels import grouped_matmul, grouped_matmul_swiglu
 from moetune.kernels.api import explain, problem_of
 from moetune.kernels.backends.xla.config import STRATEGIES, XlaConfig
-from moetune.kernels.errors import ConfigInvalid, Unsupported
+from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.moe.reference import gated_activation
 from moetune.kernels.problem import Problem
 from moetune.kernels.reference import reference_grouped_matmul, reference_of, relative_error
@@ -49,8 +49,6 @@ def test_reference_is_silu_of_gate_columns_times_up_columns(transpose):
     assert not out[17:].any()
     plain = dataclasses.replace(problem, op="grouped_matmul")
     np.testing.assert_array_equal(reference_of(plain)(lhs, rhs, sizes), product)
-    with pytest.raises(Unsupported, match="no reference"):
-        reference_of(dataclasses.replace(problem, op="moe_combine"))
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -85,5 +83,5 @@ def test_explain_and_dispatch_use_the_op_key():
 
 def test_odd_n_is_refused_with_the_shape():
     lhs, rhs, sizes = _operands(n=95)
-    with pytest.raises(ValueError, match="even N"):
+    with pytest.raises(ValueError, match="even n"):
         grouped_matmul_swiglu(lhs, rhs, sizes)

@@ -192,6 +192,33 @@ def test_broken_pack_is_ignored_with_a_warning(tmp_path, caplog, content):
     assert "ignoring config pack" in caplog.text
 
 
+def test_dispatch_and_import_trust_the_same_pack_entries(tmp_path, caplog):
+    """One policy (lookup.trusted_pack_entries): dispatch skips each untrusted entry with a warning and
+    uses the rest; `moetune import` (db.pack_io.check_pack) refuses the pack, naming the same entry."""
+    from moetune.db.pack_io import check_pack
+    from moetune.kernels.errors import PackInvalid
+
+    path = write_pack(tmp_path, [(BASE, SEGMENTS), (BASE.with_m(256), DENSE), (BASE, DENSE)])
+    data = json.loads(path.read_text())
+    data["entries"][1]["config"]["chunk_m"] = 0  # XlaConfig rejects it
+    path.write_text(json.dumps(data))
+    pack = packs.load(path)
+    trusted, rejected = lookup.trusted_pack_entries(pack)
+    assert [(e.problem, c) for e, c in trusted] == [(BASE, SEGMENTS)]
+    assert rejected[0].startswith(f"entries[1] ({BASE.with_m(256).key}): bad xla config")
+    assert rejected[1] == f"entries[2] repeats problem {BASE.key}"
+    with lookup.using_packs(tmp_path), caplog.at_level(logging.WARNING, "moetune"):
+        assert (resolve().config, resolve().source) == (SEGMENTS, "pack exact")
+        assert resolve(256).source == "pack nearest"  # from m=512: entry 1 is not there
+    assert caplog.text.count("ignoring entries[") == 2
+    assert [w.problem for w in lookup.pack_winners(pack)] == [BASE]
+    with pytest.raises(PackInvalid, match=r"entries\[1\] \(.*\): bad xla config"):
+        check_pack(pack)
+    assert check_pack(packs.Pack(pack.device, "xla", "h", (pack.entries[0],))).entries == pack.entries[:1]
+    with pytest.raises(PackInvalid, match="not usable here"):
+        check_pack(dataclasses.replace(pack, backend="nosuchbackend"))
+
+
 def test_pack_for_another_backend_is_ignored(tmp_path, caplog):
     write_pack(tmp_path, [(BASE, SEGMENTS)], backend="triton")  # under xla's file name
     with lookup.using_packs(tmp_path), caplog.at_level(logging.WARNING, "moetune"):

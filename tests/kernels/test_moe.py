@@ -139,20 +139,25 @@ def test_sort_by_comparison_equals_the_stable_argsort(monkeypatch, tokens, top_k
 
 
 def _recording(monkeypatch):
-    """Patch both dispatched ops of the layer to record the Problem of each call."""
+    """Patch the layer's dispatched calls (the plain GEMM and `call_op` for the fused ones) to record the
+    Problem of each call."""
     seen = []
+    plain, any_op = moe_module.grouped_matmul, moe_module.call_op
 
-    def record(name, op):
-        real = getattr(moe_module, name)
+    def record(op, lhs, rhs, group_sizes, rows=None):
+        lhs = lhs if rows is None else jax.ShapeDtypeStruct((rows, lhs.shape[1]), lhs.dtype)
+        seen.append(problem_of(lhs, rhs, group_sizes, op=op))
 
-        def recording(lhs, rhs, group_sizes, **kwargs):
-            seen.append(problem_of(lhs, rhs, group_sizes, op=op))
-            return real(lhs, rhs, group_sizes, **kwargs)
+    def recording_plain(lhs, rhs, group_sizes, **kwargs):
+        record("grouped_matmul", lhs, rhs, group_sizes, kwargs.get("rows"))
+        return plain(lhs, rhs, group_sizes, **kwargs)
 
-        monkeypatch.setattr(moe_module, name, recording)
+    def recording_op(op, lhs, rhs, group_sizes, **kwargs):
+        record(op, lhs, rhs, group_sizes, kwargs.get("rows"))
+        return any_op(op, lhs, rhs, group_sizes, **kwargs)
 
-    record("grouped_matmul", "grouped_matmul")
-    record("grouped_matmul_swiglu", "grouped_matmul_swiglu")
+    monkeypatch.setattr(moe_module, "grouped_matmul", recording_plain)
+    monkeypatch.setattr(moe_module, "call_op", recording_op)
     return seen
 
 
@@ -161,17 +166,23 @@ def test_both_gemms_dispatch_the_problems_moe_problems_lists(monkeypatch, fuse):
     seen = _recording(monkeypatch)
     x, logits, w_gate_up, w_down = _inputs(24, 32, 48, 4, dtype=jnp.bfloat16)
     jax.jit(lambda *a: moe_mlp(*a, top_k=2, fuse=fuse)).lower(x, logits, w_gate_up, w_down)
-    assert tuple(seen) == moe_problems(24, 32, 48, 4, 2, "bfloat16", fused_swiglu=fuse)
+    assert tuple(seen) == moe_problems(24, 32, 48, 4, 2, "bfloat16", fuse=fuse)
     op = "grouped_matmul_swiglu" if fuse else "grouped_matmul"
     assert seen[0].key == f"{op}/m=48,k=32,n=96,g=4,lhs=bfloat16,rhs=bfloat16,out=bfloat16,t=0/v1"
 
 
-def test_geglu_and_a_backend_without_the_fused_op_take_the_unfused_path(monkeypatch):
+def test_geglu_fuses_where_served_and_a_backend_without_the_fused_op_takes_the_unfused_path(monkeypatch):
     seen = _recording(monkeypatch)
     x, logits, w_gate_up, w_down = _inputs(24, 32, 48, 4)
     jax.jit(lambda *a: moe_mlp(*a, top_k=2, activation="geglu")).lower(x, logits, w_gate_up, w_down)
+    assert [p.op for p in seen] == ["grouped_matmul_geglu", "grouped_matmul"]
+    assert tuple(seen) == moe_problems(24, 32, 48, 4, 2, "float32", activation="geglu")
     # flydsl is not available on a CPU, so it does not serve the fused op; xla then runs both GEMMs.
+    seen.clear()
     jax.jit(lambda *a: moe_mlp(*a, top_k=2, backend="flydsl")).lower(x, logits, w_gate_up, w_down)
+    jax.jit(lambda *a: moe_mlp(*a, top_k=2, activation="geglu", fuse=False)).lower(
+        x, logits, w_gate_up, w_down
+    )
     assert [p.op for p in seen] == ["grouped_matmul"] * 4
 
 
@@ -182,12 +193,13 @@ def test_serves_names_the_first_backend_asked():
     assert not moe_module.serves("grouped_matmul_swiglu", x, w, "flydsl")
 
 
+@pytest.mark.parametrize("activation", ["swiglu", "geglu"])
 @pytest.mark.parametrize("tokens, experts, top_k", [(1, 8, 2), (37, 8, 2), (96, 16, 4)])
-def test_fused_and_unfused_layers_agree_with_the_reference(tokens, experts, top_k):
+def test_fused_and_unfused_layers_agree_with_the_reference(tokens, experts, top_k, activation):
     x, logits, w_gate_up, w_down = _inputs(tokens, 32, 48, experts, seed=tokens + 1)
-    fused = routed(x, logits, w_gate_up, w_down, top_k=top_k)
-    unfused = moe_mlp(x, logits, w_gate_up, w_down, top_k=top_k, fuse=False)
-    expected = reference(x, logits, w_gate_up, w_down, top_k=top_k)
+    fused = routed(x, logits, w_gate_up, w_down, top_k=top_k, activation=activation)
+    unfused = moe_mlp(x, logits, w_gate_up, w_down, top_k=top_k, activation=activation, fuse=False)
+    expected = reference(x, logits, w_gate_up, w_down, top_k=top_k, activation=activation)
     np.testing.assert_allclose(fused, expected, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(unfused, expected, rtol=2e-5, atol=2e-5)
 

@@ -128,7 +128,7 @@ def test_decode_space_offers_split_k():
         (dataclasses.replace(GATE_UP, rhs_dtype="float16"), "of one dtype"),
         (dataclasses.replace(GATE_UP, k=4100), "K=4100"),
         (dataclasses.replace(GATE_UP, n=100), "N=100"),
-        (dataclasses.replace(GATE_UP, op="attention"), "op='attention'"),
+        (dataclasses.replace(GATE_UP, op="grouped_matmul_geglu"), "op='grouped_matmul_geglu'"),
     ],
 )
 def test_unservable_problems_are_unsupported(problem, why):

@@ -11,6 +11,7 @@ from moetune.tuner.plan import (
     DEFAULT_TOKEN_BUCKETS,
     ModelShapes,
     dedupe,
+    dispatched_on,
     for_backend,
     load_model,
     parse_problem,
@@ -41,9 +42,19 @@ def test_model_problems_are_what_moe_mlp_dispatches():
         assert gate_up.op == "grouped_matmul_swiglu" and gate_up.out_n == model.ffn
 
 
-def test_unfused_activation_tunes_the_plain_gate_up_gemm():
+def test_geglu_tunes_its_fused_op_where_served_and_the_plain_gemm_elsewhere():
     model = ModelShapes("m", experts=4, top_k=2, hidden=64, ffn=32, token_buckets=(4,), activation="geglu")
-    assert {p.problem.op for p in model.problems()} == {"grouped_matmul"}
+    planned = model.problems()
+    assert [p.problem.op for p in planned] == ["grouped_matmul_geglu", "grouped_matmul"]
+    assert tuple(p.problem for p in planned) == moe_problems(4, 64, 32, 4, 2, activation="geglu")
+    assert [p.problem.op for p in dispatched_on(planned, registry.get("xla"))] == [
+        "grouped_matmul_geglu",
+        "grouped_matmul",
+    ]
+    # mosaic_gpu fuses only SwiGLU: its geglu layer runs the plain gate_up GEMM, then the activation.
+    assert [p.problem.op for p in dispatched_on(planned, registry.get("mosaic_gpu"))] == [
+        "grouped_matmul"
+    ] * 2
     with pytest.raises(ConfigInvalid, match="activation='relu'; known: geglu, swiglu"):
         ModelShapes("m", experts=4, top_k=2, hidden=64, ffn=32, activation="relu")
 
@@ -61,7 +72,10 @@ def test_parse_problem_names_the_fused_op():
     fused = parse_problem("op=grouped_matmul_swiglu,m=2,k=4096,n=28672,g=8,dtype=bf16")
     assert (fused.problem.op, fused.problem.out_n) == ("grouped_matmul_swiglu", 14336)
     assert fused.label == "grouped_matmul_swiglu m=2,k=4096,n=28672,g=8"
-    with pytest.raises(ConfigInvalid, match="op='gemm'; known: grouped_matmul, grouped_matmul_swiglu"):
+    geglu = parse_problem("op=grouped_matmul_geglu,m=2,k=4096,n=28672,g=8,dtype=bf16")
+    assert (geglu.problem.op, geglu.problem.out_n) == ("grouped_matmul_geglu", 14336)
+    known = "grouped_matmul, grouped_matmul_geglu, grouped_matmul_swiglu"
+    with pytest.raises(ConfigInvalid, match=f"op='gemm'; known: {known}"):
         parse_problem("op=gemm,m=2,k=4,n=4,g=1")
 
 
@@ -142,7 +156,7 @@ def test_parse_problem_errors(text, message):
 
 
 def test_dedupe_keeps_the_first_label():
-    a = parse_problem("m=2,k=64,n=64,g=4")
+    a = parse_problem("op=grouped_matmul_geglu,m=2,k=64,n=64,g=4")
     b = ModelShapes("m", experts=4, top_k=2, hidden=64, ffn=32, token_buckets=(1,), activation="geglu")
     b = b.problems()
     merged = dedupe([*b, a])

@@ -21,8 +21,6 @@ from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.problem import Problem
 from moetune.kernels.timing import Timer
 
-OP = "grouped_matmul"
-
 
 def device_arch(device: DeviceFingerprint) -> str | None:
     """'gfx942' for a ROCm device (features such as ':sramecc+:xnack-' dropped), else None."""
@@ -68,6 +66,10 @@ class FlyDSLBackend(Backend):
     # Ray treats AMD GPUs as "GPU" only where it detects ROCm; AMD nodes declare one `amd_gpu` per GPU.
     device_resource = "amd_gpu"
     visible_devices_env = "HIP_VISIBLE_DEVICES"
+    # kernel.build turns a KernelPlan into the FlyDSL kernel; the compile worker runs it (compile.py).
+    # Its buffer descriptors end at row M of lhs, so rows past M are never read (the backend contract).
+    kernels = {"grouped_matmul": "build"}
+    kernel_module = "moetune.kernels.backends.flydsl.kernel"
 
     def available(self, device: DeviceFingerprint) -> str | None:
         arch = device_arch(device)
@@ -88,9 +90,7 @@ class FlyDSLBackend(Backend):
             return str(e)
         return None
 
-    def check(self, problem: Problem) -> None:
-        if problem.op != OP:
-            raise Unsupported(f"flydsl computes op={OP}, not op={problem.op!r}")
+    def check_problem(self, problem: Problem) -> None:
         if problem.lhs_dtype != problem.rhs_dtype:
             raise Unsupported(
                 f"flydsl needs equal operand dtypes, not {problem.lhs_dtype} x {problem.rhs_dtype}"
@@ -122,7 +122,7 @@ class FlyDSLBackend(Backend):
             hsaco_path=result.hsaco_path,
             grid=result.grid,
             block=result.block,
-            out_shape=(problem.m, problem.n),
+            out_shape=problem.out_shape,
             out_dtype=problem.out_dtype,
         )
         return ffi.kernel_fn(spec)

@@ -13,7 +13,7 @@ from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint, current_fingerprint
 from moetune.kernels.errors import ConfigInvalid, ResourceExceeded, Unsupported
-from moetune.kernels.problem import GROUPED_MATMUL_SWIGLU, Problem
+from moetune.kernels.problem import Problem
 from moetune.kernels.timing import Timer
 
 
@@ -22,8 +22,9 @@ class MosaicGpuBackend(Backend):
     config_cls = MosaicGpuConfig
     # The default wherever it runs: it outranks the portable backends.
     priority = 100
-    # pad_lhs configs then need no copy of a decode-sized lhs that its producer padded (kernel_sm90).
-    takes_lhs_slack = True
+    # The fused epilogue is SwiGLU's only; other gated ops (grouped_matmul_geglu) fall through to xla.
+    kernels = {"grouped_matmul": "grouped_matmul", "grouped_matmul_swiglu": "grouped_matmul_swiglu"}
+    kernel_module = "moetune.kernels.backends.mosaic_gpu.kernel_sm90"
 
     def available(self, device: DeviceFingerprint) -> str | None:
         if device.platform != "gpu":
@@ -41,7 +42,7 @@ class MosaicGpuBackend(Backend):
             return f"Pallas Mosaic GPU is not importable ({e})"
         return None
 
-    def check(self, problem: Problem) -> None:
+    def check_problem(self, problem: Problem) -> None:
         from moetune.search_spaces import mosaic_gpu as space
 
         space.check_problem(problem)
@@ -62,7 +63,6 @@ class MosaicGpuBackend(Backend):
         The search space's validity constraints decide, exactly as in the pruner; its pruning-only
         constraints (wasteful but correct points) do not, so any config that runs correctly builds.
         """
-        from moetune.kernels.backends.mosaic_gpu import kernel_sm90
         from moetune.search_spaces import mosaic_gpu as space
 
         self.check(problem)
@@ -77,17 +77,15 @@ class MosaicGpuBackend(Backend):
             if reason is not None:
                 error = ResourceExceeded if constraint in space.RESOURCE_CONSTRAINTS else ConfigInvalid
                 raise error(f"{constraint.__name__}: {reason}")
-        kernel = (
-            kernel_sm90.grouped_matmul_swiglu
-            if problem.op == GROUPED_MATMUL_SWIGLU
-            else kernel_sm90.grouped_matmul
-        )
+        # rows=m: an lhs with rows past m (the backend contract) is used as it is; pad_lhs configs then
+        # need no copy of a decode-sized lhs that its producer padded (kernel_sm90).
         return functools.partial(
-            kernel,
+            self.kernel_for(problem.op),
             config=config,
             num_sms=device.core_count,
             transpose_rhs=problem.transpose_rhs,
             out_dtype=jnp.dtype(problem.out_dtype),
+            rows=problem.m,
         )
 
     def timer(self) -> Timer:

@@ -33,7 +33,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from moetune.kernels.backends.mosaic_gpu import tiling
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
-from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, dtype_name
+from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, problem_of
 
 # Registers per thread left to the producer warpgroup; the consumers share the rest (the value JAX's
 # Hopper matmul uses).
@@ -494,34 +494,6 @@ def kernel_name(config: MosaicGpuConfig, op: str = GROUPED_MATMUL) -> str:
     return _NAME_PREFIX[op] + "_".join(parts)
 
 
-def problem_of(
-    lhs: Any, rhs: Any, group_sizes: Any, *, transpose_rhs: bool, out_dtype: Any, op: str = GROUPED_MATMUL
-) -> Problem:
-    """The Problem key of concrete (or abstract) operands; raises ValueError on inconsistent shapes."""
-    if lhs.ndim != 2 or rhs.ndim != 3:
-        raise ValueError(f"lhs must be [M, K] and rhs [G, K, N] (or [G, N, K]); got {lhs.shape}, {rhs.shape}")
-    m, k = lhs.shape
-    if transpose_rhs:
-        g, n, k2 = rhs.shape
-    else:
-        g, k2, n = rhs.shape
-    if k != k2:
-        raise ValueError(f"lhs K={k} != rhs K={k2} (transpose_rhs={transpose_rhs})")
-    if group_sizes.shape != (g,):
-        raise ValueError(f"group_sizes.shape={group_sizes.shape} must be ({g},)")
-    return Problem(
-        op,
-        m=m,
-        k=k,
-        n=n,
-        g=g,
-        lhs_dtype=dtype_name(lhs.dtype),
-        rhs_dtype=dtype_name(rhs.dtype),
-        out_dtype=dtype_name(out_dtype),
-        transpose_rhs=transpose_rhs,
-    )
-
-
 def grouped_matmul(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -577,7 +549,9 @@ def _grouped(
     if not 0 < rows <= lhs.shape[0]:
         raise ValueError(f"rows={rows} must be between 1 and lhs's {lhs.shape[0]} rows")
     m_rows = jax.ShapeDtypeStruct((rows, lhs.shape[1]), lhs.dtype)
-    problem = problem_of(m_rows, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype, op=op)
+    problem = problem_of(
+        m_rows, rhs, group_sizes, transpose_rhs=transpose_rhs, preferred_element_type=out_dtype, op=op
+    )
     swiglu = op == GROUPED_MATMUL_SWIGLU
     if swiglu and (config.split_k > 1 or problem.out_n % config.cta_n):
         raise ValueError(

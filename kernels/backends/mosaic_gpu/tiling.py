@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
-from moetune.kernels.problem import GROUPED_MATMUL_SWIGLU, Problem
+from moetune.kernels.problem import Problem
 
 # Barriers and alignment padding beside the buffers (Mosaic reported 24-64 bytes for these kernels).
 SMEM_OVERHEAD_BYTES = 1024
@@ -69,9 +69,9 @@ def geometry(problem: Problem, config: MosaicGpuConfig) -> TileGeometry:
 
 
 def accumulators(problem: Problem) -> int:
-    """float32 accumulators (and weight tiles per pipeline stage) of one CTA: two under the SwiGLU
-    epilogue (gate and up), else one."""
-    return 2 if problem.op == GROUPED_MATMUL_SWIGLU else 1
+    """float32 accumulators (and weight tiles per pipeline stage) of one CTA: the op's rhs columns per
+    output column, two under the SwiGLU epilogue (gate and up), else one."""
+    return problem.spec.rhs_columns_per_out_column
 
 
 def smem_bytes(problem: Problem, config: MosaicGpuConfig) -> int:

@@ -1,25 +1,25 @@
 """The `xla` backend: grouped GEMM from plain XLA operations; runs on every device, CPU included.
 
-It also serves the fused MoE ops as the plain fallback: "grouped_matmul_swiglu" is the grouped GEMM in
-float32 followed by the activation as a separate XLA op.
+It closes every fallback chain, so it serves every op: the fused ones as the plain fallback, the grouped
+GEMM in float32 followed by the epilogue as a separate XLA op ("grouped_matmul_swiglu",
+"grouped_matmul_geglu").
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from moetune.kernels.backend import Backend, KernelFn
-from moetune.kernels.backends.xla import kernel
 from moetune.kernels.backends.xla.config import XlaConfig
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint
-from moetune.kernels.errors import ConfigInvalid, Unsupported
-from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem
-
-OPS = (GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU)
+from moetune.kernels.errors import ConfigInvalid
+from moetune.kernels.problem import Problem
 
 
 class XlaBackend(Backend):
@@ -28,13 +28,15 @@ class XlaBackend(Backend):
     # The fallback of last resort: every other backend should outrank it where it runs.
     priority = 0
     compiles_without_device = True
+    kernels = {
+        "grouped_matmul": "grouped_matmul",
+        "grouped_matmul_swiglu": "grouped_matmul_swiglu",
+        "grouped_matmul_geglu": "grouped_matmul_geglu",
+    }
+    kernel_module = "moetune.kernels.backends.xla.kernel"
 
     def available(self, device: DeviceFingerprint) -> str | None:
         return None
-
-    def check(self, problem: Problem) -> None:
-        if problem.op not in OPS:
-            raise Unsupported(f"xla computes op={' or '.join(OPS)}, not op={problem.op!r}")
 
     def compiles_on_device(self) -> bool:
         # On a GPU, XLA's GEMM autotuner times candidate kernels on the device while it compiles. On the
@@ -57,16 +59,20 @@ class XlaBackend(Backend):
         self.check(problem)
         if not isinstance(config, XlaConfig):
             raise ConfigInvalid(f"xla needs an XlaConfig, not {type(config).__qualname__}")
-        if problem.op == GROUPED_MATMUL_SWIGLU:
-            return functools.partial(
-                kernel.grouped_matmul_swiglu,
-                config=config,
-                transpose_rhs=problem.transpose_rhs,
-                out_dtype=jnp.dtype(problem.out_dtype),
-            )
-        return functools.partial(
-            kernel.grouped_matmul,
+        kernel = functools.partial(
+            self.kernel_for(problem.op),
             config=config,
             transpose_rhs=problem.transpose_rhs,
             out_dtype=jnp.dtype(problem.out_dtype),
         )
+        return _first_rows(kernel, problem.m)
+
+
+def _first_rows(kernel: Callable[..., Any], m: int) -> KernelFn:
+    """`kernel` on lhs's first m rows: the backend contract lets lhs carry rows past m that belong to no
+    group, and the XLA strategies size their output by lhs."""
+
+    def on_first_rows(lhs: Any, rhs: Any, group_sizes: Any) -> Any:
+        return kernel(lhs[:m] if lhs.shape[0] > m else lhs, rhs, group_sizes)
+
+    return on_first_rows

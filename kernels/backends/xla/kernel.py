@@ -11,6 +11,8 @@ every result is verified against (kernels/reference.py). bf16 and f16 operands a
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -50,7 +52,8 @@ def grouped_matmul(
     return out.astype(out_dtype)
 
 
-def grouped_matmul_swiglu(
+def _gated(
+    activation: str,
     lhs: jax.Array,
     rhs: jax.Array,
     group_sizes: jax.Array,
@@ -59,11 +62,16 @@ def grouped_matmul_swiglu(
     transpose_rhs: bool,
     out_dtype: jnp.dtype,
 ) -> jax.Array:
-    """silu(gate) * up of the float32 grouped GEMM [M, 2F] -> [M, F]; gate columns first, then up."""
+    """act(gate) * up of the float32 grouped GEMM [M, 2F] -> [M, F]; gate columns first, then up."""
     product = grouped_matmul(
         lhs, rhs, group_sizes, config=config, transpose_rhs=transpose_rhs, out_dtype=jnp.dtype(jnp.float32)
     )
-    return gated_activation("swiglu", product).astype(out_dtype)
+    return gated_activation(activation, product).astype(out_dtype)
+
+
+# The fused ops' plain fallbacks: silu(gate) * up and gelu_tanh(gate) * up.
+grouped_matmul_swiglu = functools.partial(_gated, "swiglu")
+grouped_matmul_geglu = functools.partial(_gated, "geglu")
 
 
 def _precision(dtype: jnp.dtype) -> lax.Precision | None:

@@ -23,7 +23,7 @@ plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
 
 from moetune.kernels.backends.mosaic_gpu import kernel_sm90, tiling, timer  # noqa: E402
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C  # noqa: E402
-from moetune.kernels.problem import Problem  # noqa: E402
+from moetune.kernels.problem import Problem, problem_of  # noqa: E402
 from moetune.kernels.reference import reference_grouped_matmul, relative_error  # noqa: E402
 
 PLAIN = dict(warp_specialized=False, wg_split="none")
@@ -251,12 +251,10 @@ def test_smem_model_is_not_below_what_mosaic_allocates(monkeypatch):
     from jax.experimental.mosaic.gpu import core as mosaic_core
 
     config = C(block_m=64, block_n=256, block_k=64, max_concurrent_steps=4, wg_split="m")
-    problem = kernel_sm90.problem_of(
+    problem = problem_of(
         jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16),
         jax.ShapeDtypeStruct((8, 1024, 512), jnp.bfloat16),
         jax.ShapeDtypeStruct((8,), jnp.int32),
-        transpose_rhs=False,
-        out_dtype=jnp.bfloat16,
     )
     monkeypatch.setattr(mosaic_core, "_SMEM_SIZE_BOUND", 1)
     with pytest.raises(ValueError, match="exceeds available shared memory") as info:

@@ -130,7 +130,7 @@ def test_constraints_see_two_accumulators_and_no_split_k():
     assert space.accumulator_fits_registers(plain_gemm, big, HOPPER) is None
     assert "2 128x128 accumulator(s)" in space.accumulator_fits_registers(MIXTRAL, big, HOPPER)
     split = dataclasses.replace(WS_N, split_k=2)
-    assert "SwiGLU epilogue" in space.split_k_linear(MIXTRAL, split, HOPPER)
+    assert "swiglu epilogue" in space.split_k_linear(MIXTRAL, split, HOPPER)
     assert space.split_k_linear(plain_gemm, split, HOPPER) is None
     # F, not 2F, must be a multiple of the CTA tile's columns: F=192 is not a multiple of 128.
     odd_f = dataclasses.replace(MIXTRAL, n=384)

@@ -1,0 +1,49 @@
+"""The op registry: every op moetune computes, one module per op in this package exposing `SPEC`.
+
+Names come from the modules here (and nowhere else), so adding an op is one spec file plus one kernel per
+backend that serves it (docs/adding-an-op.md). Modules are imported on first use; an unknown name lists
+the registered ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from moetune.kernels.errors import ConfigInvalid
+from moetune.kernels.ops.spec import Operand, OpSpec
+
+# The two ops most callers name; every other one is reached by its name through `get`.
+GROUPED_MATMUL = "grouped_matmul"
+GROUPED_MATMUL_SWIGLU = "grouped_matmul_swiglu"
+
+_NOT_OPS = frozenset({"spec"})
+_loaded: dict[str, OpSpec] = {}
+
+
+def names() -> list[str]:
+    """Every registered op name."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _NOT_OPS and not m.ispkg)
+
+
+def get(name: str) -> OpSpec:
+    """The spec of op `name`; ConfigInvalid listing the registered ops when there is none."""
+    spec = _loaded.get(name)
+    if spec is not None:
+        return spec
+    if name not in names():
+        raise ConfigInvalid(f"unknown op {name!r}; registered: {', '.join(names())}")
+    spec = importlib.import_module(f"{__name__}.{name}").SPEC
+    if not isinstance(spec, OpSpec) or spec.name != name:
+        raise ConfigInvalid(f"{__name__}.{name} has no SPEC of an OpSpec named {name!r}")
+    _loaded[name] = spec
+    return spec
+
+
+def fusing(epilogue: str) -> OpSpec | None:
+    """The op that applies the gated activation `epilogue` ("swiglu", "geglu") to its grouped GEMM's
+    float32 product, or None when no op fuses it."""
+    return next((s for s in map(get, names()) if s.epilogue == epilogue and epilogue), None)
+
+
+__all__ = ["GROUPED_MATMUL", "GROUPED_MATMUL_SWIGLU", "OpSpec", "Operand", "fusing", "get", "names"]

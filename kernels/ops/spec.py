@@ -1,0 +1,175 @@
+"""What an op is: `OpSpec`, a frozen value holding everything the tuner, dispatch and the tests ask of
+an op, so that none of them compares op names.
+
+An op is a grouped GEMM over the generic dims of a Problem (m token rows, k, n, g experts, the dtypes,
+transpose_rhs). Its spec gives, as functions of the Problem:
+  * the operands in kernel call order (name, shape, dtype rule, how the tuner draws them), scale
+    operands included (`Operand.scales` and `layout`: a quantized op's scale layout is part of its name,
+    hence of every key);
+  * the output shape, the dtypes it accepts and its own rules (`checks`);
+  * its float32 reference (what every candidate is verified against) and tolerances by output dtype;
+  * the input generator the tuner verifies and times on (`draw`);
+  * FLOPs and bytes touched (scheduling, dry-run estimates, rooflines);
+  * facts kernels and search spaces plan with: the gated `epilogue` applied to the float32 product and
+    how many rhs columns make one output column;
+  * `vjp`: None for every op today. A differentiable op will name the ops of its cotangents there (dlhs:
+    a grouped GEMM with the other rhs layout; drhs: the weight gradient out[g] = lhs[rows of g]^T @
+    dout[rows of g], [G, K, N], whose contracting dimension is the ragged one).
+
+What the fields can say of the planned ops (tests/kernels/test_ops.py builds both): an FP8 op with
+per-row x per-column scales adds Operand("lhs_scale", (m,), float32, kind="scale", scales="lhs",
+layout="row") and its "column" twin for rhs; the weight-gradient op has operands lhs [m, k], dout [m, n]
+and the group sizes, out_shape (g, k, n), its own `dims_of` (n comes from dout) and a reference through
+jax.lax.ragged_dot_general with the ragged contracting dimension. Left for when they are built: the
+tuner draws only the lhs and rhs operands today (scales need a draw of their own), and its verification
+samples output rows as lhs rows (tuner/input_cache.reference_rows), which a [g, k, n] output is not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+
+from moetune.kernels.errors import ConfigInvalid
+
+if TYPE_CHECKING:
+    from moetune.kernels.problem import Problem
+
+# Relative error ||out - ref|| / ||ref|| a result may have, by output dtype: a few units of the dtype's
+# rounding (bf16 keeps 8 mantissa bits, f16 11, f32 24), with room for a different summation order.
+TOLERANCE: Mapping[str, float] = {"bfloat16": 1e-2, "float16": 1e-3, "float32": 1e-5}
+
+# What an operand is to the tuner: "data" is drawn at random (never zeros), "group_sizes" is the routing
+# (runtime data the tuner draws as routings, never part of a key), "scale" scales another operand.
+OPERAND_KINDS = ("data", "group_sizes", "scale")
+# How a scale operand covers the operand it scales.
+SCALE_LAYOUTS = ("tensor", "row", "column", "block_1x128", "block_128x128")
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """One argument of an op's kernels. `shape` and `dtype` are functions of the Problem; `stddev` is
+    the spread of the normal draw the tuner feeds a data operand (None: not drawn)."""
+
+    name: str
+    shape: Callable[[Problem], tuple[int, ...]]
+    dtype: Callable[[Problem], str]
+    kind: str = "data"
+    stddev: Callable[[Problem], float] | None = None
+    scales: str = ""  # kind "scale": the operand it scales
+    layout: str = ""  # kind "scale": one of SCALE_LAYOUTS
+
+    def __post_init__(self) -> None:
+        if self.kind not in OPERAND_KINDS:
+            raise ConfigInvalid(f"operand {self.name}: kind={self.kind!r} is not one of {OPERAND_KINDS}")
+        if (self.kind == "scale") != bool(self.scales) or (self.kind == "scale") != bool(self.layout):
+            raise ConfigInvalid(f"operand {self.name}: scales and layout are set exactly for kind='scale'")
+        if self.layout and self.layout not in SCALE_LAYOUTS:
+            raise ConfigInvalid(f"operand {self.name}: layout={self.layout!r} is not one of {SCALE_LAYOUTS}")
+
+
+ProblemCheck = Callable[["Problem"], "str | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """One op; see the module docstring. `reference(*operands, transpose_rhs=...)` takes the operands in
+    call order and returns the float32 output; `dims_of(lhs, rhs, group_sizes, transpose_rhs)` reads
+    (m, k, n, g) off a call's operands (arrays or ShapeDtypeStructs), raising ValueError on a misfit."""
+
+    name: str
+    summary: str
+    operands: tuple[Operand, ...]
+    out_shape: Callable[[Problem], tuple[int, ...]]
+    reference: Callable[..., jax.Array]
+    dims_of: Callable[[Any, Any, Any, bool], tuple[int, int, int, int]]
+    flops: Callable[[Problem], int]
+    # The dtypes the op takes for lhs and rhs, and for its output; empty: every dtype a Problem holds.
+    operand_dtypes: tuple[str, ...] = ()
+    out_dtypes: tuple[str, ...] = ()
+    checks: tuple[ProblemCheck, ...] = ()
+    tolerance: Mapping[str, float] = dataclasses.field(default_factory=lambda: dict(TOLERANCE))
+    epilogue: str = ""  # the gated activation applied to the float32 product ("" for none)
+    rhs_columns_per_out_column: int = 1  # 2 under a gated epilogue: gate and up columns make one output
+    out_columns: str = "N"  # what messages call the output's columns ("F" under a gated epilogue)
+    # Placeholder: no op has a VJP yet. It will name the ops computing the cotangents (see the module
+    # docstring), so that each is its own tunable Problem.
+    vjp: None = None
+
+    def __post_init__(self) -> None:
+        names = [o.name for o in self.operands]
+        if len(set(names)) != len(names):
+            raise ConfigInvalid(f"op {self.name}: operand names repeat: {names}")
+        for operand in self.operands:
+            if operand.kind == "scale" and operand.scales not in names:
+                raise ConfigInvalid(f"op {self.name}: {operand.name} scales unknown operand {operand.scales}")
+
+    @property
+    def linear_in_k(self) -> bool:
+        """Whether partial products over slices of K may be summed afterwards (split-K): not under an
+        epilogue, which is not linear in its input."""
+        return not self.epilogue
+
+    @property
+    def scale_operands(self) -> tuple[Operand, ...]:
+        return tuple(o for o in self.operands if o.kind == "scale")
+
+    def operand(self, name: str) -> Operand:
+        for operand in self.operands:
+            if operand.name == name:
+                return operand
+        raise ConfigInvalid(
+            f"op {self.name} has no operand {name!r}; it has {[o.name for o in self.operands]}"
+        )
+
+    def check(self, problem: Problem) -> None:
+        """Raise ConfigInvalid naming the first rule of this op that `problem` breaks."""
+        for role, dtype, accepted in (
+            ("lhs", problem.lhs_dtype, self.operand_dtypes),
+            ("rhs", problem.rhs_dtype, self.operand_dtypes),
+            ("out", problem.out_dtype, self.out_dtypes),
+        ):
+            if accepted and dtype not in accepted:
+                raise ConfigInvalid(f"op={self.name} takes {role} dtypes {', '.join(accepted)}, not {dtype}")
+        for check in self.checks:
+            reason = check(problem)
+            if reason is not None:
+                raise ConfigInvalid(f"op={self.name} {reason}")
+
+    def tolerance_for(self, out_dtype: str) -> float:
+        return self.tolerance[out_dtype]
+
+    def shape_dtypes(self, problem: Problem) -> tuple[jax.ShapeDtypeStruct, ...]:
+        """The argument shapes a kernel of `problem` is compiled for, in call order."""
+        return tuple(
+            jax.ShapeDtypeStruct(o.shape(problem), jnp.dtype(o.dtype(problem))) for o in self.operands
+        )
+
+    def bytes_touched(self, problem: Problem) -> int:
+        """Bytes of every operand (all experts' weights) and of the output: what a kernel reads and writes
+        at most, the memory side of a roofline."""
+
+        def nbytes(shape: tuple[int, ...], dtype: str) -> int:
+            return math.prod(shape) * jnp.dtype(dtype).itemsize
+
+        total = sum(nbytes(o.shape(problem), o.dtype(problem)) for o in self.operands)
+        return total + nbytes(self.out_shape(problem), problem.out_dtype)
+
+    def draw(self, problem: Problem, name: str, key: Any) -> jax.Array:
+        """Random values for operand `name` from `key`: what the tuner verifies and times on (never zeros).
+        Generated on the device: host-side numpy would take seconds for the largest weights."""
+        operand = self.operand(name)
+        if operand.stddev is None:
+            raise ConfigInvalid(f"op {self.name}: operand {name} is not drawn at random ({operand.kind})")
+        return _normal(key, operand.shape(problem), operand.dtype(problem), float(operand.stddev(problem)))
+
+
+@functools.partial(jax.jit, static_argnames=("shape", "dtype", "stddev"))
+def _normal(key: jax.Array, shape: tuple[int, ...], dtype: str, stddev: float) -> jax.Array:
+    return (jax.random.normal(key, shape, jnp.float32) * stddev).astype(dtype)

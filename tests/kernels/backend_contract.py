@@ -1,0 +1,166 @@
+"""The correctness contract of every backend's kernels: one test base that each backend's tests subclass,
+so that a new backend (or a new op in a backend's table) inherits the whole suite.
+
+Every test runs once per (op, dtype) the backend serves: each op of its `kernels` table, with the
+operand dtypes its `check` accepts among bfloat16, float16 and float32. The built kernel's output is
+compared with the op's float32 reference (OpSpec.reference) under the op's tolerance for the output dtype,
+on operands drawn by the op's own input generator (OpSpec.draw). Cases:
+  * simple shapes, every row in some group;
+  * empty groups (and one group holding every row);
+  * rows past sum(group_sizes): exactly zero;
+  * an lhs with more rows than M (kernels/backend.py's contract, the public functions' `rows=`): the
+    rows past M are NaN and must not reach the [M, out_n] result;
+  * the transposed weight layout rhs [G, N, K];
+  * `test_vjp`, the hook for gradients: it runs an op's VJP once its spec has one.
+
+A subclass sets `backend_name` and, where needed, overrides `unavailable` (why the kernels cannot run
+here: the run tests then skip with that reason) and `configs` (the configs to run; default: the backend's
+heuristic on this device).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from moetune.kernels import call_op, explain, ops, registry
+from moetune.kernels.backend import Backend
+from moetune.kernels.config import KernelConfig
+from moetune.kernels.device import current_fingerprint
+from moetune.kernels.errors import Unsupported
+from moetune.kernels.problem import DTYPES, Problem
+from moetune.kernels.reference import reference_of, relative_error
+
+# Output columns and K of every case: multiples of every backend's smallest tiles (mosaic_gpu: N % 64,
+# K % 32), and small enough for a CPU.
+OUT_COLUMNS = 128
+K = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    op: str
+    dtype: str
+
+    def __str__(self) -> str:
+        return f"{self.op}-{self.dtype}"
+
+    def problem(self, m: int, g: int, *, transpose_rhs: bool = False) -> Problem:
+        n = OUT_COLUMNS * ops.get(self.op).rhs_columns_per_out_column
+        return Problem(self.op, m, K, n, g, self.dtype, self.dtype, self.dtype, transpose_rhs)
+
+
+class BackendContract:
+    backend_name: ClassVar[str]
+
+    @property
+    def backend(self) -> Backend:
+        return registry.get(self.backend_name)
+
+    def unavailable(self) -> str | None:
+        """Why this backend's kernels cannot run in this process, or None."""
+        return self.backend.available(current_fingerprint())
+
+    def configs(self, problem: Problem) -> list[KernelConfig]:
+        return [self.backend.heuristic(problem, current_fingerprint())]
+
+    @classmethod
+    def served_cases(cls) -> list[Case]:
+        """(op, dtype) pairs the backend serves: its table's ops, with the dtypes its check accepts."""
+        backend = registry.get(cls.backend_name)
+        cases = []
+        for op in sorted(backend.kernels):
+            for dtype in DTYPES:
+                case = Case(op, dtype)
+                try:
+                    backend.check(case.problem(m=64, g=4))
+                except Unsupported:
+                    continue
+                cases.append(case)
+        return cases
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "case" in metafunc.fixturenames:
+            metafunc.parametrize("case", self.served_cases(), ids=str)
+
+    # -- the cases ------------------------------------------------------------------------------------
+
+    def test_serves_at_least_one_case(self):
+        assert self.served_cases(), f"{self.backend_name} serves no (op, dtype) of {DTYPES}"
+
+    def test_simple(self, case: Case):
+        self._check(case.problem(m=40, g=4), [10, 7, 13, 10])
+
+    def test_empty_groups(self, case: Case):
+        self._check(case.problem(m=40, g=4), [0, 25, 0, 15])
+        self._check(case.problem(m=40, g=4), [0, 0, 40, 0])
+
+    def test_rows_past_the_groups_are_zero(self, case: Case):
+        self._check(case.problem(m=40, g=4), [5, 0, 9, 3])
+        self._check(case.problem(m=40, g=4), [0, 0, 0, 0])
+
+    def test_transposed_rhs(self, case: Case):
+        self._check(case.problem(m=40, g=4, transpose_rhs=True), [10, 0, 21, 4])
+
+    def test_lhs_with_rows_past_m(self, case: Case):
+        problem = case.problem(m=40, g=4)
+        lhs, rhs = self._operands(problem)
+        padded = jnp.concatenate([lhs, jnp.full((24, problem.k), jnp.nan, lhs.dtype)])
+        sizes = jnp.asarray([10, 7, 13, 6], jnp.int32)
+        ref = reference_of(problem)(lhs, rhs, sizes)
+        for config in self._runnable_configs(problem):
+            out = jax.jit(self.backend.build(problem, config))(padded, rhs, sizes)
+            self._assert_matches(problem, out, ref, assigned=36, config=config)
+            # The public functions' `rows=`: the key's M is `rows`, and this backend serves it.
+            chosen = explain(problem, backend=self.backend_name, config=config)
+            assert chosen.backend == self.backend_name and not chosen.declined, chosen
+            out = call_op(
+                problem.op, padded, rhs, sizes, rows=problem.m, backend=self.backend_name, config=config
+            )
+            self._assert_matches(problem, out, ref, assigned=36, config=config)
+
+    def test_vjp(self, case: Case):
+        spec = ops.get(case.op)
+        if spec.vjp is None:
+            pytest.skip(f"{case.op} has no VJP yet (OpSpec.vjp is None)")
+        raise AssertionError(f"{case.op} declares a VJP: extend the contract to check it")
+
+    # -- running a case -------------------------------------------------------------------------------
+
+    def _runnable_configs(self, problem: Problem) -> list[KernelConfig]:
+        reason = self.unavailable()
+        if reason is not None:
+            pytest.skip(f"{self.backend_name} cannot run here: {reason}")
+        return self.configs(problem)
+
+    @staticmethod
+    def _operands(problem: Problem, seed: int = 0) -> tuple[Any, Any]:
+        spec = problem.spec
+        key_lhs, key_rhs = jax.random.split(jax.random.key(seed))
+        return spec.draw(problem, "lhs", key_lhs), spec.draw(problem, "rhs", key_rhs)
+
+    def _check(self, problem: Problem, group_sizes: list[int]) -> None:
+        lhs, rhs = self._operands(problem, seed=sum(group_sizes))
+        sizes = jnp.asarray(group_sizes, jnp.int32)
+        ref = reference_of(problem)(lhs, rhs, sizes)
+        for config in self._runnable_configs(problem):
+            out = jax.jit(self.backend.build(problem, config))(lhs, rhs, sizes)
+            self._assert_matches(problem, out, ref, assigned=min(sum(group_sizes), problem.m), config=config)
+
+    @staticmethod
+    def _assert_matches(
+        problem: Problem, out: Any, ref: Any, assigned: int | None = None, config=None
+    ) -> None:
+        assert tuple(out.shape) == problem.out_shape, (out.shape, problem.out_shape)
+        assert jnp.dtype(out.dtype) == jnp.dtype(problem.out_dtype)
+        error = relative_error(out, ref)
+        limit = problem.spec.tolerance_for(problem.out_dtype)
+        assert error <= limit, f"{problem.key} {config}: relative error {error:.3g} > {limit:g}"
+        if assigned is not None:
+            # ragged_dot's contract: rows past sum(group_sizes) are exactly zero, not merely small.
+            assert not np.any(np.asarray(out[assigned:], np.float32)), f"{problem.key} {config}: tail rows"
