@@ -2,8 +2,10 @@
 
 Tile sizes are per consumer warpgroup. With `wg_split="m"` (or "n") two consumer warpgroups share one
 CTA and the CTA tile is twice `block_m` (or `block_n`); with "none" one warpgroup computes the whole
-tile. Rules that need the problem or the device (divisibility by K and N, shared memory, registers) are
-constraints in `moetune.search_spaces.mosaic_gpu`; only config-only rules live here.
+tile. `block_m` always counts token rows and `block_n` weight columns, whichever of the two is wgmma's
+64-row side (`swap_ab`). Rules that need the problem or the device (divisibility by K and N, shared
+memory, registers) are constraints in `moetune.search_spaces.mosaic_gpu`; only config-only rules live
+here.
 """
 
 from __future__ import annotations
@@ -15,6 +17,11 @@ from moetune.kernels.errors import ConfigInvalid
 
 GRID_MINOR_DIMS = ("m", "n", "expert")
 WG_SPLITS = ("none", "m", "n")
+TILE_SCHEDULES = ("walk", "table")
+# wgmma's fixed M: the rows of its A operand per instruction.
+WGMMA_M = 64
+# The epilogue's row chunk; under swap_ab it is unused and must stay at this default.
+DEFAULT_EPI_TILE_M = 64
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,6 +42,15 @@ class MosaicGpuConfig(KernelConfig):
     pad_lhs: when M fits in one CTA tile, pad lhs to the tile's rows first, so that no lhs copy reads
         past its end (TMA zero-fills those rows, which slowed the H200's T=1 weight stream); the pad is
         an XLA op, free where it fuses into the op that makes lhs and a copy where it does not.
+    tile_schedule: how a row tile finds its expert. "walk": by walking all G groups in the kernel,
+        unrolled, in every tile (code, compile time and per-tile work grow with G; every config tuned
+        before "table" existed lowers exactly as it did). "table": from a table of row tiles an XLA
+        prologue builds once per call from group_sizes (one load per tile whatever G; see schedule.py).
+    swap_ab: weights as wgmma's A operand (64 of their columns per instruction) and the tokens as its
+        narrow N side, so that a tile of 8-64 token rows multiplies no padding rows; the accumulator is
+        the output tile transposed and is stored through a transposed shared-memory view. block_m is then
+        a multiple of 8 up to 256 and the epilogue writes all block_m rows of epi_tile_n columns at once
+        (epi_tile_m plays no part and stays at its default); no split-K, and a 16-bit output.
     """
 
     block_m: int = 128
@@ -46,10 +62,12 @@ class MosaicGpuConfig(KernelConfig):
     persistent: bool = True
     warp_specialized: bool = True
     wg_split: str = "n"
-    epi_tile_m: int = 64
+    epi_tile_m: int = DEFAULT_EPI_TILE_M
     epi_tile_n: int = 64
     split_k: int = 1
     pad_lhs: bool = False
+    tile_schedule: str = "walk"
+    swap_ab: bool = False
 
     def validate(self) -> None:
         ints = ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_tile_width", "split_k")
@@ -57,11 +75,15 @@ class MosaicGpuConfig(KernelConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigInvalid(f"{name}={value!r} must be an integer")
-        for name in ("persistent", "warp_specialized", "pad_lhs"):
+        for name in ("persistent", "warp_specialized", "pad_lhs", "swap_ab"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigInvalid(f"{name}={getattr(self, name)!r} must be a bool")
+        if self.tile_schedule not in TILE_SCHEDULES:
+            raise ConfigInvalid(f"tile_schedule={self.tile_schedule!r} is not one of {TILE_SCHEDULES}")
+        if self.swap_ab:
+            self._validate_swapped()
         # wgmma computes 64 rows per warpgroup instruction.
-        if self.block_m not in (64, 128, 192, 256):
+        elif self.block_m not in (64, 128, 192, 256):
             raise ConfigInvalid(f"block_m={self.block_m} is not one of 64, 128, 192, 256")
         # 64 columns of 16-bit data fill one 128-byte swizzle atom of the TMA copies.
         if self.block_n % 64 or not 64 <= self.block_n <= 256:
@@ -83,12 +105,32 @@ class MosaicGpuConfig(KernelConfig):
                 f"epi_tile_n={self.epi_tile_n} must be a multiple of 32 dividing block_n={self.block_n}"
             )
         # Row slices of the wgmma accumulator are whole 64-row instruction tiles.
-        if self.epi_tile_m % 64 or self.block_m % self.epi_tile_m:
+        if not self.swap_ab and (self.epi_tile_m % WGMMA_M or self.block_m % self.epi_tile_m):
             raise ConfigInvalid(
                 f"epi_tile_m={self.epi_tile_m} must be a multiple of 64 dividing block_m={self.block_m}"
             )
         if self.split_k < 1:
             raise ConfigInvalid(f"split_k={self.split_k} must be >= 1")
+
+    def _validate_swapped(self) -> None:
+        # The tokens are wgmma's N: a multiple of 8, at most 256 (and lhs tiles are tiled by 8 rows).
+        if self.block_m % 8 or not 8 <= self.block_m <= 256:
+            raise ConfigInvalid(f"block_m={self.block_m} is not a multiple of 8 in [8, 256] (swap_ab)")
+        # Two consumers would split the token rows, which are the narrow side already.
+        if self.wg_split == "m":
+            raise ConfigInvalid("wg_split='m' cannot split the token rows under swap_ab; use 'n' or 'none'")
+        # The transposed store into shared memory lowers for 16-bit values only (jax 0.11.2: Mosaic GPU
+        # infers no layout for a float32 one), and split-K stores float32 partial sums.
+        if self.split_k != 1:
+            raise ConfigInvalid(f"split_k={self.split_k}: swap_ab stores 16-bit tiles only; use split_k=1")
+        # The accumulator's rows are output columns: an epilogue chunk is whole 64-row wgmma tiles.
+        if self.epi_tile_n % WGMMA_M:
+            raise ConfigInvalid(f"epi_tile_n={self.epi_tile_n} must be a multiple of 64 under swap_ab")
+        if self.epi_tile_m != DEFAULT_EPI_TILE_M:
+            raise ConfigInvalid(
+                f"epi_tile_m={self.epi_tile_m}: under swap_ab every row leaves at once; leave it at "
+                f"{DEFAULT_EPI_TILE_M}"
+            )
 
     @property
     def consumers(self) -> int:
