@@ -1243,8 +1243,8 @@ def test_session15_resweep_and_the_swiglu_expert_order():
     """benchmarks/README, session 15, call 2: the prefill re-sweep changed 4 of the pack's 16 winners at
     M >= 1024, each to the expert order; the shipped pack is that sweep's export. Under SwiGLU the expert
     order took 0.922-1.009x the "m" order's time at M=1024-8192 (6 of 9 pairs faster) and 1.012-1.048x above
-    (all 4 slower): search_spaces/mosaic_gpu.py's SWIGLU_EXPERT_ORDER_MAX_ROWS."""
-    from moetune.search_spaces import mosaic_gpu as space
+    (all 4 slower): search_spaces/mosaic_gpu_cost.py's SWIGLU_EXPERT_ORDER_MAX_ROWS."""
+    from moetune.search_spaces import mosaic_gpu_cost as space
 
     shipped = json.loads(moe_shapes.SHIPPED_PACK.read_text())
     assert shipped == json.loads(Path(f"{SESSION15}_call2_pack.json").read_text())

@@ -2,10 +2,10 @@
 
 Tile sizes are per consumer warpgroup. With `wg_split="m"` (or "n") two consumer warpgroups share one
 CTA and the CTA tile is twice `block_m` (or `block_n`); with "none" one warpgroup computes the whole
-tile. `block_m` always counts token rows and `block_n` weight columns, whichever of the two is wgmma's
-64-row side (`swap_ab`). Rules that need the problem or the device (divisibility by K and N, shared
-memory, registers) are constraints in `moetune.search_spaces.mosaic_gpu`; only config-only rules live
-here.
+tile. `block_m` always counts token rows and `block_n` weight columns; a block_m below wgmma's 64 rows
+puts the tokens on wgmma's narrow N side (`swap_ab`). Rules that need the problem or the device
+(divisibility by K and N, shared memory, registers) are constraints in
+`moetune.search_spaces.mosaic_gpu`; only config-only rules live here.
 """
 
 from __future__ import annotations
@@ -46,11 +46,12 @@ class MosaicGpuConfig(KernelConfig):
         unrolled, in every tile (code, compile time and per-tile work grow with G; every config tuned
         before "table" existed lowers exactly as it did). "table": from a table of row tiles an XLA
         prologue builds once per call from group_sizes (one load per tile whatever G; see schedule.py).
-    swap_ab: weights as wgmma's A operand (64 of their columns per instruction) and the tokens as its
-        narrow N side, so that a tile of 8-64 token rows multiplies no padding rows; the accumulator is
-        the output tile transposed and is stored through a transposed shared-memory view. block_m is then
-        a multiple of 8 up to 256 and the epilogue writes all block_m rows of epi_tile_n columns at once
-        (epi_tile_m plays no part and stays at its default); no split-K, and a 16-bit output.
+
+    A block_m of 8-56 rows (a multiple of 8) is swap-AB (`swap_ab`): the weights are wgmma's A operand
+    (64 of their columns per instruction) and the token rows its narrow N side, so that a tile of a few
+    tokens multiplies no padding rows. The accumulator is the output tile transposed and is stored
+    through a transposed shared-memory view; the epilogue writes all block_m rows of epi_tile_n columns
+    at once (epi_tile_m plays no part and stays at its default); no split-K, and a 16-bit output.
     """
 
     block_m: int = 128
@@ -67,7 +68,6 @@ class MosaicGpuConfig(KernelConfig):
     split_k: int = 1
     pad_lhs: bool = False
     tile_schedule: str = "walk"
-    swap_ab: bool = False
 
     def validate(self) -> None:
         ints = ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_tile_width", "split_k")
@@ -75,16 +75,19 @@ class MosaicGpuConfig(KernelConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigInvalid(f"{name}={value!r} must be an integer")
-        for name in ("persistent", "warp_specialized", "pad_lhs", "swap_ab"):
+        for name in ("persistent", "warp_specialized", "pad_lhs"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigInvalid(f"{name}={getattr(self, name)!r} must be a bool")
         if self.tile_schedule not in TILE_SCHEDULES:
             raise ConfigInvalid(f"tile_schedule={self.tile_schedule!r} is not one of {TILE_SCHEDULES}")
+        # wgmma computes 64 rows per warpgroup instruction; fewer token rows go on its N side (swap-AB),
+        # which takes multiples of 8 (and lhs tiles are tiled by 8 rows).
+        if self.block_m not in (*range(8, WGMMA_M, 8), 64, 128, 192, 256):
+            raise ConfigInvalid(
+                f"block_m={self.block_m} is not a multiple of 8 below 64, nor 64, 128, 192, 256"
+            )
         if self.swap_ab:
             self._validate_swapped()
-        # wgmma computes 64 rows per warpgroup instruction.
-        elif self.block_m not in (64, 128, 192, 256):
-            raise ConfigInvalid(f"block_m={self.block_m} is not one of 64, 128, 192, 256")
         # 64 columns of 16-bit data fill one 128-byte swizzle atom of the TMA copies.
         if self.block_n % 64 or not 64 <= self.block_n <= 256:
             raise ConfigInvalid(f"block_n={self.block_n} is not a multiple of 64 in [64, 256]")
@@ -113,9 +116,6 @@ class MosaicGpuConfig(KernelConfig):
             raise ConfigInvalid(f"split_k={self.split_k} must be >= 1")
 
     def _validate_swapped(self) -> None:
-        # The tokens are wgmma's N: a multiple of 8, at most 256 (and lhs tiles are tiled by 8 rows).
-        if self.block_m % 8 or not 8 <= self.block_m <= 256:
-            raise ConfigInvalid(f"block_m={self.block_m} is not a multiple of 8 in [8, 256] (swap_ab)")
         # Two consumers would split the token rows, which are the narrow side already.
         if self.wg_split == "m":
             raise ConfigInvalid("wg_split='m' cannot split the token rows under swap_ab; use 'n' or 'none'")
@@ -131,6 +131,11 @@ class MosaicGpuConfig(KernelConfig):
                 f"epi_tile_m={self.epi_tile_m}: under swap_ab every row leaves at once; leave it at "
                 f"{DEFAULT_EPI_TILE_M}"
             )
+
+    @property
+    def swap_ab(self) -> bool:
+        """Whether the tokens are wgmma's N side and the weights its A operand (block_m below 64)."""
+        return self.block_m < WGMMA_M
 
     @property
     def consumers(self) -> int:

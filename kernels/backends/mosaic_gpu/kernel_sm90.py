@@ -11,11 +11,11 @@ and [block_k, cta_n] slices of that expert's weights through a TMA pipeline into
 expert's rows of the window back through shared memory with TMA stores whose row counts are powers of two
 (a store cannot be told "only rows 3..9" at run time, so 7 rows leave as 4 + 2 + 1).
 
-With `swap_ab` the weight tile is wgmma's A operand (its columns are the instruction's 64 rows) and the
-lhs tile, 8 to 64 token rows, its narrow N side: acc[weight columns, token rows] += w^T x^T, so no padding
-rows are multiplied and no 64-row lhs tile is loaded for a handful of tokens. The accumulator is stored
-through a transposed view of the epilogue's shared memory (Mosaic GPU has no transpose of registers in
-warpgroup semantics), after which the stores are the same.
+With `swap_ab` (block_m below 64) the weight tile is wgmma's A operand (its columns are the
+instruction's 64 rows) and the lhs tile, 8 to 56 token rows, its narrow N side: acc[weight columns, token
+rows] += w^T x^T, so no padding rows are multiplied and no 64-row lhs tile is loaded for a handful of
+tokens. The accumulator is stored through a transposed view of the epilogue's shared memory (Mosaic GPU
+has no transpose of registers in warpgroup semantics), after which the stores are the same.
 
 Two pipelines: with warp specialization a producer warpgroup issues the copies and one or two consumer
 warpgroups multiply (split along M or N); without it one warpgroup does both, keeping one wgmma in flight.

@@ -97,14 +97,21 @@ def epilogue_rows(config: MosaicGpuConfig) -> int:
     return config.block_m if config.swap_ab else config.epi_tile_m
 
 
-def smem_bytes(problem: Problem, config: MosaicGpuConfig) -> int:
+def stage_bytes(problem: Problem, config: MosaicGpuConfig) -> int:
+    """Shared memory of one pipeline stage: the lhs tile and the weight tiles of one K step."""
+    return (
+        (config.cta_m + accumulators(problem) * config.cta_n) * config.block_k * itemsize(problem.lhs_dtype)
+    )
+
+
+def smem_bytes(problem: Problem, config: MosaicGpuConfig, stages: int | None = None) -> int:
     """Shared memory one CTA allocates: pipeline stages of the lhs tile and the weight tiles plus
-    double-buffered epilogue tiles per consumer warpgroup."""
+    double-buffered epilogue tiles per consumer warpgroup. `stages` replaces the config's pipeline
+    depth (a search for the deepest that fits need not build a config per depth)."""
     geo = geometry(problem, config)
-    in_bytes = itemsize(problem.lhs_dtype)
-    stage = (geo.cta_m + accumulators(problem) * geo.cta_n) * config.block_k * in_bytes
+    depth = geo.stages if stages is None else min(stages, geo.k_steps)
     epilogue = geo.consumers * 2 * epilogue_rows(config) * config.epi_tile_n * geo.out_itemsize
-    return geo.stages * stage + epilogue + SMEM_OVERHEAD_BYTES
+    return depth * stage_bytes(problem, config) + epilogue + SMEM_OVERHEAD_BYTES
 
 
 def accumulator_registers(config: MosaicGpuConfig, count: int = 1) -> int:
