@@ -303,7 +303,7 @@ def family(problem: Problem, device: DeviceFingerprint, schedules: tuple[str, ..
                 grid_tile_width=width,
                 tile_schedule=schedule,
                 pad_lhs=pad,
-                epi_tile_n=min(shape["block_n"], 128) if swapped else 64,
+                epi_tile_n=64,
             )
             out += [
                 dataclasses.replace(base, max_concurrent_steps=s)

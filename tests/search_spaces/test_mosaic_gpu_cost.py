@@ -66,9 +66,7 @@ def test_mma_efficiency_falls_with_a_narrow_n_and_without_warp_specialization():
     by_n = [cost.mma_efficiency(C(block_m=64, block_n=n, wg_split="n"), FACTS) for n in (64, 128, 256)]
     assert by_n == sorted(by_n) and by_n[-1] <= 1
     # Swapped: the tokens are wgmma's N, so 8 rows read a 64x16 A tile for little work.
-    swapped = [
-        cost.mma_efficiency(C(block_m=r, block_n=128, wg_split="n", epi_tile_n=128), FACTS) for r in (8, 32)
-    ]
+    swapped = [cost.mma_efficiency(C(block_m=r, block_n=128, wg_split="n"), FACTS) for r in (8, 32)]
     assert swapped[0] < swapped[1] < by_n[0]
     plain = C(block_m=64, block_n=128, warp_specialized=False, wg_split="none")
     assert cost.mma_efficiency(plain, FACTS) < cost.mma_efficiency(C(block_m=64, block_n=128), FACTS)

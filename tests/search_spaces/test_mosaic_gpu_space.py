@@ -244,7 +244,7 @@ def test_walk_and_swap_ab_constraints():
     assert "unrolls all G=128 groups" in _reason(space.walk_only_few_groups, QWEN3_DOWN, walk)
     assert _reason(space.walk_only_few_groups, QWEN3_DOWN, table) is None
     assert _reason(space.walk_only_few_groups, MIXTRAL_DOWN, walk) is None
-    swapped = C(block_m=16, block_n=128, epi_tile_n=128, wg_split="n")
+    swapped = C(block_m=16, block_n=128, wg_split="n")
     # 8192 rows over 8 experts: 1024 rows each, far past a 64-row tile.
     assert "rows per expert, not 1024" in _reason(space.swap_ab_only_few_rows, GATE_UP, swapped)
     assert _reason(space.swap_ab_only_few_rows, DECODE, swapped) is None

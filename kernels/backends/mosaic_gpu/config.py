@@ -50,8 +50,8 @@ class MosaicGpuConfig(KernelConfig):
     A block_m of 8-56 rows (a multiple of 8) is swap-AB (`swap_ab`): the weights are wgmma's A operand
     (64 of their columns per instruction) and the token rows its narrow N side, so that a tile of a few
     tokens multiplies no padding rows. The accumulator is the output tile transposed and is stored
-    through a transposed shared-memory view; the epilogue writes all block_m rows of epi_tile_n columns
-    at once (epi_tile_m plays no part and stays at its default); no split-K, and a 16-bit output.
+    through a transposed shared-memory view; the epilogue writes all block_m rows of 64 columns at once
+    (epi_tile_n 64; epi_tile_m plays no part and stays at its default); no split-K, a 16-bit output.
     """
 
     block_m: int = 128
@@ -123,9 +123,10 @@ class MosaicGpuConfig(KernelConfig):
         # infers no layout for a float32 one), and split-K stores float32 partial sums.
         if self.split_k != 1:
             raise ConfigInvalid(f"split_k={self.split_k}: swap_ab stores 16-bit tiles only; use split_k=1")
-        # The accumulator's rows are output columns: an epilogue chunk is whole 64-row wgmma tiles.
-        if self.epi_tile_n % WGMMA_M:
-            raise ConfigInvalid(f"epi_tile_n={self.epi_tile_n} must be a multiple of 64 under swap_ab")
+        # The accumulator's rows are output columns: an epilogue chunk is one 64-row wgmma tile, which is
+        # also the widest transposed store Mosaic GPU lays out (128 columns fail its layout inference).
+        if self.epi_tile_n != WGMMA_M:
+            raise ConfigInvalid(f"epi_tile_n={self.epi_tile_n} must be 64 under swap_ab")
         if self.epi_tile_m != DEFAULT_EPI_TILE_M:
             raise ConfigInvalid(
                 f"epi_tile_m={self.epi_tile_m}: under swap_ab every row leaves at once; leave it at "
