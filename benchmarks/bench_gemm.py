@@ -15,6 +15,12 @@ and derives hbm_roofline: bytes of the weights of experts that have rows / measu
 the memory bound for small T. Raw numbers and the environment go to --out as JSON.
 
     python3 benchmarks/bench_gemm.py --out $OUT/bench.json --budget-s 400
+
+With --models, the development shapes of fine-grained models instead (dev_shapes.py; DevRunner below):
+the heuristic and alternatives beside torch._grouped_mm, tokamax, ragged_dot, cuBLAS and the roofline;
+with --compile-times also, each candidate's compile time alone.
+
+    python3 benchmarks/bench_gemm.py --models qwen3-30b-a3b,deepseek-v3 --out $OUT/dev.json --budget-s 300
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import sys
 import time
 import traceback
 
+import dev_shapes
 import moe_shapes
 import torch_timing
 from device_kernel_check import time_jax
@@ -426,6 +433,375 @@ def print_table(cases: list[dict]) -> None:
         print(f"{head} {case['hbm_roofline_ms']:10.3f} {vs_peer} {vs_cublas} {vs_roof}")
 
 
+# --- The fine-grained development shapes (--models) ------------------------------------------------
+# Per case (model, GEMM, T; dev_shapes.py): the mosaic_gpu heuristic's config (no tuned entry), the cost
+# model's best configs of DEV_ALTERNATIVES other tile shapes, the shipped pack's winner where it has
+# one, torch._grouped_mm and tokamax's ragged_dot(implementation="mosaic") on the same GEMM (for gate_up
+# the [M, 2F] product, without the activation moetune fuses), jax.lax.ragged_dot, cuBLAS at the same
+# FLOPs and the HBM roofline of the touched experts' weights. Every grouped output is checked against
+# ragged_dot's float32 product (silu(gate) * up of it for gate_up). Inputs rotate over routings that touch
+# more than twice the L2 of weights (dev_shapes.routings); lhs and weights are shared with PyTorch
+# through DLPack, so every method multiplies the same data.
+
+DEV_ALTERNATIVES = 2
+# Compiling is host work: a pool lowers and compiles the next cases while the GPU times this one.
+DEV_COMPILE_WORKERS = 8
+DEV_METHODS = ("moetune", "torch_grouped_mm", "tokamax_mosaic", "xla_ragged_dot", "cublas_torch")
+
+
+def _compile(fn, args):
+    import jax
+
+    start = time.monotonic()
+    executable = jax.jit(fn).lower(*args).compile()
+    return executable, time.monotonic() - start
+
+
+def _swiglu(product):
+    import jax
+    import jax.numpy as jnp
+
+    gate, up = jnp.split(product, 2, axis=-1)
+    return jax.nn.silu(gate) * up
+
+
+def _reference(lhs, rhs, group_sizes, *, swiglu: bool):
+    import jax
+    import jax.numpy as jnp
+
+    product = jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=jnp.float32)
+    return (product, _swiglu(product)) if swiglu else (product, product)
+
+
+def _rel_err(out, ref) -> float:
+    import jax.numpy as jnp
+
+    diff = jnp.linalg.norm((out.astype(jnp.float32) - ref).ravel())
+    return float(diff / jnp.linalg.norm(ref.ravel()))
+
+
+class DevRunner:
+    """Times every method of the development-shape cases, compiling ahead on a thread pool."""
+
+    def __init__(self, cases, deadline: float, bandwidth: dict, tuned: dict, workers: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from moetune.kernels import registry
+        from moetune.kernels.backends.mosaic_gpu import timer
+        from moetune.kernels.device import current_fingerprint
+
+        self.cases, self.deadline, self.bandwidth, self.tuned = cases, deadline, bandwidth, tuned
+        self.backend = registry.get("mosaic_gpu")
+        self.device = current_fingerprint()
+        self.l2_bytes = timer.device_l2_bytes()
+        self.timer = timer.CuptiTimer(min_rotation_bytes=0)  # the routings rotate the inputs
+        self.pool = ThreadPoolExecutor(workers)
+        self.futures: dict[tuple, object] = {}
+        self.weights: tuple | None = None  # (model, gemm) -> rhs, held for that pair's cases
+
+    def configs(self, case) -> dict[str, C]:
+        from moetune.search_spaces import mosaic_gpu as space
+
+        problem = case.problem
+        named = {"heuristic": self.backend.heuristic(problem, self.device)}
+        for i, config in enumerate(space.preferred(problem, self.device)[1 : 1 + DEV_ALTERNATIVES]):
+            named[f"alt{i + 1}"] = config
+        pack = self.tuned.get(problem.key)
+        if pack is not None and pack not in named.values():
+            named["pack"] = pack
+        return named
+
+    def submit_all(self) -> None:
+        """Queue every case's compiles in case order (the timing loop takes them in the same order)."""
+        import jax
+        import jax.numpy as jnp
+
+        from moetune.kernels.problem import GROUPED_MATMUL_SWIGLU
+
+        for case in self.cases:
+            p = case.problem
+            args = (
+                jax.ShapeDtypeStruct((p.m, p.k), jnp.bfloat16),
+                jax.ShapeDtypeStruct(p.rhs_shape, jnp.bfloat16),
+                jax.ShapeDtypeStruct((p.g,), jnp.int32),
+            )
+            swiglu = p.op == GROUPED_MATMUL_SWIGLU
+            jobs = {("ref",): functools.partial(_reference, swiglu=swiglu)}
+            for name, config in self.configs(case).items():
+                try:
+                    jobs[("moetune", name)] = self.backend.build(p, config)
+                except Exception as e:  # a config the constraints refuse is a record, not a crash
+                    jobs[("moetune", name)] = e
+            try:
+                jobs[("tokamax",)] = _tokamax_fn()
+            except ImportError as e:  # the bundle lacks tokamax: its column says so
+                jobs[("tokamax",)] = e
+            for key, fn in jobs.items():
+                if isinstance(fn, Exception):
+                    self.futures[(case, *key)] = fn
+                else:
+                    self.futures[(case, *key)] = self.pool.submit(_compile, fn, args)
+
+    def compiled(self, case, *key):
+        future = self.futures.pop((case, *key))
+        if isinstance(future, Exception):
+            raise future
+        return future.result(timeout=max(1.0, self.deadline - time.monotonic()))
+
+    def inputs(self, case):
+        import jax
+        import jax.numpy as jnp
+
+        p = case.problem
+        if self.weights is None or self.weights[0] != (case.model.name, case.gemm):
+            self.weights = None  # free the last pair's weights before making these
+            # Drawn in bf16: DeepSeek-V3's gate_up weights are 15 GB, a float32 draw would be 30 more.
+            rhs = jax.random.normal(jax.random.key(0), p.rhs_shape, jnp.bfloat16) * jnp.bfloat16(p.k**-0.5)
+            self.weights = ((case.model.name, case.gemm), rhs)
+        lhs = jax.random.normal(jax.random.key(case.tokens), (p.m, p.k), jnp.bfloat16)
+        routings = dev_shapes.routings(case, 2 * self.l2_bytes)
+        return lhs, self.weights[1], [jnp.asarray(r, jnp.int32) for r in routings], routings
+
+    def run(self, case) -> dict:
+        from moetune.kernels.backends.mosaic_gpu import timer
+        from moetune.search_spaces import mosaic_gpu_cost as cost
+
+        p = case.problem
+        lhs, rhs, sizes, routings = self.inputs(case)
+        touched = sum(1 for s in routings[0] if s)
+        record = {
+            "case": case.name,
+            "model": case.model.name,
+            "gemm": case.gemm,
+            "tokens": case.tokens,
+            "problem": p.to_dict(),
+            "routings": len(routings),
+            "group_sizes": routings[0],
+            "touched_experts": touched,
+            "flops": p.flops,
+            "hbm_roofline_ms": touched * p.k * p.n * 2 / (self.bandwidth["read_GBps"] * 1e9) * 1e3,
+            "methods": {},
+        }
+        sets = [(lhs, rhs, s) for s in sizes]
+        ref_exe, ref_compile_s = self.compiled(case, "ref")
+        plain_ref, ref = ref_exe(lhs, rhs, sizes[0])
+        methods = record["methods"]
+
+        def guarded(name, fn):
+            start = time.monotonic()
+            if time.monotonic() > self.deadline:
+                methods[name] = {"error": "skipped: budget spent"}
+                return
+            try:
+                methods[name] = fn()
+            except Exception as e:  # the edge where a failure becomes a record
+                methods[name] = {
+                    "error": f"{type(e).__name__}: {e}"[:1000],
+                    "traceback": traceback.format_exc()[-1500:],
+                }
+            methods[name]["wall_s"] = round(time.monotonic() - start, 2)
+
+        for name, config in self.configs(case).items():
+
+            def moetune(name=name, config=config):
+                exe, compile_s = self.compiled(case, "moetune", name)
+                err = _rel_err(exe(*sets[0]), ref)
+                if not err < 1e-2:
+                    raise RuntimeError(f"relative error {err:.3e} against ragged_dot's float32 result")
+                kernels = timer.CuptiSession().record(lambda: exe(*sets[0]))
+                return _summary(
+                    self.timer.time(exe, sets),
+                    config=config.to_dict(),
+                    rel_err=err,
+                    compile_s=round(compile_s, 2),
+                    estimate_ms=cost.estimate(p, config, self.device).seconds * 1e3,
+                    kernels=[(k, round(ms, 4)) for k, ms in kernels],
+                )
+
+            guarded(f"moetune_{name}", moetune)
+
+        def tokamax_mosaic():
+            exe, compile_s = self.compiled(case, "tokamax")
+            err = _rel_err(exe(*sets[0]), plain_ref)
+            if not err < 1e-2:
+                raise RuntimeError(f"relative error {err:.3e} against ragged_dot's float32 product")
+            return _summary(
+                self.timer.time(exe, sets), rel_err=err, compile_s=round(compile_s, 2), op="[M, N] product"
+            )
+
+        def xla_ragged_dot():
+            samples = self.timer.time(ref_exe, sets)
+            return _summary(samples, compile_s=round(ref_compile_s, 2), note="float32 product (+ SwiGLU)")
+
+        guarded("tokamax_mosaic", tokamax_mosaic)
+        guarded("torch_grouped_mm", lambda: _torch_grouped_mm(lhs, rhs, routings, plain_ref))
+        guarded("xla_ragged_dot", xla_ragged_dot)
+        guarded("cublas_torch", lambda: _cublas_torch(lhs, rhs))
+        return record
+
+
+def _tokamax_fn():
+    import tokamax
+
+    return functools.partial(_tokamax_call, tokamax.ragged_dot)
+
+
+def _tokamax_call(ragged_dot, lhs, rhs, group_sizes):
+    return ragged_dot(lhs, rhs, group_sizes, implementation="mosaic")
+
+
+def _torch_grouped_mm(lhs, rhs, routings, plain_ref) -> dict:
+    """torch._grouped_mm on the same lhs and weights (DLPack), each call on the next routing."""
+    import itertools
+
+    import jax
+    import torch
+
+    a, row_major = torch.from_dlpack(lhs), torch.from_dlpack(rhs)
+    offsets = [
+        torch.tensor(sizes, device="cuda", dtype=torch.int32).cumsum(0).to(torch.int32) for sizes in routings
+    ]
+    try:
+        w, layout = row_major, "row_major_b"
+        out = torch._grouped_mm(a, w, offs=offsets[0])
+    except RuntimeError:  # some builds take only K-major weights: a copy in that layout
+        w, layout = row_major.transpose(1, 2).contiguous().transpose(1, 2), "k_major_b"
+        out = torch._grouped_mm(a, w, offs=offsets[0])
+    err = _rel_err(jax.dlpack.from_dlpack(out.contiguous()), plain_ref)
+    if not err < 1e-2:
+        raise RuntimeError(f"relative error {err:.3e} against ragged_dot's float32 product")
+    cycle = itertools.cycle(offsets)
+    samples, how = torch_timing.time_torch(lambda: torch._grouped_mm(a, w, offs=next(cycle)))
+    return _summary(samples, rel_err=err, timing=how, layout=layout, op="[M, N] product")
+
+
+def _cublas_torch(lhs, rhs) -> dict:
+    import torch
+
+    a, b = torch.from_dlpack(lhs), torch.from_dlpack(rhs)[0]
+    samples, how = torch_timing.time_torch(lambda: torch.matmul(a, b))
+    return _summary(samples, timing=how)
+
+
+def dev_ratios(record: dict) -> dict[str, float | None]:
+    """The targets' ratios for one case: the heuristic against the best moetune config measured (out of
+    the box within 15%), the faster peer (torch or tokamax) over the best moetune time, cuBLAS's
+    same-FLOP time over it, and the HBM roofline over it."""
+    ms = {name: m.get("median_ms") for name, m in record["methods"].items()}
+    ours = [v for k, v in ms.items() if k.startswith("moetune_") and v]
+    best = min(ours) if ours else None
+    peers = [ms[k] for k in ("torch_grouped_mm", "tokamax_mosaic") if ms.get(k)]
+    heuristic = ms.get("moetune_heuristic")
+    return {
+        "best_ms": best,
+        "heuristic_vs_best": heuristic / best if heuristic and best else None,
+        "peer_vs_best": min(peers) / best if peers and best else None,
+        "cublas_vs_best": ms["cublas_torch"] / best if ms.get("cublas_torch") and best else None,
+        "roofline_vs_best": record["hbm_roofline_ms"] / best if best else None,
+    }
+
+
+def print_dev_table(records: list[dict]) -> None:
+    print(
+        f"\n{'case':36s} {'heur':>8s} {'best':>8s} {'torch':>8s} {'tokamax':>8s} {'xla':>8s} {'cuBLAS':>8s}"
+        f" {'roof':>8s} {'h/best':>7s} {'peer/b':>7s} {'%cuBL':>6s} {'%roof':>6s}"
+    )
+    for r in records:
+        ms = {k: v.get("median_ms") for k, v in r["methods"].items()}
+        q = dev_ratios(r)
+        cells = [
+            ms.get("moetune_heuristic"),
+            q["best_ms"],
+            ms.get("torch_grouped_mm"),
+            ms.get("tokamax_mosaic"),
+        ]
+        cells += [ms.get("xla_ragged_dot"), ms.get("cublas_torch"), r["hbm_roofline_ms"]]
+        text = " ".join(f"{v:8.3f}" if v else f"{'-':>8s}" for v in cells)
+        fmt = lambda v, pct=False: (f"{v * 100:6.1f}" if pct else f"{v:6.3f}x") if v else "     -"  # noqa: E731
+        tail = f"{fmt(q['heuristic_vs_best'])} {fmt(q['peer_vs_best'])} {fmt(q['cublas_vs_best'], True)}"
+        print(f"{r['case']:36s} {text} {tail} {fmt(q['roofline_vs_best'], True)}")
+
+
+def run_dev(args, tuned: dict) -> int:
+    """The development-shape benchmark (--models); writes the JSON to --out as cases finish."""
+    cases = dev_shapes.cases(args.models.split(","), tuple(map(int, args.dev_tokens.split(","))))
+    deadline = time.monotonic() + args.budget_s
+    payload = {"environment": moe_shapes.environment(), "cases": []}
+    payload["bandwidth"] = bandwidth = measure_bandwidth()
+    print(f"bandwidth: {bandwidth}", flush=True)
+    runner = DevRunner(cases, deadline, bandwidth, tuned, args.workers)
+    runner.submit_all()
+    try:
+        for case in cases:
+            if time.monotonic() > deadline:
+                payload["cases"].append({"case": case.name, "skipped": "budget spent", "methods": {}})
+                continue
+            try:
+                record = runner.run(case)
+            except Exception as e:  # inputs or the reference failed: the case is a record
+                record = {"case": case.name, "error": f"{type(e).__name__}: {e}"[:1000], "methods": {}}
+            payload["cases"].append(record)
+            moe_shapes.write_json(args.out, payload)
+            brief = {k: round(v["median_ms"], 3) for k, v in record["methods"].items() if "median_ms" in v}
+            print(f"{case.name}: {brief}", flush=True)
+    finally:
+        runner.pool.shutdown(wait=False, cancel_futures=True)
+        moe_shapes.write_json(args.out, payload)
+    print_dev_table([r for r in payload["cases"] if "hbm_roofline_ms" in r])
+    return 0
+
+
+def compile_times(args) -> int:
+    """Wall time of lowering and compiling one candidate at a time (nothing else compiling), for the
+    heuristic and the cost model's next seeds of each case, and the walk schedule beside the heuristic's
+    table where the space has no walk (compile time grows with G there)."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from moetune.kernels import registry
+    from moetune.kernels.device import current_fingerprint
+    from moetune.search_spaces import mosaic_gpu as space
+
+    backend, device = registry.get("mosaic_gpu"), current_fingerprint()
+    deadline = time.monotonic() + args.budget_s
+    rows = []
+    for case in dev_shapes.cases(args.models.split(","), tuple(map(int, args.dev_tokens.split(",")))):
+        p = case.problem
+        abstract = (
+            jax.ShapeDtypeStruct((p.m, p.k), jnp.bfloat16),
+            jax.ShapeDtypeStruct(p.rhs_shape, jnp.bfloat16),
+            jax.ShapeDtypeStruct((p.g,), jnp.int32),
+        )
+        configs = {f"seed{i}": c for i, c in enumerate(space.preferred(p, device)[: 1 + DEV_ALTERNATIVES])}
+        if configs["seed0"].tile_schedule == "table":
+            configs["seed0_walk"] = dataclasses.replace(configs["seed0"], tile_schedule="walk")
+        for name, config in configs.items():
+            if time.monotonic() > deadline:
+                rows.append({"case": case.name, "name": name, "error": "skipped: budget spent"})
+                continue
+            row = {"case": case.name, "name": name, "g": p.g, "config": config.to_dict()}
+            try:
+                # build() checks validity only: past 64 experts the walk is pruned, not refused.
+                kernel = backend.build(p, config)
+                start = time.monotonic()
+                lowered = jax.jit(kernel).lower(*abstract)
+                row["lower_s"] = round(time.monotonic() - start, 2)
+                lowered.compile()
+                row["lower_and_compile_s"] = round(time.monotonic() - start, 2)
+            except Exception as e:  # a failed compile is a row of its own
+                row["error"] = f"{type(e).__name__}: {e}"[:500]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    moe_shapes.write_json(args.out, {"environment": moe_shapes.environment(), "compiles": rows})
+    print(f"\n{'case':36s} {'candidate':12s} {'lower s':>8s} {'compile s':>10s}")
+    for row in rows:
+        lower, both = row.get("lower_s", "-"), row.get("lower_and_compile_s", "-")
+        print(f"{row['case']:36s} {row['name']:12s} {lower:>8} {both:>10}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -450,7 +826,24 @@ def main() -> int:
         help="mgpu_best's configs beside the default: 20 (full: its best of its own sweep) or 2",
     )
     parser.add_argument("--mgpu-sweep-min-tokens", type=int, default=1, help="smaller T: default only")
+    parser.add_argument(
+        "--models",
+        help=f"development models (comma-separated; {', '.join(dev_shapes.MODELS)}): their GEMMs at "
+        "--dev-tokens instead of the Mixtral cases above",
+    )
+    parser.add_argument("--dev-tokens", default=",".join(map(str, dev_shapes.TOKENS)))
+    parser.add_argument("--workers", type=int, default=DEV_COMPILE_WORKERS, help="compile threads (--models)")
+    parser.add_argument(
+        "--compile-times", action="store_true", help="with --models: time compiling candidates, one at a time"
+    )
     args = parser.parse_args()
+    if args.models:
+        unknown = sorted(set(args.models.split(",")) - set(dev_shapes.MODELS))
+        if unknown:
+            parser.error(f"unknown models {unknown}; known: {', '.join(dev_shapes.MODELS)}")
+        if args.compile_times:
+            return compile_times(args)
+        return run_dev(args, pack_winners(args.pack) if args.pack else {})
 
     candidates = CANDIDATES
     if args.candidates:

@@ -13,17 +13,25 @@ asks the op's spec, never its name: a gated epilogue (SwiGLU) streams `rhs_colum
 weight tiles per step into two accumulators, so its shared-memory and register needs are larger for the
 same config; its output has F = N / 2 columns to tile, and it cannot split K (`linear_in_k`: the
 activation is not linear in partial sums).
+
+The domains depend on the problem's regime, so that a sweep of a fine-grained model (dozens of problems)
+enumerates a small space per problem: with few rows per expert (memory-bound) the token tile narrows to
+8-64 rows (swap_ab) and the 128-row tiles, the epilogue's row split and the expert order (which equals
+the "m" order when an expert has one row tile) leave the space; the walk schedule leaves it past
+WALK_MAX_GROUPS experts. The heuristic ranks a family of configs with the cost model of
+mosaic_gpu_cost.py and takes the best that the space holds.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 
 from moetune.kernels.backends.mosaic_gpu import hardware, tiling
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import Unsupported
 from moetune.kernels.problem import Problem
+from moetune.search_spaces import mosaic_gpu_cost as cost
 from moetune.search_spaces.space import Constraint, SearchSpace
 
 # Split-K pays for its float32 partial sums only while the output is small (decode).
@@ -45,7 +53,22 @@ DOMAINS: dict[str, tuple] = {
     "epi_tile_n": (32, 64, 128),
     "split_k": (1, 2, 4),
     "pad_lhs": (False, True),
+    "tile_schedule": ("walk", "table"),
 }
+# With few rows per expert (cost.FEW_ROWS or fewer), where an expert's rows fit one 64-row tile: token
+# tiles of 8-32 rows (swap-AB) or 64, no 128-row tile and so no epilogue row split, and two tile orders of
+# two widths (with one row tile per expert every order reads each weight once; they differ only in which
+# CTAs start first).
+FEW_ROWS_DOMAINS: dict[str, tuple] = {
+    "block_m": (8, 16, 32, 64),
+    "epi_tile_m": (64,),
+    "grid_minor_dim": ("m", "n"),
+    "grid_tile_width": (1, 4),
+}
+# The walk schedule unrolls a loop over every group into each tile: past this many experts its code and
+# compile time grow past what a sweep can afford (at G=256 one candidate lowered in 3-10 s on a CPU
+# against about 1 s for the table), and its per-tile work with them.
+WALK_MAX_GROUPS = 64
 
 
 def k_divisible(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
@@ -139,6 +162,26 @@ def pad_lhs_only_small_m(problem: Problem, config: MosaicGpuConfig, device: Devi
     return None
 
 
+def swap_ab_output_16bit(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    # The transposed store into shared memory lowers for 16-bit values only (jax 0.11.2).
+    if config.swap_ab and tiling.itemsize(problem.out_dtype) != 2:
+        return f"swap_ab stores 16-bit outputs only, not out={problem.out_dtype}"
+    return None
+
+
+def walk_only_few_groups(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    if config.tile_schedule == "walk" and problem.g > WALK_MAX_GROUPS:
+        return f"the walk schedule unrolls all G={problem.g} groups into every tile (> {WALK_MAX_GROUPS})"
+    return None
+
+
+def swap_ab_only_few_rows(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    rows = cost.uniform_routing(problem).rows
+    if config.swap_ab and rows > cost.FEW_ROWS:
+        return f"swap_ab pays up to {cost.FEW_ROWS} rows per expert, not {rows:.0f}"
+    return None
+
+
 def cta_rows_not_wasted(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
     # 64 rows is the smallest wgmma tile; beyond that a CTA taller than twice M only multiplies padding.
     if config.cta_m > max(64, 2 * problem.m):
@@ -152,6 +195,7 @@ VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (
     split_k_linear,
     tma_box_fits,
     epilogue_rows_aligned,
+    swap_ab_output_16bit,
     accumulator_fits_registers,
     smem_fits,
 )
@@ -160,6 +204,8 @@ PRUNING_CONSTRAINTS: tuple[Constraint, ...] = (
     pad_lhs_only_small_m,
     cta_rows_not_wasted,
     pipeline_depth_useful,
+    walk_only_few_groups,
+    swap_ab_only_few_rows,
 )
 CONSTRAINTS: tuple[Constraint, ...] = VALIDITY_CONSTRAINTS + PRUNING_CONSTRAINTS
 RESOURCE_CONSTRAINTS: frozenset[Constraint] = frozenset({accumulator_fits_registers, smem_fits, tma_box_fits})
@@ -179,6 +225,40 @@ def check_problem(problem: Problem) -> None:
         raise Unsupported(f"{_out_columns(problem)} is not a multiple of 64 (the smallest block_n)")
 
 
+def split_k_pays(problem: Problem, device: DeviceFingerprint) -> bool:
+    """Split-K pays only where the touched experts' column tiles, at the widest CTA tile, leave SMs idle:
+    its float32 partial sums cost a second pass. At Mixtral's M=2-256 they do (2-8 experts x 16 tiles of
+    256 columns against 132 SMs, where split-K won on the H200); at DeepSeek-V3's M=8 they do not (8 x 28)."""
+    if problem.m > SPLIT_K_MAX_M or not problem.spec.linear_in_k:
+        return False
+    widest = tiling.cdiv(problem.out_n, tiling.TMA_BOX_MAX)
+    return cost.uniform_routing(problem).experts * widest < device.core_count
+
+
+def domains(problem: Problem, device: DeviceFingerprint) -> dict[str, tuple]:
+    """The parameter domains for `problem`'s regime on `device` (module docstring). Values no config of
+    the problem can use leave too, so that the space enumerates fewer points: block_k 32 where K is a
+    multiple of 64 (it only halves a stage, and won nowhere on the H200), 32-column epilogue tiles where
+    the output rows they store would be 64 bytes (only float32 partial sums or outputs fill 128), split-K
+    where it does not pay, pad_lhs where M is taller than every CTA tile, the walk past WALK_MAX_GROUPS
+    experts."""
+    _check(problem)
+    out = dict(DOMAINS)
+    if cost.uniform_routing(problem).rows <= cost.FEW_ROWS:
+        out.update(FEW_ROWS_DOMAINS)
+    if problem.k % 64 == 0:
+        out["block_k"] = tuple(b for b in out["block_k"] if b >= 64)
+    if not split_k_pays(problem, device):
+        out["split_k"] = (1,)
+    if out["split_k"] == (1,) and tiling.itemsize(problem.out_dtype) == 2:
+        out["epi_tile_n"] = tuple(n for n in out["epi_tile_n"] if n * 2 >= 128)
+    if problem.m > 2 * max(out["block_m"]):
+        out["pad_lhs"] = (False,)
+    if problem.g > WALK_MAX_GROUPS:
+        out["tile_schedule"] = ("table",)
+    return out
+
+
 def _check(problem: Problem) -> None:
     from moetune.kernels.backends.mosaic_gpu import BACKEND
 
@@ -186,137 +266,54 @@ def _check(problem: Problem) -> None:
 
 
 def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
-    _check(problem)
-    domains = dict(DOMAINS)
-    if problem.m > SPLIT_K_MAX_M or not problem.spec.linear_in_k:
-        domains["split_k"] = (1,)
-    seeds = tuple(preferred(problem, device))
-    return SearchSpace(MosaicGpuConfig, domains, CONSTRAINTS, seeds=seeds, validity=VALIDITY_CONSTRAINTS)
+    return SearchSpace(
+        MosaicGpuConfig,
+        domains(problem, device),
+        CONSTRAINTS,
+        seeds=tuple(preferred(problem, device)),
+        validity=VALIDITY_CONSTRAINTS,
+    )
 
 
-# Preferred configs in order (H200 measurements in benchmarks/README.md); the heuristic takes the first
-# that the problem admits. Few rows per expert: stream weights through a 64x256 CTA tile, producer and
-# two consumers. Many rows: a 128x256 CTA tile, two consumers each 128x128.
-_MEMORY_BOUND = (
-    MosaicGpuConfig(block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n"),
-    MosaicGpuConfig(block_m=64, block_n=64, block_k=64, max_concurrent_steps=4, wg_split="n"),
-)
-
-
-def _in_expert_order(configs: tuple[MosaicGpuConfig, ...]) -> tuple[MosaicGpuConfig, ...]:
-    return tuple(dataclasses.replace(c, grid_minor_dim="expert") for c in configs)
-
-
-_COMPUTE_BOUND_TILES = (
-    MosaicGpuConfig(block_m=128, block_n=128, block_k=128, max_concurrent_steps=2, wg_split="n"),
-    MosaicGpuConfig(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n"),
-    MosaicGpuConfig(block_m=64, block_n=256, block_k=64, max_concurrent_steps=4, wg_split="m"),
-)
-# Walked one expert at a time first. On the H200, at Mixtral's Zipf-routed GEMMs for T=1024-4096, these tiles
-# took up to 12.6% less time in that order than in the "m" order (level at down T=1024; one run of one tile
-# 6.5% slower), and -1.0% to +1.0% at the balanced ones (bench_gemm.py, 2026-11-30); real routing is
-# rarely balanced. The "m" order stays in the list so that sweeps start from both.
-_COMPUTE_BOUND = _in_expert_order(_COMPUTE_BOUND_TILES) + _COMPUTE_BOUND_TILES
-# Under the SwiGLU epilogue each consumer holds two accumulators and each stage two weight tiles: the
-# same CTA shapes with half the columns per warpgroup, or fewer stages, fit the registers and shared memory.
-_SWIGLU_MEMORY_BOUND = (
-    MosaicGpuConfig(block_m=64, block_n=64, block_k=64, max_concurrent_steps=4, wg_split="n"),
-)
-_SWIGLU_COMPUTE_BOUND_TILES = (
-    MosaicGpuConfig(block_m=128, block_n=64, block_k=64, max_concurrent_steps=3, wg_split="n"),
-    MosaicGpuConfig(block_m=64, block_n=128, block_k=64, max_concurrent_steps=3, wg_split="m"),
-)
-# Under the SwiGLU epilogue the expert order paid off up to 1024 rows per expert and not above: in an H200
-# sweep of Mixtral's gate_up (2026-11-30; same config in both orders, same run; objective over balanced and
-# Zipf routing) it took 0.922-1.009x the "m" order's time at M=1024-8192 (6 of 9 pairs faster) and
-# 1.012-1.048x at M=16384-32768 (all 4 slower).
-SWIGLU_EXPERT_ORDER_MAX_ROWS = 1024
-_SWIGLU_COMPUTE_BOUND = _SWIGLU_COMPUTE_BOUND_TILES + _in_expert_order(_SWIGLU_COMPUTE_BOUND_TILES)
-_SWIGLU_COMPUTE_BOUND_FEW_ROWS = _in_expert_order(_SWIGLU_COMPUTE_BOUND_TILES) + _SWIGLU_COMPUTE_BOUND_TILES
-# A quarter of a row per expert or less (decode: top-k rows over G experts, so at most that many experts'
-# weights are read): one warpgroup per 64x256 weight tile, one CTA per tile, and for the plain GEMM split-K
-# so that the touched experts' few column tiles fill the SMs. These were the winners of the 2026-11-30 H200
-# sweep at T=1 (Mixtral m=2): 1.15x (gate_up+SwiGLU) and 1.39x (down) over the memory-bound default.
-# With pad_lhs, the T=1 SwiGLU winner of the pack (this tile, column tiles one at a time) took 111.7 us
-# against 118.0, and the down one 60.9 against 57.7: its pad is a copy of its own.
-_DECODE = (
-    MosaicGpuConfig(
-        block_m=64,
-        block_n=256,
-        block_k=64,
-        max_concurrent_steps=3,
-        grid_tile_width=1,
-        persistent=False,
-        warp_specialized=False,
-        wg_split="none",
-        split_k=4,
-    ),
-)
-_SWIGLU_DECODE = (
-    MosaicGpuConfig(
-        block_m=64,
-        block_n=128,
-        block_k=64,
-        max_concurrent_steps=4,
-        grid_minor_dim="n",
-        grid_tile_width=4,
-        persistent=False,
-        warp_specialized=False,
-        wg_split="none",
-        pad_lhs=True,
-    ),
-)
-DECODE_ROWS_PER_EXPERT = 0.25
+# Seeds a sweep starts from: the heuristic's pick and the best-ranked configs of other tile shapes.
+SEEDS = 6
+# Places of the ranking where near-ties are broken by the family's order (cost.ranked).
+RANKED_PLACES = 64
 # Valid for every problem check_problem() accepts: K % 32 == 0, N (or F) % 64 == 0, 16-bit operands.
 _ALWAYS_VALID = MosaicGpuConfig(
     block_m=64, block_n=64, block_k=32, max_concurrent_steps=2, warp_specialized=False, wg_split="none"
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class _Ranking:
-    """The preferred configs of one kind of CTA, best first, by regime: decode (at most
-    DECODE_ROWS_PER_EXPERT rows per expert), memory-bound (up to 64), compute-bound; up to `few_rows_max`
-    rows per expert the compute-bound ones go in `compute_bound_few_rows`' order."""
-
-    decode: tuple[MosaicGpuConfig, ...]
-    memory_bound: tuple[MosaicGpuConfig, ...]
-    compute_bound: tuple[MosaicGpuConfig, ...]
-    few_rows_max: float = 0
-    compute_bound_few_rows: tuple[MosaicGpuConfig, ...] = ()
-
-
-# By accumulators per CTA (tiling.accumulators, the op's rhs columns per output column): the plain GEMM's
-# one, and the two of the SwiGLU epilogue's gate and up.
-_RANKINGS = {
-    1: _Ranking(_DECODE, _MEMORY_BOUND, _COMPUTE_BOUND),
-    2: _Ranking(
-        _SWIGLU_DECODE,
-        _SWIGLU_MEMORY_BOUND,
-        _SWIGLU_COMPUTE_BOUND,
-        few_rows_max=SWIGLU_EXPERT_ORDER_MAX_ROWS,
-        compute_bound_few_rows=_SWIGLU_COMPUTE_BOUND_FEW_ROWS,
-    ),
-}
+@functools.lru_cache(maxsize=512)
+def ranking(problem: Problem, device: DeviceFingerprint) -> tuple[tuple[MosaicGpuConfig, cost.Estimate], ...]:
+    """The cost model's ranking of the configs of its family that this problem's space holds and every
+    constraint admits, best first (dispatch asks once per problem: it is cached)."""
+    _check(problem)
+    if isinstance(_facts(device), str):
+        return ()  # no hardware facts: every config fails the resource constraints anyway
+    search = SearchSpace(MosaicGpuConfig, domains(problem, device), CONSTRAINTS)
+    family = cost.family(problem, device, search.domains["tile_schedule"])
+    admitted = [
+        c
+        for c in dict.fromkeys(family)
+        if search.contains(c) and search.violation(problem, c, device) is None
+    ]
+    return tuple(cost.ranked(problem, admitted, device, top=RANKED_PLACES))
 
 
 def preferred(problem: Problem, device: DeviceFingerprint) -> list[MosaicGpuConfig]:
-    """The preferred configs this problem admits, best first (sweeps start from all of them: on the H200
-    the second SwiGLU compute-bound one beat the first, which the heuristic picks, by 2% at T=4096)."""
-    _check(problem)
-    rows_per_expert = problem.m / problem.g
-    ranking = _RANKINGS[tiling.accumulators(problem)]
-    if rows_per_expert <= DECODE_ROWS_PER_EXPERT:
-        ranked = ranking.decode + ranking.memory_bound
-    elif rows_per_expert <= 64:
-        ranked = ranking.memory_bound
-    elif rows_per_expert <= ranking.few_rows_max:
-        ranked = ranking.compute_bound_few_rows + ranking.memory_bound
-    else:
-        ranked = ranking.compute_bound + ranking.memory_bound
-    return [c for c in ranked if all(check(problem, c, device) is None for check in VALIDITY_CONSTRAINTS)]
+    """A sweep's seeds, best first: the cost model's best config of each of its SEEDS best-ranked tile
+    shapes (so that a sweep starts from different shapes, not from one shape's near-copies)."""
+    seeds: dict[tuple, MosaicGpuConfig] = {}
+    for config, _ in ranking(problem, device):
+        seeds.setdefault((config.block_m, config.block_n, config.wg_split, config.warp_specialized), config)
+        if len(seeds) == SEEDS:
+            break
+    return list(seeds.values())
 
 
 def heuristic(problem: Problem, device: DeviceFingerprint) -> MosaicGpuConfig:
-    """A good config without tuning, chosen without enumerating the space (dispatch calls this)."""
+    """A good config without tuning: the cost model's best, ranked over a family of a few hundred configs
+    rather than the whole space (dispatch calls this)."""
     return next(iter(preferred(problem, device)), _ALWAYS_VALID)

@@ -13,12 +13,37 @@ from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.problem import Problem
 from moetune.search_spaces import mosaic_gpu as space
+from moetune.search_spaces import mosaic_gpu_cost as cost
 
 HOPPER = DeviceFingerprint("NVIDIA H200", "gpu", 132, 0, "9.0", "", "", "", "")
 AMPERE = dataclasses.replace(HOPPER, device_kind="NVIDIA A100", compute_capability="8.0")
 GATE_UP = Problem("grouped_matmul", m=8192, k=4096, n=28672, g=8)
 DECODE = Problem("grouped_matmul", m=32, k=4096, n=28672, g=8)
 DEFAULT = C()  # 128x128 per consumer, split along N: a 128x256 CTA tile, 4 stages of 64
+MIXTRAL_DOWN = Problem("grouped_matmul", m=8192, k=14336, n=4096, g=8)
+QWEN3_GATE_UP = Problem("grouped_matmul_swiglu", m=8192, k=2048, n=1536, g=128)
+QWEN3_DOWN = Problem("grouped_matmul", m=8192, k=768, n=2048, g=128)
+# The development models: (experts, top-k, hidden, expert FFN width).
+DEV_MODELS = {
+    "qwen3-30b-a3b": (128, 8, 2048, 768),
+    "deepseek-v3": (256, 8, 7168, 2048),
+    "deepseek-v3-ep8": (32, 8, 7168, 2048),
+    "qwen3-next-80b-a3b": (512, 10, 2048, 512),
+    "mixtral-8x7b": (8, 2, 4096, 14336),
+}
+TOKENS = (1, 16, 128, 1024, 4096, 16384)
+
+
+def _model_problems(model: str) -> list[Problem]:
+    g, k, hidden, ffn = DEV_MODELS[model]
+    return [
+        problem
+        for t in TOKENS
+        for problem in (
+            Problem("grouped_matmul_swiglu", m=t * k, k=hidden, n=2 * ffn, g=g),
+            Problem("grouped_matmul", m=t * k, k=ffn, n=hidden, g=g),
+        )
+    ]
 
 
 def _reason(constraint, problem, config, device=HOPPER):
@@ -105,20 +130,26 @@ def test_pruning_counts_for_mixtral_gate_up():
     assert search.domains["split_k"] == (1,)  # M > 512: split-K is not in the space
     valid, pruned = search.enumerate(GATE_UP, HOPPER)
     assert search.size == len(valid) + len(pruned)
-    # Pinned: a change to the domains or constraints shows up here and in the tuner's budget. pad_lhs
-    # doubles the grid and adds no valid config at this M (the pad only applies within one CTA tile); the
-    # "expert" tile order multiplies both by 1.5.
-    assert (search.size, len(valid)) == (155520, 10560)
+    # Pinned: a change to the domains or constraints shows up here and in the tuner's budget. Both tile
+    # schedules double the grid; at this M neither pad_lhs, nor block_k 32 (K % 64 == 0), nor 32-column
+    # epilogue tiles (64-byte bf16 rows) are in it.
+    assert (search.size, len(valid)) == (69120, 11232)
     for config in valid:
         assert search.violation(GATE_UP, config, HOPPER) is None
         assert tiling.smem_bytes(GATE_UP, config) <= hardware.ARCHS["9.0"].smem_per_block
     assert all(p.reason for p in pruned)
-    assert DEFAULT in valid
+    assert DEFAULT in valid and dataclasses.replace(DEFAULT, tile_schedule="table") in valid
 
 
-def test_decode_space_offers_split_k():
-    search = space.space(DECODE, HOPPER)
-    assert search.domains["split_k"] == (1, 2, 4)
+def test_decode_space_offers_split_k_where_the_experts_column_tiles_leave_sms_idle():
+    # Mixtral's down at M=2: about 2 experts x 16 column tiles of 256 against 132 SMs.
+    assert space.space(MIXTRAL_DOWN.with_m(2), HOPPER).domains["split_k"] == (1, 2, 4)
+    # 8 experts x 112 tiles (N=28672), or DeepSeek-V3's 8 x 28 (N=7168): enough without.
+    assert space.space(DECODE, HOPPER).domains["split_k"] == (1,)
+    deepseek = Problem("grouped_matmul", m=8, k=2048, n=7168, g=256)
+    assert space.space(deepseek, HOPPER).domains["split_k"] == (1,)
+    more_sms = dataclasses.replace(HOPPER, core_count=264)
+    assert space.space(deepseek, more_sms).domains["split_k"] == (1, 2, 4)
 
 
 @pytest.mark.parametrize(
@@ -164,54 +195,76 @@ def test_heuristic_is_valid_and_fast(problem):
 
 
 def test_heuristic_picks_by_rows_per_expert():
-    assert space.heuristic(DECODE, HOPPER).block_m == 64
-    assert space.heuristic(GATE_UP, HOPPER).cta_m == 128
-    assert space.heuristic(GATE_UP, HOPPER).cta_n == 256
+    # Four rows per expert: one 64-row tile or a narrower swapped one; 1024 rows: a 128x256 CTA tile.
+    assert space.heuristic(DECODE, HOPPER).cta_m <= 64
+    assert (space.heuristic(GATE_UP, HOPPER).cta_m, space.heuristic(GATE_UP, HOPPER).cta_n) == (128, 256)
 
 
-def test_one_token_of_decode_starts_from_the_h200_sweeps_t1_winners():
-    """Mixtral at T=1 (m=2, a quarter row per expert): the 2026-11-30 H200 sweep's winners, one plain
-    warpgroup per 256 weight columns, one CTA per tile, split-K 4 for the plain GEMM; gate_up+SwiGLU with its
-    lhs padded (111.7 against 118.0 us, measured); at m=4 the memory-bound default."""
-    down = Problem("grouped_matmul", m=2, k=14336, n=4096, g=8)
-    swiglu = Problem("grouped_matmul_swiglu", m=2, k=4096, n=28672, g=8)
-    plain = dict(block_m=64, block_k=64, persistent=False, warp_specialized=False, wg_split="none")
-    winners = {  # the sweep's T=1 winners, as its pack recorded them (before pad_lhs existed)
-        down: C(**plain, block_n=256, max_concurrent_steps=3, grid_tile_width=1, split_k=4),
-        swiglu: C(**plain, block_n=128, max_concurrent_steps=4, grid_minor_dim="n", grid_tile_width=4),
-    }
-    for problem, pad in ((down, False), (swiglu, True)):
-        config = space.heuristic(problem, HOPPER)
-        assert config == dataclasses.replace(winners[problem], pad_lhs=pad)
-        assert not config.persistent and not config.warp_specialized
-        assert space.space(problem, HOPPER).seeds[0] == config
-    assert space.heuristic(dataclasses.replace(down, m=4), HOPPER).warp_specialized
-
-
-def test_the_space_seeds_every_admissible_preferred_config_heuristic_first():
+def test_the_seeds_are_the_best_of_several_tile_shapes_heuristic_first():
     swiglu = dataclasses.replace(GATE_UP, op="grouped_matmul_swiglu")
-    seeds = space.space(swiglu, HOPPER).seeds
-    # Both SwiGLU compute-bound shapes (128x64 split along N, 64x128 split along M) in the expert order (1024
-    # rows per expert), then in the "m" order, then the memory-bound one; above 1024 rows "m" comes first.
-    shapes = [(c.block_m, c.block_n, c.wg_split, c.grid_minor_dim) for c in seeds]
-    assert shapes == [
-        (128, 64, "n", "expert"),
-        (64, 128, "m", "expert"),
-        (128, 64, "n", "m"),
-        (64, 128, "m", "m"),
-        (64, 64, "n", "m"),
-    ]
-    assert seeds[0] == space.heuristic(swiglu, HOPPER)
-    longer = space.space(dataclasses.replace(swiglu, m=4 * swiglu.m), HOPPER).seeds
-    assert [c.grid_minor_dim for c in longer] == ["m", "m", "expert", "expert", "m"]
-    for problem in (GATE_UP, DECODE, swiglu):
+    for problem in (GATE_UP, DECODE, swiglu, QWEN3_DOWN.with_m(8)):
         seeded = space.space(problem, HOPPER)
-        assert seeded.seeds and all(seeded.violation(problem, c, HOPPER) is None for c in seeded.seeds)
-    # Preferred configs the problem cannot run are left out: K=96 admits none (all have block_k 64 or 128),
-    # and the heuristic falls back to the always-valid config.
+        assert len(seeded.seeds) == space.SEEDS and seeded.seeds[0] == space.heuristic(problem, HOPPER)
+        shapes = {(c.block_m, c.block_n, c.wg_split, c.warp_specialized) for c in seeded.seeds}
+        assert len(shapes) == len(seeded.seeds)
+        assert all(seeded.contains(c) and seeded.violation(problem, c, HOPPER) is None for c in seeded.seeds)
+        # In the ranking's order: the cost model's estimate of a seed is never far above an earlier one's.
+        ranked = [c for c, _ in space.ranking(problem, HOPPER)]
+        assert [ranked.index(c) for c in seeded.seeds] == sorted(ranked.index(c) for c in seeded.seeds)
+    # K=96 admits none of the ranked family (block_k 64 or 128): the always-valid fallback.
     odd = Problem("grouped_matmul", m=8192, k=96, n=4096, g=8)
     assert space.space(odd, HOPPER).seeds == ()
     assert space.heuristic(odd, HOPPER).block_k == 32
+
+
+def test_decode_picks_a_grid_whose_busy_sms_can_draw_the_whole_bandwidth():
+    """One token over 8 of 128 experts (Qwen3) or 2 of 8 (Mixtral): few column tiles of few experts; the
+    pick must keep enough SMs streaming (each SM's port is a fraction of HBM's bandwidth)."""
+    facts = hardware.facts("9.0")
+    per_sm = facts.sm_port_bytes_per_clock * facts.sustained_clock_hz
+    bandwidth = hardware.hbm_bytes_per_s(HOPPER.device_kind, "9.0")
+    for problem in (QWEN3_DOWN.with_m(8), QWEN3_GATE_UP.with_m(8), DECODE.with_m(2), MIXTRAL_DOWN.with_m(2)):
+        config = space.heuristic(problem, HOPPER)
+        estimate = cost.estimate(problem, config, HOPPER)
+        assert estimate.sms * per_sm >= bandwidth, (problem, config, estimate)
+
+
+def test_fine_grained_problems_take_the_table_and_few_groups_the_walk_at_decode():
+    # Past WALK_MAX_GROUPS the walk is not in the space; at G=8 and one token the table's prologue costs
+    # more than walking 8 groups.
+    for problem in (QWEN3_DOWN.with_m(8), QWEN3_GATE_UP.with_m(8192), QWEN3_DOWN.with_m(32768)):
+        assert space.domains(problem, HOPPER)["tile_schedule"] == ("table",)
+        assert space.heuristic(problem, HOPPER).tile_schedule == "table"
+    assert space.heuristic(MIXTRAL_DOWN.with_m(2), HOPPER).tile_schedule == "walk"
+    assert space.domains(MIXTRAL_DOWN, HOPPER)["tile_schedule"] == ("walk", "table")
+
+
+def test_walk_and_swap_ab_constraints():
+    table, walk = C(tile_schedule="table"), C()
+    assert "unrolls all G=128 groups" in _reason(space.walk_only_few_groups, QWEN3_DOWN, walk)
+    assert _reason(space.walk_only_few_groups, QWEN3_DOWN, table) is None
+    assert _reason(space.walk_only_few_groups, MIXTRAL_DOWN, walk) is None
+    swapped = C(block_m=16, block_n=128, wg_split="n")
+    # 8192 rows over 8 experts: 1024 rows each, far past a 64-row tile.
+    assert "rows per expert, not 1024" in _reason(space.swap_ab_only_few_rows, GATE_UP, swapped)
+    assert _reason(space.swap_ab_only_few_rows, DECODE, swapped) is None
+    f32 = dataclasses.replace(DECODE, out_dtype="float32")
+    assert "16-bit outputs only" in _reason(space.swap_ab_output_16bit, f32, swapped)
+    assert _reason(space.swap_ab_output_16bit, DECODE, swapped) is None
+    assert _reason(space.swap_ab_output_16bit, f32, C(block_m=64)) is None
+
+
+def test_few_rows_narrow_the_domains():
+    few, many = (
+        space.domains(QWEN3_DOWN.with_m(1024), HOPPER),
+        space.domains(QWEN3_DOWN.with_m(32768), HOPPER),
+    )
+    assert few["block_m"] == (8, 16, 32, 64) and 128 not in few["block_m"]
+    assert "expert" not in few["grid_minor_dim"] and few["epi_tile_m"] == (64,)
+    assert many["block_m"] == (64, 128) and "expert" in many["grid_minor_dim"]
+    # Split-K's float32 partial sums fill 128-byte rows at 32 columns; bf16 outputs need 64.
+    assert 32 in space.domains(MIXTRAL_DOWN.with_m(2), HOPPER)["epi_tile_n"] and 32 not in few["epi_tile_n"]
+    assert space.domains(dataclasses.replace(GATE_UP, k=4096 + 32), HOPPER)["block_k"] == (32, 64, 128)
 
 
 def test_a_sweep_may_narrow_some_domains_to_subsets():
@@ -229,19 +282,30 @@ def test_a_sweep_may_narrow_some_domains_to_subsets():
         full.restricted({"block_n": []})
 
 
+@pytest.mark.parametrize("model", sorted(DEV_MODELS))
+def test_a_whole_model_sweeps_a_small_space(model):
+    """Every T bucket and both GEMMs of a development model: the driver enumerates each problem's space
+    before the sweep starts (about 30 us a point), so each stays small, and a fine-grained model's twelve
+    together too. Every heuristic pick lies in its space and passes every constraint."""
+    problems = _model_problems(model)
+    sizes = [space.space(p, HOPPER).size for p in problems]
+    assert max(sizes) <= 207360, dict(zip(problems, sizes, strict=True))
+    if DEV_MODELS[model][0] >= 32:
+        assert sum(sizes) <= 700000, sum(sizes)
+    for problem in problems:
+        config = space.heuristic(problem, HOPPER)
+        assert space.space(problem, HOPPER).contains(config)
+        assert all(c(problem, config, HOPPER) is None for c in space.CONSTRAINTS), (problem, config)
+
+
 def test_heuristic_walks_experts_one_after_another_when_compute_bound():
     """The plain GEMM's compute-bound heuristic takes the expert tile order (measured faster under skewed
-    routing); sweeps start from both orders of each preferred tile. SwiGLU takes it up to 1024 rows per
-    expert and keeps the "m" order first above (as an H200 sweep of Mixtral's gate_up found)."""
+    routing); SwiGLU takes it up to SWIGLU_EXPERT_ORDER_MAX_ROWS rows per expert and the "m" order above;
+    with one row tile per expert the order is "m"."""
     assert space.heuristic(GATE_UP, HOPPER).grid_minor_dim == "expert"
-    orders = {(c.block_m, c.block_n, c.block_k): set() for c in space.preferred(GATE_UP, HOPPER)}
-    for c in space.preferred(GATE_UP, HOPPER):
-        orders[(c.block_m, c.block_n, c.block_k)].add(c.grid_minor_dim)
-    assert all({"m", "expert"} <= found for found in orders.values() if found & {"expert"})
     swiglu = dataclasses.replace(GATE_UP, op="grouped_matmul_swiglu")
-    assert swiglu.m / swiglu.g == space.SWIGLU_EXPERT_ORDER_MAX_ROWS
+    assert swiglu.m / swiglu.g == cost.SWIGLU_EXPERT_ORDER_MAX_ROWS
     assert space.heuristic(swiglu, HOPPER).grid_minor_dim == "expert"
     long_prefill = dataclasses.replace(swiglu, m=2 * swiglu.m)
     assert space.heuristic(long_prefill, HOPPER).grid_minor_dim == "m"
-    assert set(space.preferred(swiglu, HOPPER)) == set(space.preferred(long_prefill, HOPPER))
-    assert space.heuristic(DECODE, HOPPER).grid_minor_dim != "expert"
+    assert space.heuristic(DECODE, HOPPER).grid_minor_dim == "m"

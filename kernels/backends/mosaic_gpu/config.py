@@ -2,8 +2,10 @@
 
 Tile sizes are per consumer warpgroup. With `wg_split="m"` (or "n") two consumer warpgroups share one
 CTA and the CTA tile is twice `block_m` (or `block_n`); with "none" one warpgroup computes the whole
-tile. Rules that need the problem or the device (divisibility by K and N, shared memory, registers) are
-constraints in `moetune.search_spaces.mosaic_gpu`; only config-only rules live here.
+tile. `block_m` always counts token rows and `block_n` weight columns; a block_m below wgmma's 64 rows
+puts the tokens on wgmma's narrow N side (`swap_ab`). Rules that need the problem or the device
+(divisibility by K and N, shared memory, registers) are constraints in
+`moetune.search_spaces.mosaic_gpu`; only config-only rules live here.
 """
 
 from __future__ import annotations
@@ -15,6 +17,11 @@ from moetune.kernels.errors import ConfigInvalid
 
 GRID_MINOR_DIMS = ("m", "n", "expert")
 WG_SPLITS = ("none", "m", "n")
+TILE_SCHEDULES = ("walk", "table")
+# wgmma's fixed M: the rows of its A operand per instruction.
+WGMMA_M = 64
+# The epilogue's row chunk; under swap_ab it is unused and must stay at this default.
+DEFAULT_EPI_TILE_M = 64
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,6 +42,16 @@ class MosaicGpuConfig(KernelConfig):
     pad_lhs: when M fits in one CTA tile, pad lhs to the tile's rows first, so that no lhs copy reads
         past its end (TMA zero-fills those rows, which slowed the H200's T=1 weight stream); the pad is
         an XLA op, free where it fuses into the op that makes lhs and a copy where it does not.
+    tile_schedule: how a row tile finds its expert. "walk": by walking all G groups in the kernel,
+        unrolled, in every tile (code, compile time and per-tile work grow with G; every config tuned
+        before "table" existed lowers exactly as it did). "table": from a table of row tiles an XLA
+        prologue builds once per call from group_sizes (one load per tile whatever G; see schedule.py).
+
+    A block_m of 8-56 rows (a multiple of 8) is swap-AB (`swap_ab`): the weights are wgmma's A operand
+    (64 of their columns per instruction) and the token rows its narrow N side, so that a tile of a few
+    tokens multiplies no padding rows. The accumulator is the output tile transposed and is stored
+    through a transposed shared-memory view; the epilogue writes all block_m rows of 64 columns at once
+    (epi_tile_n 64; epi_tile_m plays no part and stays at its default); no split-K, a 16-bit output.
     """
 
     block_m: int = 128
@@ -46,10 +63,11 @@ class MosaicGpuConfig(KernelConfig):
     persistent: bool = True
     warp_specialized: bool = True
     wg_split: str = "n"
-    epi_tile_m: int = 64
+    epi_tile_m: int = DEFAULT_EPI_TILE_M
     epi_tile_n: int = 64
     split_k: int = 1
     pad_lhs: bool = False
+    tile_schedule: str = "walk"
 
     def validate(self) -> None:
         ints = ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_tile_width", "split_k")
@@ -60,9 +78,16 @@ class MosaicGpuConfig(KernelConfig):
         for name in ("persistent", "warp_specialized", "pad_lhs"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigInvalid(f"{name}={getattr(self, name)!r} must be a bool")
-        # wgmma computes 64 rows per warpgroup instruction.
-        if self.block_m not in (64, 128, 192, 256):
-            raise ConfigInvalid(f"block_m={self.block_m} is not one of 64, 128, 192, 256")
+        if self.tile_schedule not in TILE_SCHEDULES:
+            raise ConfigInvalid(f"tile_schedule={self.tile_schedule!r} is not one of {TILE_SCHEDULES}")
+        # wgmma computes 64 rows per warpgroup instruction; fewer token rows go on its N side (swap-AB),
+        # which takes multiples of 8 (and lhs tiles are tiled by 8 rows).
+        if self.block_m not in (*range(8, WGMMA_M, 8), 64, 128, 192, 256):
+            raise ConfigInvalid(
+                f"block_m={self.block_m} is not a multiple of 8 below 64, nor 64, 128, 192, 256"
+            )
+        if self.swap_ab:
+            self._validate_swapped()
         # 64 columns of 16-bit data fill one 128-byte swizzle atom of the TMA copies.
         if self.block_n % 64 or not 64 <= self.block_n <= 256:
             raise ConfigInvalid(f"block_n={self.block_n} is not a multiple of 64 in [64, 256]")
@@ -83,12 +108,35 @@ class MosaicGpuConfig(KernelConfig):
                 f"epi_tile_n={self.epi_tile_n} must be a multiple of 32 dividing block_n={self.block_n}"
             )
         # Row slices of the wgmma accumulator are whole 64-row instruction tiles.
-        if self.epi_tile_m % 64 or self.block_m % self.epi_tile_m:
+        if not self.swap_ab and (self.epi_tile_m % WGMMA_M or self.block_m % self.epi_tile_m):
             raise ConfigInvalid(
                 f"epi_tile_m={self.epi_tile_m} must be a multiple of 64 dividing block_m={self.block_m}"
             )
         if self.split_k < 1:
             raise ConfigInvalid(f"split_k={self.split_k} must be >= 1")
+
+    def _validate_swapped(self) -> None:
+        # Two consumers would split the token rows, which are the narrow side already.
+        if self.wg_split == "m":
+            raise ConfigInvalid("wg_split='m' cannot split the token rows under swap_ab; use 'n' or 'none'")
+        # The transposed store into shared memory lowers for 16-bit values only (jax 0.11.2: Mosaic GPU
+        # infers no layout for a float32 one), and split-K stores float32 partial sums.
+        if self.split_k != 1:
+            raise ConfigInvalid(f"split_k={self.split_k}: swap_ab stores 16-bit tiles only; use split_k=1")
+        # The accumulator's rows are output columns: an epilogue chunk is one 64-row wgmma tile, which is
+        # also the widest transposed store Mosaic GPU lays out (128 columns fail its layout inference).
+        if self.epi_tile_n != WGMMA_M:
+            raise ConfigInvalid(f"epi_tile_n={self.epi_tile_n} must be 64 under swap_ab")
+        if self.epi_tile_m != DEFAULT_EPI_TILE_M:
+            raise ConfigInvalid(
+                f"epi_tile_m={self.epi_tile_m}: under swap_ab every row leaves at once; leave it at "
+                f"{DEFAULT_EPI_TILE_M}"
+            )
+
+    @property
+    def swap_ab(self) -> bool:
+        """Whether the tokens are wgmma's N side and the weights its A operand (block_m below 64)."""
+        return self.block_m < WGMMA_M
 
     @property
     def consumers(self) -> int:

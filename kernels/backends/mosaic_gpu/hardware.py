@@ -23,14 +23,59 @@ class ArchFacts:
     # Largest L2 among the architecture's parts, used only when the driver cannot be asked: a rotation
     # sized for the largest L2 also defeats every smaller one.
     l2_bytes_fallback: int
+    # What the cost model (search_spaces/mosaic_gpu_cost.py) plans with. Shared memory of one SM, which
+    # the CTAs resident on it split (cudaDevAttrMaxSharedMemoryPerMultiprocessor).
+    smem_per_sm: int = 0
+    # Dense 16-bit tensor-core FLOP per SM per clock, and shared-memory bytes per SM per clock (32 banks
+    # of 4 bytes), which bound a wgmma whose operands are read from shared memory.
+    mma_flops_per_clock: int = 0
+    smem_bytes_per_clock: int = 0
+    # The SM clock the model assumes under sustained matrix work (below the boost clock: power-limited).
+    sustained_clock_hz: float = 0.0
+    # HBM read bandwidth of the architecture's largest part, used when the part is not in PARTS.
+    hbm_bytes_per_s_fallback: float = 0.0
+    # Load-to-use latency of a TMA copy from HBM: bytes in flight per SM over it bound one SM's stream.
+    memory_latency_s: float = 0.0
+    # What TMA copies move from L2 into the SMs' shared memory, all SMs together, and into one SM per
+    # clock (its port to the memory system).
+    l2_bytes_per_s: float = 0.0
+    sm_port_bytes_per_clock: int = 0
 
 
 ARCHS: dict[str, ArchFacts] = {
-    # H100 SXM has 50 MiB of L2, H200 60 MiB (as PyTorch reported it here on 2026-10-28).
+    # H100 SXM has 50 MiB of L2, H200 60 MiB (as PyTorch reported it here on 2026-10-28). 4096 FLOP per
+    # clock per SM is the datasheet's 989 TFLOP/s dense bf16 at 132 SMs and 1.83 GHz; the H200 here
+    # sustained 790-830 TFLOP/s on random bf16 data (benchmarks/README.md), about 1.5 GHz at that rate.
     "9.0": ArchFacts(
-        name="sm_90a", smem_per_block=227 * 1024, registers_per_sm=65536, l2_bytes_fallback=60 << 20
+        name="sm_90a",
+        smem_per_block=227 * 1024,
+        registers_per_sm=65536,
+        l2_bytes_fallback=60 << 20,
+        smem_per_sm=228 * 1024,
+        mma_flops_per_clock=4096,
+        smem_bytes_per_clock=128,
+        sustained_clock_hz=1.5e9,
+        hbm_bytes_per_s_fallback=4.7e12,
+        memory_latency_s=1.2e-6,
+        # At least 10.3 TB/s: Mixtral's down GEMM at T=4096 copied 12.0 GB of 128x256 CTA operand tiles
+        # into shared memory in 1.173 ms on the H200 (benchmarks/README.md); the model caps it a little
+        # above.
+        l2_bytes_per_s=12e12,
+        sm_port_bytes_per_clock=64,
     ),
 }
+
+# HBM read bandwidth per part (jax's device_kind), as measured where known: the H200 here read 4.7 TB/s
+# (a 4 GiB sum, benchmarks/bench_gemm.py); the H100 SXM's datasheet gives 3.35 TB/s.
+PART_HBM_BYTES_PER_S: dict[str, float] = {
+    "NVIDIA H200": 4.7e12,
+    "NVIDIA H100 80GB HBM3": 3.35e12,
+}
+
+
+def hbm_bytes_per_s(device_kind: str, compute_capability: str) -> float:
+    """The part's HBM read bandwidth: measured or datasheet where known, else the architecture's."""
+    return PART_HBM_BYTES_PER_S.get(device_kind, facts(compute_capability).hbm_bytes_per_s_fallback)
 
 
 def facts(compute_capability: str) -> ArchFacts:

@@ -5,10 +5,17 @@ rows past sum(group_sizes) come out zero, and an expert with no rows reads none 
 
 Work is a grid of (row tile, column tile, K split) triples walked by `plgpu.nd_loop`, either one CTA per
 SM looping (persistent) or one CTA per triple. A row tile is one expert's rows inside a window of `cta_m`
-rows that starts at a multiple of 8 (row_tile, tiling.py); each CTA streams [cta_m, block_k] slices of lhs
+rows that starts at a multiple of 8; schedule.py says how a work item finds its rows (by walking the
+groups, or from a row-tile table built once per call). Each CTA streams [cta_m, block_k] slices of lhs
 and [block_k, cta_n] slices of that expert's weights through a TMA pipeline into wgmma, then writes the
 expert's rows of the window back through shared memory with TMA stores whose row counts are powers of two
 (a store cannot be told "only rows 3..9" at run time, so 7 rows leave as 4 + 2 + 1).
+
+With `swap_ab` (block_m below 64) the weight tile is wgmma's A operand (its columns are the
+instruction's 64 rows) and the lhs tile, 8 to 56 token rows, its narrow N side: acc[weight columns, token
+rows] += w^T x^T, so no padding rows are multiplied and no 64-row lhs tile is loaded for a handful of
+tokens. The accumulator is stored through a transposed view of the epilogue's shared memory (Mosaic GPU
+has no transpose of registers in warpgroup semantics), after which the stores are the same.
 
 Two pipelines: with warp specialization a producer warpgroup issues the copies and one or two consumer
 warpgroups multiply (split along M or N); without it one warpgroup does both, keeping one wgmma in flight.
@@ -31,8 +38,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from moetune.kernels.backends.mosaic_gpu import tiling
+from moetune.kernels.backends.mosaic_gpu import schedule, tiling
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
+from moetune.kernels.backends.mosaic_gpu.schedule import ROW_ALIGN
 from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, problem_of
 
 # Registers per thread left to the producer warpgroup; the consumers share the rest (the value JAX's
@@ -40,71 +48,6 @@ from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Probl
 PRODUCER_REGISTERS = 40
 WARPGROUP_AXIS = "wg"
 CTA_AXIS = "sm"
-
-
-@dataclasses.dataclass(frozen=True)
-class RowTile:
-    """The rows one row tile covers: rows [lo, hi) of expert `group`, inside the window of `cta_m` rows that
-    starts at row `row0` (what the tile loads from lhs and stores from).
-
-    `group` is G for the zero-filled rows past sum(group_sizes); `hi <= lo` means the tile is idle.
-    """
-
-    group: jax.Array
-    row0: jax.Array
-    lo: jax.Array
-    hi: jax.Array
-
-
-# An expert's windows start at its first row rounded down to this: lhs tiles are tiled by 8 rows in
-# shared memory (plgpu.TilingTransform), so a TMA load may start on any multiple of 8.
-ROW_ALIGN = 8
-
-
-def _group_windows(group_sizes_ref: Any, *, g: int, m: int, cta_m: int):
-    """Per group in order (the G experts, then the zero group of rows past them): its rows [start, end),
-    its first window's row `first` (start rounded down to 8) and its row tile count, 0 without rows.
-
-    A generator: a caller's own per-group ops trace between one group's and the next's, in the order
-    row_tile has always emitted them, so its kernels lower unchanged."""
-    i32 = jnp.int32
-    end = i32(0)
-    for i in range(g + 1):
-        start = end
-        if i < g:
-            size = jnp.clip(group_sizes_ref[i], 0, m).astype(i32)
-            end = jnp.minimum(start + size, m)
-        else:
-            end = i32(m)
-        first = start - lax.rem(start, i32(ROW_ALIGN))
-        yield start, end, first, jnp.where(end > start, lax.div(end - first + cta_m - 1, i32(cta_m)), 0)
-
-
-def row_tile(group_sizes_ref: Any, t: jax.Array, *, g: int, m: int, cta_m: int) -> RowTile:
-    """Row tile number `t`, found by walking the groups in order (unrolled: G is small and static).
-
-    Each expert's tiles are consecutive windows of `cta_m` rows from its first row rounded down to 8, so an
-    expert of s rows takes cdiv(s + (start % 8), cta_m) tiles wherever its rows start (tiles aligned to
-    global cta_m-row blocks would take one more whenever its rows straddle a block boundary).
-    Example: group_sizes=[3, 0, 6], m=12, cta_m=4. Expert 0 owns rows 0-2, expert 1 none, expert 2 rows
-    3-8, the zero group rows 9-11. The tiles are (expert 0, window 0-3, rows 0-2), (expert 2, window 0-3,
-    row 3), (expert 2, window 4-7, rows 4-7), (expert 2, window 8-11, row 8), (zero group, window 8-11,
-    rows 9-11); tiles past them, up to tiling.row_tile_bound, are idle. Expert 1 gets no tile, so its
-    weights are never read. Sizes are clamped so that rows past M (sum(group_sizes) > M) are dropped, as
-    ragged_dot drops them.
-    """
-    i32 = jnp.int32
-    tiles_before = i32(0)
-    group, row0, lo, hi = i32(g + 1), i32(0), i32(0), i32(0)
-    for i, (start, end, first, count) in enumerate(_group_windows(group_sizes_ref, g=g, m=m, cta_m=cta_m)):
-        mine = (t >= tiles_before) & (t < tiles_before + count)
-        window = first + (t - tiles_before) * cta_m
-        group = jnp.where(mine, i32(i), group)
-        row0 = jnp.where(mine, window, row0)
-        lo = jnp.where(mine, jnp.maximum(start, window), lo)
-        hi = jnp.where(mine, jnp.minimum(end, window + cta_m), hi)
-        tiles_before = tiles_before + count
-    return RowTile(group=group, row0=row0, lo=lo, hi=hi)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,10 +81,20 @@ class _Static:
     # Warp-specialized, persistent, and k_steps a multiple of stages: a CTA's tile pipelines run as one
     # chain, so the producer loads the next tile's first stages while the consumers finish this one.
     chain: bool = False
+    table: bool = False  # tile_schedule "table": the kernel's first operand is the row-tile table
+    persistent: bool = True
+    swap_ab: bool = False
 
     @property
     def tiles(self) -> int:
         return self.row_tiles * self.col_tiles * self.split_k
+
+    def loop_items(self, sched_ref: Any) -> int | jax.Array:
+        """The nd_loop's work items: the static grid, or under the table with a persistent grid only
+        the real tiles' items (read from the table), so that no CTA loops over idle ones."""
+        if self.table and self.persistent:
+            return schedule.table_items(sched_ref, self)
+        return self.tiles
 
     @property
     def ladder(self) -> tuple[int, ...]:
@@ -203,7 +156,21 @@ def _rhs_operands(s: _Static, rhs_ref: Any) -> tuple:
 
 
 def _accumulators(s: _Static, shape: tuple[int, int]) -> tuple:
+    """float32 accumulators of a [rows, cols] output tile: [cols, rows] (transposed) under swap_ab."""
+    if s.swap_ab:
+        shape = shape[::-1]
     return tuple(plgpu.ACC(shape, jnp.float32) for _ in range(2 if s.swiglu else 1))
+
+
+def _swapped_operands(s: _Static, a_smem: Any, b_smem: Any, wg: Any = None) -> tuple[Any, Any]:
+    """wgmma's (A, B) under swap_ab: the weight tile as [columns, K] (a transposed view of a [K, N] tile,
+    the tile itself of an [N, K] one), this consumer's half under wg_split "n", and the lhs tile as
+    [K, rows]."""
+    if s.transpose_rhs:
+        a = b_smem if wg is None else b_smem.at[pl.ds(wg * s.block_n, s.block_n)]
+    else:
+        a = (b_smem if wg is None else b_smem.at[:, pl.ds(wg * s.block_n, s.block_n)]).T
+    return a, a_smem.T
 
 
 def _epilogue(s: _Static, acc_refs: tuple) -> jax.Array:
@@ -214,56 +181,11 @@ def _epilogue(s: _Static, acc_refs: tuple) -> jax.Array:
     return acc_refs[0][...]
 
 
-@dataclasses.dataclass(frozen=True)
-class _TileCoords:
-    row: jax.Array
-    col: jax.Array
-    split: jax.Array
-
-
-def _tile_coords(lin: jax.Array, gs_ref: Any, s: _Static) -> _TileCoords:
-    """Linear work index -> (row tile, column tile, K split); the split is slowest so that each split's
-    tiles follow the L2-friendly snake order."""
-    per_split = s.row_tiles * s.col_tiles
-    if s.split_k > 1:
-        split = lax.div(lin, jnp.int32(per_split))
-        lin = lin - split * per_split
-    else:
-        split = jnp.int32(0)
-    if s.grid_minor_dim == "expert":
-        row, col = _expert_order(lin, gs_ref, s)
-    else:
-        minor = 0 if s.grid_minor_dim == "m" else 1
-        row, col = plgpu.planar_snake(lin, (s.row_tiles, s.col_tiles), minor, s.grid_tile_width)
-    return _TileCoords(row=row, col=col, split=split)
-
-
-def _expert_order(lin: jax.Array, gs_ref: Any, s: _Static) -> tuple[jax.Array, jax.Array]:
-    """(row tile, column tile) of work item `lin` when every group's tiles are walked before the next
-    group's, each group in strips of `grid_tile_width` of its own row tiles (snaking over the columns).
-
-    A strip of the plain "m" order that straddles experts needs two or three experts' weight columns in
-    L2 at once; under skewed routing most strips do (Zipf at T=4096: 24, 12, 8, 6, 5, 4, 4, 3 row tiles).
-    Here a strip never mixes experts. Items past the last real tile map to row tile `row_tiles`, which
-    row_tile reports idle.
-    """
-    cols = jnp.int32(s.col_tiles)
-    before, base, count = jnp.int32(0), jnp.int32(0), jnp.int32(1)
-    for *_, tiles in _group_windows(gs_ref, g=s.g, m=s.m, cta_m=s.cta_m):
-        mine = (lin >= before * cols) & (lin < (before + tiles) * cols)
-        base = jnp.where(mine, before, base)
-        count = jnp.where(mine, tiles, count)
-        before = before + tiles
-    live = lin < before * cols
-    local = jnp.where(live, lin - base * cols, 0)
-    row, col = plgpu.planar_snake(local, (count, s.col_tiles), 0, s.grid_tile_width)
-    return jnp.where(live, base + row, jnp.int32(s.row_tiles)), col
-
-
 def _store_rows(
     acc: jax.Array | None, out_ref: Any, smem: Any, *, row0: Any, lo: Any, hi: Any, col0: Any, s: _Static
 ) -> None:
-    """Write rows [lo, hi) of a [block_m, block_n] result whose first row is global row `row0`.
+    """Write rows [lo, hi) of a [block_m, block_n] result whose first row is global row `row0` (the result
+    is [block_n, block_m] under swap_ab).
 
     `acc` None writes zeros. The result leaves in [epi_m, epi_n] chunks through two shared-memory
     slots. Every chunk commits exactly one bulk group (empty when it holds none of the rows), so "at most
@@ -281,11 +203,18 @@ def _store_rows(
             for c in range(0, s.block_n, s.epi_n):
                 slot = chunk % 2
                 plgpu.wait_smem_to_gmem(0 if chunk == 0 else 1, wait_read_only=True)
-                if acc is None:
-                    values = jnp.zeros((s.epi_m, s.epi_n), s.store_dtype)
+                if s.swap_ab:
+                    # acc is [columns, rows]: it goes in through the slot's transposed view, and so do the
+                    # zeros (Mosaic GPU infers no layout for one buffer stored both ways).
+                    if acc is None:
+                        values = jnp.zeros((s.epi_n, s.epi_m), s.store_dtype)
+                    else:
+                        values = acc[c : c + s.epi_n, r : r + s.epi_m].astype(s.store_dtype)
+                    smem.at[slot].T[...] = values
+                elif acc is None:
+                    smem[slot] = jnp.zeros((s.epi_m, s.epi_n), s.store_dtype)
                 else:
-                    values = acc[r : r + s.epi_m, c : c + s.epi_n].astype(s.store_dtype)
-                smem[slot] = values
+                    smem[slot] = acc[r : r + s.epi_m, c : c + s.epi_n].astype(s.store_dtype)
                 plgpu.commit_smem()
                 start = lo_in - r
                 for size in s.ladder:
@@ -305,16 +234,17 @@ def _store_rows(
 
 
 def _plain_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -> None:
-    """One warpgroup per CTA: it issues the copies and the wgmmas, one wgmma group left in flight."""
+    """One warpgroup per CTA: it issues the copies and the wgmmas, one wgmma group left in flight.
+
+    `gs_ref` is group_sizes under the walk and the row-tile table under the table (schedule.py)."""
     delay = 1 if s.stages > 1 else 0
 
     def with_out_smem(o_smem):
         smem = o_smem.at[0]
 
-        @plgpu.nd_loop((s.tiles,), collective_axes=CTA_AXIS)
+        @plgpu.nd_loop((s.loop_items(gs_ref),), collective_axes=CTA_AXIS)
         def _tile(info):
-            t = _tile_coords(info.index[0], gs_ref, s)
-            rows = row_tile(gs_ref, t.row, g=s.g, m=s.m, cta_m=s.cta_m)
+            t, rows = schedule.work(info.index[0], gs_ref, s)
             has_rows = rows.hi > rows.lo
             out_view = out_ref.at[t.split] if s.split_k > 1 else out_ref
             row0 = rows.row0
@@ -325,7 +255,10 @@ def _plain_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -> None:
                 def acc_scope(*acc_refs):
                     def step(_, a_smem, *b_smems):
                         for acc_ref, b_smem in zip(acc_refs, b_smems, strict=True):
-                            plgpu.wgmma(acc_ref, a_smem, b_smem.T if s.transpose_rhs else b_smem)
+                            if s.swap_ab:
+                                plgpu.wgmma(acc_ref, *_swapped_operands(s, a_smem, b_smem))
+                            else:
+                                plgpu.wgmma(acc_ref, a_smem, b_smem.T if s.transpose_rhs else b_smem)
                         # The slot of step i-1 is refilled after step i: its wgmmas (one group each)
                         # must be done.
                         plgpu.wgmma_wait(delay * len(acc_refs))
@@ -388,10 +321,11 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
         # stages stream in while the consumers finish this tile and write it back). Which tile is a CTA's
         # last with rows is not known in the loop, so no tile stops the chain; the producer waits for the
         # last stages' consumption after the loop instead, as a stopping pipeline would.
-        @plgpu.nd_loop((s.tiles,), collective_axes=CTA_AXIS, init_carry=jnp.int32(0) if s.chain else None)
+        @plgpu.nd_loop(
+            (s.loop_items(gs_ref),), collective_axes=CTA_AXIS, init_carry=jnp.int32(0) if s.chain else None
+        )
         def _tile(info, carry=None):
-            t = _tile_coords(info.index[0], gs_ref, s)
-            rows = row_tile(gs_ref, t.row, g=s.g, m=s.m, cta_m=s.cta_m)
+            t, rows = schedule.work(info.index[0], gs_ref, s)
             has_rows = rows.hi > rows.lo
             out_view = out_ref.at[t.split] if s.split_k > 1 else out_ref
             row0 = rows.row0 + (wg * s.block_m if s.wg_split == "m" else 0)
@@ -406,6 +340,10 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
 
                     def issue():
                         for acc_ref, b_smem in zip(acc_refs, b_smems, strict=True):
+                            if s.swap_ab:
+                                split_wg = wg if s.wg_split == "n" else None
+                                plgpu.wgmma(acc_ref, *_swapped_operands(s, a_smem, b_smem, split_wg))
+                                continue
                             if s.transpose_rhs:
                                 if s.wg_split == "n":
                                     b_smem = b_smem.at[pl.ds(wg * s.block_n, s.block_n)]
@@ -491,6 +429,9 @@ def kernel_name(config: MosaicGpuConfig, op: str = GROUPED_MATMUL) -> str:
         f"e{c.epi_tile_m}x{c.epi_tile_n}",
         f"sk{c.split_k}",
     ] + (["pad"] if c.pad_lhs else [])
+    # Only what differs from the defaults, so that every config tuned before these existed keeps its name
+    # (the name is part of the lowered module).
+    parts += (["table"] if c.tile_schedule == "table" else []) + (["swab"] if c.swap_ab else [])
     return _NAME_PREFIX[op] + "_".join(parts)
 
 
@@ -576,7 +517,7 @@ def _grouped(
         row_tiles=geo.row_tiles,
         col_tiles=geo.col_tiles,
         split_k=config.split_k,
-        epi_m=config.epi_tile_m,
+        epi_m=tiling.epilogue_rows(config),
         epi_n=config.epi_tile_n,
         grid_minor_dim=config.grid_minor_dim,
         grid_tile_width=config.grid_tile_width,
@@ -586,6 +527,9 @@ def _grouped(
         swiglu=swiglu,
         up_col_offset=problem.out_n // geo.cta_n if swiglu else 0,
         chain=chains(problem, config),
+        table=config.tile_schedule == "table",
+        persistent=config.persistent,
+        swap_ab=config.swap_ab,
     )
     if config.split_k > 1:
         out_type = jax.ShapeDtypeStruct((config.split_k, problem.m, problem.out_n), jnp.float32)
@@ -615,7 +559,10 @@ def _grouped(
     if config.pad_lhs and problem.m <= geo.cta_m:
         window = (problem.m - 1) // ROW_ALIGN * ROW_ALIGN + geo.cta_m
         lhs = jnp.pad(lhs, ((0, max(0, window - lhs.shape[0])), (0, 0)))
-    out = kernel(group_sizes.astype(jnp.int32), lhs, rhs)
+    sizes = group_sizes.astype(jnp.int32)
+    if s.table:
+        sizes = schedule.build_table(sizes, m=problem.m, cta_m=geo.cta_m, rows=geo.row_tiles)
+    out = kernel(sizes, lhs, rhs)
     if config.split_k > 1:
         out = out.sum(axis=0).astype(out_dtype)
     return out

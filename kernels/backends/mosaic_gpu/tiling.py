@@ -1,10 +1,12 @@
 """Tile geometry of the Hopper grouped GEMM: pure arithmetic shared by the kernel and its search space.
 
 Rows are grouped contiguously by expert. The kernel walks "row tiles": windows of `cta_m` rows, each
-expert's starting at its first row rounded down to 8 (kernel_sm90.row_tile). Past sum(group_sizes) the
-rows form one more group that is written with zeros. Group i of s_i rows starting at offset r_i (mod 8)
-takes cdiv(s_i + r_i, cta_m) windows, so the G + 1 groups together take at most
-cdiv(M + 7 (G + 1), cta_m) + G + 1 (`row_tile_bound`); tiles past the real count do nothing.
+expert's starting at its first row rounded down to 8 (schedule.py). Past sum(group_sizes) the rows form
+one more group that is written with zeros. Group i of s_i rows starting at offset r_i (mod 8) takes
+cdiv(s_i + r_i, cta_m) windows, so the G + 1 groups together take at most
+cdiv(M + 7 (G + 1), cta_m) + G + 1 (`row_tile_bound`); tiles past the real count do nothing. Only groups
+with rows take tiles, and at most min(G + 1, M) groups have rows, which bounds the row-tile table
+(`table_row_tiles`) whatever G is when M is small.
 """
 
 from __future__ import annotations
@@ -53,6 +55,21 @@ def row_tile_bound(m: int, g: int, cta_m: int) -> int:
     return cdiv(m + 7 * (g + 1), cta_m) + g + 1
 
 
+def table_row_tiles(m: int, g: int, cta_m: int) -> int:
+    """Rows of the row-tile table: the same sum taken over the groups that have rows only. Each of them
+    has at least one of the M rows, so there are n <= min(G + 1, M); each takes at most as many tiles
+    as it has rows (cta_m >= 8 > r_i), so M bounds the sum too. Example: decode at M=8 over G=128
+    experts needs at most 8 row tiles, where `row_tile_bound` gives 138."""
+    live = min(g + 1, m)
+    return min(m, cdiv(m + 7 * live, cta_m) + live)
+
+
+def row_tiles(problem: Problem, config: MosaicGpuConfig) -> int:
+    """The static row-tile count of the grid under the config's tile schedule."""
+    bound = table_row_tiles if config.tile_schedule == "table" else row_tile_bound
+    return bound(problem.m, problem.g, config.cta_m)
+
+
 def geometry(problem: Problem, config: MosaicGpuConfig) -> TileGeometry:
     k_steps = max(1, problem.k // (config.block_k * config.split_k))
     return TileGeometry(
@@ -61,7 +78,7 @@ def geometry(problem: Problem, config: MosaicGpuConfig) -> TileGeometry:
         consumers=config.consumers,
         k_steps=k_steps,
         stages=min(config.max_concurrent_steps, k_steps),
-        row_tiles=row_tile_bound(problem.m, problem.g, config.cta_m),
+        row_tiles=row_tiles(problem, config),
         col_tiles=cdiv(problem.out_n, config.cta_n),
         split_k=config.split_k,
         out_itemsize=4 if config.split_k > 1 else itemsize(problem.out_dtype),
@@ -74,14 +91,27 @@ def accumulators(problem: Problem) -> int:
     return problem.spec.rhs_columns_per_out_column
 
 
-def smem_bytes(problem: Problem, config: MosaicGpuConfig) -> int:
+def epilogue_rows(config: MosaicGpuConfig) -> int:
+    """Rows of one epilogue chunk: epi_tile_m, or every token row of the tile under swap_ab (the
+    accumulator's rows are output columns there, so a chunk is cut along those)."""
+    return config.block_m if config.swap_ab else config.epi_tile_m
+
+
+def stage_bytes(problem: Problem, config: MosaicGpuConfig) -> int:
+    """Shared memory of one pipeline stage: the lhs tile and the weight tiles of one K step."""
+    return (
+        (config.cta_m + accumulators(problem) * config.cta_n) * config.block_k * itemsize(problem.lhs_dtype)
+    )
+
+
+def smem_bytes(problem: Problem, config: MosaicGpuConfig, stages: int | None = None) -> int:
     """Shared memory one CTA allocates: pipeline stages of the lhs tile and the weight tiles plus
-    double-buffered epilogue tiles per consumer warpgroup."""
+    double-buffered epilogue tiles per consumer warpgroup. `stages` replaces the config's pipeline
+    depth (a search for the deepest that fits need not build a config per depth)."""
     geo = geometry(problem, config)
-    in_bytes = itemsize(problem.lhs_dtype)
-    stage = (geo.cta_m + accumulators(problem) * geo.cta_n) * config.block_k * in_bytes
-    epilogue = geo.consumers * 2 * config.epi_tile_m * config.epi_tile_n * geo.out_itemsize
-    return geo.stages * stage + epilogue + SMEM_OVERHEAD_BYTES
+    depth = geo.stages if stages is None else min(stages, geo.k_steps)
+    epilogue = geo.consumers * 2 * epilogue_rows(config) * config.epi_tile_n * geo.out_itemsize
+    return depth * stage_bytes(problem, config) + epilogue + SMEM_OVERHEAD_BYTES
 
 
 def accumulator_registers(config: MosaicGpuConfig, count: int = 1) -> int:

@@ -65,6 +65,13 @@ def test_unknown_field_is_rejected():
         ({"split_k": 0}, "split_k=0"),
         ({"block_m": True}, "block_m=True"),
         ({"persistent": 1}, "persistent=1"),
+        ({"tile_schedule": "scan"}, "tile_schedule='scan'"),
+        ({"block_m": 12}, "block_m=12 is not a multiple of 8 below 64"),
+        ({"block_m": 16, "wg_split": "m"}, "cannot split the token rows under swap_ab"),
+        ({"block_m": 16, "split_k": 2}, "swap_ab stores 16-bit tiles only"),
+        ({"block_m": 16, "epi_tile_n": 32}, "epi_tile_n=32 must be 64 under swap_ab"),
+        ({"block_m": 16, "epi_tile_n": 128}, "epi_tile_n=128 must be 64 under swap_ab"),
+        ({"block_m": 16, "epi_tile_m": 128}, "under swap_ab every row leaves at once"),
     ],
 )
 def test_each_config_rule(change, message):
@@ -86,3 +93,13 @@ def test_str_is_key_value_pairs():
     text = str(MosaicGpuConfig())
     assert text.startswith("block_m=128,block_n=128,block_k=64,")
     assert "wg_split=n" in text
+
+
+def test_a_block_m_below_64_swaps_the_operands():
+    assert MosaicGpuConfig(block_m=8, wg_split="n").swap_ab
+    assert not MosaicGpuConfig(block_m=64).swap_ab
+    swapped = MosaicGpuConfig(block_m=32, block_n=128, wg_split="n", tile_schedule="table")
+    assert (swapped.cta_m, swapped.cta_n) == (32, 256)
+    assert MosaicGpuConfig.from_json(swapped.to_json()) == swapped
+    # The defaults keep every config tuned before these fields existed as it was.
+    assert MosaicGpuConfig().tile_schedule == "walk"

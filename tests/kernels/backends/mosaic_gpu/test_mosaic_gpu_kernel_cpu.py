@@ -21,7 +21,7 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
 
-from moetune.kernels.backends.mosaic_gpu import kernel_sm90, tiling, timer  # noqa: E402
+from moetune.kernels.backends.mosaic_gpu import kernel_sm90, schedule, tiling, timer  # noqa: E402
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C  # noqa: E402
 from moetune.kernels.problem import Problem, problem_of  # noqa: E402
 from moetune.kernels.reference import reference_grouped_matmul, relative_error  # noqa: E402
@@ -34,7 +34,7 @@ def _tiles(sizes, m, cta_m):
     ref = jnp.asarray(sizes, jnp.int32)
     out = []
     for t in range(tiling.row_tile_bound(m, g, cta_m)):
-        r = kernel_sm90.row_tile(ref, jnp.int32(t), g=g, m=m, cta_m=cta_m)
+        r = schedule.row_tile(ref, jnp.int32(t), g=g, m=m, cta_m=cta_m)
         out.append((int(r.group), int(r.row0), int(r.lo), int(r.hi)))
     return out
 
@@ -68,7 +68,7 @@ def test_row_tiles_cover_every_row_once(seed):
     for group, row0, lo, hi in tiles:
         if hi <= lo:
             continue
-        assert row0 % kernel_sm90.ROW_ALIGN == 0 and row0 <= lo < hi <= row0 + cta_m
+        assert row0 % schedule.ROW_ALIGN == 0 and row0 <= lo < hi <= row0 + cta_m
         assert (owner[lo:hi] == -1).all(), "a row belongs to two tiles"
         owner[lo:hi] = group
     assert (owner == expected).all()
@@ -91,7 +91,7 @@ def _expert_walk(sizes, m, cta_m, cols, width):
         row_tiles=tiling.row_tile_bound(m, g, cta_m),
     )
     ref = jnp.asarray(sizes, jnp.int32)
-    walk = jax.jit(jax.vmap(lambda lin: kernel_sm90._expert_order(lin, ref, s)))
+    walk = jax.jit(jax.vmap(lambda lin: schedule.expert_order(lin, ref, s)))
     rows, cols_ = walk(jnp.arange(s.row_tiles * cols, dtype=jnp.int32))
     return s.row_tiles, list(zip(np.asarray(rows).tolist(), np.asarray(cols_).tolist(), strict=True))
 

@@ -1,0 +1,169 @@
+"""The mosaic_gpu cost model: bounds no estimate may beat, how it responds to the hardware and the
+problem, and the family and ranking the heuristic uses. Properties, not measured figures."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from moetune.kernels.backends.mosaic_gpu import hardware, tiling
+from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C
+from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.problem import Problem
+from moetune.search_spaces import mosaic_gpu as space
+from moetune.search_spaces import mosaic_gpu_cost as cost
+
+HOPPER = DeviceFingerprint("NVIDIA H200", "gpu", 132, 0, "9.0", "", "", "", "")
+FACTS = hardware.facts("9.0")
+QWEN3_DOWN = Problem("grouped_matmul", m=8, k=768, n=2048, g=128)
+QWEN3_GATE_UP = Problem("grouped_matmul_swiglu", m=8, k=2048, n=1536, g=128)
+MIXTRAL_DOWN = Problem("grouped_matmul", m=2, k=14336, n=4096, g=8)
+PREFILL = Problem("grouped_matmul", m=8192, k=4096, n=28672, g=8)
+PROBLEMS = [
+    QWEN3_DOWN,
+    QWEN3_GATE_UP,
+    QWEN3_DOWN.with_m(1024),
+    QWEN3_GATE_UP.with_m(32768),
+    MIXTRAL_DOWN,
+    PREFILL,
+    Problem("grouped_matmul_swiglu", m=80, k=2048, n=1024, g=512),
+]
+
+
+def _family(problem):
+    return cost.family(problem, HOPPER, space.domains(problem, HOPPER)["tile_schedule"])
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: f"{p.op}-m{p.m}-g{p.g}")
+def test_no_estimate_beats_the_rooflines(problem):
+    """Every config streams at least the touched experts' weights once and multiplies at least the
+    problem's FLOPs: no estimate may come in under those bounds at the device's rates."""
+    route = cost.uniform_routing(problem)
+    weights = route.experts * problem.k * problem.n * 2
+    bandwidth = hardware.hbm_bytes_per_s(HOPPER.device_kind, "9.0")
+    peak = FACTS.mma_flops_per_clock * FACTS.sustained_clock_hz * HOPPER.core_count
+    floor = max(weights / bandwidth, problem.flops / peak)
+    for config in _family(problem):
+        assert cost.estimate(problem, config, HOPPER).seconds >= floor, config
+
+
+def test_uniform_routing():
+    assert cost.uniform_routing(Problem("grouped_matmul", m=1, k=64, n=64, g=128)) == cost.Routing(1.0, 1.0)
+    many = cost.uniform_routing(Problem("grouped_matmul", m=100000, k=64, n=64, g=128))
+    assert many.experts == pytest.approx(128) and many.rows == pytest.approx(100000 / 128)
+    # Top-8 of 128 experts at one token: a few collisions short of 8.
+    assert 7.5 < cost.uniform_routing(QWEN3_DOWN).experts < 8
+    assert cost.uniform_routing(dataclasses.replace(QWEN3_DOWN, g=1)) == cost.Routing(1.0, 8.0)
+
+
+def test_row_tiles_per_expert():
+    assert cost.row_tiles_per_expert(1, 64) == cost.row_tiles_per_expert(60, 64) == 1.0
+    assert cost.row_tiles_per_expert(256, 128) == pytest.approx((256 + 3.5) / 128 + 0.5)
+
+
+def test_mma_efficiency_falls_with_a_narrow_n_and_without_warp_specialization():
+    by_n = [cost.mma_efficiency(C(block_m=64, block_n=n, wg_split="n"), FACTS) for n in (64, 128, 256)]
+    assert by_n == sorted(by_n) and by_n[-1] <= 1
+    # Swapped: the tokens are wgmma's N, so 8 rows read a 64x16 A tile for little work.
+    swapped = [cost.mma_efficiency(C(block_m=r, block_n=128, wg_split="n"), FACTS) for r in (8, 32)]
+    assert swapped[0] < swapped[1] < by_n[0]
+    plain = C(block_m=64, block_n=128, warp_specialized=False, wg_split="none")
+    assert cost.mma_efficiency(plain, FACTS) < cost.mma_efficiency(C(block_m=64, block_n=128), FACTS)
+
+
+def test_resident_ctas_share_an_sm_only_in_plain_grids_of_one_cta_per_item():
+    small = C(
+        block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, warp_specialized=False, wg_split="none"
+    )
+    assert cost.resident_ctas(PREFILL, small, FACTS) == 1  # persistent
+    assert cost.resident_ctas(PREFILL, dataclasses.replace(small, persistent=False), FACTS) > 1
+    ws = dataclasses.replace(small, warp_specialized=True, wg_split="n", persistent=False)
+    assert cost.resident_ctas(PREFILL, ws, FACTS) == 1
+
+
+def test_memory_bound_estimates_follow_the_bandwidth_and_compute_bound_ones_the_sms():
+    # DeepSeek-V3's down at one token: 8 experts x 56 column tiles, every SM streaming.
+    decode_problem = Problem("grouped_matmul", m=8, k=2048, n=7168, g=256)
+    decode = C(
+        block_m=64, block_n=64, block_k=128, max_concurrent_steps=4, wg_split="n", tile_schedule="table"
+    )
+    less_bandwidth = dataclasses.replace(HOPPER, device_kind="NVIDIA H100 80GB HBM3")
+    h100, h200 = (cost.estimate(decode_problem, decode, d).seconds for d in (less_bandwidth, HOPPER))
+    assert h100 > 1.2 * h200
+    prefill = C(block_m=64, block_n=256, block_k=128, max_concurrent_steps=2, wg_split="m")
+    half = dataclasses.replace(HOPPER, core_count=66)
+    ratio = cost.estimate(PREFILL, prefill, half).seconds / cost.estimate(PREFILL, prefill, HOPPER).seconds
+    assert 1.8 < ratio < 2.2
+    longer_k = dataclasses.replace(PREFILL, k=2 * PREFILL.k)
+    ratio = cost.estimate(longer_k, prefill, HOPPER).seconds / cost.estimate(PREFILL, prefill, HOPPER).seconds
+    assert 1.8 < ratio < 2.2
+
+
+def test_work_items_past_a_multiple_of_the_sms_cost_a_whole_extra_item():
+    # One expert, 128-row tiles: 8380 rows take an expected 66 row tiles (the last one half full on
+    # average), 2 column tiles of 256 each: 132 items, one per SM; 64 rows more make 133.
+    config = C(block_m=64, block_n=256, block_k=128, max_concurrent_steps=2, wg_split="m")
+    fits = Problem("grouped_matmul", m=8380, k=8192, n=512, g=1)
+    over = fits.with_m(fits.m + 64)
+    full, spill = cost.estimate(fits, config, HOPPER), cost.estimate(over, config, HOPPER)
+    assert full.items <= HOPPER.core_count < spill.items
+    assert spill.seconds > 1.7 * full.seconds
+
+
+def test_the_table_pays_for_its_prologue_at_many_experts_and_not_at_eight():
+    walk = C(block_m=64, block_n=128, block_k=128, max_concurrent_steps=4, wg_split="n", persistent=False)
+    table = dataclasses.replace(walk, tile_schedule="table")
+    assert cost.estimate(QWEN3_DOWN, table, HOPPER).seconds < cost.estimate(QWEN3_DOWN, walk, HOPPER).seconds
+    assert (
+        cost.estimate(MIXTRAL_DOWN, walk, HOPPER).seconds < cost.estimate(MIXTRAL_DOWN, table, HOPPER).seconds
+    )
+    # The table's persistent loop visits no idle item; the walk's visits the static bound's.
+    persistent = dataclasses.replace(table, persistent=True)
+    walked = dataclasses.replace(walk, persistent=True)
+    assert (
+        cost.estimate(QWEN3_DOWN, persistent, HOPPER).items == cost.estimate(QWEN3_DOWN, walked, HOPPER).items
+    )
+    assert tiling.geometry(QWEN3_DOWN, persistent).tiles < tiling.geometry(QWEN3_DOWN, walked).tiles
+
+
+def test_split_k_and_pad_lhs_cost_their_passes_outside_the_kernel():
+    base = C(
+        block_m=64, block_n=256, block_k=64, max_concurrent_steps=3, warp_specialized=False, wg_split="none"
+    )
+    split = dataclasses.replace(base, split_k=4)
+    assert (
+        cost.estimate(MIXTRAL_DOWN, split, HOPPER).fixed_s > cost.estimate(MIXTRAL_DOWN, base, HOPPER).fixed_s
+    )
+    # ...and split-K's four times the work items fill the SMs that 2 experts x 16 column tiles leave idle.
+    assert (
+        cost.estimate(MIXTRAL_DOWN, split, HOPPER).seconds < cost.estimate(MIXTRAL_DOWN, base, HOPPER).seconds
+    )
+    padded = dataclasses.replace(base, pad_lhs=True)
+    assert (
+        cost.estimate(MIXTRAL_DOWN, padded, HOPPER).fixed_s
+        > cost.estimate(MIXTRAL_DOWN, base, HOPPER).fixed_s
+    )
+
+
+def test_ranking_keeps_the_familys_order_among_near_ties():
+    a = C(block_m=64, block_n=128, block_k=128, max_concurrent_steps=4, wg_split="n")
+    twin = dataclasses.replace(a, grid_tile_width=4)  # one row tile per expert: the same estimate
+    slow = dataclasses.replace(a, block_n=64, max_concurrent_steps=2, warp_specialized=False, wg_split="none")
+    estimates = {c: cost.estimate(QWEN3_DOWN, c, HOPPER).seconds for c in (a, twin, slow)}
+    assert estimates[a] == estimates[twin] and estimates[slow] > estimates[a] * (1 + cost.TIE)
+    for order in ([twin, slow, a], [slow, a, twin]):
+        ranked = [c for c, _ in cost.ranked(QWEN3_DOWN, order, HOPPER)]
+        ties = [c for c in order if c is not slow]
+        assert ranked == [*ties, slow]
+
+
+def test_family_holds_buildable_configs_and_swapped_tiles_only_for_few_rows():
+    for problem in PROBLEMS:
+        family = _family(problem)
+        assert family and len(set(family)) == len(family)
+        for config in family:
+            assert tiling.smem_bytes(problem, config) <= FACTS.smem_per_block
+        swapped = any(c.swap_ab for c in family)
+        assert swapped == (cost.uniform_routing(problem).rows <= cost.FEW_ROWS)
+        assert all(c.split_k == 1 for c in family if c.swap_ab)
