@@ -26,7 +26,7 @@ from moetune.kernels.reference import reference_of, relative_error, tolerance  #
 
 TABLE = dict(tile_schedule="table")
 CONFIGS = {
-    "table_ws_n": C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n", **TABLE),
+    "table_ws_n": C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=4, wg_split="n", **TABLE),
     "table_plain_np": C(
         block_m=64, block_n=64, block_k=64, max_concurrent_steps=3, warp_specialized=False, wg_split="none",
         persistent=False, **TABLE,
