@@ -26,10 +26,12 @@ with --compile-times also, each candidate's compile time alone.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import statistics
 import sys
+import threading
 import time
 import traceback
 
@@ -444,18 +446,52 @@ def print_table(cases: list[dict]) -> None:
 # through DLPack, so every method multiplies the same data.
 
 DEV_ALTERNATIVES = 2
-# Compiling is host work for a pool, all of it before the first timing: XLA's autotuner and tokamax's
-# launch kernels while they compile, and a CUPTI window open at the same time would count them.
+# Compiling is host work: a pool compiles the next cases between this case's timings, never during one
+# (XLA's autotuner and tokamax's launch kernels while they compile; a CUPTI window would count them).
 DEV_COMPILE_WORKERS = 8
 DEV_METHODS = ("moetune", "torch_grouped_mm", "tokamax_mosaic", "xla_ragged_dot", "cublas_torch")
 
 
-def _compile(fn, args):
+class _Gate:
+    """Compiles run side by side; a timing runs alone. A waiting timing holds back new compiles."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._compiling = 0
+        self._timing = False
+
+    @contextlib.contextmanager
+    def compiling(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._timing)
+            self._compiling += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._compiling -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def timing(self):
+        with self._cond:
+            self._timing = True
+            self._cond.wait_for(lambda: self._compiling == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._timing = False
+                self._cond.notify_all()
+
+
+def _compile(gate, fn, args):
     import jax
 
-    start = time.monotonic()
-    executable = jax.jit(fn).lower(*args).compile()
-    return executable, time.monotonic() - start
+    with gate.compiling():
+        start = time.monotonic()
+        executable = jax.jit(fn).lower(*args).compile()
+        return executable, time.monotonic() - start
 
 
 def _swiglu(product):
@@ -513,6 +549,8 @@ class DevRunner:
         self.l2_bytes = timer.device_l2_bytes()
         self.timer = timer.CuptiTimer(min_rotation_bytes=0)  # the routings rotate the inputs
         self.pool = ThreadPoolExecutor(workers)
+        self.gate = _Gate()
+        self.done: dict[tuple, object] = {}  # (case, *key) -> (executable, compile seconds) or the error
         self.futures: dict[tuple, object] = {}
         self.weights: tuple | None = None  # (model, gemm) -> rhs, held for that pair's cases
 
@@ -554,13 +592,24 @@ class DevRunner:
                 if isinstance(fn, Exception):
                     self.futures[(case, *key)] = fn
                 else:
-                    self.futures[(case, *key)] = self.pool.submit(_compile, fn, args)
+                    self.futures[(case, *key)] = self.pool.submit(_compile, self.gate, fn, args)
+
+    def collect(self, case) -> None:
+        """Wait for this case's compiles, outside any timing (a timing holds compiles back)."""
+        for key in [k for k in self.futures if k[0] is case]:
+            future = self.futures.pop(key)
+            if not isinstance(future, Exception):
+                try:
+                    future = future.result(timeout=max(1.0, self.deadline - time.monotonic()))
+                except Exception as e:  # a failed compile is that method's record
+                    future = e
+            self.done[key] = future
 
     def compiled(self, case, *key):
-        future = self.futures.pop((case, *key))
-        if isinstance(future, Exception):
-            raise future
-        return future.result(timeout=max(1.0, self.deadline - time.monotonic()))
+        result = self.done.pop((case, *key))
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     def inputs(self, case):
         import jax
@@ -578,13 +627,6 @@ class DevRunner:
         lhs, rhs = jax.block_until_ready((lhs, self.weights[1]))
         return lhs, rhs, [jnp.asarray(r, jnp.int32) for r in routings], routings
 
-    def wait_for_compiles(self) -> None:
-        """Every queued compile done (or the deadline passed) before the first timing."""
-        import concurrent.futures
-
-        pending = [f for f in self.futures.values() if isinstance(f, concurrent.futures.Future)]
-        concurrent.futures.wait(pending, timeout=max(1.0, self.deadline - time.monotonic()))
-
     def run(self, case) -> dict:
         from moetune.kernels.backends.mosaic_gpu import timer
         from moetune.kernels.problem import GROUPED_MATMUL_SWIGLU
@@ -592,6 +634,7 @@ class DevRunner:
 
         p = case.problem
         lhs, rhs, sizes, routings = self.inputs(case)
+        self.collect(case)
         touched = sum(1 for s in routings[0] if s)
         record = {
             "case": case.name,
@@ -617,7 +660,8 @@ class DevRunner:
                 methods[name] = {"error": "skipped: budget spent"}
                 return
             try:
-                methods[name] = fn()
+                with self.gate.timing():
+                    methods[name] = fn()
             except Exception as e:  # the edge where a failure becomes a record
                 methods[name] = {
                     "error": f"{type(e).__name__}: {e}"[:1000],
@@ -760,8 +804,6 @@ def run_dev(args, tuned: dict) -> int:
     print(f"bandwidth: {bandwidth}", flush=True)
     runner = DevRunner(cases, deadline, bandwidth, tuned, args.workers)
     runner.submit_all()
-    runner.wait_for_compiles()
-    print(f"compiled: {time.monotonic() - deadline + args.budget_s:.0f} s", flush=True)
     try:
         for case in cases:
             if time.monotonic() > deadline:
