@@ -62,14 +62,7 @@ def gemm_entries(run: dict) -> list[dict]:
     """One entry per case of a bench_gemm.py --out file that timed moetune: its samples, every other
     method's as a peer, the HBM roofline of the touched weights as a bound, and the winning config."""
     env = run["environment"]
-    versions = _known(
-        jax=env.get("jax"),
-        jaxlib=env.get("jaxlib"),
-        torch=env.get("torch"),
-        cuda=env.get("torch_cuda"),
-        driver=driver_version(env.get("nvidia_smi", "")),
-        python=env.get("python"),
-    )
+    versions = _versions_of(env)
     entries = []
     for case in run["cases"]:
         moetune = case["methods"].get("moetune", {})
@@ -99,6 +92,61 @@ def gemm_entries(run: dict) -> list[dict]:
                 "bounds": {"hbm_roofline": round(case["hbm_roofline_ms"], 6)},
                 "config": config,
                 "from_pack": from_pack,
+            }
+        )
+    return entries
+
+
+def _versions_of(env: dict) -> dict[str, str]:
+    return _known(
+        jax=env.get("jax"),
+        jaxlib=env.get("jaxlib"),
+        torch=env.get("torch"),
+        cuda=env.get("torch_cuda"),
+        driver=driver_version(env.get("nvidia_smi", "")),
+        python=env.get("python"),
+    )
+
+
+def finegrained_entries(run: dict) -> list[dict]:
+    """One entry per development-shape case of a bench_gemm.py --models file whose heuristic config was
+    timed: what a user gets with no tuning. The fastest of the cost model's alternatives and every peer
+    are peers, the HBM roofline of the touched experts' weights a bound, the heuristic's config the
+    config."""
+    env = run["environment"]
+    entries = []
+    for case in run["cases"]:
+        heuristic = case["methods"].get("moetune_heuristic", {})
+        if "samples_ms" not in heuristic:
+            continue  # failed, or cut by the run's budget
+        timed = {name: m for name, m in case["methods"].items() if "samples_ms" in m}
+        # Of the cost model's alternatives only the fastest: the file stays small.
+        others = [
+            m for name, m in timed.items() if name.startswith("moetune_") and name != "moetune_heuristic"
+        ]
+        timed = {name: m for name, m in timed.items() if not name.startswith("moetune_")}
+        if others:
+            timed["moetune_alternative"] = min(others, key=lambda m: m["median_ms"])
+        peers = {name: measurement(m["samples_ms"], 6) for name, m in sorted(timed.items())}
+        problem = case["problem"]
+        params = {"model": case["model"], "gemm": case["gemm"], "tokens": case["tokens"], "op": problem["op"]}
+        params |= {key: problem[key] for key in ("m", "k", "n", "g")}
+        params |= {"touched_experts": case["touched_experts"], "routings": case["routings"]}
+        params |= {"read_GBps": round(run["bandwidth"]["read_GBps"], 1)}
+        entries.append(
+            {
+                "name": f"finegrained/{case['model']}/{case['gemm']}/T={case['tokens']}",
+                "suite": "finegrained",
+                "date": env["date"],
+                "gpu": env["device_kind"],
+                "versions": _versions_of(env),
+                "command": portable_command(env["command"]),
+                "unit": "ms",
+                **measurement(heuristic["samples_ms"], 6),
+                "params": params,
+                "peers": peers,
+                "bounds": {"hbm_roofline": round(case["hbm_roofline_ms"], 6)},
+                "config": heuristic["config"],
             }
         )
     return entries

@@ -16,6 +16,7 @@ BLOCK = re.compile(r"(<!-- baselines (\S+) (full|summary) -->\n)(.*?)(<!-- /base
 LABELS = {
     "moetune": "moetune",
     "torch_grouped_mm": "torch._grouped_mm",
+    "tokamax_mosaic": "tokamax ragged_dot (mosaic)",
     "mgpu_best": "ragged_dot_mgpu (best of its sweep)",
     "xla_ragged_dot": "XLA ragged_dot",
     "cublas_torch": "cuBLAS, same FLOPs",
@@ -119,6 +120,66 @@ def gemm_summary(data: dict) -> list[str]:
     return lines + _table(["GEMM", "T", "moetune", *(LABELS[p] for p in peers), "HBM roofline"], rows) + [""]
 
 
+# --- fine-grained MoE: the development shapes ---------------------------------------------------------------
+
+FINEGRAINED_PEERS = ("torch_grouped_mm", "tokamax_mosaic", "xla_ragged_dot")
+
+
+def _finegrained_rows(entries: list[dict]) -> list[list[str]]:
+    rows = []
+    for e in sorted(
+        entries, key=lambda e: (e["params"]["model"], e["params"]["gemm"] != "gate_up", e["params"]["tokens"])
+    ):
+        p, peers = e["params"], {name: peer["median"] for name, peer in e["peers"].items()}
+        ours = [e["median"]] + [v for name, v in peers.items() if name.startswith("moetune_")]
+        best = min(ours)
+        rivals = [peers[name] for name in FINEGRAINED_PEERS[:2] if name in peers]
+        cells = [p["model"], p["gemm"], str(p["tokens"]), str(p["g"]), f"{e['median']:.3f}", f"{best:.3f}"]
+        cells += [f"{peers[name]:.3f}" if name in peers else "-" for name in FINEGRAINED_PEERS]
+        cells += [f"{min(rivals) / e['median']:.2f}x" if rivals else "-"]
+        cells += [f"{e['bounds']['hbm_roofline'] / best:.0%}"]
+        rows.append(cells)
+    return rows
+
+
+FINEGRAINED_HEAD = [
+    "model", "GEMM", "T", "G", "moetune heuristic", "moetune best", *(LABELS[p] for p in FINEGRAINED_PEERS),
+    "faster peer / heuristic", "HBM roofline / best",
+]  # fmt: skip
+
+
+def finegrained_full(data: dict) -> list[str]:
+    entries = _suite(data, "finegrained")
+    if not entries:
+        return []
+    lines = ["#### Fine-grained MoE: `benchmarks/bench_gemm.py --models`", ""]
+    lines += [f"Measured {_days(entries)} on {data['gpu']}: {_versions(entries)}.", ""] + _commands(entries)
+    lines += [
+        "The development shapes (benchmarks/dev_shapes.py): each model's expert GEMMs at T tokens routed "
+        "top-k uniformly at random; CUPTI kernel time in ms, median of the samples, inputs rotated over "
+        "routings that touch more than twice the L2 of weights. `moetune heuristic` is the config the "
+        "backend picks with no tuning (the cost model's first), `moetune best` the fastest of it and the "
+        "cost model's next two; gate_up is moetune's fused SwiGLU against the peers' plain [M, 2F] "
+        "product. A ratio above 1 means moetune is faster. HBM read bandwidth measured in the runs: "
+        f"{_bandwidth(entries)}.",
+        "",
+    ]
+    return lines + _table(FINEGRAINED_HEAD, _finegrained_rows(entries)) + [""]
+
+
+def finegrained_summary(data: dict) -> list[str]:
+    entries = _suite(data, "finegrained")
+    if not entries:
+        return []
+    lines = [
+        f"Fine-grained MoE, {_days(entries)}: the expert GEMMs of Qwen3, DeepSeek-V3 and Qwen3-Next at T "
+        "tokens with the heuristic's config (no tuning), CUPTI kernel time in ms (docs/performance.md "
+        "has every column and how each was measured).",
+        "",
+    ]
+    return lines + _commands(entries) + _table(FINEGRAINED_HEAD, _finegrained_rows(entries)) + [""]
+
+
 # --- the model benchmark ---------------------------------------------------------------------------------
 
 
@@ -211,12 +272,13 @@ def tuner_full(data: dict) -> list[str]:
 
 
 def render_full(data: dict) -> str:
-    lines = [f"### {data['gpu']}", ""] + gemm_full(data) + model_full(data) + tuner_full(data)
+    lines = [f"### {data['gpu']}", ""] + gemm_full(data) + finegrained_full(data) + model_full(data)
+    lines += tuner_full(data)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def render_summary(data: dict) -> str:
-    lines = gemm_summary(data)
+    lines = gemm_summary(data) + finegrained_summary(data)
     model = _suite(data, "bench_model")
     if model:
         lines += [f"The whole model ({model[0]['params']['model']}, {_days(model)}):", ""] + _commands(model)

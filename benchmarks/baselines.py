@@ -2,6 +2,7 @@
 built from the benchmark scripts' own output files, and the tables the documentation quotes from it.
 
     python3 benchmarks/baselines.py add-gemm gate_up.json down.json   # bench_gemm.py --out files
+    python3 benchmarks/baselines.py add-finegrained dev.json          # bench_gemm.py --models --out files
     python3 benchmarks/baselines.py add-model model.json              # bench_model.py --out file
     python3 benchmarks/baselines.py add-tuner run.json ... --gpu "NVIDIA H200" --date 2026-11-30 \\
         --versions jax=0.11.2,jaxlib=0.11.2 --command "bash benchmarks/device_multi_gpu.sh"
@@ -43,13 +44,14 @@ SCHEMA_VERSION = 1
 ROOT = Path(__file__).resolve().parents[1]
 BASELINES = ROOT / "benchmarks" / "baselines"
 PAGES = (ROOT / "README.md", ROOT / "docs" / "performance.md")
-SUITES = ("bench_gemm", "bench_model", "tuner")
+SUITES = ("bench_gemm", "finegrained", "bench_model", "tuner")
 UNITS = ("ms", "s", "trials/min", "variants/min")
 REQUIRED = ("name", "suite", "date", "gpu", "versions", "command", "unit", "samples", "median", "params")
 OPTIONAL = ("title", "peers", "bounds", "config", "from_pack")
 # What each suite's tables read beyond the required fields.
 SUITE_PARAMS = {
     "bench_gemm": ("proj", "tokens", "m", "k", "n", "g", "routing"),
+    "finegrained": ("model", "gemm", "tokens", "m", "k", "n", "g"),
     "bench_model": ("model", "phase", "tokens"),
     "tuner": (),
 }
@@ -114,8 +116,9 @@ def _entry_problems(where: str, entry: dict, gpu: object) -> list[str]:
     for bound, value in bounds.items() if isinstance(bounds, dict) else ():
         if not _is_number(value) or value <= 0:
             problems.append(f"{where}: bounds.{bound} must be a positive number")
-    if suite == "bench_gemm" and not ("hbm_roofline" in bounds and isinstance(entry.get("config"), dict)):
-        problems.append(f"{where}: a bench_gemm entry needs bounds.hbm_roofline and the winning config")
+    needs_bound = suite in ("bench_gemm", "finegrained")
+    if needs_bound and not ("hbm_roofline" in bounds and isinstance(entry.get("config"), dict)):
+        problems.append(f"{where}: a {suite} entry needs bounds.hbm_roofline and the config it timed")
     return problems
 
 
@@ -228,7 +231,7 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for name in ("add-gemm", "add-model", "add-tuner"):
+    for name in ("add-gemm", "add-finegrained", "add-model", "add-tuner"):
         sub = commands.add_parser(name)
         sub.add_argument("runs", type=Path, nargs="+", help="the benchmark's --out files")
         sub.add_argument("--file", type=Path, help="the baselines file (default: the runs' GPU's)")
@@ -255,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = [json.loads(path.read_text()) for path in args.runs]
         if args.command == "add-gemm":
             entries = [e for run in runs for e in baseline_entries.gemm_entries(run)]
+        elif args.command == "add-finegrained":
+            entries = [e for run in runs for e in baseline_entries.finegrained_entries(run)]
         elif args.command == "add-model":
             entries = [e for run in runs for e in baseline_entries.model_entries(run)]
         else:

@@ -121,3 +121,41 @@ def test_tuner_runs_of_either_kind_become_one_entry_with_a_sample_per_run():
     assert made["params"] == {"problems": 2, "winners_agree": [29, 30]}
     with pytest.raises(ValueError, match="moetune bench tuner --out"):
         entries.tuner_entry([bench, runs[0]], **info)
+
+
+def finegrained_run() -> dict:
+    def timed(ms, **extra):
+        return {"samples_ms": [ms, ms * 1.02, ms * 0.98], "median_ms": ms, **extra}
+
+    problem = {"op": "grouped_matmul_swiglu", "m": 8, "k": 2048, "n": 1536, "g": 128}
+    case = {"model": "qwen3-30b-a3b", "gemm": "gate_up", "tokens": 1, "problem": problem, "routings": 4}
+    case |= {"touched_experts": 8, "hbm_roofline_ms": 0.011}
+    good = case | {
+        "case": "qwen3-30b-a3b/gate_up/T1",
+        "methods": {
+            "moetune_heuristic": timed(0.024, config={"block_m": 8}),
+            "moetune_alt1": timed(0.030),
+            "moetune_alt2": timed(0.022),
+            "torch_grouped_mm": timed(0.028),
+            "tokamax_mosaic": {"error": "ValueError: no config"},
+        },
+    }
+    failed = case | {"case": "qwen3-30b-a3b/gate_up/T16", "tokens": 16, "methods": {"moetune_heuristic": {}}}
+    env = {"date": "2026-01-02T03:04:05Z", "device_kind": "Test GPU", "jax": "0.11.2", "jaxlib": "0.11.2"}
+    env["command"] = "python3 bench_gemm.py --models qwen3-30b-a3b --out /data/run/dev.json"
+    return {"environment": env, "bandwidth": {"read_GBps": 4598.4}, "cases": [good, failed]}
+
+
+def test_a_finegrained_run_keeps_the_heuristic_the_fastest_alternative_and_the_peers_that_ran():
+    (made,) = entries.finegrained_entries(finegrained_run())  # the case without a heuristic time is left out
+    assert made["name"] == "finegrained/qwen3-30b-a3b/gate_up/T=1"
+    assert made["median"] == 0.024 and made["config"] == {"block_m": 8}
+    assert sorted(made["peers"]) == ["moetune_alternative", "torch_grouped_mm"]
+    assert made["peers"]["moetune_alternative"]["median"] == 0.022  # alt2, the faster alternative
+    assert made["params"] | {"g": 128, "m": 8, "op": "grouped_matmul_swiglu"} == made["params"]
+    assert made["command"] == "python3 benchmarks/bench_gemm.py --models qwen3-30b-a3b --out $OUT/dev.json"
+    file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
+    assert baselines.problems_of(file) == []
+    text = load_script("baseline_tables").render_full(file)
+    # The faster peer (torch, 0.028) over the heuristic (0.024); the roofline over the best (0.022).
+    assert "| qwen3-30b-a3b | gate_up | 1 | 128 | 0.024 | 0.022 | 0.028 | - | - | 1.17x | 50% |" in text

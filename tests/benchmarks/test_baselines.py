@@ -52,7 +52,7 @@ def test_the_committed_baselines_files_are_valid():
         loaded = json.loads(path.read_text())
         assert baselines.problems_of(loaded) == [], path
         assert path.stem == baselines.gpu_key(loaded["gpu"])
-        assert path.stat().st_size < 100_000  # small: tens of KB
+        assert path.stat().st_size < 200_000  # small: raw samples of tens of measurements, not a sweep
 
 
 def test_the_committed_pages_are_what_render_makes_of_the_baselines():
@@ -83,7 +83,7 @@ def test_a_valid_synthetic_file_has_no_problems():
         ),
         (lambda e: e["peers"].update(cublas_torch={"median": 1.0}), "peers.cublas_torch must hold exactly"),
         (lambda e: e["bounds"].update(hbm_roofline=0), "bounds.hbm_roofline must be a positive number"),
-        (lambda e: e.pop("config"), "needs bounds.hbm_roofline and the winning config"),
+        (lambda e: e.pop("config"), "needs bounds.hbm_roofline and the config it timed"),
         (lambda e: e.update(suite="lab"), "suite='lab' is not one of"),
     ],
 )
