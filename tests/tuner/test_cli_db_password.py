@@ -56,7 +56,7 @@ def test_db_with_a_password_is_refused(command, url, tmp_path, monkeypatch):
         ("postgresql://user:@host/db", True),  # an empty password is still one given on the command line
         ("postgresql://user@host/db?sslmode=require&password=pw", True),
         ("postgresql+psycopg://user@host/db", False),
-        ("sqlite:////home/user/moetune.db", False),
+        ("sqlite:////var/lib/moetune/moetune.db", False),
         ("sqlite:///relative.db", False),
         ("https://example.org/a:b@c", False),  # an @ in the path is no user part
         ("not a url", False),

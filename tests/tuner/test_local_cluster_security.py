@@ -258,6 +258,20 @@ def test_workers_get_no_database_url(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.postgres
+def _pgpass_password(url) -> str | None:
+    """The password libpq would take for `url` from $PGPASSFILE (or ~/.pgpass): host:port:db:user:password
+    lines, `*` matching anything (escaped colons are not used by any file these tests meet)."""
+    path = Path(os.environ.get("PGPASSFILE") or Path.home() / ".pgpass")
+    if not path.is_file():
+        return None
+    wanted = (url.host or "localhost", str(url.port or 5432), url.database or "", url.username or "")
+    for line in path.read_text().splitlines():
+        fields = line.split(":")
+        if len(fields) == 5 and all(f in ("*", w) for f, w in zip(fields[:4], wanted, strict=True)):
+            return fields[4]
+    return None
+
+
 def test_a_password_in_moetune_db_reaches_nothing_ray_records(postgres_url, tmp_path):
     """A real sweep (the tiny model on xla) with the database URL, password and all, in $MOETUNE_DB: it is
     in no Ray table, log, worker command line or worker environment; only the driver has it.
@@ -267,8 +281,10 @@ def test_a_password_in_moetune_db_reaches_nothing_ray_records(postgres_url, tmp_
     `moetune`, which every moetune command line holds."""
     mark = f"moetune-test-{uuid.uuid4().hex}"
     url = sa.make_url(postgres_url).update_query_dict({"application_name": mark})
-    if url.password is None:  # a server that trusts local connections ignores a password
-        url = url.set(password=uuid.uuid4().hex)
+    if url.password is None:
+        # The password from the pgpass file libpq reads (as CI passes it), or any: a server that trusts
+        # local connections ignores it.
+        url = url.set(password=_pgpass_password(url) or uuid.uuid4().hex)
     secret_url = url.render_as_string(hide_password=False)
     needles = [secret_url, f"{url.username}:{url.password}@", mark]
 
