@@ -41,7 +41,7 @@ from moetune.kernels import registry
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import Unsupported
-from moetune.tuner import finalists, strategies, summary
+from moetune.tuner import decided, finalists, strategies, summary
 from moetune.tuner.plan import PlannedProblem
 from moetune.tuner.problem_run import Known, ProblemRun
 from moetune.tuner.progress import NullProgress, Progress, Snapshot
@@ -566,7 +566,11 @@ class SweepDriver:
         if result.error and decision.promote is None:
             decision = dataclasses.replace(decision, reason=f"{decision.reason} ({result.error})")
         if decision.promote is not None:
-            self.store.promote(decision.promote.trial_id, reason=f"sweep {self.sweep_id}: {decision.reason}")
+            record = decided.record(
+                decision, sweep_id=self.sweep_id, rounds=self.spec.retime_rounds, heuristic=run.heuristic
+            )
+            reason = f"sweep {self.sweep_id}: {decision.reason}"
+            self.store.promote(decision.promote.trial_id, reason=reason, decision=record)
         run.decision = decision
         run.retime_task = None
         run.phase = "settled"
