@@ -586,15 +586,7 @@ class SweepDriver:
                 continue
             for status, count in run.counts(self.sweep_id).items():
                 counts[status] = counts.get(status, 0) + count
-            top = run.best()
-            best.append(
-                (
-                    run.label,
-                    top.median_s if top else None,
-                    run.median_of(run.heuristic),
-                    top.config if top else None,
-                )
-            )
+            best.append(summary.live_row(run, self.sweep_id, self.spec.retime_rounds))
             planned += run.used + len(run.in_flight) + _remaining_estimate(run)
         return Snapshot(
             elapsed_s=self.clock() - self._started,
@@ -619,6 +611,7 @@ class SweepDriver:
             recorded=self._recorded,
             baseline=baseline if self.backend.name == BASELINE_BACKEND else None,
             compile_target=self.compile_target,
+            rounds=self.spec.retime_rounds,
         )
 
 
