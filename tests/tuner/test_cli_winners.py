@@ -133,3 +133,18 @@ def test_the_live_table_switches_from_best_so_far_to_the_winner_as_decided(sim, 
     progress.close(seen[-1])
     text = console.export_text()
     assert "decided" in text and "0.9 re-timed" in text and "1.2 re-timed" in text and "1.33x" in text
+
+
+def test_a_winner_without_a_decision_shows_its_recorded_median_labelled_so(in_process, sqlite_url):
+    import sqlalchemy as sa
+
+    tune(sqlite_url)
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as connection:  # as a winner promoted before decisions were kept
+        connection.execute(sa.text("UPDATE winners SET decision = NULL"))
+    engine.dispose()
+    (row,) = json.loads(invoke("best", "--no-packs", "--json", "--db", sqlite_url).stdout)
+    assert row["decided"] == {"median_s": pytest.approx(1.05e-3, rel=0.01), "source": "recorded"}
+    assert row["decision"] is None
+    table = invoke("best", "--no-packs", "--db", sqlite_url, env={"COLUMNS": "200"}).stdout
+    assert "recorded median (no decision kept)" in table and "1.05" in table
