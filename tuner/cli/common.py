@@ -36,12 +36,18 @@ def checked_db(ctx: typer.Context, param: typer.CallbackParam, url: str | None) 
     """Every --db's callback, run while the command line is parsed, so before anything starts. A URL on
     the command line must not hold a password (the process list shows it to every user); the same URL
     from $MOETUNE_DB may, and is only ever printed masked (moetune.db.urls)."""
-    if url is not None and ctx.get_parameter_source(param.name) is not ParameterSource.ENVIRONMENT:
+    if url is not None and not from_environment(ctx, param.name):
         try:
             urls.refuse_password(url)
         except DatabaseError as e:
             fail(str(e))
     return url
+
+
+def from_environment(ctx: typer.Context, name: str) -> bool:
+    """Whether option `name` took its value from its environment variable rather than the command line."""
+    # typer carries its own click; its ParameterSource is the one ctx answers with.
+    return ctx.get_parameter_source(name) is ParameterSource.ENVIRONMENT
 
 
 DB_HELP = "Database URL without a password, e.g. postgresql+psycopg://user@host/db; $MOETUNE_DB may hold one."

@@ -6,13 +6,22 @@ import contextlib
 from typing import Annotated
 
 import typer
-from typer._click.core import ParameterSource
 
+from moetune.db import urls
 from moetune.kernels import ops, registry
 from moetune.kernels.errors import MoetuneError
 from moetune.kernels.problem import GROUPED_MATMUL
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import DB_HELP, JsonOption, check_range, checked_db, choice, fail, json_text
+from moetune.tuner.cli.common import (
+    DB_HELP,
+    JsonOption,
+    check_range,
+    checked_db,
+    choice,
+    fail,
+    from_environment,
+    json_text,
+)
 
 Op = choice("Op", ops.names())
 # The dtype spellings moetune.kernels.problem.dtype_name reads.
@@ -47,7 +56,7 @@ def explain(
         typer.Option(
             "--db",
             help=DB_HELP,
-            envvar="MOETUNE_DB",
+            envvar=urls.ENV_DB,
             show_envvar=True,
             show_default="the default file if it exists, else the config packs only",
             callback=checked_db,
@@ -65,7 +74,7 @@ def explain(
     for option, value in (("--m", m), ("--k", k), ("--n", n), ("--g", g)):
         check_range(option, value)
     # $MOETUNE_DB is read as dispatch reads it (kernels.lookup); a --db given here must be there.
-    explicit = db if ctx.get_parameter_source("db") is not ParameterSource.ENVIRONMENT else None
+    explicit = None if from_environment(ctx, "db") else db
     try:
         if backend is not None:
             registry.get(backend)  # UnknownBackend names the registered ones, before any database opens
