@@ -180,6 +180,9 @@ class Winner(Base):
     problem_id: Mapped[int] = mapped_column(ForeignKey("problems.id"))
     state: Mapped[str] = mapped_column(String(16))  # records.WINNER_STATES
     reason: Mapped[str] = mapped_column(Text)
+    # How the promotion was decided (tuner/decided.py writes and reads it); NULL for winners promoted
+    # before the column existed and for imported ones.
+    decision: Mapped[dict[str, Any] | None]
     promoted_at: Mapped[datetime.datetime] = mapped_column(default=utcnow)
     retired_at: Mapped[datetime.datetime | None]
 

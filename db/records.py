@@ -48,7 +48,7 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-def _check_json(name: str, value: Any) -> None:
+def check_json(name: str, value: Any) -> None:
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as e:
@@ -84,9 +84,9 @@ class TrialRecord:
         check_choice("status", self.status, TRIAL_STATUSES)
         if not isinstance(self.config, dict):
             raise InvalidRecord(f"config must be a dict, not {type(self.config).__name__}")
-        _check_json("config", self.config)
-        _check_json("routing", self.routing)
-        _check_json("details", self.details)
+        check_json("config", self.config)
+        check_json("routing", self.routing)
+        check_json("details", self.details)
         try:
             samples = tuple(float(s) for s in self.samples_s)
         except (TypeError, ValueError) as e:
@@ -147,6 +147,8 @@ class WinnerRow:
     reason: str
     state: str = "active"  # one of WINNER_STATES
     retired_at: datetime.datetime | None = None
+    decision: dict[str, Any] | None = None  # how the promotion was decided (tuner/decided.py)
+    sweep_id: int | None = None  # of the winning trial
 
 
 @dataclasses.dataclass(frozen=True)

@@ -296,9 +296,10 @@ class Store:
 
     # --- winners ----------------------------------------------------------------------------------
 
-    def promote(self, trial_id: int, *, reason: str = "") -> int:
-        """Make an ok trial the active winner of its key; the previous winner stays, superseded."""
-        return self._run(lambda s: winners.promote(s, trial_id, reason), write=True)
+    def promote(self, trial_id: int, *, reason: str = "", decision: dict[str, Any] | None = None) -> int:
+        """Make an ok trial the active winner of its key; the previous winner stays, superseded.
+        `decision`: how it was decided (plain JSON data, kept with the winner)."""
+        return self._run(lambda s: winners.promote(s, trial_id, reason, decision), write=True)
 
     def current_winner(self, *, fingerprint_hash: str, backend: str, problem_key: str) -> WinnerRow | None:
         key = dict(fingerprint_hash=fingerprint_hash, backend=backend, problem_key=problem_key)

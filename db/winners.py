@@ -7,13 +7,15 @@ or `rolled_back` (withdrawn by a rollback, never restored by a later one).
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session, contains_eager
 
 from moetune.db import entities
 from moetune.db.errors import InvalidRecord, RecordNotFound
 from moetune.db.models import Device, ProblemRow, Trial, Winner
-from moetune.db.records import WinnerRow, utcnow
+from moetune.db.records import WinnerRow, check_json, utcnow
 from moetune.db.trials import joined_trials
 
 
@@ -33,7 +35,10 @@ def joined_winners() -> Select[tuple[Winner]]:
     )
 
 
-def promote(session: Session, trial_id: int, reason: str) -> int:
+def promote(session: Session, trial_id: int, reason: str, decision: dict[str, Any] | None = None) -> int:
+    """Make the trial the active winner of its key, with `reason` (one line) and `decision` (how it was
+    decided, plain JSON data)."""
+    check_json("decision", decision)
     trial = session.scalar(joined_trials().where(Trial.id == trial_id))
     if trial is None:
         raise RecordNotFound(f"no trial with id {trial_id}")
@@ -60,6 +65,7 @@ def promote(session: Session, trial_id: int, reason: str) -> int:
         problem_id=trial.problem_id,
         state="active",
         reason=reason,
+        decision=decision,
         promoted_at=now,
         retired_at=None,
     )
@@ -198,4 +204,6 @@ def winner_row(w: Winner) -> WinnerRow:
         reason=w.reason,
         state=w.state,
         retired_at=w.retired_at,
+        decision=w.decision,
+        sweep_id=trial.sweep_id,
     )

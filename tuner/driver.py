@@ -41,7 +41,7 @@ from moetune.kernels import registry
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import Unsupported
-from moetune.tuner import finalists, strategies, summary
+from moetune.tuner import decided, finalists, strategies, summary
 from moetune.tuner.plan import PlannedProblem
 from moetune.tuner.problem_run import Known, ProblemRun
 from moetune.tuner.progress import NullProgress, Progress, Snapshot
@@ -566,7 +566,11 @@ class SweepDriver:
         if result.error and decision.promote is None:
             decision = dataclasses.replace(decision, reason=f"{decision.reason} ({result.error})")
         if decision.promote is not None:
-            self.store.promote(decision.promote.trial_id, reason=f"sweep {self.sweep_id}: {decision.reason}")
+            record = decided.record(
+                decision, sweep_id=self.sweep_id, rounds=self.spec.retime_rounds, heuristic=run.heuristic
+            )
+            reason = f"sweep {self.sweep_id}: {decision.reason}"
+            self.store.promote(decision.promote.trial_id, reason=reason, decision=record)
         run.decision = decision
         run.retime_task = None
         run.phase = "settled"
@@ -582,15 +586,7 @@ class SweepDriver:
                 continue
             for status, count in run.counts(self.sweep_id).items():
                 counts[status] = counts.get(status, 0) + count
-            top = run.best()
-            best.append(
-                (
-                    run.label,
-                    top.median_s if top else None,
-                    run.median_of(run.heuristic),
-                    top.config if top else None,
-                )
-            )
+            best.append(summary.live_row(run, self.sweep_id, self.spec.retime_rounds))
             planned += run.used + len(run.in_flight) + _remaining_estimate(run)
         return Snapshot(
             elapsed_s=self.clock() - self._started,
@@ -615,6 +611,7 @@ class SweepDriver:
             recorded=self._recorded,
             baseline=baseline if self.backend.name == BASELINE_BACKEND else None,
             compile_target=self.compile_target,
+            rounds=self.spec.retime_rounds,
         )
 
 

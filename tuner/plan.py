@@ -60,17 +60,23 @@ NAME_LENGTH = 64
 
 @dataclasses.dataclass(frozen=True)
 class PlannedProblem:
-    """One Problem of a sweep and a label people can read ("mixtral-8x7b gate_up T=4096")."""
+    """One Problem of a sweep and a label people can read ("mixtral-8x7b gate_up T=4096"); `tokens` is
+    T, the tokens whose T * top_k rows are the problem's m, when a model planned it (None for a bare
+    --problem, whose m alone is known)."""
 
     problem: Problem
     label: str
+    tokens: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"problem": self.problem.to_dict(), "label": self.label}
+        data = {"problem": self.problem.to_dict(), "label": self.label}
+        return data if self.tokens is None else data | {"tokens": self.tokens}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PlannedProblem:
-        return cls(Problem.from_dict(data["problem"]), str(data["label"]))
+        tokens = data.get("tokens")  # sweeps stored before tokens were recorded have none
+        known = isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0
+        return cls(Problem.from_dict(data["problem"]), str(data["label"]), tokens if known else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +216,7 @@ class ModelShapes:
                     out_dtype=self.out_dtype,
                     transpose_rhs=self.transpose_rhs,
                 )
-                planned.append(PlannedProblem(problem, f"{self.name} {part} T={tokens}"))
+                planned.append(PlannedProblem(problem, f"{self.name} {part} T={tokens}", tokens))
         return planned
 
 
@@ -322,7 +328,7 @@ def for_backend(planned: PlannedProblem, backend: Any) -> PlannedProblem:
     try:
         backend.check(problem)
     except Unsupported:
-        return PlannedProblem(dataclasses.replace(problem, op=OP), planned.label)
+        return dataclasses.replace(planned, problem=dataclasses.replace(problem, op=OP))
     return planned
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
-from moetune.tuner.durations import ms
+from moetune.tuner.summary import LiveRow, live_cells
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,9 +23,7 @@ class Snapshot:
     planned: int  # trials this sweep will have written when done (an estimate while strategies run)
     counts: dict[str, int]  # this sweep's trials by status
     lanes: dict[str, str]  # device lane -> what it is timing ("idle")
-    best: list[
-        tuple[str, float | None, float | None, dict[str, Any] | None]
-    ]  # label, best_s, heuristic_s, config
+    best: list[LiveRow]  # per problem: the winner as decided, or the best so far (tuner/summary.py)
     workers: int = 1
 
     @property
@@ -48,10 +46,6 @@ def _duration(seconds: float | None) -> str:
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
-def _config(config: dict[str, Any] | None) -> str:
-    return "" if config is None else ",".join(f"{k}={v}" for k, v in config.items())
 
 
 def summary_line(s: Snapshot) -> str:
@@ -124,12 +118,12 @@ class RichProgress(Progress):
         lanes.add_column("timing")
         for lane, doing in s.lanes.items():
             lanes.add_row(lane, doing)
-        best = Table(title="best so far", title_justify="left")
-        for column in ("problem", "best ms", "heuristic ms", "speedup", "config"):
+        best = Table(title="winners as decided (re-timed), else the best so far", title_justify="left")
+        cells = live_cells(s.best[: self.max_problems])
+        for column in cells[0] if cells else ():
             best.add_column(column)
-        for label, best_s, heuristic_s, config in s.best[: self.max_problems]:
-            speedup = f"{heuristic_s / best_s:.2f}x" if best_s and heuristic_s else "-"
-            best.add_row(label, ms(best_s), ms(heuristic_s), speedup, _config(config))
+        for row in cells:  # labels come from model files: cells, never markup
+            best.add_row(*map(Text, row.values()))
         if len(s.best) > self.max_problems:
             best.caption = f"... and {len(s.best) - self.max_problems} more problems"
         return Group(summary_line(s), lanes, best)

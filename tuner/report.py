@@ -7,10 +7,11 @@ ratio per chart; failures by status and reason; per problem, time per config, th
 parameter importance and the failed trials. Everything comes from the database, so a report can be
 written anywhere, any time after the sweep.
 
-The winner's time is its trial's median from the sweep; the promotion itself was decided on interleaved
-re-timing (tuner/finalists.py), whose medians the winner's `reason` states. Single medians can rank two
-finalists the other way round: then the report shows both numbers and that decision, and never a
-bare claim that the winner is the slower one.
+A winner is shown with the interleaved re-timed median that decided it and the decision (rule, rounds,
+gain) stored with it, beside its own sweep median; the heuristic and XLA are compared on re-timed medians
+where they were finalists, else on sweep medians of both, and each number says which it is
+(tuner/decided.py). A winner without a stored decision shows its recorded median, labelled so; where
+single medians then rank the heuristic ahead of it, the page says so beside the reason it was promoted.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from typing import Any
 
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.problem import Problem
-from moetune.tuner import optuna_study
+from moetune.tuner import config_diff, decided, optuna_study
 from moetune.tuner import report_figures as figures
-from moetune.tuner.durations import ms
+from moetune.tuner.decided import Compared, WinnerView
+from moetune.tuner.durations import ms, unit_for
 from moetune.tuner.tasks import OK, canonical
 from moetune.tuner.warm_start import BASELINE_BACKEND, baseline_config
 
@@ -37,11 +39,28 @@ MAX_FAILED_ROWS = 50
 class _ProblemData:
     problem: Problem
     label: str
+    tokens: int | None = None
     trials: list[Any] = dataclasses.field(default_factory=list)  # the sweep backend's trials
     baseline_s: float | None = None
+    baseline: dict[str, Any] | None = None  # the baseline's config when the sweep's backend is xla
     heuristic: dict[str, Any] | None = None
     winner: Any = None
     study: optuna_study.ProblemStudy | None = None
+
+    @property
+    def view(self) -> WinnerView | None:
+        w = self.winner
+        return None if w is None else WinnerView.of(w.trial_id, w.config, w.median_s, [w.decision])
+
+    @property
+    def vs_heuristic(self) -> Compared | None:
+        view = self.view
+        return view.versus(self.heuristic, self.median_of(self.heuristic)) if view else None
+
+    @property
+    def vs_baseline(self) -> Compared | None:
+        view = self.view
+        return view.versus(self.baseline, self.baseline_s) if view else None
 
     def ok(self) -> list[Any]:
         return sorted((t for t in self.trials if t.status == OK and t.median_s), key=lambda t: t.median_s)
@@ -57,8 +76,9 @@ class _ProblemData:
 
     @property
     def best_s(self) -> float | None:
-        if self.winner is not None and self.winner.median_s:
-            return self.winner.median_s
+        """The winner's time as decided, else the fastest sweep median."""
+        if self.view is not None and self.view.time.seconds:
+            return self.view.time.seconds
         ok = self.ok()
         return ok[0].median_s if ok else None
 
@@ -68,14 +88,18 @@ class _ProblemData:
         return f"{p.op} k={p.k},n={p.n},g={p.g}"
 
 
-def _labels(spec: dict[str, Any]) -> dict[str, str]:
-    labels = {}
+def _planned(spec: dict[str, Any]) -> dict[str, Any]:
+    """The sweep's planned problems (label, tokens) by problem key."""
+    from moetune.tuner.plan import PlannedProblem
+
+    planned = {}
     for item in spec.get("problems", []):
         try:
-            labels[Problem.from_dict(item["problem"]).key] = item["label"]
+            p = PlannedProblem.from_dict(item)
         except (KeyError, TypeError, ValueError):
             continue
-    return labels
+        planned[p.problem.key] = p
+    return planned
 
 
 def _heuristic(backend: str, problem: Problem, device: DeviceFingerprint | None) -> dict[str, Any] | None:
@@ -94,7 +118,7 @@ def _heuristic(backend: str, problem: Problem, device: DeviceFingerprint | None)
 def collect(store: Any, sweep_id: int) -> tuple[Any, list[_ProblemData], list[Any]]:
     sweep = store.get_sweep(sweep_id)
     trials = store.trials(sweep_id=sweep_id)
-    labels = _labels(sweep.spec)
+    planned = _planned(sweep.spec)
     device = optuna_study.sweep_device(sweep.spec)
     narrowed = (sweep.spec.get("spec") or {}).get("space")
     problems: dict[str, _ProblemData] = {}
@@ -103,13 +127,16 @@ def collect(store: Any, sweep_id: int) -> tuple[Any, list[_ProblemData], list[An
         data = problems.get(t.problem.key)
         if data is None:
             short = f"m={t.problem.m},k={t.problem.k},n={t.problem.n},g={t.problem.g}"
-            data = problems[t.problem.key] = _ProblemData(t.problem, labels.get(t.problem.key, short))
+            known = planned.get(t.problem.key)
+            label, tokens = (known.label, known.tokens) if known else (short, None)
+            data = problems[t.problem.key] = _ProblemData(t.problem, label, tokens)
         if t.backend == sweep.backend:
             data.trials.append(t)
         if t.backend == BASELINE_BACKEND and canonical(t.config) == baseline_key and t.status == OK:
             data.baseline_s = t.median_s
     for data in problems.values():
         data.heuristic = _heuristic(sweep.backend, data.problem, device)
+        data.baseline = baseline_config() if sweep.backend == BASELINE_BACKEND else None
         if data.trials:
             data.winner = store.current_winner(
                 fingerprint_hash=data.trials[0].fingerprint_hash,
@@ -121,10 +148,6 @@ def collect(store: Any, sweep_id: int) -> tuple[Any, list[_ProblemData], list[An
             )
     ordered = sorted(problems.values(), key=lambda d: (d.problem.shape_key, d.problem.m))
     return sweep, ordered, trials
-
-
-def _ratio(slow: float | None, fast: float | None) -> str:
-    return f"{slow / fast:.2f}x" if slow and fast else "-"
 
 
 def _config(config: dict[str, Any] | None) -> str:
@@ -159,67 +182,95 @@ class _Plots:
 
 
 def _decision(d: _ProblemData) -> str:
-    """Why the winner is the winner (the promotion's own words), and a warning where the sweep's single
+    """Why the winner is the winner: the rule that decided it (with its rounds and gain) and the
+    promotion's own words; for a winner without a stored decision, a warning where the sweep's single
     medians rank the heuristic default ahead of it."""
-    if d.winner is None:
+    view = d.view
+    if view is None:
         return "no winner"
-    heuristic_s = d.median_of(d.heuristic)
     note = d.winner.reason or "promoted without a recorded reason"
-    if (
-        heuristic_s
-        and d.best_s
-        and heuristic_s < d.best_s
-        and canonical(d.heuristic) != canonical(d.winner.config)
-    ):
+    if view.decision is not None:
+        return f"{decided.describe(view.decision)}: {note}"
+    versus = d.vs_heuristic
+    if versus is not None and versus.ratio is not None and versus.ratio < 1:
         note = (
-            f"single medians: heuristic {ms(heuristic_s)} ms < winner {ms(d.best_s)} ms; "
-            f"the winner was decided on re-timing: {note}"
+            f"no decision kept; single medians: heuristic {ms(versus.time.seconds)} ms < winner "
+            f"{ms(view.sweep_s)} ms; promoted: {note}"
         )
     return note
 
 
-def _summary(problems: list[_ProblemData]) -> str:
+def _timed(compared: Compared | None, unit: Any) -> str:
+    return "-" if compared is None else compared.cell(unit)
+
+
+def _times(compared: Compared | None) -> str:
+    return "-" if compared is None else compared.ratio_cell()
+
+
+def _summary(problems: list[_ProblemData], backend: str) -> str:
+    views = [d.view for d in problems]
+    times = [t for v in views if v for t in (v.time.seconds, v.sweep_s)]
+    times += [c.time.seconds for d in problems for c in (d.vs_heuristic, d.vs_baseline) if c]
+    unit = unit_for(times)
+    with_tokens = any(d.tokens is not None for d in problems)
     rows = []
-    for d in problems:
-        heuristic_s = d.median_of(d.heuristic)
+    for d, view in zip(problems, views, strict=True):
         failed = len(d.failed())
+        winner = "-" if view is None else view.cell(unit)
         rows.append(
-            [
-                d.label,
+            [d.label, d.problem.op]
+            + ([str(d.tokens) if d.tokens else "-"] if with_tokens else [])
+            + [
+                str(d.problem.m),
                 f"{len(d.trials) - failed} ok, {failed} failed",
-                ms(d.best_s),
-                ms(heuristic_s),
-                ms(d.baseline_s),
-                _ratio(heuristic_s, d.best_s),
-                _ratio(d.baseline_s, d.best_s),
-                _config(d.winner.config if d.winner else None),
+                winner,
+                unit.format(view.sweep_s) if view else "-",
+                _timed(d.vs_heuristic, unit),
+                _timed(d.vs_baseline, unit),
+                _times(d.vs_heuristic),
+                _times(d.vs_baseline),
+                config_diff.text(backend, d.winner.config if d.winner else None),
                 _decision(d),
             ]
         )
-    header = [
-        "problem",
-        "trials",
-        "winner ms",
-        "heuristic ms",
-        "xla ms",
-        "heuristic / winner",
-        "xla / winner",
-        "winner",
-        "decided by",
-    ]
-    return _table(header, rows)
+    header = (
+        ["problem", "op"]
+        + (["T"] if with_tokens else [])
+        + [
+            "m",
+            "trials",
+            f"winner {unit.name}",
+            f"its sweep {unit.name}",
+            f"heuristic {unit.name}",
+            f"xla {unit.name}",
+            "heuristic / winner",
+            "xla / winner",
+            "winner config (not default)",
+            "decided by",
+        ]
+    )
+    note = (
+        "<p class=note>winner: the median of the interleaved re-timing that decided it (or, without a "
+        "stored decision, its recorded median); heuristic and xla: re-timed beside it where they were "
+        "finalists, else their sweep medians, each ratio then against the winner's sweep median. T tokens, "
+        "m = T x top_k rows"
+        + ("" if with_tokens and all(d.tokens for d in problems) else "; T - unknown")
+        + ".</p>"
+    )
+    return _table(header, rows) + note
 
 
 def _speedups(problems: list[_ProblemData], plots: _Plots) -> str:
     """Two charts, one ratio each: the heuristic's time over the winner's, and XLA's over the winner's."""
     vs_heuristic, vs_xla = [], []
     for d in problems:
-        heuristic_s = d.median_of(d.heuristic)
-        if d.best_s and heuristic_s:
-            note = _decision(d) if heuristic_s < d.best_s else ""
-            vs_heuristic.append(figures.Ratio(d.shape, d.problem.m, heuristic_s / d.best_s, note))
-        if d.best_s and d.baseline_s:
-            vs_xla.append(figures.Ratio(d.shape, d.problem.m, d.baseline_s / d.best_s))
+        heuristic, baseline = d.vs_heuristic, d.vs_baseline
+        if heuristic is not None and heuristic.ratio:
+            note = _decision(d) if heuristic.ratio < 1 else ""
+            vs_heuristic.append(figures.Ratio(d.shape, d.problem.m, heuristic.ratio, note))
+        if baseline is not None and baseline.ratio:
+            vs_xla.append(figures.Ratio(d.shape, d.problem.m, baseline.ratio))
     parts = []
     for ratios, title, axis, missing in (
         (
@@ -274,7 +325,7 @@ def _time_per_config(d: _ProblemData, plots: _Plots) -> str:
     entries: list[tuple[dict[str, Any], figures.Bar]] = []  # (config, its bar before it has a label)
     for t in shown:
         role = roles.get(canonical(t.config), "other")
-        note = f"trial {t.id}; {_decision(d)}" if role == "winner" else f"trial {t.id}"
+        note = f"trial {t.id} (sweep median); {_decision(d)}" if role == "winner" else f"trial {t.id}"
         entries.append((t.config, figures.Bar("", t.median_s, role, note)))
     if d.winner is not None and d.winner.median_s and all(bar.role != "winner" for _, bar in entries):
         # The winner was timed outside this sweep (kept from an earlier one): still shown, saying so.
@@ -384,7 +435,7 @@ def build(store: Any, sweep_id: int) -> Report:
 <h1>moetune sweep {sweep_id}</h1>
 {_table(["setting", "value"], facts)}
 <h2>Winners</h2>
-{_summary(problems)}
+{_summary(problems, sweep.backend)}
 <h2>Winner vs heuristic default and vs XLA per token bucket</h2>
 {speedups}
 <h2>Failures</h2>

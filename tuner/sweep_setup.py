@@ -14,6 +14,7 @@ from moetune.kernels import registry
 from moetune.kernels.backend import Backend
 from moetune.kernels.device import DeviceFingerprint, compile_only_device
 from moetune.kernels.errors import ConfigInvalid, MoetuneError, Unsupported
+from moetune.tuner import resolved
 from moetune.tuner.executors import Executor, InlineExecutor
 from moetune.tuner.plan import PlannedProblem, dispatched_on, load_model, parse_problem
 from moetune.tuner.spec import SweepSpec
@@ -41,10 +42,8 @@ def store_problems(
     source_hash = backend.source_hash()
 
     def tuned(problem: Any) -> bool:
-        winner = store.current_winner(
-            fingerprint_hash=device.hash, backend=backend.name, problem_key=problem.key
-        )
-        return winner is not None and winner.source_hash == source_hash
+        key = dict(fingerprint_hash=device.hash, backend=backend.name, source_hash=source_hash)
+        return resolved.tuned(store, **key, problem_key=problem.key)
 
     planned: list[PlannedProblem] = []
     if spec.misses:

@@ -19,6 +19,7 @@ from moetune.db.models import TABLE_NAMES, Base
 FIRST = "v0.1.0.a"
 BEFORE_DETAILS = "v0.1.0.b"  # the last revision without trials.details
 BEFORE_LEASE = "v0.1.0.c"  # the last revision without the sweep lease columns
+BEFORE_DECISION = "v0.1.0.d"  # the last revision without winners.decision
 LEASE_COLUMNS = {"owner_host", "owner_pid", "owner_token", "heartbeat_at", "device_id"}
 
 
@@ -159,6 +160,26 @@ def test_sweeps_of_the_revision_before_leases_upgrade_to_dead_and_resumable(db_u
         assert not (LEASE_COLUMNS & _columns(db_url, "sweeps")) and _trial_ids(db_url) == {trial_id}
 
 
+def test_winners_of_the_revision_before_decisions_upgrade_keeping_their_rows(db_url):
+    """v0.1.0.e adds winners.decision: a winner promoted before it keeps its row with no decision, and
+    shows its recorded median; promotions after it keep theirs."""
+    with open_store(db_url) as store:
+        old = store.record_trial(trial())
+        store.promote(old, reason="sweep 1: first winner")
+        store.downgrade(BEFORE_DECISION)
+        assert "decision" not in _columns(db_url, "winners") and _trial_ids(db_url) == {old}
+        assert store.schema_state().status == "outdated"
+        store.upgrade()
+        assert store.revision() == schema.head() and "decision" in _columns(db_url, "winners")
+        (winner,) = store.winners()
+        assert (winner.trial_id, winner.reason, winner.decision) == (old, "sweep 1: first winner", None)
+        new = store.record_trial(trial(config={"block_m": 128}))
+        store.promote(new, decision={"rule": "beats_winner", "gain": 0.1})
+        assert store.winners()[0].decision == {"rule": "beats_winner", "gain": 0.1}
+        store.downgrade(BEFORE_DECISION)  # and back: both winners keep their rows
+        assert "decision" not in _columns(db_url, "winners") and _trial_ids(db_url) == {old, new}
+
+
 def test_older_revision_names_the_upgrade_command(db_url):
     with open_store(db_url, check_schema=False) as store:
         store.upgrade(FIRST)
@@ -248,4 +269,5 @@ def test_migrations_are_packages_with_their_data():
     for name in ("alembic.ini", "script.py.mako", "env.py", "versions/__init__.py"):
         assert (migrations / name).is_file(), name
     versions = [p.name for p in (migrations / "versions").iterdir() if p.name.startswith("v")]
-    assert len(versions) >= 4 and schema.head() not in (FIRST, BEFORE_DETAILS, BEFORE_LEASE)
+    assert len(versions) >= 5
+    assert schema.head() not in (FIRST, BEFORE_DETAILS, BEFORE_LEASE, BEFORE_DECISION)

@@ -114,3 +114,24 @@ def test_misses_are_counted_per_key(store):
     assert misses[0].last_seen >= misses[0].first_seen and misses[0].fingerprint_hash == H200.hash
     assert [m.count for m in store.misses(device_kind="NVIDIA H200", backend="fake")] == [3, 1]
     assert store.misses(backend="nope") == []
+
+
+def test_a_winner_keeps_its_decision_as_data_and_refuses_what_is_not_json(store):
+    decision = {"rule": "first_winner", "rounds": 5, "finalists": [{"trial_id": 1, "retimed_median_s": 9e-4}]}
+    trial_id = store.record_trial(trial(sweep_id=None))
+    store.promote(trial_id, reason="sweep 1: first winner", decision=decision)
+    winner = _current(store)
+    assert winner.decision == decision and winner.reason == "sweep 1: first winner"
+    assert [w.decision for w in store.winners()] == [decision]
+    other = store.record_trial(trial(config={"block_m": 128}))
+    with pytest.raises(InvalidRecord, match="decision is not plain JSON"):
+        store.promote(other, decision={"median_s": float("nan")})
+    assert _current(store).trial_id == trial_id  # nothing was written
+    store.promote(other)  # a winner promoted without a decision (an import, say) has none
+    assert _current(store).decision is None
+
+
+def test_a_winner_names_the_sweep_of_its_trial(store):
+    sweep_id = store.create_sweep(backend="fake", strategy="grid", spec={}, host="h", user="u")
+    store.promote(store.record_trial(trial(sweep_id=sweep_id)))
+    assert _current(store).sweep_id == sweep_id

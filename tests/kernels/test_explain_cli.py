@@ -82,7 +82,7 @@ def test_declined_backends_are_listed(probe_backends):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--dtype", "int8"], "dtype='int8' is not one of"),
+        (["--dtype", "int8"], "'--dtype': Value error, 'int8' is not one of 'bf16'"),
         (["--backend", "nope"], "unknown backend 'nope'"),
     ],
 )

@@ -410,6 +410,10 @@ cases(
         "explain: unknown backend",
         *("explain", "--m", "1", "--k", "64", "--n", "64", "--g", "1", "--backend", "nosuch", "--db", "{db}"),
     ),
+    c(
+        "explain: unknown op",
+        *("explain", "--m", "1", "--k", "64", "--n", "64", "--g", "1", "--op", "attention"),
+    ),
     c("pack-schema is not export's option", "export", "--schema"),
 )
 

@@ -11,9 +11,6 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-# The commands register themselves on the shared app when their modules are imported.
-import moetune.tuner.cli.db_commands  # noqa: F401
-import moetune.tuner.cli.doctor  # noqa: F401
 from moetune.db import open_store, schema, urls
 from moetune.db.models import TABLE_NAMES
 from moetune.db.records import TrialRecord
@@ -21,9 +18,11 @@ from moetune.kernels import device as device_module
 from moetune.kernels import lookup, packs, registry
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.problem import Problem
-from moetune.tuner.cli import app
+from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.cli.common import json_text
 from tests.db.db_factories import trial
+
+_load_commands()  # the commands register themselves on the shared app when their modules are imported
 
 GPU = DeviceFingerprint(
     "NVIDIA H200", "gpu", 132, 150_000_000_000, "9.0", "580.65", "13.0", "0.11.2", "0.11.2"
@@ -388,6 +387,29 @@ def test_export_import_round_trip(db_url, tmp_path, fake_backend):
     ]
 
 
+def test_commands_that_change_something_say_what_as_json(sqlite_url, tmp_path, fake_backend):
+    """export, import, rollback and db upgrade/downgrade: one JSON object, numbers as numbers."""
+    upgraded = strict_json(ok("db", "upgrade", "--db", sqlite_url, "--json").stdout)
+    assert (upgraded["before"], upgraded["revision"], upgraded["changed"]) == (None, schema.head(), True)
+    assert strict_json(ok("db", "upgrade", "--db", sqlite_url, "--json").stdout)["changed"] is False
+    tuned(sqlite_url)
+    pack = tmp_path / "p.json"
+    args = ("--gpu", "NVIDIA H200", "--backend", "fake")
+    exported = strict_json(ok("export", *args, "-o", str(pack), "--db", sqlite_url, "--json").stdout)
+    assert (exported["exported"], exported["left_out"], exported["file"]) == (2, 0, str(pack))
+    assert exported["fingerprint_hash"] == GPU.hash
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    imported = strict_json(ok("import", str(pack), "--db", other, "--json").stdout)
+    assert (imported["imported"], imported["already_current"], imported["backend"]) == (2, 0, "fake")
+    restored = strict_json(
+        ok("rollback", *args, "--problem", PROBLEM.key, "--db", sqlite_url, "--json").stdout
+    )["restored"]
+    assert restored["config"] == {"block_m": 64, "block_n": 128} and isinstance(restored["median_s"], float)
+    assert restored["problem"] == PROBLEM.key and restored["promoted_at"].startswith("20")
+    down = strict_json(ok("db", "downgrade", "base", "--yes", "--db", sqlite_url, "--json").stdout)
+    assert (down["before"], down["revision"]) == (schema.head(), None)
+
+
 def test_export_default_file_name(sqlite_url, tmp_path, monkeypatch):
     tuned(sqlite_url)
     monkeypatch.chdir(tmp_path)
@@ -395,12 +417,13 @@ def test_export_default_file_name(sqlite_url, tmp_path, monkeypatch):
     assert (tmp_path / "nvidia_h200__fake.json").is_file()
 
 
-def test_rollback_restores_the_previous_winner(db_url):
+def test_rollback_restores_the_previous_winner(db_url, fake_backend):
     tuned(db_url)
     out = ok(
         "rollback", "--gpu", "NVIDIA H200", "--backend", "fake", "--problem", PROBLEM.key, "--db", db_url
     ).stdout
     assert "restored winner" in out
+    assert "config defaults," in out  # block_m=64, block_n=128 are FakeConfig's defaults: nothing differs
     (row,) = json.loads(ok("best", "--db", db_url, "--no-packs", "--m", "4096", "--json").stdout)
     assert row["config"]["block_m"] == 64
     before = snapshot(db_url)
@@ -458,7 +481,7 @@ def test_unusable_database_urls(args, expect):
 @pytest.mark.parametrize(
     ("args", "expect"),
     [
-        (["trials", "--status", "bogus"], "--status 'bogus' is not one of ok,"),
+        (["trials", "--status", "bogus"], "'bogus' is not one of 'ok', 'compile_error'"),
         (["trials", "--limit", "-1"], "--limit -1"),
         (["rollback", "--backend", "fake", "--problem", "x"], "exactly one of --gpu or --fingerprint"),
     ],
@@ -616,7 +639,7 @@ def test_trials_show_compile_only_details(db_url, monkeypatch):
 
 
 def test_details_summary_names_the_binary_registers_and_spills():
-    from moetune.tuner.cli.db_commands import _details_summary
+    from moetune.tuner.cli.trials import _details_summary
 
     metrics = {"vgpr_count": 96, "agpr_count": 0, "lds_bytes": 16384, "vgpr_spill_count": 0, "args": 4}
     details = {"target": "gfx950", "binary_hash": "abcdef0123456789", "metrics": metrics, "duplicate_of": 9}

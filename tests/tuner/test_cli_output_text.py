@@ -8,12 +8,12 @@ import dataclasses
 import pytest
 from typer.testing import CliRunner
 
-import moetune.tuner.cli.db_commands  # noqa: F401  (registers the commands)
 from moetune.db import open_store
-from moetune.tuner.cli import app
+from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.cli.common import cell, printable
 from tests.db.db_factories import H200, trial
 
+_load_commands()
 # Markup rich would apply (and "[/]" alone, which it refuses with an error), a screen-clearing escape
 # sequence and a newline that would split a row.
 HOSTILE = "[bold red]H200[/] [/] \x1b[2J\nnext"

@@ -62,7 +62,7 @@ def test_inline_sweep_prints_winners_and_report_is_self_contained(sqlite_url, tm
     assert result.exit_code == 0, result.output
     outcome = json.loads(result.output[result.output.index("{") :])
     [row] = outcome["problems"]
-    assert row["winner_config"] and row["xla_ms"] != "-" and row["heuristic_ms"] != "-"
+    assert row["winner"]["config"] and row["xla"]["median_s"] > 0 and row["heuristic"]["median_s"] > 0
     with open_store(sqlite_url) as store:
         trials = store.trials(sweep_id=outcome["sweep_id"])
         assert len(trials) == 3 and all(t.status == "ok" for t in trials)
@@ -84,7 +84,7 @@ def test_inline_sweep_prints_winners_and_report_is_self_contained(sqlite_url, tm
     [
         (["--backend", "xla"], "nothing to tune"),
         (["--problem", PROBLEM, "--routing", "skewed"], "routing 'skewed'"),
-        (["--problem", PROBLEM, "--strategy", "annealing", "--dry-run"], "unknown strategy 'annealing'"),
+        (["--problem", PROBLEM, "--strategy", "annealing", "--dry-run"], "'annealing' is not one of 'grid'"),
         (["--problem", "m=16,k=64", "--dry-run"], "missing n, g"),
         (["--model", "nope", "--dry-run"], "unknown model 'nope'"),
         (["--problem", PROBLEM, "--backend", "mosaic_gpu", "--dry-run"], "cannot run on cpu"),

@@ -6,7 +6,24 @@ import re
 
 from rich.console import Console
 
+from moetune.tuner.decided import RETIMED, Compared, Timed
+from moetune.tuner.plan import parse_problem
 from moetune.tuner.progress import LineProgress, RichProgress, Snapshot, summary_line
+from moetune.tuner.summary import LiveRow
+
+PROBLEM = parse_problem("m=128,k=64,n=64,g=4").problem
+# One problem decided (its winner re-timed beside the heuristic), one still searching with nothing timed.
+DECIDED = LiveRow(
+    "mixtral gate_up T=64",
+    "xla",
+    PROBLEM,
+    64,
+    "decided",
+    Timed(1.0e-3, RETIMED),
+    Compared(Timed(1.5e-3, RETIMED), 1.5, RETIMED),
+    {"strategy": "chunked"},
+)
+SEARCHING = LiveRow("mixtral down T=64", "xla", PROBLEM, 64, "searching", None, None, None)
 
 SNAPSHOT = Snapshot(
     elapsed_s=60.0,
@@ -14,7 +31,7 @@ SNAPSHOT = Snapshot(
     planned=30,
     counts={"ok": 8, "crashed": 2},
     lanes={"node-a:gpu0": "mixtral gate_up T=64 tile=2", "node-a:gpu1": "idle"},
-    best=[("mixtral gate_up T=64", 1.0e-3, 1.5e-3, {"tile": 2}), ("mixtral down T=64", None, None, None)],
+    best=[DECIDED, SEARCHING],
     workers=8,
 )
 
@@ -32,7 +49,10 @@ def test_live_panel_has_one_lane_per_device_and_best_so_far():
     progress.close(SNAPSHOT)
     text = console.export_text()
     assert "node-a:gpu0" in text and "mixtral gate_up T=64 tile=2" in text and "node-a:gpu1" in text
-    assert re.search(r"mixtral gate_up T=64\s+│\s+1\s+│\s+1.5\s+│\s+1.50x", text)
+    assert re.search(
+        r"mixtral gate_up T=64\s+│.*│\s+decided\s+│\s+1 re-timed\s+│\s+1.5 re-timed\s+│\s+1.50x", text
+    )
+    assert "winner / best ms" in text and "strategy=chunked" in text
 
 
 def test_line_progress_prints_at_most_every_interval():

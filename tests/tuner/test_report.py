@@ -10,6 +10,8 @@ import pytest
 
 from moetune.kernels import registry
 from moetune.kernels.problem import Problem
+from moetune.tuner import decided
+from moetune.tuner.finalists import Finalist, decide
 from moetune.tuner.report import build
 from moetune.tuner.tasks import OK
 from moetune.tuner.warm_start import baseline_config
@@ -145,7 +147,7 @@ def record_sim_trial(store, sweep_id, tile, seconds):
     )
 
 
-def test_a_winner_slower_by_single_medians_is_shown_with_both_numbers_and_the_decision(store, sim):
+def test_a_winner_without_a_decision_slower_by_single_medians_says_so_beside_its_reason(store, sim):
     sweep_id = empty_sim_sweep(store)
     made = {
         tile: record_sim_trial(store, sweep_id, tile, seconds)
@@ -154,14 +156,33 @@ def test_a_winner_slower_by_single_medians_is_shown_with_both_numbers_and_the_de
     reason = f"sweep {sweep_id}: beats the winner by more than the noise: 0.97 ms vs 1.01 ms"
     store.promote(made[2], reason=reason)
     report = build(store, sweep_id)
-    assert (
-        "single medians: heuristic 1 ms &lt; winner 1.05 ms; the winner was decided on re-timing"
-        in report.html
-    )
+    assert "no decision kept; single medians: heuristic 1 ms &lt; winner 1.05 ms" in report.html
+    assert "1.05 recorded" in report.html and "1 sweep" in report.html
     assert reason in report.html
     [vs_heuristic] = titled(report, "heuristic time / winner time")
     [trace] = vs_heuristic.data
     assert list(trace.y) == pytest.approx([1.0 / 1.05]) and reason in trace.text[0]
+
+
+def test_a_winner_is_shown_with_the_re_timed_medians_that_decided_it(store, sim):
+    """Single medians rank the heuristic ahead; re-timed side by side, the winner was faster: the page
+    shows the re-timed numbers, the ratio above 1, and the rule that decided."""
+    sweep_id = empty_sim_sweep(store)
+    heuristic = record_sim_trial(store, sweep_id, sim_backend.HEURISTIC_TILE, 1.0e-3)
+    winner = record_sim_trial(store, sweep_id, 2, 1.05e-3)
+    finalists = (
+        Finalist(winner, {"tile": 2}, 1.05e-3),
+        Finalist(heuristic, {"tile": sim_backend.HEURISTIC_TILE}, 1.0e-3),
+    )
+    decision = decide(finalists, [[0.9e-3] * 20, [1.2e-3] * 20], min_gain=0.02)
+    heuristic_config = {"tile": sim_backend.HEURISTIC_TILE}
+    record = decided.record(decision, sweep_id=sweep_id, rounds=5, heuristic=heuristic_config)
+    store.promote(winner, reason=decision.reason, decision=record)
+    report = build(store, sweep_id)
+    assert "<td>0.9</td><td>1.05</td><td>1.2 re-timed</td>" in report.html and "1.33x" in report.html
+    assert "first winner (sweep 1, 5 interleaved rounds)" in report.html
+    [vs_heuristic] = titled(report, "heuristic time / winner time")
+    assert list(vs_heuristic.data[0].y) == pytest.approx([1.2 / 0.9])
 
 
 def test_every_text_is_escaped_in_the_page_and_in_the_charts(store, fake_backend):

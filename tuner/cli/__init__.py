@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from moetune.tuner.cli.usage import OneLineErrors
@@ -11,22 +13,45 @@ app = typer.Typer(
     help="Autotune MoE grouped-GEMM kernels per GPU model and serve the winners to JAX.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, PowerShell
     cls=OneLineErrors,  # a bad command line is one line, `error: ...`, exit 2
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        import importlib.metadata
+
+        typer.echo(f"moetune {importlib.metadata.version('moetune')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print moetune's version and exit.", callback=_print_version, is_eager=True
+        ),
+    ] = False,
+) -> None:
+    pass
 
 
 def _load_commands() -> None:
     # Imported for their side effect of adding commands to `app`.
     from moetune.tuner.cli import (  # noqa: F401
         bench,
+        best,
         db_commands,
         doctor,
         explain,
         export_optuna,
+        misses,
         pack_schema,
         report,
         sweeps,
+        trials,
         tune,
     )
 

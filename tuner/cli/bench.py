@@ -11,7 +11,7 @@ import typer
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
 from moetune.tuner.cli.bench_model import bench_model_command
-from moetune.tuner.cli.common import check_output_file, check_range, console, fail, json_text
+from moetune.tuner.cli.common import JsonOption, check_output_file, check_range, console, fail, json_text
 
 bench_app = typer.Typer(
     help="Benchmarks: the tuner's throughput, a MoE model end to end.", no_args_is_help=True
@@ -26,30 +26,38 @@ def bench_tuner(
         str, typer.Option("--model", help="Model whose problems supply the candidates.")
     ] = "tiny",
     buckets: Annotated[
-        str | None, typer.Option("--buckets", help="Token buckets, e.g. 64,1024 (default: the model's).")
+        str | None,
+        typer.Option("--buckets", help="Token buckets T, e.g. 64,1024.", show_default="the model's"),
     ] = None,
     backend: Annotated[str, typer.Option("--backend", help="Backend (auto: the best available).")] = "auto",
     budget: Annotated[
-        int | None, typer.Option("--budget", help="Candidates per problem (default: the whole grid).")
+        int | None,
+        typer.Option("--budget", help="Candidates per problem.", show_default="the whole grid"),
     ] = None,
     workers: Annotated[
-        int | None, typer.Option("--workers", help="Ray compile workers (default: one per CPU).")
+        int | None, typer.Option("--workers", help="Ray compile workers.", show_default="one per CPU")
     ] = None,
-    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Join this Ray cluster.")] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", help="Join this Ray cluster.", show_default="start a local one"),
+    ] = None,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="Per candidate and phase.")] = 300.0,
     routing: Annotated[str, typer.Option("--routing", help="As for `moetune tune`.")] = "balanced",
     sequential_budget: Annotated[
         int | None,
         typer.Option(
             "--sequential-budget",
-            help="Candidates per problem of the one-by-one run, the first of the same grid "
-            "(default: --budget).",
+            help="Candidates per problem of the one-by-one run, the first of the same grid.",
+            show_default="--budget",
         ),
     ] = None,
     no_sequential: Annotated[
         bool, typer.Option("--no-sequential", help="Only the Ray run (e.g. to compare clusters).")
     ] = False,
-    out: Annotated[Path | None, typer.Option("--out", help="Also write the result as JSON here.")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Also write the result as JSON here.", show_default="none")
+    ] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Variants per minute (compiled + verified + timed): a Ray sweep vs the same candidates in-process."""
     from moetune.kernels import registry
@@ -82,6 +90,11 @@ def bench_tuner(
         )
     except MoetuneError as e:
         fail(str(e))
+    if out is not None:
+        out.write_text(json_text(result.to_dict(), indent=1, sort_keys=True))
+    if as_json:
+        typer.echo(json_text(result.to_dict(), indent=1, sort_keys=True))
+        return
     from rich.table import Table
 
     table = Table(
@@ -116,5 +129,4 @@ def bench_tuner(
         f"ray / sequential: {result.speedup:.2f}x variants per minute", markup=False, highlight=False
     )
     if out is not None:
-        out.write_text(json_text(result.to_dict(), indent=1, sort_keys=True))
         console.print(f"wrote {out}", markup=False, highlight=False)

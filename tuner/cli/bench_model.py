@@ -76,8 +76,10 @@ def bench_model_command(
     prompt: Annotated[int, typer.Option(help="Prompt tokens per sequence (prefill).")] = 2048,
     gen: Annotated[int, typer.Option(help="Generated tokens per sequence (decode steps).")] = 128,
     paths: Annotated[str, typer.Option(help="MoE paths, comma-separated.")] = "dense,moetune,ragged",
-    layers: Annotated[int | None, typer.Option(help="Run this many layers (default: the preset's).")] = None,
-    out: Annotated[Path | None, typer.Option(help="Write the JSON result here.")] = None,
+    layers: Annotated[
+        int | None, typer.Option(help="Run this many layers.", show_default="the preset's")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the JSON result here.", show_default="none")] = None,
     moe_tokens: Annotated[
         str, typer.Option(help="Token counts at which one MoE layer is timed alone (plus the model's).")
     ] = "4096,1",

@@ -1,10 +1,14 @@
-"""What the CLI commands share: one-line failures with exit code 2, table-or-JSON output, the --db option."""
+"""What the CLI commands share: one-line failures with exit code 2, table-or-JSON output, the --db and
+--json options, typed choices."""
 
 from __future__ import annotations
 
+import datetime
+import enum
 import json
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -12,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from typer._click.core import ParameterSource
 
 from moetune.db import DatabaseError, urls
 
@@ -27,9 +32,11 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
-def checked_db(url: str | None) -> str | None:
-    """Every --db's callback, run while the command line is parsed, so before anything starts."""
-    if url is not None:
+def checked_db(ctx: typer.Context, param: typer.CallbackParam, url: str | None) -> str | None:
+    """Every --db's callback, run while the command line is parsed, so before anything starts. A URL on
+    the command line must not hold a password (the process list shows it to every user); the same URL
+    from $MOETUNE_DB may, and is only ever printed masked (moetune.db.urls)."""
+    if url is not None and not from_environment(ctx, param.name):
         try:
             urls.refuse_password(url)
         except DatabaseError as e:
@@ -37,16 +44,34 @@ def checked_db(url: str | None) -> str | None:
     return url
 
 
+def from_environment(ctx: typer.Context, name: str) -> bool:
+    """Whether option `name` took its value from its environment variable rather than the command line."""
+    # typer carries its own click; its ParameterSource is the one ctx answers with.
+    return ctx.get_parameter_source(name) is ParameterSource.ENVIRONMENT
+
+
+DB_HELP = "Database URL without a password, e.g. postgresql+psycopg://user@host/db; $MOETUNE_DB may hold one."
 DbOption = Annotated[
     str | None,
     typer.Option(
         "--db",
-        help="Database URL without a password, e.g. postgresql+psycopg://user@host/db (default: "
-        "$MOETUNE_DB, which may hold one, else SQLite in the user data directory).",
-        show_default=False,
+        help=DB_HELP,
+        envvar=urls.ENV_DB,
+        show_envvar=True,
+        # Never the variable's value (it may hold a password): what the default is, in words.
+        show_default="SQLite in the user data directory",
         callback=checked_db,
     ),
 ]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print JSON (numbers as numbers, configs as objects) instead of text.")
+]
+
+
+def choice(name: str, values: Iterable[str]) -> type[enum.StrEnum]:
+    """A type for an option taking one of `values`: --help lists them, shell completion offers them,
+    and any other value is a usage error (one line, exit 2)."""
+    return enum.StrEnum(name, {value: value for value in values})
 
 
 def check_range(option: str, value: int | None, low: int = 1) -> None:
@@ -86,7 +111,7 @@ def cell(value: Any) -> Text:
 def emit(rows: list[dict[str, Any]], *, as_json: bool, title: str | None = None) -> None:
     """Print rows as a rich table, or as a JSON list on stdout for scripts."""
     if as_json:
-        typer.echo(json_text(rows, indent=1, sort_keys=True, default=str))
+        typer.echo(json_text(rows, indent=1, sort_keys=True))
         return
     if not rows:
         console.print("(no rows)")
@@ -96,13 +121,25 @@ def emit(rows: list[dict[str, Any]], *, as_json: bool, title: str | None = None)
         table.add_column(cell(column))
     for row in rows:
         table.add_row(*(cell(v) for v in row.values()))
-    console.print(table)
+    table_console().print(table)
+
+
+def table_console() -> Console:
+    """The console for tables: piped output (logs, CI, scripts) gets whole tables, not 80 columns of
+    ellipses; a terminal its own width."""
+    return console if console.is_terminal else Console(width=200)
 
 
 def json_text(value: Any, **options: Any) -> str:
     """Strict JSON for scripts: a NaN or infinity (json.dumps would write NaN or Infinity, which strict
-    parsers refuse) becomes null. `options` go to json.dumps."""
-    return json.dumps(_finite(value), allow_nan=False, **options)
+    parsers refuse) becomes null, a time its ISO 8601 text. `options` go to json.dumps."""
+    return json.dumps(_finite(value), allow_nan=False, default=_plain, **options)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (datetime.datetime, datetime.date)):
+        return value.isoformat()
+    return str(value)
 
 
 def _finite(value: Any) -> Any:

@@ -1,16 +1,15 @@
-"""Database commands: `moetune db upgrade|current|downgrade`, `trials`, `best`, `misses`, `export`,
-`import`, `rollback`.
+"""Database commands: `moetune db upgrade|current|downgrade`, `export`, `import`, `rollback`, and what
+every database command shares (`trials`, `best`, `misses` and `sweeps` have modules of their own).
 
-Every command takes `--db URL` (default: $MOETUNE_DB, else SQLite in the user data directory). Bad
-input gets one line on stderr and exit code 2, and is caught before anything is written: filter values
-are checked against what the database knows, and a pack is validated completely before the import.
-`best` also lists the config packs dispatch reads, read through moetune.kernels.lookup as dispatch does.
+Every command takes `--db URL` (default: $MOETUNE_DB, else SQLite in the user data directory) and
+`--json`. Bad input gets one line on stderr and exit code 2, and is caught before anything is written:
+filter values are checked against what the database knows, and a pack is validated completely before
+the import.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import tempfile
 from collections.abc import Iterator
@@ -19,30 +18,33 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from moetune.kernels.errors import MoetuneError, PackInvalid
+from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
 from moetune.tuner.cli.common import (
     DbOption,
+    JsonOption,
     check_output_file,
-    check_range,
     console,
     emit,
     err_console,
     fail,
+    json_text,
     printable,
 )
 
 if TYPE_CHECKING:
     from moetune.db import Store
-    from moetune.db.records import TrialRow, WinnerRow
-    from moetune.kernels.device import DeviceFingerprint
-    from moetune.kernels.lookup import Winner
+    from moetune.db.records import WinnerRow
 
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+__all__ = ["BackendOption", "GpuOption", "JsonOption", "check_known", "opened_store", "say", "warn"]
+
 GpuOption = Annotated[
-    str | None, typer.Option("--gpu", help="GPU model (jax device_kind), e.g. 'NVIDIA H200'.")
+    str | None,
+    typer.Option("--gpu", help="GPU model (jax device_kind), e.g. 'NVIDIA H200'.", show_default="all"),
 ]
-BackendOption = Annotated[str | None, typer.Option("--backend", help="Backend name, e.g. mosaic_gpu.")]
+BackendOption = Annotated[
+    str | None, typer.Option("--backend", help="Backend name, e.g. mosaic_gpu.", show_default="all")
+]
 
 db_app = typer.Typer(help="The database schema: upgrade, show the revision, downgrade.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
@@ -71,12 +73,21 @@ def say(message: str) -> None:
     console.print(printable(message), markup=False, highlight=False, soft_wrap=True)
 
 
+def done(result: dict[str, Any], lines: list[str], *, as_json: bool) -> None:
+    """What a command that changed something did: `result` as one JSON object, or `lines` as text."""
+    if as_json:
+        typer.echo(json_text(result, indent=1))
+        return
+    for line in lines:
+        say(line)
+
+
 def warn(message: str) -> None:
     """One plain line on stderr; the command goes on."""
     err_console.print(f"warning: {printable(message)}", markup=False, highlight=False, soft_wrap=True)
 
 
-def _check_known(name: str, value: str | None, known: list[str], where: str = "the database") -> None:
+def check_known(name: str, value: str | None, known: list[str], where: str = "the database") -> None:
     if value is not None and value not in known:
         fail(f"no {name} {value!r} in {where}; known: {', '.join(map(repr, known)) or 'none'}")
 
@@ -88,6 +99,7 @@ def _check_known(name: str, value: str | None, known: list[str], where: str = "t
 def db_upgrade(
     db: DbOption = None,
     revision: Annotated[str, typer.Option("--revision", help="Target revision.")] = "head",
+    as_json: JsonOption = False,
 ) -> None:
     """Migrate the database schema to the newest revision (creates a new database)."""
     _check_revision(revision, "head")
@@ -96,9 +108,16 @@ def db_upgrade(
         store.upgrade(revision)
         after = store.revision()
     if before.revision == after:
-        say(f"{store.url}: already at schema revision {after}")
+        line = f"{store.url}: already at schema revision {after}"
     else:
-        say(f"{store.url}: schema revision {before.revision or '(none)'} -> {after}")
+        line = f"{store.url}: schema revision {before.revision or '(none)'} -> {after}"
+    result = {
+        "url": store.url,
+        "before": before.revision,
+        "revision": after,
+        "changed": before.revision != after,
+    }
+    done(result, [line], as_json=as_json)
 
 
 @db_app.command("current")
@@ -128,17 +147,25 @@ def db_downgrade(
     yes: Annotated[
         bool, typer.Option("--yes", help="Confirm: tables of later revisions and their data are dropped.")
     ] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Migrate the database schema back to an older revision (drops data of later revisions)."""
     if not yes:
         fail(f"downgrading to {revision} drops the tables of later revisions with their data; add --yes")
     _check_revision(revision, "base")
     with opened_store(db, check_schema=False) as store:
-        if store.schema_state().status in ("missing", "empty"):  # nothing to downgrade; create nothing
+        before = store.schema_state()
+        if before.status in ("missing", "empty"):  # nothing to downgrade; create nothing
             fail(f"{store.url} holds no moetune tables to downgrade")
         store.downgrade(revision)
         after = store.revision()
-    say(f"{store.url}: schema revision now {after or '(none)'}")
+    result = {
+        "url": store.url,
+        "before": before.revision,
+        "revision": after,
+        "changed": before.revision != after,
+    }
+    done(result, [f"{store.url}: schema revision now {after or '(none)'}"], as_json=as_json)
 
 
 def _check_revision(revision: str, alias: str) -> None:
@@ -149,329 +176,6 @@ def _check_revision(revision: str, alias: str) -> None:
         fail(f"no schema revision {revision!r}; known: {alias}, {', '.join(sorted(known))}")
 
 
-# --- queries --------------------------------------------------------------------------------------
-
-
-def _trial_dict(row: TrialRow) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "sweep_id": row.sweep_id,
-        "device_kind": row.device_kind,
-        "fingerprint_hash": row.fingerprint_hash,
-        "backend": row.backend,
-        "source_hash": row.source_hash,
-        "problem": row.problem.key,
-        "config": row.config,
-        "status": row.status,
-        "median_s": row.median_s,
-        "samples_s": list(row.samples_s),
-        "compile_s": row.compile_s,
-        "verify_error": row.verify_error,
-        "error": row.error,
-        "host": row.host,
-        "worker": row.worker,
-        "routing": row.routing,
-        "details": row.details,
-        "started_at": row.started_at,
-        "finished_at": row.finished_at,
-    }
-
-
-# Static metrics worth a glance in the table (FlyDSL's names); the JSON listing has them all.
-_METRIC_LABELS = {"vgpr_count": "vgpr", "agpr_count": "agpr", "lds_bytes": "lds"}
-_SPILL_METRICS = ("vgpr_spill_count", "sgpr_spill_count")
-
-
-def _details_summary(details: dict[str, Any] | None) -> str:
-    """One short line for a compile-only trial's details: binary hash prefix, registers, spills."""
-    if not details:
-        return ""
-    parts = [f"bin {details['binary_hash'][:8]}"] if details.get("binary_hash") else []
-    metrics = details.get("metrics") or {}
-    parts += [f"{label}={metrics[key]}" for key, label in _METRIC_LABELS.items() if key in metrics]
-    if any(key in metrics for key in _SPILL_METRICS):
-        parts.append(f"spills={sum(metrics.get(key, 0) for key in _SPILL_METRICS)}")
-    if details.get("duplicate_of") is not None:
-        parts.append(f"dup of #{details['duplicate_of']}")
-    return " ".join(parts)
-
-
-def _trial_cells(row: TrialRow, *, details: bool) -> dict[str, Any]:
-    p = row.problem
-    cells = {
-        "id": row.id,
-        "sweep": row.sweep_id,
-        "gpu": row.device_kind,
-        "backend": row.backend,
-        "m,k,n,g": f"{p.m},{p.k},{p.n},{p.g}",
-        "config": row.config,
-        "status": row.status,
-        "median_us": None if row.median_s is None else row.median_s * 1e6,
-        "error": row.error.splitlines()[0][:60] if row.error else "",
-    }
-    if details:  # only listings holding compile-only trials get the column
-        cells["details"] = _details_summary(row.details)
-    return cells
-
-
-@app.command("trials")
-def trials_command(
-    db: DbOption = None,
-    sweep: Annotated[int | None, typer.Option("--sweep", help="Sweep id.")] = None,
-    backend: BackendOption = None,
-    status: Annotated[
-        str | None, typer.Option("--status", help="ok, compile_error, wrong_result, ...")
-    ] = None,
-    gpu: GpuOption = None,
-    problem: Annotated[
-        str | None, typer.Option("--problem", help="Problem key (see `moetune best`).")
-    ] = None,
-    limit: Annotated[int, typer.Option("--limit", help="Newest N trials; 0 for all.")] = 100,
-    as_json: JsonOption = False,
-) -> None:
-    """List recorded trials, newest first."""
-    from moetune.db.records import TRIAL_STATUSES
-
-    if status is not None and status not in TRIAL_STATUSES:
-        fail(f"--status {status!r} is not one of {', '.join(TRIAL_STATUSES)}")
-    check_range("--limit", limit, low=0)
-    check_range("--sweep", sweep)
-    with opened_store(db, read_only=True) as store:
-        # RecordNotFound names the id; its status (dead: its process stopped) goes into the title.
-        sweep_row = store.get_sweep(sweep) if sweep is not None else None
-        _check_known("backend", backend, store.backends())
-        _check_known("gpu", gpu, store.device_kinds())
-        if problem is not None and not store.has_problem(problem):
-            fail(f"no problem {problem!r} in the database")
-        rows = store.trials(
-            sweep_id=sweep,
-            backend=backend,
-            status=status,
-            device_kind=gpu,
-            problem_key=problem,
-            limit=limit or None,
-        )
-    if limit and len(rows) == limit:  # there may be more: say so where it cannot spoil --json output
-        err_console.print(
-            f"showing the newest {limit} trials; --limit 0 lists all", markup=False, highlight=False
-        )
-    if as_json:
-        emit([_trial_dict(r) for r in rows], as_json=True)
-    else:
-        details = any(r.details and "target" in r.details for r in rows)  # compile-only trials
-        cells = [_trial_cells(r, details=details) for r in rows]
-        of_sweep = f" of sweep {sweep_row.id} ({sweep_row.status})" if sweep_row else ""
-        emit(cells, as_json=False, title=f"{len(rows)} trials{of_sweep} (newest first)")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Listed:
-    """One row of `moetune best`: a database winner (with its `row`) or an entry of a config pack."""
-
-    device_kind: str
-    winner: Winner
-    origin: str  # "database", or the pack's file name
-    reason: str
-    row: WinnerRow | None = None
-    freshness: str = ""  # fresh | stale | other device | unknown: see _Stack.freshness
-    stale: tuple[str, ...] = ()
-
-    @property
-    def order(self) -> tuple[str, str, str, int, bool]:
-        p = self.winner.problem
-        return self.device_kind, self.winner.backend, p.shape_key, p.m, self.row is None
-
-
-class _Stack:
-    """This machine's device fingerprint and kernel sources: what makes a winner fresh or stale here."""
-
-    def __init__(self) -> None:
-        from moetune.kernels.device import current_fingerprint
-
-        # Reading the fingerprint opens the device; a listing must not reserve most of a GPU's memory.
-        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-        try:
-            self.device: DeviceFingerprint | None = current_fingerprint()
-        except Exception:  # no usable device (a broken driver, say): rows list with freshness unknown
-            self.device = None
-        self._sources: dict[str, str | None] = {}
-
-    def source_hash(self, backend: str) -> str | None:
-        from moetune.kernels import registry
-
-        if backend not in self._sources:
-            try:
-                self._sources[backend] = registry.get(backend).source_hash()
-            except Exception:  # not a backend here, its dependency is missing, its source is not files
-                self._sources[backend] = None
-        return self._sources[backend]
-
-    def freshness(self, listed: _Listed) -> _Listed:
-        """fresh: tuned on this device with this kernel source; stale: either differs (with why); other
-        device: the kernel source is current, the device is not this machine's; unknown: no way to tell."""
-        from moetune.kernels.lookup import stale_reasons
-
-        here = self.device is not None and self.device.device_kind == listed.device_kind
-        source_hash = self.source_hash(listed.winner.backend)
-        stale = stale_reasons(listed.winner, self.device.hash if here else None, source_hash)
-        if stale:
-            verdict = "stale"
-        elif source_hash is None:
-            verdict = "unknown"
-        else:
-            verdict = "fresh" if here else "other device"
-        return dataclasses.replace(listed, freshness=verdict, stale=stale)
-
-
-def _pack_winners() -> list[_Listed]:
-    """The winners of the config packs dispatch reads, as dispatch reads them (kernels.lookup); a pack
-    dispatch would ignore is named on stderr and left out."""
-    from moetune.kernels import packs
-    from moetune.kernels.lookup import LOOKUP, pack_winners, read_pack
-
-    folder = LOOKUP.packs_folder()
-    if folder is None or not folder.is_dir():
-        return []
-    listed = []
-    for resource in sorted(folder.iterdir(), key=lambda r: r.name):
-        if not resource.name.endswith(".json"):
-            continue
-        try:
-            pack = read_pack(resource)
-        except PackInvalid as e:
-            warn(f"ignoring config pack: {e}")
-            continue
-        expected = packs.file_name(pack.device.device_kind, pack.backend)
-        if resource.name != expected:  # dispatch looks packs up by this name only
-            warn(
-                f"ignoring config pack {resource.name}: it holds {pack.backend} winners for "
-                f"{pack.device.device_kind!r}, which dispatch reads from {expected}"
-            )
-            continue
-        reason = f"config pack created {pack.created}"
-        listed += [_Listed(pack.device.device_kind, w, resource.name, reason) for w in pack_winners(pack)]
-    return listed
-
-
-def _winner_dict(listed: _Listed) -> dict[str, Any]:
-    w, row = listed.winner, listed.row
-    return {
-        "id": row.id if row else None,
-        "trial_id": row.trial_id if row else None,
-        "device_kind": listed.device_kind,
-        "fingerprint_hash": w.fingerprint_hash,
-        "backend": w.backend,
-        "source_hash": w.source_hash,
-        "problem": w.problem.to_dict() | {"key": w.problem.key},
-        "config": dict(w.config),
-        "median_s": w.median_s,
-        "promoted_at": row.promoted_at if row else None,
-        "state": row.state if row else "active",
-        "reason": listed.reason,
-        "origin": listed.origin,
-        "freshness": listed.freshness,
-        "stale": list(listed.stale),
-    }
-
-
-def _winner_cells(listed: _Listed, *, history: bool) -> dict[str, Any]:
-    p = listed.winner.problem
-    cells = {
-        "gpu": listed.device_kind,
-        "backend": listed.winner.backend,
-        "m": p.m,
-        "k,n,g": f"{p.k},{p.n},{p.g}",
-        "dtypes": ",".join(dict.fromkeys((p.lhs_dtype, p.rhs_dtype, p.out_dtype)))
-        + (",t" if p.transpose_rhs else ""),
-        "config": dict(listed.winner.config),
-        "median_us": None if listed.winner.median_s is None else listed.winner.median_s * 1e6,
-        "from": listed.origin,
-        "here": listed.freshness,
-    }
-    if history:
-        cells["state"] = listed.row.state if listed.row else "active"
-    return cells
-
-
-@app.command("best")
-def best(
-    db: DbOption = None,
-    gpu: GpuOption = None,
-    backend: BackendOption = None,
-    m: Annotated[int | None, typer.Option("--m", help="Token rows (M).")] = None,
-    k: Annotated[int | None, typer.Option("--k", help="Contraction size (K).")] = None,
-    n: Annotated[int | None, typer.Option("--n", help="Output columns (N).")] = None,
-    g: Annotated[int | None, typer.Option("--g", help="Experts (G).")] = None,
-    history: Annotated[
-        bool, typer.Option("--history", help="Include superseded and rolled-back winners.")
-    ] = False,
-    with_packs: Annotated[
-        bool,
-        typer.Option(
-            "--packs/--no-packs", help="Also list the winners of the config packs in configs/tuned/."
-        ),
-    ] = True,
-    as_json: JsonOption = False,
-) -> None:
-    """Show the tuned winners (best configs) per GPU model, backend and problem: the database's and the
-    config packs', each with where it came from and whether it is fresh on this machine."""
-    from moetune.kernels.lookup import db_winner
-
-    for option, value in (("--m", m), ("--k", k), ("--n", n), ("--g", g)):
-        check_range(option, value)
-    shipped = _pack_winners() if with_packs else []
-    where = "the database or the config packs" if with_packs else "the database"
-    with opened_store(db, read_only=True) as store:
-        _check_known("gpu", gpu, sorted({*store.device_kinds(), *(r.device_kind for r in shipped)}), where)
-        _check_known(
-            "backend", backend, sorted({*store.backends(), *(r.winner.backend for r in shipped)}), where
-        )
-        rows = store.winners(device_kind=gpu, backend=backend, m=m, k=k, n=n, g=g, active_only=not history)
-    listed = [_Listed(r.device_kind, db_winner(r), "database", r.reason, row=r) for r in rows]
-    for entry in shipped:
-        p = entry.winner.problem
-        wanted = (gpu, backend, m, k, n, g)
-        actual = (entry.device_kind, entry.winner.backend, p.m, p.k, p.n, p.g)
-        if all(w in (None, a) for w, a in zip(wanted, actual, strict=True)):
-            listed.append(entry)
-    if listed:
-        stack = _Stack()
-        listed = sorted((stack.freshness(item) for item in listed), key=lambda item: item.order)
-    if as_json:
-        emit([_winner_dict(item) for item in listed], as_json=True)
-    else:
-        origins = len({item.origin for item in listed})
-        emit(
-            [_winner_cells(item, history=history) for item in listed],
-            as_json=False,
-            title=f"{len(listed)} winners" + (f" from {origins} sources" if origins > 1 else ""),
-        )
-
-
-@app.command("misses")
-def misses_command(
-    db: DbOption = None, gpu: GpuOption = None, backend: BackendOption = None, as_json: JsonOption = False
-) -> None:
-    """Show dispatch lookups that found no winner, most frequent first (what to tune next)."""
-    with opened_store(db, read_only=True) as store:
-        _check_known("gpu", gpu, store.device_kinds())
-        _check_known("backend", backend, store.backends())
-        rows = store.misses(device_kind=gpu, backend=backend)
-    emit(
-        [
-            {
-                "gpu": r.device_kind,
-                "backend": r.backend,
-                "problem": r.problem.key,
-                "count": r.count,
-                "last_seen": r.last_seen,
-            }
-            for r in rows
-        ],
-        as_json=as_json,
-    )
-
-
 # --- config packs and rollback --------------------------------------------------------------------
 
 
@@ -480,9 +184,10 @@ def export(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU model (jax device_kind), e.g. 'NVIDIA H200'.")],
     backend: Annotated[str, typer.Option("--backend", help="Backend name.")],
     output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="Pack file (default: <gpu>__<backend>.json).")
+        Path | None, typer.Option("-o", "--output", help="Pack file.", show_default="<gpu>__<backend>.json")
     ] = None,
     db: DbOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Write the active winners of one GPU model and backend to a config pack (versioned JSON)."""
     from moetune.kernels import packs
@@ -493,12 +198,23 @@ def export(
         pack = store.export_pack(device_kind=gpu, backend=backend)
         total = len(store.winners(device_kind=gpu, backend=backend))
     _write_atomically(target, pack.dumps() + "\n")
-    say(
+    left_out = total - len(pack.entries)
+    lines = [
         f"exported {len(pack.entries)} winners for {gpu} / {backend} (fingerprint {pack.device.hash}, "
         f"kernel source {pack.kernel_source_hash}) to {target}"
-    )
-    if total > len(pack.entries):
-        say(f"left out {total - len(pack.entries)} winners tuned under other fingerprints or kernel sources")
+    ]
+    if left_out > 0:
+        lines.append(f"left out {left_out} winners tuned under other fingerprints or kernel sources")
+    result = {
+        "file": str(target),
+        "device_kind": gpu,
+        "backend": backend,
+        "fingerprint_hash": pack.device.hash,
+        "kernel_source_hash": pack.kernel_source_hash,
+        "exported": len(pack.entries),
+        "left_out": max(0, left_out),
+    }
+    done(result, lines, as_json=as_json)
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -520,6 +236,7 @@ def _write_atomically(path: Path, text: str) -> None:
 def import_command(
     file: Annotated[Path, typer.Argument(help="Config pack file (JSON) from `moetune export`.")],
     db: DbOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Import a config pack: its winners become the active ones (the previous winners stay as history)."""
     from moetune.db.pack_io import check_pack
@@ -531,28 +248,63 @@ def import_command(
         fail(str(e))
     with opened_store(db) as store:
         imported = store.import_pack(pack, source=str(file))
-    say(
+    line = (
         f"imported {imported} winners for {pack.device.device_kind} / {pack.backend} from {file} "
         f"({len(pack.entries) - imported} already current)"
     )
+    result = {
+        "file": str(file),
+        "device_kind": pack.device.device_kind,
+        "backend": pack.backend,
+        "imported": imported,
+        "already_current": len(pack.entries) - imported,
+    }
+    done(result, [line], as_json=as_json)
 
 
 @app.command("rollback")
 def rollback(
     backend: Annotated[str, typer.Option("--backend", help="Backend name.")],
     problem: Annotated[str, typer.Option("--problem", help="Problem key (`moetune best --json` shows it).")],
-    gpu: GpuOption = None,
-    fingerprint: Annotated[str | None, typer.Option("--fingerprint", help="Device fingerprint hash.")] = None,
+    gpu: Annotated[
+        str | None,
+        typer.Option("--gpu", help="GPU model (jax device_kind); or --fingerprint.", show_default="none"),
+    ] = None,
+    fingerprint: Annotated[
+        str | None,
+        typer.Option("--fingerprint", help="Device fingerprint hash; or --gpu.", show_default="none"),
+    ] = None,
     db: DbOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Withdraw the active winner of a problem and restore the one it replaced."""
+    from moetune.tuner import config_diff
+
     if (gpu is None) == (fingerprint is None):
         fail("give exactly one of --gpu or --fingerprint")
     with opened_store(db) as store:
         restored = store.rollback(
             backend=backend, problem_key=problem, fingerprint_hash=fingerprint, device_kind=gpu
         )
-    say(
-        f"restored winner {restored.id} (trial {restored.trial_id}, config {restored.config}, promoted "
-        f"{restored.promoted_at:%Y-%m-%d %H:%M}) for {restored.device_kind} / {backend} / {problem}"
+    line = (
+        f"restored winner {restored.id} (trial {restored.trial_id}, config "
+        f"{config_diff.text(backend, restored.config)}, promoted {restored.promoted_at:%Y-%m-%d %H:%M}) "
+        f"for {restored.device_kind} / {backend} / {problem}"
     )
+    done({"restored": _restored_dict(restored)}, [line], as_json=as_json)
+
+
+def _restored_dict(row: WinnerRow) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "trial_id": row.trial_id,
+        "device_kind": row.device_kind,
+        "fingerprint_hash": row.fingerprint_hash,
+        "backend": row.backend,
+        "problem": row.problem.key,
+        "config": row.config,
+        "median_s": row.median_s,
+        "promoted_at": row.promoted_at,
+        "reason": row.reason,
+        "decision": row.decision,
+    }

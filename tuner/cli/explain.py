@@ -1,65 +1,106 @@
-"""`moetune explain`: which backend and config a grouped_matmul call gets on this machine, and why."""
+"""`moetune explain`: which backend and config a call of an op gets on this machine, and why."""
 
 from __future__ import annotations
 
 import contextlib
+from typing import Annotated
 
 import typer
 
+from moetune.db import urls
+from moetune.kernels import ops, registry
 from moetune.kernels.errors import MoetuneError
+from moetune.kernels.problem import GROUPED_MATMUL
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import check_range, checked_db, fail, json_text
+from moetune.tuner.cli.common import (
+    DB_HELP,
+    JsonOption,
+    check_range,
+    checked_db,
+    choice,
+    fail,
+    from_environment,
+    json_text,
+)
+
+Op = choice("Op", ops.names())
+# The dtype spellings moetune.kernels.problem.dtype_name reads.
+Dtype = choice("Dtype", ("bf16", "f16", "f32", "bfloat16", "float16", "float32"))
+DEFAULT_OP, DEFAULT_DTYPE = Op(GROUPED_MATMUL), Dtype("bf16")
 
 
 @app.command()
 def explain(
-    m: int = typer.Option(..., "--m", help="Token rows (M) of the call."),
-    k: int = typer.Option(..., "--k", help="Contraction size (K)."),
-    n: int = typer.Option(..., "--n", help="Output columns (N)."),
-    g: int = typer.Option(..., "--g", help="Experts (G)."),
-    dtype: str = typer.Option("bf16", "--dtype", help="lhs and rhs dtype: bf16, f16 or f32."),
-    out_dtype: str | None = typer.Option(None, "--out-dtype", help="Output dtype (default: --dtype)."),
-    transpose_rhs: bool = typer.Option(False, "--transpose-rhs", help="Weights stored [G, N, K]."),
-    backend: str | None = typer.Option(None, "--backend", help="Ask this backend first."),
-    db: str | None = typer.Option(
-        None,
-        "--db",
-        help="Database URL without a password (default: $MOETUNE_DB, else the default file if it exists).",
-        callback=checked_db,
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ctx: typer.Context,
+    m: Annotated[int, typer.Option("--m", help="Rows m of the call (T tokens x top_k for a MoE layer).")],
+    k: Annotated[int, typer.Option("--k", help="Contraction size (K).")],
+    n: Annotated[int, typer.Option("--n", help="Output columns (N; 2 x ffn for a fused gate_up op).")],
+    g: Annotated[int, typer.Option("--g", help="Experts (G).")],
+    op: Annotated[Op, typer.Option("--op", help="The op called.")] = DEFAULT_OP,
+    dtype: Annotated[Dtype, typer.Option("--dtype", help="lhs and rhs dtype.")] = DEFAULT_DTYPE,
+    out_dtype: Annotated[
+        Dtype | None, typer.Option("--out-dtype", help="Output dtype.", show_default="--dtype")
+    ] = None,
+    transpose_rhs: Annotated[bool, typer.Option("--transpose-rhs", help="Weights stored [G, N, K].")] = False,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            help=f"Ask this backend first: {', '.join(registry.names())}.",
+            show_default="the dispatch order",
+            autocompletion=registry.names,
+        ),
+    ] = None,
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db",
+            help=DB_HELP,
+            envvar=urls.ENV_DB,
+            show_envvar=True,
+            show_default="the default file if it exists, else the config packs only",
+            callback=checked_db,
+        ),
+    ] = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """Say which backend and config `moetune.kernels.grouped_matmul` picks for a shape, and why."""
+    """Say which backend and config `moetune.kernels.grouped_matmul` (or the call of --op) picks for a
+    shape, and why."""
     from moetune.db import open_store
-    from moetune.kernels import api, registry
+    from moetune.kernels import api
     from moetune.kernels.lookup import LOOKUP
     from moetune.kernels.problem import Problem
 
     for option, value in (("--m", m), ("--k", k), ("--n", n), ("--g", g)):
         check_range(option, value)
+    # $MOETUNE_DB is read as dispatch reads it (kernels.lookup); a --db given here must be there.
+    explicit = None if from_environment(ctx, "db") else db
     try:
         if backend is not None:
             registry.get(backend)  # UnknownBackend names the registered ones, before any database opens
         problem = Problem(
-            op=api.OP,
+            op=op.value,
             m=m,
             k=k,
             n=n,
             g=g,
-            lhs_dtype=dtype,
-            rhs_dtype=dtype,
-            out_dtype=out_dtype or dtype,
+            lhs_dtype=dtype.value,
+            rhs_dtype=dtype.value,
+            out_dtype=(out_dtype or dtype).value,
             transpose_rhs=transpose_rhs,
         )
-        if db:  # read as the lookup reads it, never created or migrated: a missing one is an error here
-            open_store(db, read_only=True).close()
-        with LOOKUP.using_db(db) if db else contextlib.nullcontext():
+        if explicit:  # read as the lookup reads it, never created or migrated: a missing one is an error here
+            open_store(explicit, read_only=True).close()
+        with LOOKUP.using_db(explicit) if explicit else contextlib.nullcontext():
             explanation = api.explain(problem, backend=backend)
     except MoetuneError as e:
         fail(str(e))
     except ExceptionGroup as group:
         fail(f"{group.message}: " + "; ".join(str(e) for e in group.exceptions))
     if as_json:
-        typer.echo(json_text(explanation.to_dict(), indent=1, sort_keys=True))
+        data = explanation.to_dict() | {"op": problem.op, "tokens": None, "m": problem.m}
+        typer.echo(json_text(data, indent=1, sort_keys=True))
     else:
+        p = problem
+        typer.echo(f"call:     {p.op}, m={p.m} rows (T unknown: m = T x top_k), k={p.k}, n={p.n}, g={p.g}")
         typer.echo(str(explanation))

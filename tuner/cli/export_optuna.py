@@ -10,7 +10,7 @@ import typer
 
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import DbOption, console, fail
+from moetune.tuner.cli.common import DbOption, JsonOption, console, fail, json_text
 
 ENV_STORAGE = "MOETUNE_OPTUNA_STORAGE"
 
@@ -22,20 +22,21 @@ def export_optuna(
         str | None,
         typer.Option(
             "--storage",
-            help=f"Optuna RDB storage URL, e.g. sqlite:///optuna.db (default: ${ENV_STORAGE}). A URL with "
-            "a password is refused here: put it in the variable, or the password in a pgpass file.",
-            show_default=False,
+            help="Optuna RDB storage URL, e.g. sqlite:///optuna.db. A URL with a password is refused "
+            "here: put it in the variable, or the password in a pgpass file.",
+            show_default=f"${ENV_STORAGE}",
         ),
     ] = None,
     study_name: Annotated[
         str | None,
         typer.Option(
             "--study-name",
-            help="Prefix of the study names (default: sweep<id>); each study is "
-            "named <prefix>/<problem key>.",
+            help="Prefix of the study names; each study is named <prefix>/<problem key>.",
+            show_default="sweep<id>",
         ),
     ] = None,
     db: DbOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Export every trial of a sweep (any strategy) to an Optuna storage: value = median seconds,
     ok trials COMPLETE, failed ones FAIL with their status and error as user attributes."""
@@ -62,11 +63,14 @@ def export_optuna(
             names = export(store, sweep, url, study_name)
     except MoetuneError as e:
         fail(str(e))
+    if as_json:
+        typer.echo(json_text({"sweep_id": sweep, "storage": masked(url), "studies": names}, indent=1))
+        return
+    shown = masked(url) if storage else f'"${ENV_STORAGE}"'  # a runnable command, never the password
     plain = {"markup": False, "highlight": False, "soft_wrap": True}
     console.print(
         f"wrote {len(names)} {'study' if len(names) == 1 else 'studies'} to {masked(url)}:", **plain
     )
     for name in names:
         console.print(f"  {name}", **plain)
-    shown = masked(url) if storage else f'"${ENV_STORAGE}"'  # a runnable command, never the password
     console.print(f"view them with: optuna-dashboard {shown}", **plain)

@@ -9,16 +9,26 @@ import typer
 
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import DbOption, check_output_file, check_range, console, fail
+from moetune.tuner.cli.common import (
+    DbOption,
+    JsonOption,
+    check_output_file,
+    check_range,
+    console,
+    fail,
+    json_text,
+)
 
 
 @app.command()
 def report(
     sweep: Annotated[int, typer.Argument(help="Sweep id (printed by `moetune tune`).")],
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="HTML file to write (default: moetune-sweep-N.html).")
+        Path | None,
+        typer.Option("--out", "-o", help="HTML file to write.", show_default="moetune-sweep-N.html"),
     ] = None,
     db: DbOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Write an HTML report (Plotly charts, renders offline): winners vs heuristic vs XLA with the decisions,
     speedups per token bucket, failures, and per problem time per config, history and parameter importance."""
@@ -37,4 +47,7 @@ def report(
         path.write_text(html)
     except OSError as e:
         fail(f"cannot write {path}: {e.strerror}")
-    console.print(f"wrote {path}", markup=False, highlight=False)
+    if as_json:
+        typer.echo(json_text({"sweep_id": sweep, "file": str(path), "bytes": len(html.encode())}, indent=1))
+    else:
+        console.print(f"wrote {path}", markup=False, highlight=False)

@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
 
+from moetune.kernels import registry
 from moetune.kernels.errors import MoetuneError
+from moetune.tuner import strategies
 from moetune.tuner.cli import app
-from moetune.tuner.cli.common import DbOption, cell, console, err_console, fail, json_text
+from moetune.tuner.cli.common import DbOption, cell, choice, err_console, fail, json_text, table_console
+from moetune.tuner.spec import SweepSpec
 
 # Flags that may change when a sweep resumes: where it runs, not what it measures.
 RESUMABLE = {"db", "ray_address", "workers", "minutes"}
@@ -56,22 +58,42 @@ def _hf_models(path: Path | None, tp: int, ep: int) -> tuple[str, ...]:
     return (hf_config.reference(path, tp, ep),)
 
 
+def _spec_default(name: str) -> str:
+    """What --help shows for a flag that defaults to the sweep file's value, else SweepSpec's."""
+    default = SweepSpec.__dataclass_fields__[name].default
+    return f"the sweep file's, else {'none' if default is None else default}"
+
+
+Strategy = choice("Strategy", strategies.names())
+
+
 @app.command()
 def tune(
     sweep: Annotated[
-        str | None, typer.Option("--sweep", help="Sweep file (configs/sweeps/NAME or a path).")
+        str | None,
+        typer.Option("--sweep", help="Sweep file (configs/sweeps/NAME or a path).", show_default="none"),
     ] = None,
     model: Annotated[
         list[str] | None,
-        typer.Option("--model", help="Model YAML (configs/models/NAME or a path); repeatable."),
+        typer.Option(
+            "--model", help="Model YAML (configs/models/NAME or a path); repeatable.", show_default="none"
+        ),
     ] = None,
     problem: Annotated[
         list[str] | None,
-        typer.Option("--problem", help="One shape, e.g. m=8192,k=4096,n=28672,g=8,dtype=bf16."),
+        typer.Option(
+            "--problem",
+            help="One shape, by rows m: m=8192,k=4096,n=28672,g=8,dtype=bf16 (op=... for another op).",
+            show_default="none",
+        ),
     ] = None,
     hf_config: Annotated[
         Path | None,
-        typer.Option("--hf-config", help="A Hugging Face config.json: tune its MoE layer (one shard's)."),
+        typer.Option(
+            "--hf-config",
+            help="A Hugging Face config.json: tune its MoE layer (one shard's).",
+            show_default="none",
+        ),
     ] = None,
     tp: Annotated[int, typer.Option("--tp", help="Tensor parallel: each expert's ffn split N ways.")] = 1,
     ep: Annotated[
@@ -79,15 +101,33 @@ def tune(
         typer.Option("--ep", help="Expert parallel: experts split N ways; buckets count a shard's tokens."),
     ] = 1,
     buckets: Annotated[
-        str | None, typer.Option("--buckets", help="Token buckets, e.g. 1,16,256 (default: the model's).")
+        str | None,
+        typer.Option("--buckets", help="Token buckets T, e.g. 1,16,256.", show_default="the model's"),
     ] = None,
     backend: Annotated[
-        str | None, typer.Option("--backend", help="Backend name, or auto (the best available).")
+        str | None,
+        typer.Option(
+            "--backend",
+            help=f"auto (the best available) or a backend: {', '.join(registry.names())}.",
+            show_default=_spec_default("backend"),
+            autocompletion=lambda: ["auto", *registry.names()],
+        ),
     ] = None,
-    strategy: Annotated[str | None, typer.Option("--strategy", help="grid, random or tpe.")] = None,
-    budget: Annotated[int | None, typer.Option("--budget", help="Trials per problem.")] = None,
+    strategy: Annotated[
+        Strategy | None,
+        typer.Option("--strategy", help="Search strategy.", show_default=_spec_default("strategy")),
+    ] = None,
+    budget: Annotated[
+        int | None,
+        typer.Option("--budget", help="Trials per problem.", show_default="the sweep file's, else no limit"),
+    ] = None,
     minutes: Annotated[
-        float | None, typer.Option("--minutes", help="Wall-clock budget of the whole sweep.")
+        float | None,
+        typer.Option(
+            "--minutes",
+            help="Wall-clock budget of the whole sweep.",
+            show_default="the sweep file's, else no limit",
+        ),
     ] = None,
     routing: Annotated[
         str | None,
@@ -95,27 +135,48 @@ def tune(
             "--routing",
             help="balanced, zipf:S or FILE.npy of expert ids [T, top_k]; several comma-separated "
             "(balanced,zipf:1.2): each candidate is timed on each, its time is their mean.",
+            show_default=_spec_default("routing"),
+            autocompletion=lambda: ["balanced", "zipf:1.2", "balanced,zipf:1.2"],
         ),
     ] = None,
     timeout_s: Annotated[
-        float | None, typer.Option("--timeout-s", help="Per candidate and phase (compile; verify+time).")
+        float | None,
+        typer.Option(
+            "--timeout-s",
+            help="Per candidate and phase (compile; verify+time).",
+            show_default=_spec_default("timeout_s"),
+        ),
     ] = None,
-    runs: Annotated[int | None, typer.Option("--runs", help="Timed runs per candidate (>= 10).")] = None,
+    runs: Annotated[
+        int | None,
+        typer.Option("--runs", help="Timed runs per candidate (>= 10).", show_default=_spec_default("runs")),
+    ] = None,
     min_gain: Annotated[
-        float | None, typer.Option("--min-gain", help="Smallest gain that replaces a winner (0.02 = 2%).")
+        float | None,
+        typer.Option(
+            "--min-gain",
+            help="Smallest gain that replaces a winner (0.02 = 2%).",
+            show_default=_spec_default("min_gain"),
+        ),
     ] = None,
     seed: Annotated[
-        int | None, typer.Option("--seed", help="Seed of routing draws, inputs and strategies.")
+        int | None,
+        typer.Option(
+            "--seed", help="Seed of routing draws, inputs and strategies.", show_default=_spec_default("seed")
+        ),
     ] = None,
     workers: Annotated[
-        int | None, typer.Option("--workers", help="Compile workers (default: one per cluster CPU).")
+        int | None,
+        typer.Option("--workers", help="Compile workers.", show_default="one per cluster CPU"),
     ] = None,
     db: DbOption = None,
     ray_address: Annotated[
-        str | None, typer.Option("--ray-address", help="Join this Ray cluster (default: start a local one).")
+        str | None,
+        typer.Option("--ray-address", help="Join this Ray cluster.", show_default="start a local one"),
     ] = None,
     resume: Annotated[
-        int | None, typer.Option("--resume", help="Finish sweep N: no finished trial is repeated.")
+        int | None,
+        typer.Option("--resume", help="Finish sweep N: no finished trial is repeated.", show_default="none"),
     ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan and an estimated time; run nothing.")
@@ -129,7 +190,12 @@ def tune(
     compile_only: Annotated[
         bool, typer.Option("--compile-only", help="Compile for --arch without its device; time nothing.")
     ] = False,
-    arch: Annotated[str | None, typer.Option("--arch", help="Target of --compile-only, e.g. gfx942.")] = None,
+    arch: Annotated[
+        str | None,
+        typer.Option(
+            "--arch", help="Target of --compile-only, e.g. gfx942.", show_default="the backend's only one"
+        ),
+    ] = None,
     no_baseline: Annotated[
         bool, typer.Option("--no-baseline", help="Do not time XLA's ragged_dot for comparison.")
     ] = False,
@@ -142,21 +208,23 @@ def tune(
             "--force", help="Time even while another sweep times on this device (both are disturbed)."
         ),
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the outcome (or the plan) as JSON.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the outcome (or the plan) as JSON: numbers and objects.")
+    ] = False,
 ) -> None:
     """Tune kernels: compile candidates in parallel, verify each, time each exclusively, keep the winners.
 
     Exit codes: 0 done; 2 bad input or refused (the sweep runs elsewhere; the device is busy: --force);
     3 incomplete (re-timing failed twice: --resume); 4 stopped (the database failed, or the sweep was
     taken over); 130 interrupted."""
-    from moetune.tuner.spec import SweepSpec, load_sweep_file
+    from moetune.tuner.spec import load_sweep_file
 
     flags: dict[str, Any] = dict(
         models=tuple(model or ()) + _hf_models(hf_config, tp, ep),
         problems=tuple(problem or ()),
         token_buckets=_buckets(buckets),
         backend=backend,
-        strategy=strategy,
+        strategy=None if strategy is None else strategy.value,
         budget=budget,
         minutes=minutes,
         routing=routing,
@@ -412,35 +480,41 @@ def _dry_run(spec, planned, store, as_json: bool) -> None:
 
 
 def _print_outcome(outcome, as_json: bool) -> None:
-    from moetune.tuner.summary import outcome_rows
+    from moetune.tuner import summary
 
-    rows = outcome_rows(outcome)
     if as_json:
+        rows = summary.outcome_json(outcome)
         result = {"sweep_id": outcome.sweep_id, "status": outcome.status, "problems": rows}
-        typer.echo(json_text(result, indent=1, default=str))
+        typer.echo(json_text(result, indent=1))
         return
     from rich.table import Table
 
+    from moetune.tuner.cli.problem_cells import tokens_note
+
+    tokens = any(p.tokens is not None for p in outcome.problems)
+    unknown = tokens_note([p.tokens for p in outcome.problems])
     if outcome.compile_target:
         title = f"compile-only sweep {outcome.sweep_id} ({outcome.backend} for {outcome.compile_target})"
-        columns = {"problem": "problem", "trials": "trials", "decision": "result"}
+        rows = [
+            {"problem": p.label, "op": p.problem.op, "m": str(p.problem.m), "trials": summary.trials_cell(p)}
+            | {"result": p.decision}
+            for p in outcome.problems
+        ]
+        caption = None
     else:
         title = f"winners of sweep {outcome.sweep_id} ({outcome.backend} on {outcome.device_kind})"
-        columns = {
-            "problem": "problem",
-            "trials": "trials",
-            "winner_ms": "winner ms",
-            "heuristic_ms": "heuristic ms",
-            "xla_ms": "xla ms",
-            "vs_heuristic": "vs heuristic",
-            "vs_xla": "vs xla",
-            "winner_config": "winner config",
-        }
-    table = Table(title=cell(title))
-    for header in columns.values():
+        unit = summary.outcome_unit(outcome)
+        rows = summary.outcome_cells(outcome, unit, tokens=tokens)
+        caption = (
+            f"times in {unit.name}; T tokens, m = T x top_k rows; winner: the median of the interleaved "
+            "re-timing that decided it; heuristic and xla: re-timed beside it where they were finalists, "
+            "else their sweep median, and then each ratio is against the winner's sweep median"
+        )
+    table = Table(title=cell(title + unknown), caption=None if caption is None else cell(caption))
+    for header in rows[0] if rows else ():
         table.add_column(header)
     for row in rows:  # labels come from model files: cells, never markup
-        table.add_row(*(cell(row[key]) for key in columns))
+        table.add_row(*map(cell, row.values()))
     out = table_console()
     out.print(table)
     out.print(
@@ -448,8 +522,3 @@ def _print_outcome(outcome, as_json: bool) -> None:
         markup=False,
         highlight=False,
     )
-
-
-def table_console() -> Console:
-    """The console for tables: piped output (logs, CI) gets whole tables, not 80 columns of ellipses."""
-    return console if console.is_terminal else Console(width=200)

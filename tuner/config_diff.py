@@ -1,0 +1,39 @@
+"""A config as a table shows it: only the fields that differ from its backend's default Config.
+
+Every config of a backend has the same fields in the same order, so a table printing whole configs cuts
+them off exactly where they differ. Example (mosaic_gpu): block_m=64,split_k=2 instead of thirteen
+fields. Where the backend is not known here (a pack of a backend this install lacks), the whole config.
+--json output keeps whole configs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULTS = "defaults"  # what a table shows for the default config itself
+
+
+def _defaults(backend: str) -> dict[str, Any] | None:
+    from moetune.kernels import registry
+    from moetune.kernels.errors import MoetuneError
+
+    try:
+        return registry.get(backend).config_cls().to_dict()
+    except (MoetuneError, ImportError, TypeError):  # unknown here, or a Config without defaults
+        return None
+
+
+def changed(backend: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The fields of `config` that differ from the backend's default Config (all of them when unknown)."""
+    defaults = _defaults(backend)
+    if defaults is None:
+        return dict(config)
+    return {k: v for k, v in config.items() if k not in defaults or defaults[k] != v}
+
+
+def text(backend: str, config: dict[str, Any] | None) -> str:
+    """ "block_m=64,split_k=2"; DEFAULTS for the default config; "" for none."""
+    if config is None:
+        return ""
+    fields = changed(backend, config)
+    return ",".join(f"{k}={v}" for k, v in fields.items()) if fields else DEFAULTS
