@@ -20,7 +20,12 @@ def explain(
     dtype: str = typer.Option("bf16", "--dtype", help="lhs and rhs dtype: bf16, f16 or f32."),
     out_dtype: str | None = typer.Option(None, "--out-dtype", help="Output dtype (default: --dtype)."),
     transpose_rhs: bool = typer.Option(False, "--transpose-rhs", help="Weights stored [G, N, K]."),
-    backend: str | None = typer.Option(None, "--backend", help="Ask this backend first."),
+    backend: str | None = typer.Option(
+        None, "--backend", help="Use this backend; an error if it cannot run the shape (see --fallback)."
+    ),
+    fallback: bool = typer.Option(
+        False, "--fallback", help="Let the next backend take the shape when --backend cannot run it."
+    ),
     db: str | None = typer.Option(
         None,
         "--db",
@@ -54,7 +59,7 @@ def explain(
         if db:  # read as the lookup reads it, never created or migrated: a missing one is an error here
             open_store(db, read_only=True).close()
         with LOOKUP.using_db(db) if db else contextlib.nullcontext():
-            explanation = api.explain(problem, backend=backend)
+            explanation = api.explain(problem, backend=backend, fallback=True if fallback else None)
     except MoetuneError as e:
         fail(str(e))
     except ExceptionGroup as group:
