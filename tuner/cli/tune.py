@@ -396,16 +396,17 @@ def _dry_run(spec, planned, store, as_json: bool) -> None:
     table = Table(
         title=cell(f"plan: backend {backend.name} on {device.device_kind}, strategy {spec.strategy}")
     )
-    for column in ("problem", "valid", "pruned", "done before", "to run", "note"):
+    for column in ("problem", "valid", "pruned", "done before", "to run", "s per candidate", "note"):
         table.add_column(column)
     for r in plan.rows:  # labels come from model files: cells, never markup
-        table.add_row(*map(cell, (r.label, r.valid, r.pruned, r.done, r.to_run, r.skipped)))
+        per_candidate = f"{r.compile_s:.2g} + {r.device_s:.2g} ({r.basis})" if r.basis else ""
+        table.add_row(*map(cell, (r.label, r.valid, r.pruned, r.done, r.to_run, per_candidate, r.skipped)))
     out = table_console()
     out.print(table)
-    basis = "from earlier trials" if plan.measured else "a guess: no earlier trials"
+    basis = "calibrated from earlier trials" if plan.measured else "a prior: no earlier trials"
     out.print(
         f"{plan.candidates} candidates; estimated {plan.estimate_s / 60:.1f} min on {plan.workers} workers "
-        f"({plan.compile_s:.2g} s compile and {plan.device_s:.2g} s device per candidate, {basis})",
+        f"(per candidate: compile + device seconds, scaled by each problem's work; {basis})",
         markup=False,
         highlight=False,
     )
