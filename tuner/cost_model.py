@@ -126,6 +126,11 @@ class CostModel:
         basis = "nearest" if timed or compile_s is not None else "prior"
         return self._trial(self.backend.prior_compile_s if compile_s is None else compile_s, kernel_s, basis)
 
+    def retime(self, problem: Problem, timed_runs: int) -> TrialCost:
+        """Re-timing finalists: `timed_runs` kernel runs in all, nothing compiled (the worker holds them)."""
+        cost = self.cost(problem)
+        return TrialCost(0.0, cost.device_s / (self.runs + EXTRA_DEVICE_RUNS) * timed_runs, cost.basis)
+
     def _trial(self, compile_s: float, kernel_s: float, basis: str) -> TrialCost:
         return TrialCost(compile_s, kernel_s * (self.runs + EXTRA_DEVICE_RUNS), basis)
 

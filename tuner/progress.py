@@ -27,6 +27,7 @@ class Snapshot:
         tuple[str, float | None, float | None, dict[str, Any] | None]
     ]  # label, best_s, heuristic_s, config
     workers: int = 1
+    estimate_s: float | None = None  # seconds left, from the driver's ETA (tuner/eta.py)
 
     @property
     def rate_per_min(self) -> float:
@@ -38,6 +39,10 @@ class Snapshot:
 
     @property
     def eta_s(self) -> float | None:
+        """The driver's estimate; without one (a snapshot built by hand), trials left at this session's
+        rate."""
+        if self.estimate_s is not None:
+            return self.estimate_s
         left = max(0, self.planned - self.done)
         return left / (self.recorded / self.elapsed_s) if self.recorded and self.elapsed_s > 0 else None
 
