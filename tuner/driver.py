@@ -46,7 +46,14 @@ from moetune.tuner.cost_model import CostModel, TrialCost
 from moetune.tuner.eta import Eta
 from moetune.tuner.plan import PlannedProblem
 from moetune.tuner.problem_run import Known, ProblemRun
-from moetune.tuner.progress import NullProgress, Progress, Snapshot
+from moetune.tuner.progress import (
+    NullProgress,
+    ProblemProgress,
+    Progress,
+    Snapshot,
+    problem_phase,
+    setup_rows,
+)
 from moetune.tuner.routing import describe_routings, parse_routings, verification_draws
 from moetune.tuner.spec import SweepSpec
 from moetune.tuner.summary import SweepOutcome
@@ -596,7 +603,14 @@ class SweepDriver:
         counts: dict[str, int] = {}
         best = []
         planned = 0
+        activity = self.executor.activity()
+        states = {a.task_id: a.state for a in activity if a.task_id}
+        problems = []
         for run in self.runs:
+            tasks = [*run.in_flight, *filter(None, (run.baseline_task, run.retime_task))]
+            problem_planned = run.used + len(run.in_flight) + _remaining_estimate(run)
+            phase = problem_phase(run.phase, tasks, states)
+            problems.append(ProblemProgress(run.label, run.used, problem_planned, phase))
             if run.phase == "skipped":
                 continue
             for status, count in run.counts(self.sweep_id).items():
@@ -610,7 +624,7 @@ class SweepDriver:
                     top.config if top else None,
                 )
             )
-            planned += run.used + len(run.in_flight) + _remaining_estimate(run)
+            planned += problem_planned
         now = self.clock()
         return Snapshot(
             elapsed_s=now - self._started,
@@ -621,6 +635,8 @@ class SweepDriver:
             best=best,
             workers=self.executor.workers,
             estimate_s=self._eta.estimate_s(self._work_left(), elapsed_s=now - self._started, now=now),
+            problems=problems,
+            setup=setup_rows(activity),
         )
 
     def _work_left(self) -> list[tuple[TrialCost, float, str]]:

@@ -10,10 +10,10 @@ from moetune.tuner.driver import SweepDriver
 from moetune.tuner.eta import Eta
 from moetune.tuner.executors import InlineExecutor
 from moetune.tuner.plan import parse_problem
-from moetune.tuner.progress import Progress, Snapshot, summary_line
+from moetune.tuner.progress import summary_line
 from moetune.tuner.spec import SweepSpec
 from tests.tuner import sim_backend
-from tests.tuner.sim_sweeps import DEVICE
+from tests.tuner.sim_sweeps import DEVICE, RecordingProgress
 
 SMALL = TrialCost(compile_s=0.5, device_s=0.01, basis="prior")
 LARGE = TrialCost(compile_s=2.0, device_s=6.0, basis="prior")
@@ -68,16 +68,6 @@ def test_each_problems_work_left_follows_its_own_pace_once_its_trials_finish():
     assert eta < 0.6 * 12 * SMALL.total_s  # the model's seconds for the small ones left, at the sweep's pace
 
 
-class Recording(Progress):
-    def __init__(self) -> None:
-        self.snapshots: list[Snapshot] = []
-
-    def start(self, snapshot: Snapshot) -> None:
-        self.snapshots.append(snapshot)
-
-    update = close = start
-
-
 def test_the_sweeps_eta_is_there_from_its_first_snapshot_and_ends_at_zero(store, sim):
     planned = [
         parse_problem("m=8,k=64,n=64,g=4,dtype=bf16"),
@@ -85,7 +75,7 @@ def test_the_sweeps_eta_is_there_from_its_first_snapshot_and_ends_at_zero(store,
     ]
     spec = SweepSpec(backend="sim", strategy="grid", baseline=False)
     sweep_id = store.create_sweep(backend="sim", strategy="grid", spec={}, host="h", user="u")
-    progress = Recording()
+    progress = RecordingProgress()
     clock = iter(range(0, 100_000, 1))  # one scripted second per reading
     driver = SweepDriver(
         store,

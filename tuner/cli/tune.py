@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -309,9 +310,22 @@ def _sweep(spec, planned, store, owner, lease, resume_id, sweep_file, inline: bo
     from moetune.db.errors import DatabaseError, LeaseLost
     from moetune.tuner import sweep_setup
     from moetune.tuner.driver import SweepDriver
-    from moetune.tuner.progress import default_progress
+    from moetune.tuner.progress import default_progress, setup_snapshot
 
-    executor, started_ray = sweep_setup.make_executor(spec, inline=inline)
+    # The set-up (cluster, workers importing JAX and opening their devices) is shown as it happens; the
+    # sweep's display takes over from it.
+    progress, began = default_progress(), time.monotonic()
+    progress.start(setup_snapshot("starting the Ray cluster" if not inline else "starting", 0.0))
+
+    def starting(activity) -> None:
+        progress.update(setup_snapshot("starting workers", time.monotonic() - began, activity))
+
+    try:
+        executor, started_ray = sweep_setup.make_executor(spec, inline=inline, on_starting=starting)
+    except BaseException:
+        progress.abandon()
+        raise
+    ran = False
     try:
         backend, device, target = sweep_setup.resolve_target(spec, executor.device)
         if planned is None:
@@ -338,11 +352,12 @@ def _sweep(spec, planned, store, owner, lease, resume_id, sweep_file, inline: bo
             executor,
             spec,
             backend=backend.name,
-            progress=default_progress(),
+            progress=progress,
             compile_target=target,
             device=device,
             owner=owner,
         )
+        ran = True  # the driver closes the display
         try:
             return driver.run(planned, sweep_id=sweep_id)
         except KeyboardInterrupt:
@@ -357,6 +372,8 @@ def _sweep(spec, planned, store, owner, lease, resume_id, sweep_file, inline: bo
                 EXIT_STOPPED,
             )
     finally:
+        if not ran:
+            progress.abandon()
         executor.close()
         if started_ray:
             from moetune.tuner import ray_pool
