@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from rich.console import Console
 
 from moetune.tuner import executors, progress
@@ -122,3 +123,17 @@ def test_ray_workers_say_whether_a_task_is_their_first_of_its_problem():
     assert ray_pool._activity(slot).state == executors.WAITING
     slot.phase = "run"
     assert ray_pool._activity(slot).state == executors.TIMING
+
+
+@pytest.mark.slow
+def test_ray_workers_starting_are_reported_until_they_are_up(ray_cluster):
+    from moetune.tuner.ray_pool import RayExecutor
+
+    seen: list[list[WorkerActivity]] = []
+    pool = RayExecutor(workers=2, timeout_s=60.0, on_starting=seen.append)
+    try:
+        assert seen and {a.state for a in seen[0]} == {executors.STARTING}
+        assert len(seen[0]) == 2
+        assert {a.state for a in pool.activity()} == {executors.IDLE}
+    finally:
+        pool.close()
