@@ -2,13 +2,18 @@
 (moetune.kernels.ops) (trace-time dispatch), and `explain` (the same decision, told). Each op is its own
 Problem key, tuned and looked up separately.
 
-At trace time a call turns its static shapes into a Problem, picks a backend (explicit argument >
-$MOETUNE_BACKEND > the highest-priority backend available on the device), asks the winner lookup for that
-backend's config and builds the kernel. A backend that declines (not available, or Unsupported from check
-or build) passes the call to the next available backend by priority, ending with xla; when every backend
-declines, one ExceptionGroup carries every reason. The jitted program holds only the kernel: the lookup
-runs in Python while tracing, so a function jax has already traced keeps the config it was traced with
-(new winners reach it after the trace is redone, e.g. in a new process).
+At trace time a call turns its static shapes into a Problem, picks a backend (explicit argument, or the
+backend of an explicit config > $MOETUNE_BACKEND > the highest-priority backend available on the device),
+asks the winner lookup for that backend's config and builds the kernel.
+
+A backend that was named (argument, config or $MOETUNE_BACKEND) and cannot run the call (not available
+on the device, or Unsupported from check or build) raises Unsupported saying why: a caller who asked for
+mosaic_gpu never gets xla's ragged_dot without knowing. Only when no backend is named, or the caller
+passes `fallback=True`, does a backend that declines pass the call to the next available backend by
+priority, ending with xla; when every backend declines, one ExceptionGroup carries every reason
+(`fallback=False` makes the default choice strict too). The jitted program holds only the kernel: the
+lookup runs in Python while tracing, so a function jax has already traced keeps the config it was traced
+with (new winners reach it after the trace is redone, e.g. in a new process).
 """
 
 from __future__ import annotations
@@ -102,19 +107,25 @@ def grouped_matmul(
     backend: str | None = None,
     config: KernelConfig | None = None,
     rows: int | None = None,
+    fallback: bool | None = None,
 ) -> jax.Array:
     """out[M, N]: each contiguous group of lhs[M, K]'s rows times its expert's rhs[G, K, N], as
     jax.lax.ragged_dot computes it (rows past sum(group_sizes) are zero; rhs is [G, N, K] when
     `transpose_rhs`).
 
-    `backend` and `config` override the choice and the lookup; the config's type names its backend. Works
-    under jax.jit and inside shard_map, where the per-shard shapes make the key. `rows` is M when lhs
-    carries rows past it that belong to no group (a producer's padding, e.g. to a kernel's tile; contents
-    ignored): the result is [M, N] and the key's M is `rows`. Every backend's kernel takes such an lhs as
+    `backend` and `config` override the choice and the lookup; the config's type names its backend. A
+    named backend (or $MOETUNE_BACKEND) that cannot run the call raises Unsupported saying why, unless
+    `fallback=True` lets the next backend by priority take it (the default when none is named;
+    `fallback=False` makes the default choice strict too). Works under jax.jit and inside shard_map,
+    where the per-shard shapes make the key. `rows` is M when lhs carries rows past it that belong to no
+    group (a producer's padding, e.g. to a kernel's tile; contents ignored): the result is [M, N] and the
+    key's M is `rows`. Every backend's kernel takes such an lhs as
     it is (the contract in kernels/backend.py): mosaic_gpu's pad_lhs configs use the padding instead of
     copying lhs into a padded buffer; xla computes on the first M rows.
     """
-    return call_op(OP, lhs, rhs, group_sizes, transpose_rhs, preferred_element_type, backend, config, rows)
+    return call_op(
+        OP, lhs, rhs, group_sizes, transpose_rhs, preferred_element_type, backend, config, rows, fallback
+    )
 
 
 def grouped_matmul_swiglu(
@@ -127,15 +138,18 @@ def grouped_matmul_swiglu(
     backend: str | None = None,
     config: KernelConfig | None = None,
     rows: int | None = None,
+    fallback: bool | None = None,
 ) -> jax.Array:
     """out[M, F] = silu(h[:, :F]) * h[:, F:] with h = grouped_matmul(lhs, rhs [G, K, 2F]) in float32.
 
     The MoE gate_up projection and its SwiGLU in one op (gate columns first, then up). A backend that
     fuses it never writes h to memory; the others (xla) compute h in float32, then the activation.
-    Rows past sum(group_sizes) are zero. Arguments as for `grouped_matmul`, `rows` included.
+    Rows past sum(group_sizes) are zero. Arguments as for `grouped_matmul`, `rows` and `fallback` included.
     """
     op = GROUPED_MATMUL_SWIGLU
-    return call_op(op, lhs, rhs, group_sizes, transpose_rhs, preferred_element_type, backend, config, rows)
+    return call_op(
+        op, lhs, rhs, group_sizes, transpose_rhs, preferred_element_type, backend, config, rows, fallback
+    )
 
 
 def call_op(
@@ -148,9 +162,11 @@ def call_op(
     backend: str | None = None,
     config: KernelConfig | None = None,
     rows: int | None = None,
+    fallback: bool | None = None,
 ) -> jax.Array:
     """The registered op `op` (moetune.kernels.ops; e.g. "grouped_matmul_geglu") on lhs [M, K], rhs and
-    group_sizes, dispatched as `grouped_matmul` is; arguments as for `grouped_matmul`, `rows` included.
+    group_sizes, dispatched as `grouped_matmul` is; arguments as for `grouped_matmul`, `rows` and
+    `fallback` included.
     Raises ConfigInvalid for an unknown op, listing the registered ones."""
     lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
     if rows is not None and not (lhs.ndim == 2 and 0 < rows <= lhs.shape[0]):
@@ -165,7 +181,7 @@ def call_op(
         op=op,
     )
     device = current_fingerprint()
-    explanation, kernel = _dispatch(problem, backend=backend, config=config, device=device)
+    explanation, kernel = _dispatch(problem, backend=backend, config=config, device=device, fallback=fallback)
     LOOKUP.note_use(problem, explanation.resolution, device)
     log.debug("%s -> %s %s (%s)", problem.key, explanation.backend, explanation.config, explanation.source)
     if group_sizes.dtype != jnp.int32:
@@ -184,9 +200,11 @@ def explain(
     config: KernelConfig | None = None,
     device: DeviceFingerprint | None = None,
     op: str = OP,
+    fallback: bool | None = None,
 ) -> Explanation:
     """What `grouped_matmul` (or the call of `op`) would run for a Problem, or for arrays /
-    jax.ShapeDtypeStructs lhs and rhs.
+    jax.ShapeDtypeStructs lhs and rhs: the same decision, so it raises where the call would (a named
+    backend that cannot run it, without `fallback=True`).
 
     Records nothing: a query is not a miss.
     """
@@ -204,27 +222,30 @@ def explain(
             op=op,
         )
     explanation, _ = _dispatch(
-        problem, backend=backend, config=config, device=device or current_fingerprint()
+        problem, backend=backend, config=config, device=device or current_fingerprint(), fallback=fallback
     )
     return explanation
 
 
 def _dispatch(
-    problem: Problem, *, backend: str | None, config: KernelConfig | None, device: DeviceFingerprint
+    problem: Problem,
+    *,
+    backend: str | None,
+    config: KernelConfig | None,
+    device: DeviceFingerprint,
+    fallback: bool | None = None,
 ) -> tuple[Explanation, KernelFn]:
-    chain, reason = _backend_chain(backend, config, device)
+    chain, reason, named = _backend_chain(backend, config, device)
+    # A named backend answers alone unless the caller opts in to falling through; so does the default
+    # one under fallback=False.
+    strict = fallback is False or (named and fallback is not True)
     declined: list[Unsupported] = []
-    for candidate in chain:
-        unavailable = candidate.available(device)
-        if unavailable is not None:
-            declined.append(Unsupported(f"{candidate.name}: {unavailable}"))
-            continue
+    for candidate in chain[:1] if strict else chain:
         try:
-            candidate.check(problem)
-            kernel, resolution = _build(
-                problem, candidate, _resolve(problem, candidate, config, device), device
-            )
+            kernel, resolution = _accept(problem, candidate, config, device)
         except Unsupported as e:
+            if strict:
+                raise Unsupported(_refusal(problem, candidate, reason, device, e)) from e
             declined.append(Unsupported(f"{candidate.name}: {e}"))
             continue
         if declined:
@@ -249,6 +270,32 @@ def _dispatch(
         )
         return explanation, kernel
     raise ExceptionGroup(f"no backend can compute {problem.key} on {device.device_kind}", declined)
+
+
+def _accept(
+    problem: Problem, backend: Backend, config: KernelConfig | None, device: DeviceFingerprint
+) -> tuple[KernelFn, Resolution]:
+    """`backend`'s kernel for the call and where its config came from; Unsupported if it cannot run it."""
+    unavailable = backend.available(device)
+    if unavailable is not None:
+        raise Unsupported(unavailable)
+    backend.check(problem)
+    return _build(problem, backend, _resolve(problem, backend, config, device), device)
+
+
+def _refusal(
+    problem: Problem, backend: Backend, reason: str, device: DeviceFingerprint, error: Unsupported
+) -> str:
+    """One line: which backend was asked and why, what it cannot run, and how to let another run it."""
+    escape = (
+        f"unset {ENV_BACKEND} or pass fallback=True"
+        if reason.startswith(ENV_BACKEND)
+        else "pass fallback=True"
+    )
+    return (
+        f"backend {backend.name} ({reason}) cannot run {problem.key} on {device.device_kind}: {error}; "
+        f"{escape} to let the next backend run it"
+    )
 
 
 def _resolve(
@@ -280,8 +327,9 @@ def _build(
 
 def _backend_chain(
     name: str | None, config: KernelConfig | None, device: DeviceFingerprint
-) -> tuple[list[Backend], str]:
-    """The backends to ask, in order, and why the first one leads."""
+) -> tuple[list[Backend], str, bool]:
+    """The backends to ask, in order, why the first one leads, and whether it was named (argument,
+    config or environment) rather than chosen by priority."""
     if name is not None:
         first, reason = registry.get(name), "backend argument"
         if config is not None and type(config) is not first.config_cls:
@@ -299,14 +347,14 @@ def _backend_chain(
     chain = [first, *others]
     if first.name != LAST_RESORT_BACKEND:
         chain.append(registry.get(LAST_RESORT_BACKEND))
-    return chain, reason
+    return chain, reason, reason != DEFAULT_REASON
 
 
 def _backend_of(config: KernelConfig, device: DeviceFingerprint) -> Backend:
     for backend in LOOKUP.backends(device):
         if type(config) is backend.config_cls:
             return backend
-    # The config may belong to a backend that is not available here; it then declines in _dispatch.
+    # The config may belong to a backend that is not available here; _dispatch then says so.
     for name in registry.names():
         try:
             backend = registry.get(name)

@@ -80,6 +80,9 @@ class Backend(abc.ABC):
     # backend with an empty table serves nothing.
     kernels: ClassVar[Mapping[str, str]] = {}
     kernel_module: ClassVar[str] = ""
+    # A rough prior of one candidate's compile seconds on a tuning worker: the tuner's estimates
+    # (tuner/cost_model.py) use it until the database holds trials of this backend on the device model.
+    prior_compile_s: ClassVar[float] = 2.0
 
     @abc.abstractmethod
     def available(self, device: DeviceFingerprint) -> str | None:

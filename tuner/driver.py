@@ -42,9 +42,18 @@ from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import Unsupported
 from moetune.tuner import decided, finalists, strategies, summary
+from moetune.tuner.cost_model import CostModel, TrialCost
+from moetune.tuner.eta import Eta
 from moetune.tuner.plan import PlannedProblem
 from moetune.tuner.problem_run import Known, ProblemRun
-from moetune.tuner.progress import NullProgress, Progress, Snapshot
+from moetune.tuner.progress import (
+    NullProgress,
+    ProblemProgress,
+    Progress,
+    Snapshot,
+    problem_phase,
+    setup_rows,
+)
 from moetune.tuner.routing import describe_routings, parse_routings, verification_draws
 from moetune.tuner.spec import SweepSpec
 from moetune.tuner.summary import SweepOutcome
@@ -121,10 +130,12 @@ class SweepDriver:
         compile_target: str | None = None,
         device: DeviceFingerprint | None = None,
         owner: Owner | None = None,
+        costs: CostModel | None = None,
     ) -> None:
         """`compile_target` makes this a compile-only sweep for that target, recorded under `device` (a
         stand-in fingerprint); otherwise trials are recorded under the executor's device. `owner` holds
-        the sweep's lease: `run` keeps it alive and finishes the sweep only while it holds it."""
+        the sweep's lease: `run` keeps it alive and finishes the sweep only while it holds it. `costs`
+        prices trials for the ETA (default: calibrated from the store's trials)."""
         self.store = store
         self.owner = owner
         self.executor = executor
@@ -142,6 +153,8 @@ class SweepDriver:
         self._started = 0.0
         self.runs: list[ProblemRun] = []
         self._schedule: list[ProblemRun] = []
+        self._costs = costs
+        self._eta = Eta(workers=executor.workers, lanes=len(executor.lanes()))
 
     # --- setup ------------------------------------------------------------------------------------
 
@@ -231,6 +244,8 @@ class SweepDriver:
         status: str | None = "failed"
         failure: BaseException | None = None
         try:
+            if self._costs is None:
+                self._costs = CostModel.from_store(self.store, self.backend, self.device, self.spec.runs)
             self.prepare(planned, sweep_id)
             self.progress.start(self._snapshot())
             self._loop(sweep_id, heartbeat)
@@ -405,7 +420,17 @@ class SweepDriver:
 
     def _submit(self, pending: _Pending) -> None:
         self._pending[pending.task.task_id] = pending
+        cost = self._retime_cost(pending.run) if pending.kind == "retime" else self._trial_cost(pending.run)
+        self._eta.started(pending.task.task_id, cost, self.clock(), group=pending.run.problem.key)
         self.executor.submit(pending.task)
+
+    def _trial_cost(self, run: ProblemRun) -> TrialCost:
+        cost = self._costs.cost(run.problem)
+        return dataclasses.replace(cost, device_s=0.0) if self.compile_target else cost
+
+    def _retime_cost(self, run: ProblemRun) -> TrialCost:
+        runs = self.spec.finalists * self.spec.retime_rounds * RetimeTask.runs_per_round
+        return self._costs.retime(run.problem, runs)
 
     def _candidate_task(self, run: ProblemRun, config: KernelConfig) -> CandidateTask:
         return CandidateTask(
@@ -474,6 +499,7 @@ class SweepDriver:
 
     def _handle(self, result: Result) -> None:
         pending = self._pending.pop(result.task_id)
+        self._eta.finished(result.task_id, self.clock())
         if self._retry(pending, result):
             return
         run = pending.run
@@ -581,22 +607,47 @@ class SweepDriver:
         counts: dict[str, int] = {}
         best = []
         planned = 0
+        activity = self.executor.activity()
+        states = {a.task_id: a.state for a in activity if a.task_id}
+        problems = []
         for run in self.runs:
+            tasks = [*run.in_flight, *filter(None, (run.baseline_task, run.retime_task))]
+            problem_planned = run.used + len(run.in_flight) + _remaining_estimate(run)
+            phase = problem_phase(run.phase, tasks, states)
+            problems.append(ProblemProgress(run.label, run.used, problem_planned, phase))
             if run.phase == "skipped":
                 continue
             for status, count in run.counts(self.sweep_id).items():
                 counts[status] = counts.get(status, 0) + count
             best.append(summary.live_row(run, self.sweep_id, self.spec.retime_rounds))
-            planned += run.used + len(run.in_flight) + _remaining_estimate(run)
+            planned += problem_planned
+        now = self.clock()
         return Snapshot(
-            elapsed_s=self.clock() - self._started,
+            elapsed_s=now - self._started,
             recorded=self._recorded,
             planned=planned,
             counts=counts,
             lanes=self.executor.lanes(),
             best=best,
             workers=self.executor.workers,
+            estimate_s=self._eta.estimate_s(self._work_left(), elapsed_s=now - self._started, now=now),
+            problems=problems,
+            setup=setup_rows(activity),
         )
+
+    def _work_left(self) -> list[tuple[TrialCost, float, str]]:
+        """The tasks still to submit, priced: candidates, baselines and re-timings."""
+        left = []
+        for run in self.runs:
+            if run.phase in ("skipped", "done"):
+                continue
+            key = run.problem.key
+            left.append((self._trial_cost(run), _remaining_estimate(run), key))
+            if run.baseline_wanted and run.baseline_task is None:
+                left.append((self._trial_cost(run), 1, key))
+            if run.phase in ("search", "retime_wanted") and not self.compile_target:
+                left.append((self._retime_cost(run), 1, key))
+        return left
 
     def outcome(self, status: str) -> SweepOutcome:
         baseline = baseline_config() if self.spec.baseline and not self.compile_target else None

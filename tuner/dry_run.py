@@ -1,30 +1,25 @@
 """`moetune tune --dry-run`: the plan (problems x candidates after pruning) and an estimated time.
 
-The estimate uses this backend's earlier trials on this device model when the database has some
-(mean compile seconds and device seconds per candidate), and says "guess" when it does not. Compiles
-overlap across workers; device time is serial per device lane:
-
-    estimate = max(candidates * compile_s / workers, candidates * device_s / lanes)
+Each problem's candidates are costed by the per-trial cost model (tuner/cost_model.py: compile seconds
+by backend, device seconds by the problem's FLOPs and bytes, calibrated from the database's trials of the
+same backend and device model), so a sweep of a large model is not estimated from a tiny model's
+trials. The sweep's time is cost_model.wall_s over every candidate to run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from typing import Any
 
+from moetune.kernels import registry
 from moetune.kernels.device import DeviceFingerprint
+from moetune.tuner import cost_model
+from moetune.tuner.cost_model import CostModel, TrialCost
 from moetune.tuner.driver import SweepDriver
 from moetune.tuner.executors import InlineExecutor
 from moetune.tuner.plan import PlannedProblem
 from moetune.tuner.spec import SweepSpec
-from moetune.tuner.tasks import OK, Task, canonical
-
-# Used when the database has no trials of this backend on this device model yet.
-GUESS_COMPILE_S = 2.0
-GUESS_DEVICE_S = 0.3
-# Verification runs, warm-up runs and the reference: device work per candidate besides the timed runs.
-EXTRA_DEVICE_RUNS = 6
+from moetune.tuner.tasks import Task, canonical
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,14 +31,14 @@ class PlanRow:
     done: int  # valid configs already timed on this device and kernel source (never re-timed)
     to_run: int
     skipped: str = ""
+    compile_s: float = 0.0  # per candidate, from the cost model
+    device_s: float = 0.0
+    basis: str = ""  # the cost model's: "history", "nearest" or "prior"
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     rows: list[PlanRow]
-    compile_s: float
-    device_s: float
-    measured: bool  # False: the per-candidate costs are guesses
     workers: int
     lanes: int
 
@@ -52,10 +47,14 @@ class Plan:
         return sum(r.to_run for r in self.rows)
 
     @property
+    def measured(self) -> bool:
+        """Whether any candidate's cost comes from earlier trials (False: all from the prior)."""
+        return any(r.basis in ("history", "nearest") for r in self.rows if r.to_run)
+
+    @property
     def estimate_s(self) -> float:
-        return max(
-            self.candidates * self.compile_s / self.workers, self.candidates * self.device_s / self.lanes
-        )
+        trials = [(TrialCost(r.compile_s, r.device_s, r.basis), r.to_run) for r in self.rows]
+        return cost_model.wall_s(trials, workers=self.workers, lanes=self.lanes)
 
 
 def _never(task: Task) -> Any:
@@ -73,6 +72,7 @@ def make_plan(
     lanes: int = 1,
 ) -> Plan:
     driver = SweepDriver(store, InlineExecutor(_never, device), spec, backend=backend)
+    costs = CostModel.from_store(store, registry.get(backend), device, spec.runs)
     rows = []
     for run in driver.prepare(planned, sweep_id=None):
         if run.phase == "skipped":
@@ -83,15 +83,18 @@ def make_plan(
         to_run = len(valid) - done
         if spec.budget is not None:
             to_run = min(to_run, spec.budget)
-        rows.append(PlanRow(run.label, run.problem.key, len(valid), run.pruned_count, done, to_run))
-    compile_s, device_s, measured = _costs(store, backend, device, spec.runs)
-    return Plan(rows, compile_s, device_s, measured, max(1, workers), max(1, lanes))
-
-
-def _costs(store: Any, backend: str, device: DeviceFingerprint, runs: int) -> tuple[float, float, bool]:
-    rows = store.trials(backend=backend, device_kind=device.device_kind, limit=500)
-    compiles = [r.compile_s for r in rows if r.compile_s is not None]
-    medians = [r.median_s for r in rows if r.status == OK and r.median_s is not None]
-    if not compiles or not medians:
-        return GUESS_COMPILE_S, GUESS_DEVICE_S, False
-    return statistics.mean(compiles), statistics.mean(medians) * (runs + EXTRA_DEVICE_RUNS), True
+        cost = costs.cost(run.problem)
+        rows.append(
+            PlanRow(
+                run.label,
+                run.problem.key,
+                len(valid),
+                run.pruned_count,
+                done,
+                to_run,
+                compile_s=cost.compile_s,
+                device_s=cost.device_s,
+                basis=cost.basis,
+            )
+        )
+    return Plan(rows, max(1, workers), max(1, lanes))

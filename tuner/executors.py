@@ -6,17 +6,38 @@ Contract (the driver is the only caller, from one thread):
     exactly once: a task whose worker died or hung comes back as a crashed or timeout result, never lost;
   - `device` is the fingerprint of the device the tasks are timed on (what trial rows record);
   - `lanes()` maps each device lane (one per GPU, or the CPU) to what it is timing now, for progress;
+  - `activity()` says what each worker does now (WorkerActivity), for progress: a task's phase and the
+    workers' set-up; an executor without workers of its own reports none;
   - `close()` releases workers; an executor is not reused after it.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections import deque
 from collections.abc import Callable
 
 from moetune.kernels.device import DeviceFingerprint
 from moetune.tuner.tasks import Result, Task
+
+# What a worker does, as WorkerActivity.state says it.
+STARTING = "starting"  # its process starts: importing JAX, opening the device
+IDLE = "idle"
+PREPARING = "preparing"  # its first task of a problem: compiling, and making the problem's inputs
+COMPILING = "compiling"
+WAITING = "waiting"  # compiled, waiting for its device's lane
+TIMING = "timing"  # verifying and timing on the device
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerActivity:
+    worker: str
+    lane: str  # the device lane it times on ("" before it reports one)
+    state: str  # one of the states above
+    task_id: str = ""
+    label: str = ""  # the task's label
+    first_of_problem: bool = False  # its first task of this problem: inputs and references are made too
 
 
 class Executor(abc.ABC):
@@ -36,6 +57,9 @@ class Executor(abc.ABC):
 
     def lanes(self) -> dict[str, str]:
         return {}
+
+    def activity(self) -> list[WorkerActivity]:
+        return []
 
     @property
     def workers(self) -> int:

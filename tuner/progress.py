@@ -1,5 +1,8 @@
-"""What people watch during a sweep: one lane per device (what it is timing), rate, ETA, and the best
-config so far per problem. The driver hands a Snapshot to `update`; displays never reach back into it.
+"""What people watch during a sweep: one lane per device (what it is timing) and the workers' set-up
+(starting, preparing a problem's inputs and references), rate, ETA, each problem's trials and phase,
+and each problem's winner as decided (else its best so far). The driver hands a Snapshot to `update`;
+displays never reach back into it. Before the driver runs, the set-up (cluster and workers starting) is
+shown with `setup_snapshot`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,26 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from moetune.tuner import executors
+from moetune.tuner.executors import WorkerActivity
 from moetune.tuner.summary import LiveRow, live_cells
+
+# A problem's phase, as ProblemProgress.phase says it.
+WAITING = "waiting"
+COMPILING = "compiling"
+TIMING = "timing"
+RETIMING = "re-timing finalists"
+DONE = "done"
+SKIPPED = "skipped"
+RUNNING = "running"  # in flight on an executor that does not say which step
+
+
+@dataclasses.dataclass(frozen=True)
+class ProblemProgress:
+    label: str
+    done: int  # trials this sweep recorded for it
+    planned: int  # trials it will have when done: its budget, or about its untried configs
+    phase: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +47,10 @@ class Snapshot:
     lanes: dict[str, str]  # device lane -> what it is timing ("idle")
     best: list[LiveRow]  # per problem: the winner as decided, or the best so far (tuner/summary.py)
     workers: int = 1
+    estimate_s: float | None = None  # seconds left, from the driver's ETA (tuner/eta.py)
+    problems: list[ProblemProgress] = dataclasses.field(default_factory=list)
+    setup: dict[str, str] = dataclasses.field(default_factory=dict)  # worker -> what it sets up now
+    stage: str = ""  # before the sweep's loop runs: what is being set up
 
     @property
     def rate_per_min(self) -> float:
@@ -36,6 +62,10 @@ class Snapshot:
 
     @property
     def eta_s(self) -> float | None:
+        """The driver's estimate; without one (a snapshot built by hand), trials left at this session's
+        rate."""
+        if self.estimate_s is not None:
+            return self.estimate_s
         left = max(0, self.planned - self.done)
         return left / (self.recorded / self.elapsed_s) if self.recorded and self.elapsed_s > 0 else None
 
@@ -48,7 +78,48 @@ def _duration(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def setup_rows(activity: list[WorkerActivity]) -> dict[str, str]:
+    """The workers setting up, and what they do: starting, or making a problem's inputs and references."""
+    rows = {}
+    for a in activity:
+        if a.state == executors.STARTING:
+            rows[a.worker] = "starting: importing JAX, opening the device"
+        elif a.state == executors.PREPARING:
+            rows[a.worker] = f"preparing inputs and references, compiling: {a.label}"
+    return rows
+
+
+def setup_snapshot(stage: str, elapsed_s: float, activity: list[WorkerActivity] | None = None) -> Snapshot:
+    """What the display shows before the sweep's loop: the stage, and the workers starting."""
+    workers = len(activity) if activity else 1
+    return Snapshot(
+        elapsed_s, 0, 0, {}, {}, [], workers=workers, setup=setup_rows(activity or []), stage=stage
+    )
+
+
+def problem_phase(phase: str, in_flight: list[str], activity: dict[str, str]) -> str:
+    """A problem's phase for people from its run's phase (tuner/problem_run.py), the ids of its tasks in
+    flight and what the executor says each task does (task id -> WorkerActivity.state)."""
+    if phase == "skipped":
+        return SKIPPED
+    if phase in ("settled", "done"):
+        return DONE
+    if phase in ("retime_wanted", "retime"):
+        return RETIMING
+    if not in_flight:
+        return WAITING
+    states = {activity.get(task_id) for task_id in in_flight}
+    if executors.TIMING in states:
+        return TIMING
+    if states & {executors.PREPARING, executors.COMPILING, executors.WAITING}:
+        return COMPILING
+    return RUNNING
+
+
 def summary_line(s: Snapshot) -> str:
+    if s.stage:
+        doing = "; ".join(f"{worker} {what}" for worker, what in s.setup.items())
+        return f"set-up: {s.stage}, elapsed {_duration(s.elapsed_s)}" + (f" ({doing})" if doing else "")
     statuses = " ".join(f"{k}={v}" for k, v in sorted(s.counts.items())) or "no trials yet"
     return (
         f"{s.done}/{s.planned} trials ({statuses}), {s.rate_per_min:.1f}/min on {s.workers} workers, "
@@ -67,6 +138,9 @@ class Progress:
 
     def close(self, snapshot: Snapshot) -> None:
         pass
+
+    def abandon(self) -> None:
+        """Stop showing, printing nothing more: the set-up failed before a sweep ran (its error says why)."""
 
 
 NullProgress = Progress
@@ -99,6 +173,9 @@ class RichProgress(Progress):
         self._live: Live | None = None
 
     def start(self, snapshot: Snapshot) -> None:
+        if self._live is not None:  # the set-up's display, continued by the sweep's
+            self.update(snapshot)
+            return
         self._live = Live(self._render(snapshot), console=self.console, refresh_per_second=4, transient=False)
         self._live.start()
 
@@ -109,6 +186,10 @@ class RichProgress(Progress):
     def close(self, snapshot: Snapshot) -> None:
         if self._live is not None:
             self._live.update(self._render(snapshot))
+        self.abandon()
+
+    def abandon(self) -> None:
+        if self._live is not None:
             self._live.stop()
             self._live = None
 
@@ -118,6 +199,15 @@ class RichProgress(Progress):
         lanes.add_column("timing")
         for lane, doing in s.lanes.items():
             lanes.add_row(lane, doing)
+        for worker, doing in s.setup.items():
+            lanes.add_row(f"{worker} (set-up)", doing)
+        if s.stage:
+            return Group(summary_line(s), lanes)
+        problems = Table(title="problems", title_justify="left")
+        for column in ("problem", "trials", "phase"):
+            problems.add_column(column)
+        for p in s.problems[: self.max_problems]:
+            problems.add_row(p.label, f"{p.done}/{p.planned}", p.phase)
         best = Table(title="winners as decided (re-timed), else the best so far", title_justify="left")
         cells = live_cells(s.best[: self.max_problems])
         for column in cells[0] if cells else ():
@@ -126,7 +216,7 @@ class RichProgress(Progress):
             best.add_row(*map(Text, row.values()))
         if len(s.best) > self.max_problems:
             best.caption = f"... and {len(s.best) - self.max_problems} more problems"
-        return Group(summary_line(s), lanes, best)
+        return Group(summary_line(s), lanes, problems, best)
 
 
 def default_progress() -> Progress:

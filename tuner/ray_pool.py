@@ -52,13 +52,14 @@ import os
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import MoetuneError
 from moetune.kernels.registry import ENV_EXTRA
-from moetune.tuner import local_cluster
-from moetune.tuner.executors import Executor
+from moetune.tuner import executors, local_cluster
+from moetune.tuner.executors import Executor, WorkerActivity
 from moetune.tuner.tasks import (
     CRASHED,
     TIMEOUT,
@@ -162,6 +163,7 @@ class _Slot:
     info: WorkerInfo | None = None
     ready_since: float = 0.0
     served: deque[Task] = dataclasses.field(default_factory=lambda: deque(maxlen=AFFINITY_MEMORY))
+    first_of_problem: bool = False  # its task is its first of that problem it remembers: it makes the inputs
 
 
 def _lane(slot: _Slot) -> str:
@@ -269,10 +271,12 @@ class RayExecutor(Executor):
         use_devices: bool = True,
         device_resource: str = "GPU",
         visible_devices_env: str = "CUDA_VISIBLE_DEVICES",
+        on_starting: Callable[[list[WorkerActivity]], None] | None = None,
     ) -> None:
         """`use_devices=False` (compile-only sweeps): workers hold no device, so they run on any node,
         CPU-only ones included, and may see different devices. `device_resource` and
-        `visible_devices_env` come from the backend (`Backend.device_resource`)."""
+        `visible_devices_env` come from the backend (`Backend.device_resource`). `on_starting` is told
+        the workers' activity about once a second while they start (a progress display's set-up rows)."""
         import ray
 
         self._ray = ray
@@ -297,7 +301,7 @@ class RayExecutor(Executor):
         self._queue: deque[Task] = deque()
         self._lanes: dict[str, _Slot | None] = {}
         self._start_failures = 0
-        self.device = self._start()
+        self.device = self._start(on_starting)
 
     # --- workers ----------------------------------------------------------------------------------
 
@@ -321,10 +325,12 @@ class RayExecutor(Executor):
             self._lanes[slot.info.lane] = None
         self._slots[self._slots.index(slot)] = self._spawn(slot.seat)
 
-    def _start(self) -> DeviceFingerprint:
+    def _start(self, on_starting: Callable[[list[WorkerActivity]], None] | None) -> DeviceFingerprint:
         """Wait for every worker to come up; they must all see the same kind of device."""
         while any(slot.phase == "starting" for slot in self._slots):
-            self._poll(time.monotonic() + STARTUP_TIMEOUT_S)
+            if on_starting is not None:
+                on_starting(self.activity())
+            self._poll(time.monotonic() + (1.0 if on_starting else STARTUP_TIMEOUT_S))
         kinds = {slot.info.fingerprint.hash: slot.info.fingerprint for slot in self._slots if slot.info}
         if len(kinds) != 1 and self.use_devices:
             described = "; ".join(f"{fp.device_kind} ({h})" for h, fp in kinds.items())
@@ -358,6 +364,9 @@ class RayExecutor(Executor):
             for lane, slot in sorted(self._lanes.items())
         }
 
+    def activity(self) -> list[WorkerActivity]:
+        return [_activity(slot) for slot in self._slots]
+
     def wait(self, timeout_s: float) -> list[Result]:
         until = time.monotonic() + timeout_s
         results: list[Result] = []
@@ -390,6 +399,7 @@ class RayExecutor(Executor):
             slot = max(idle, key=lambda s: (affinity(s, task), -load[_lane(s)]))
             load[_lane(slot)] += device_work(task)
             idle.remove(slot)
+            slot.first_of_problem = affinity(slot, task) < 2
             slot.task = task
             slot.served.append(task)
             slot.phase, slot.ref, slot.deadline = (
@@ -491,6 +501,30 @@ class RayExecutor(Executor):
         host = slot.info.host if slot.info else ""
         self._replace(slot)
         return [failed(task, status, message, worker=slot.name, host=host)]
+
+
+_STATES = {
+    "starting": executors.STARTING,
+    "idle": executors.IDLE,
+    "ready": executors.WAITING,
+    "run": executors.TIMING,
+}
+
+
+def _activity(slot: _Slot) -> WorkerActivity:
+    if slot.phase == "prepare":
+        state = executors.PREPARING if slot.first_of_problem else executors.COMPILING
+    else:
+        state = _STATES[slot.phase]
+    task = slot.task
+    return WorkerActivity(
+        slot.name,
+        _lane(slot),
+        state,
+        task.task_id if task else "",
+        task.label if task else "",
+        first_of_problem=bool(task) and slot.first_of_problem,
+    )
 
 
 def _doing(phase: str) -> str:

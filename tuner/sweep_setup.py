@@ -8,6 +8,7 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from moetune.kernels import registry
@@ -15,7 +16,7 @@ from moetune.kernels.backend import Backend
 from moetune.kernels.device import DeviceFingerprint, compile_only_device
 from moetune.kernels.errors import ConfigInvalid, MoetuneError, Unsupported
 from moetune.tuner import resolved
-from moetune.tuner.executors import Executor, InlineExecutor
+from moetune.tuner.executors import Executor, InlineExecutor, WorkerActivity
 from moetune.tuner.plan import PlannedProblem, dispatched_on, load_model, parse_problem
 from moetune.tuner.spec import SweepSpec
 
@@ -145,9 +146,15 @@ def resolve_target(
     return backend, stand_in_device(backend, target), target
 
 
-def make_executor(spec: SweepSpec, *, inline: bool = False) -> tuple[Executor, bool]:
+def make_executor(
+    spec: SweepSpec,
+    *,
+    inline: bool = False,
+    on_starting: Callable[[list[WorkerActivity]], None] | None = None,
+) -> tuple[Executor, bool]:
     """A Ray executor (joining spec.ray_address, or a local cluster), or an in-process one; and whether
-    this call started a local Ray cluster that the caller should shut down."""
+    this call started a local Ray cluster that the caller should shut down. `on_starting` is told what
+    the Ray workers do while they start (RayExecutor)."""
     if inline:
         return InlineExecutor(), False
     from moetune.tuner import ray_pool
@@ -162,6 +169,7 @@ def make_executor(spec: SweepSpec, *, inline: bool = False) -> tuple[Executor, b
             use_devices=not spec.compile_only,
             device_resource=backend.device_resource if backend else "GPU",
             visible_devices_env=backend.visible_devices_env if backend else "CUDA_VISIBLE_DEVICES",
+            on_starting=on_starting,
         )
         return executor, started
     except BaseException:

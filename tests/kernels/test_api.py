@@ -1,4 +1,5 @@
-"""The public API: grouped_matmul under jit, backend choice and fallback, explain, the compiled program."""
+"""The public API: grouped_matmul under jit, backend choice, fallback (opt-in for a named backend), explain,
+the compiled program."""
 
 from __future__ import annotations
 
@@ -149,13 +150,75 @@ def test_declining_backends_fall_through_by_priority_to_xla(probe_backends, capl
     assert relative_error(out, reference_grouped_matmul(lhs, rhs, sizes)) < tolerance(jnp.bfloat16)
 
 
-def test_an_explicit_backend_that_is_unavailable_falls_back_with_a_warning(probe_backends, caplog):
+def test_a_named_backend_that_is_unavailable_raises_saying_why(probe_backends):
+    probe_backends("absent", priority=8, unavailable="not on this device")
+    lhs, rhs, sizes = operands()
+    expected = (
+        r"^backend absent \(backend argument\) cannot run grouped_matmul/m=40,k=16,n=8,g=5,\S+ on \S+: "
+        r"not on this device; pass fallback=True to let the next backend run it"
+    )
+    with pytest.raises(Unsupported, match=expected) as raised:
+        mk.grouped_matmul(lhs, rhs, sizes, backend="absent")
+    assert "\n" not in str(raised.value)  # one line
+    with pytest.raises(Unsupported, match=expected):  # explain makes the same decision
+        mk.explain(PROBLEM, backend="absent")
+    with pytest.raises(Unsupported, match=expected):  # and under jit, at trace time (jax adds a note)
+        jax.jit(lambda *a: mk.grouped_matmul(*a, backend="absent"))(lhs, rhs, sizes)
+
+
+def test_a_named_backend_that_declines_the_problem_raises(probe_backends):
+    probe_backends("picky", priority=8, check_reason="K=16 is too small for picky")
+    probe_backends("builder", priority=7, build_reason="no kernel for bf16 here")
+    with pytest.raises(Unsupported, match=r"backend picky \(backend argument\) .*: K=16 is too small"):
+        mk.explain(PROBLEM, backend="picky")
+    with pytest.raises(Unsupported, match=r"builder .*: no kernel for bf16 here; pass fallback=True"):
+        mk.grouped_matmul(*operands(), backend="builder")
+
+
+def test_the_config_or_the_environment_names_a_backend_as_the_argument_does(probe_backends, monkeypatch):
+    absent = probe_backends("absent", priority=8, unavailable="not on this device")
+    with pytest.raises(Unsupported, match=r"backend absent \(backend of the ProbeConfig argument\)"):
+        mk.grouped_matmul(*operands(), config=absent.config_cls())
+    monkeypatch.setenv("MOETUNE_BACKEND", "absent")
+    with pytest.raises(Unsupported, match=r"\(MOETUNE_BACKEND=absent\) .*; unset MOETUNE_BACKEND or pass"):
+        mk.grouped_matmul(*operands())
+    assert mk.explain(PROBLEM, fallback=True).backend == "xla"
+
+
+def test_the_real_mosaic_gpu_backend_off_hopper_raises_instead_of_running_xla():
+    from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
+    from moetune.kernels.device import current_fingerprint
+
+    if mk.explain(PROBLEM).backend == "mosaic_gpu":
+        pytest.skip("this machine runs mosaic_gpu")
+    here = re.escape(current_fingerprint().device_kind)
+    with pytest.raises(
+        Unsupported, match=rf"^backend mosaic_gpu \(backend argument\) cannot run .* on {here}: "
+    ):
+        mk.grouped_matmul(*operands(), backend="mosaic_gpu")
+    with pytest.raises(Unsupported, match=r"^backend mosaic_gpu \(backend of the MosaicGpuConfig argument\)"):
+        mk.grouped_matmul(*operands(), config=MosaicGpuConfig())
+    told = mk.explain(PROBLEM, backend="mosaic_gpu", fallback=True)
+    assert told.backend == "xla" and told.declined[0].startswith("mosaic_gpu: ")
+
+
+def test_fallback_true_lets_a_named_backend_fall_through_with_a_warning(probe_backends, caplog):
     probe_backends("absent", priority=8, unavailable="not on this device")
     with caplog.at_level(logging.INFO, "moetune"):
-        explanation = mk.explain(PROBLEM, backend="absent")
+        explanation = mk.explain(PROBLEM, backend="absent", fallback=True)
+        out = mk.grouped_matmul(*operands(), backend="absent", fallback=True)
     assert (explanation.backend, explanation.declined) == ("xla", ("absent: not on this device",))
     (record,) = [r for r in caplog.records if "runs on xla: absent: not on this device" in r.message]
     assert record.levelno == logging.WARNING
+    lhs, rhs, sizes = operands()
+    assert relative_error(out, reference_grouped_matmul(lhs, rhs, sizes)) < tolerance(jnp.bfloat16)
+
+
+def test_fallback_false_makes_the_default_choice_strict(probe_backends):
+    probe_backends("first", priority=9, check_reason="first says no")
+    assert mk.explain(PROBLEM).backend == "xla"  # the default falls through
+    with pytest.raises(Unsupported, match=r"^backend first \(highest-priority backend available on this"):
+        mk.explain(PROBLEM, fallback=False)
 
 
 def test_when_every_backend_declines_one_exception_group_has_every_reason(probe_backends, monkeypatch):

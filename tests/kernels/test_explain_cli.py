@@ -71,10 +71,20 @@ def test_json_with_a_database_winner_nearby(sqlite_url):
         assert store.misses() == []  # explain is a query, not a miss
 
 
-def test_declined_backends_are_listed(probe_backends):
+def test_a_named_backend_that_cannot_run_is_one_line_and_exit_code_2(probe_backends):
     probe_backends("absent", priority=3, unavailable="needs a GPU")
     result = run("--backend", "absent", "--dtype", "f32")
+    assert result.exit_code == 2
+    [line] = result.output.strip().splitlines()
+    assert line.startswith("error: backend absent (backend argument) cannot run grouped_matmul/m=100,")
+    assert "needs a GPU; pass fallback=True" in line
+
+
+def test_declined_backends_are_listed_with_fallback(probe_backends):
+    probe_backends("absent", priority=3, unavailable="needs a GPU")
+    result = run("--backend", "absent", "--fallback", "--dtype", "f32")
     assert result.exit_code == 0, result.output
+    assert "backend:  xla (backend argument)" in result.output  # xla runs it; absent was the one asked
     assert "declined: absent: needs a GPU" in result.output
     assert "lhs=float32" in result.output
 

@@ -171,15 +171,19 @@ def test_both_gemms_dispatch_the_problems_moe_problems_lists(monkeypatch, fuse):
     assert seen[0].key == f"{op}/m=48,k=32,n=96,g=4,lhs=bfloat16,rhs=bfloat16,out=bfloat16,t=0/v1"
 
 
-def test_geglu_fuses_where_served_and_a_backend_without_the_fused_op_takes_the_unfused_path(monkeypatch):
+def test_geglu_fuses_where_served_and_a_backend_without_the_fused_op_takes_the_unfused_path(
+    monkeypatch, probe_backends
+):
     seen = _recording(monkeypatch)
     x, logits, w_gate_up, w_down = _inputs(24, 32, 48, 4)
     jax.jit(lambda *a: moe_mlp(*a, top_k=2, activation="geglu")).lower(x, logits, w_gate_up, w_down)
     assert [p.op for p in seen] == ["grouped_matmul_geglu", "grouped_matmul"]
     assert tuple(seen) == moe_problems(24, 32, 48, 4, 2, "float32", activation="geglu")
-    # flydsl is not available on a CPU, so it does not serve the fused op; xla then runs both GEMMs.
+    # A backend that serves only the plain GEMM does not serve the fused op: it runs both plain GEMMs.
+    probe = probe_backends("plain_only")
     seen.clear()
-    jax.jit(lambda *a: moe_mlp(*a, top_k=2, backend="flydsl")).lower(x, logits, w_gate_up, w_down)
+    jax.jit(lambda *a: moe_mlp(*a, top_k=2, backend="plain_only")).lower(x, logits, w_gate_up, w_down)
+    assert len(probe.built) == 2
     jax.jit(lambda *a: moe_mlp(*a, top_k=2, activation="geglu", fuse=False)).lower(
         x, logits, w_gate_up, w_down
     )

@@ -7,10 +7,23 @@ from moetune.kernels.device import DeviceFingerprint
 from moetune.tuner.driver import SweepDriver
 from moetune.tuner.executors import InlineExecutor
 from moetune.tuner.plan import parse_problem
+from moetune.tuner.progress import Progress, Snapshot
 from moetune.tuner.spec import SweepSpec
 from tests.tuner import sim_backend
 
 DEVICE = DeviceFingerprint("Simulated GPU", "gpu", 4, 1 << 30, "9.0", "1", "1", "0", "0")
+
+
+class RecordingProgress(Progress):
+    """A display that keeps every snapshot it is shown."""
+
+    def __init__(self) -> None:
+        self.snapshots: list[Snapshot] = []
+
+    def start(self, snapshot: Snapshot) -> None:
+        self.snapshots.append(snapshot)
+
+    update = close = start
 
 
 def run_sim_sweep(store, problems: list[str], *, strategy: str = "grid", costs: dict | None = None) -> int:

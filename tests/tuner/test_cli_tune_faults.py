@@ -33,7 +33,7 @@ def workers(monkeypatch, sim):
     def run(task):
         return compiler.evaluate(task) if isinstance(task, CompileOnlyTask) else runner["run"](task)
 
-    executor = lambda spec, inline=False: (InlineExecutor(run, DEVICE), False)  # noqa: E731
+    executor = lambda spec, inline=False, on_starting=None: (InlineExecutor(run, DEVICE), False)  # noqa: E731
     monkeypatch.setattr(sweep_setup, "make_executor", executor)
     return runner
 

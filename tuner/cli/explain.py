@@ -46,11 +46,16 @@ def explain(
         str | None,
         typer.Option(
             "--backend",
-            help=f"Ask this backend first: {', '.join(registry.names())}.",
+            help=f"Use this backend ({', '.join(registry.names())}); an error if it cannot run the shape "
+            "(see --fallback).",
             show_default="the dispatch order",
             autocompletion=registry.names,
         ),
     ] = None,
+    fallback: Annotated[
+        bool,
+        typer.Option("--fallback", help="Let the next backend take the shape when --backend cannot run it."),
+    ] = False,
     db: Annotated[
         str | None,
         typer.Option(
@@ -92,7 +97,7 @@ def explain(
         if explicit:  # read as the lookup reads it, never created or migrated: a missing one is an error here
             open_store(explicit, read_only=True).close()
         with LOOKUP.using_db(explicit) if explicit else contextlib.nullcontext():
-            explanation = api.explain(problem, backend=backend)
+            explanation = api.explain(problem, backend=backend, fallback=True if fallback else None)
     except MoetuneError as e:
         fail(str(e))
     except ExceptionGroup as group:

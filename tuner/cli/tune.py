@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -377,9 +378,22 @@ def _sweep(spec, planned, store, owner, lease, resume_id, sweep_file, inline: bo
     from moetune.db.errors import DatabaseError, LeaseLost
     from moetune.tuner import sweep_setup
     from moetune.tuner.driver import SweepDriver
-    from moetune.tuner.progress import default_progress
+    from moetune.tuner.progress import default_progress, setup_snapshot
 
-    executor, started_ray = sweep_setup.make_executor(spec, inline=inline)
+    # The set-up (cluster, workers importing JAX and opening their devices) is shown as it happens; the
+    # sweep's display takes over from it.
+    progress, began = default_progress(), time.monotonic()
+    progress.start(setup_snapshot("starting the Ray cluster" if not inline else "starting", 0.0))
+
+    def starting(activity) -> None:
+        progress.update(setup_snapshot("starting workers", time.monotonic() - began, activity))
+
+    try:
+        executor, started_ray = sweep_setup.make_executor(spec, inline=inline, on_starting=starting)
+    except BaseException:
+        progress.abandon()
+        raise
+    ran = False
     try:
         backend, device, target = sweep_setup.resolve_target(spec, executor.device)
         if planned is None:
@@ -406,11 +420,12 @@ def _sweep(spec, planned, store, owner, lease, resume_id, sweep_file, inline: bo
             executor,
             spec,
             backend=backend.name,
-            progress=default_progress(),
+            progress=progress,
             compile_target=target,
             device=device,
             owner=owner,
         )
+        ran = True  # the driver closes the display
         try:
             return driver.run(planned, sweep_id=sweep_id)
         except KeyboardInterrupt:
@@ -425,6 +440,8 @@ def _sweep(spec, planned, store, owner, lease, resume_id, sweep_file, inline: bo
                 EXIT_STOPPED,
             )
     finally:
+        if not ran:
+            progress.abandon()
         executor.close()
         if started_ray:
             from moetune.tuner import ray_pool
@@ -464,16 +481,17 @@ def _dry_run(spec, planned, store, as_json: bool) -> None:
     table = Table(
         title=cell(f"plan: backend {backend.name} on {device.device_kind}, strategy {spec.strategy}")
     )
-    for column in ("problem", "valid", "pruned", "done before", "to run", "note"):
+    for column in ("problem", "valid", "pruned", "done before", "to run", "s per candidate", "note"):
         table.add_column(column)
     for r in plan.rows:  # labels come from model files: cells, never markup
-        table.add_row(*map(cell, (r.label, r.valid, r.pruned, r.done, r.to_run, r.skipped)))
+        per_candidate = f"{r.compile_s:.2g} + {r.device_s:.2g} ({r.basis})" if r.basis else ""
+        table.add_row(*map(cell, (r.label, r.valid, r.pruned, r.done, r.to_run, per_candidate, r.skipped)))
     out = table_console()
     out.print(table)
-    basis = "from earlier trials" if plan.measured else "a guess: no earlier trials"
+    basis = "calibrated from earlier trials" if plan.measured else "a prior: no earlier trials"
     out.print(
         f"{plan.candidates} candidates; estimated {plan.estimate_s / 60:.1f} min on {plan.workers} workers "
-        f"({plan.compile_s:.2g} s compile and {plan.device_s:.2g} s device per candidate, {basis})",
+        f"(per candidate: compile + device seconds, scaled by each problem's work; {basis})",
         markup=False,
         highlight=False,
     )

@@ -25,6 +25,7 @@ class MosaicGpuBackend(Backend):
     # The fused epilogue is SwiGLU's only; other gated ops (grouped_matmul_geglu) fall through to xla.
     kernels = {"grouped_matmul": "grouped_matmul", "grouped_matmul_swiglu": "grouped_matmul_swiglu"}
     kernel_module = "moetune.kernels.backends.mosaic_gpu.kernel_sm90"
+    prior_compile_s = 2.5  # 1.4-4 s per candidate on the H200's tuning workers (tuner/driver.py)
 
     def available(self, device: DeviceFingerprint) -> str | None:
         if device.platform != "gpu":
