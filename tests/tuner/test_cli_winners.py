@@ -42,9 +42,11 @@ def runner(task):
 @pytest.fixture
 def in_process(sim, monkeypatch):
     sim_backend.COSTS.update({tile: SWEEP_COSTS.get(tile, 2e-3) for tile in sim_backend.TILES})
-    monkeypatch.setattr(
-        sweep_setup, "make_executor", lambda spec, inline=False: (InlineExecutor(runner, DEVICE), False)
-    )
+
+    def make_executor(spec, inline=False, on_starting=None):
+        return InlineExecutor(runner, DEVICE), False
+
+    monkeypatch.setattr(sweep_setup, "make_executor", make_executor)
 
 
 def invoke(*args, **options):

@@ -22,6 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 from moetune.tuner import local_cluster, ray_pool
+from tests.pgpass import pgpass_password
 from tests.tuner.cluster_driver import MARK_ENV
 
 REPO = Path(__file__).resolve().parents[2]
@@ -258,20 +259,6 @@ def test_workers_get_no_database_url(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.postgres
-def _pgpass_password(url) -> str | None:
-    """The password libpq would take for `url` from $PGPASSFILE (or ~/.pgpass): host:port:db:user:password
-    lines, `*` matching anything (escaped colons are not used by any file these tests meet)."""
-    path = Path(os.environ.get("PGPASSFILE") or Path.home() / ".pgpass")
-    if not path.is_file():
-        return None
-    wanted = (url.host or "localhost", str(url.port or 5432), url.database or "", url.username or "")
-    for line in path.read_text().splitlines():
-        fields = line.split(":")
-        if len(fields) == 5 and all(f in ("*", w) for f, w in zip(fields[:4], wanted, strict=True)):
-            return fields[4]
-    return None
-
-
 def test_a_password_in_moetune_db_reaches_nothing_ray_records(postgres_url, tmp_path):
     """A real sweep (the tiny model on xla) with the database URL, password and all, in $MOETUNE_DB: it is
     in no Ray table, log, worker command line or worker environment; only the driver has it.
@@ -284,7 +271,7 @@ def test_a_password_in_moetune_db_reaches_nothing_ray_records(postgres_url, tmp_
     if url.password is None:
         # The password from the pgpass file libpq reads (as CI passes it), or any: a server that trusts
         # local connections ignores it.
-        url = url.set(password=_pgpass_password(url) or uuid.uuid4().hex)
+        url = url.set(password=pgpass_password(url) or uuid.uuid4().hex)
     secret_url = url.render_as_string(hide_password=False)
     needles = [secret_url, f"{url.username}:{url.password}@", mark]
 
