@@ -125,3 +125,18 @@ def test_trials_and_report_show_a_dead_sweep_as_dead(db_url, tmp_path):
     report = CliRunner().invoke(app, ["report", str(sweep_id), "--out", str(out), "--db", db_url])
     assert report.exit_code == 0, report.output
     assert "<td>status</td><td>dead</td>" in out.read_text()
+
+
+def test_best_on_a_fresh_install_lists_the_shipped_packs_and_creates_nothing(tmp_path):
+    # No --db, no $MOETUNE_DB (the conftest unsets it) and no default database under XDG_DATA_HOME yet.
+    from moetune.db import urls
+
+    assert not urls.default_path().exists()
+    result = CliRunner().invoke(app, ["best", "--gpu", "NVIDIA H200", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert rows and all(row["origin"].endswith(".json") for row in rows)  # a pack file, not "database"
+    assert not urls.default_path().exists()
+    # Without the packs there is nothing to list: the missing database is the error.
+    result = CliRunner().invoke(app, ["best", "--no-packs"])
+    assert result.exit_code == 2 and "no database at" in result.stderr

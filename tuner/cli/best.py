@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from moetune.db import urls
 from moetune.kernels.errors import PackInvalid
 from moetune.tuner.cli import app
 from moetune.tuner.cli import problem_cells as problems
@@ -222,24 +223,31 @@ def best(
         check_range(option, value)
     shipped = _pack_winners() if with_packs else []
     where = "the database or the config packs" if with_packs else "the database"
-    with opened_store(db, read_only=True) as store:
-        check_known("gpu", gpu, sorted({*store.device_kinds(), *(r.device_kind for r in shipped)}), where)
-        check_known(
-            "backend", backend, sorted({*store.backends(), *(r.winner.backend for r in shipped)}), where
-        )
-        rows = store.winners(device_kind=gpu, backend=backend, m=m, k=k, n=n, g=g, active_only=not history)
-        tokens = problems.SweepTokens(store)
-        listed = [
-            _Listed(
-                r.device_kind,
-                db_winner(r),
-                "database",
-                r.reason,
-                row=r,
-                tokens=tokens(r.sweep_id, r.problem.key),
+    if db is None and with_packs and not urls.default_path().exists():
+        # No --db, no $MOETUNE_DB and no default database yet (a fresh install): the packs alone.
+        check_known("gpu", gpu, sorted({r.device_kind for r in shipped}), "the config packs")
+        check_known("backend", backend, sorted({r.winner.backend for r in shipped}), "the config packs")
+        listed = []
+    else:
+        with opened_store(db, read_only=True) as store:
+            kinds, backends = store.device_kinds(), store.backends()
+            check_known("gpu", gpu, sorted({*kinds, *(r.device_kind for r in shipped)}), where)
+            check_known("backend", backend, sorted({*backends, *(r.winner.backend for r in shipped)}), where)
+            rows = store.winners(
+                device_kind=gpu, backend=backend, m=m, k=k, n=n, g=g, active_only=not history
             )
-            for r in rows
-        ]
+            tokens = problems.SweepTokens(store)
+            listed = [
+                _Listed(
+                    r.device_kind,
+                    db_winner(r),
+                    "database",
+                    r.reason,
+                    row=r,
+                    tokens=tokens(r.sweep_id, r.problem.key),
+                )
+                for r in rows
+            ]
     for entry in shipped:
         p = entry.winner.problem
         wanted = (gpu, backend, m, k, n, g)
