@@ -20,6 +20,7 @@ with (new winners reach it after the trace is redone, e.g. in a new process).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from typing import Any
@@ -197,10 +198,11 @@ def call_op(
 
 def _differentiable(kernel: KernelFn, problem: Problem, backend: str | None, fallback: bool | None):
     """`kernel` with a VJP made of the ops its spec names (OpSpec.vjp), each dispatched as its own
-    Problem: dlhs = dout @ rhs[g]^T (the other rhs layout), drhs = lhs[rows of g]^T @ dout[rows of g].
+    Problem: dlhs = dh @ rhs[g]^T (the other rhs layout), drhs = lhs[rows of g]^T @ dh[rows of g], where
+    dh is the output's cotangent, or under a gated epilogue the cotangent of its float32 product h,
+    which the backward recomputes (`Vjp.product`) rather than the forward keeping [M, 2F] of it.
     Rows of lhs past the groups (and past `problem.m`) get a zero cotangent, the group sizes none."""
-    vjp = problem.spec.vjp
-    transpose_rhs = problem.transpose_rhs
+    spec, vjp, transpose_rhs = problem.spec, problem.spec.vjp, problem.transpose_rhs
 
     @jax.custom_vjp
     def op(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
@@ -213,6 +215,17 @@ def _differentiable(kernel: KernelFn, problem: Problem, backend: str | None, fal
         lhs, rhs, group_sizes = residuals
         # lhs may carry rows past m (`rows=`): they belong to no group.
         rows = problem.m if lhs.shape[0] > problem.m else None
+        if vjp.product:
+            # Imported here: the moe package imports this module.
+            from moetune.kernels.moe.reference import gated_activation
+
+            product = call_op(
+                vjp.product, lhs, rhs, group_sizes, transpose_rhs, jnp.float32, backend, None, rows, fallback
+            )
+            _, epilogue_vjp = jax.vjp(functools.partial(gated_activation, spec.epilogue), product)
+            (dproduct,) = epilogue_vjp(dout.astype(jnp.float32))
+            # The GEMMs of the cotangent run in the operands' dtype, as the forward's did.
+            dout = dproduct.astype(jnp.result_type(lhs.dtype, rhs.dtype))
         dlhs = call_op(
             vjp.dlhs, dout, rhs, group_sizes, not transpose_rhs, lhs.dtype, backend, None, None, fallback
         )

@@ -95,4 +95,5 @@ def gated(name: str, activation: str, summary: str) -> OpSpec:
         epilogue=activation,
         rhs_columns_per_out_column=2,
         out_columns="F",
+        vjp=Vjp(dlhs="grouped_matmul", drhs="grouped_matmul_drhs", product="grouped_matmul"),
     )

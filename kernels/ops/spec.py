@@ -78,10 +78,15 @@ class Operand:
 class Vjp:
     """The ops of an op's cotangents, by name: `dlhs` is called as (dout, rhs, group_sizes) with the other
     rhs layout (dout @ rhs[g]^T), `drhs` as (lhs, dout, group_sizes) with the op's layout, giving a
-    cotangent shaped like rhs. The group sizes get none (they are integers)."""
+    cotangent shaped like rhs. The group sizes get none (they are integers).
+
+    `product`: for an op with a gated epilogue, the op that recomputes the float32 product the epilogue
+    gates, so the forward keeps only its operands (a fused kernel never writes the product); the
+    backward takes the epilogue's VJP on it, then dlhs and drhs of the product's cotangent."""
 
     dlhs: str
     drhs: str
+    product: str = ""
 
 
 ProblemCheck = Callable[["Problem"], "str | None"]

@@ -1,5 +1,6 @@
-"""Gradients of the dispatched grouped_matmul on the CPU (xla backend): its custom VJP against jax's own
-gradient of jax.lax.ragged_dot, and that each cotangent is its own Problem, looked up under its own key."""
+"""Gradients of the dispatched grouped_matmul and of its gated ops on the CPU (xla backend): their custom
+VJP against jax's own gradient of jax.lax.ragged_dot (and the activation), and that each cotangent is its
+own Problem, looked up under its own key."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from moetune.kernels import grouped_matmul
+from moetune.kernels import call_op, grouped_matmul, grouped_matmul_swiglu
 from moetune.kernels.api import explain
 from moetune.kernels.backends.xla.config import STRATEGIES, XlaConfig
 from moetune.kernels.errors import Unsupported
+from moetune.kernels.moe.reference import gated_activation
 from moetune.kernels.ops.spec import TOLERANCE
 from moetune.kernels.reference import relative_error
 
@@ -151,3 +153,40 @@ def test_a_named_backend_serving_only_the_forward_refuses_the_weight_gradient(pr
     (drhs,) = vjp(dout)
     assert [p.op for p, _ in probe.built][-2:] == ["grouped_matmul", "grouped_matmul"]
     assert relative_error(drhs, _reference_cotangents(lhs, rhs, dout, sizes, False)[1]) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("transpose_rhs", [False, True], ids=["kn", "nk"])
+@pytest.mark.parametrize("op", ["grouped_matmul_swiglu", "grouped_matmul_geglu"])
+def test_gated_gradients_match_jax_grad_of_the_unfused_reference(op, transpose_rhs, dtype):
+    activation = op.rsplit("_", 1)[1]
+    lhs, rhs, _ = _operands(40, 16, 48, 4, transpose_rhs, dtype)
+    dout = jax.random.normal(jax.random.key(5), (40, 24), jnp.float32).astype(dtype)
+    sizes = jnp.asarray([10, 0, 21, 4], jnp.int32)
+    _, vjp = jax.vjp(lambda a, b: call_op(op, a, b, sizes, transpose_rhs), lhs, rhs)
+    dlhs, drhs = vjp(dout)
+
+    def reference(a, b):
+        return gated_activation(activation, _ragged_dot(a, b, sizes, transpose_rhs))
+
+    f32 = [x.astype(jnp.float32) for x in (lhs, rhs, dout)]
+    _, reference_vjp = jax.vjp(reference, f32[0], f32[1])
+    for got, want, primal in zip((dlhs, drhs), reference_vjp(f32[2]), (lhs, rhs), strict=True):
+        assert got.shape == primal.shape and got.dtype == primal.dtype
+        assert relative_error(got, want) <= TOLERANCE[dtype]
+    assert not np.any(np.asarray(dlhs[35:], np.float32)) and not np.any(np.asarray(drhs[1], np.float32))
+
+
+def test_swiglu_backward_recomputes_its_product_as_a_problem_of_its_own(caplog):
+    lhs, rhs, _ = _operands(40, 16, 48, 4, False, jnp.bfloat16)
+    sizes = jnp.asarray([10, 0, 21, 4], jnp.int32)
+    with caplog.at_level(logging.DEBUG, logger="moetune.kernels.api"):
+        jax.grad(lambda a, b: grouped_matmul_swiglu(a, b, sizes).astype(jnp.float32).sum(), (0, 1))(lhs, rhs)
+    looked_up = [r.args[0] for r in caplog.records if r.name == "moetune.kernels.api"]
+    dtypes = "lhs=bfloat16,rhs=bfloat16"
+    assert looked_up == [
+        f"grouped_matmul_swiglu/m=40,k=16,n=48,g=4,{dtypes},out=bfloat16,t=0/v1",
+        f"grouped_matmul/m=40,k=16,n=48,g=4,{dtypes},out=float32,t=0/v1",  # the product h, recomputed
+        f"grouped_matmul/m=40,k=48,n=16,g=4,{dtypes},out=bfloat16,t=1/v1",
+        f"grouped_matmul_drhs/m=40,k=16,n=48,g=4,{dtypes},out=bfloat16,t=0/v1",
+    ]
