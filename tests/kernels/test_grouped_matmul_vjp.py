@@ -190,3 +190,24 @@ def test_swiglu_backward_recomputes_its_product_as_a_problem_of_its_own(caplog):
         f"grouped_matmul/m=40,k=48,n=16,g=4,{dtypes},out=bfloat16,t=1/v1",
         f"grouped_matmul_drhs/m=40,k=16,n=48,g=4,{dtypes},out=bfloat16,t=0/v1",
     ]
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
+def test_moe_mlp_differentiates_like_its_dense_reference(fuse):
+    from moetune.kernels.moe import moe_mlp, moe_mlp_reference
+
+    keys = jax.random.split(jax.random.key(11), 4)
+    tokens, hidden, experts, ffn = 24, 16, 4, 8
+    x = jax.random.normal(keys[0], (tokens, hidden))
+    logits = jax.random.normal(keys[1], (tokens, experts))
+    w_gate_up = jax.random.normal(keys[2], (experts, hidden, 2 * ffn)) / 4
+    w_down = jax.random.normal(keys[3], (experts, ffn, hidden)) / 3
+
+    def loss(layer, **options):
+        return lambda *args: (layer(*args, top_k=2, **options) ** 2).sum()
+
+    arguments = (x, logits, w_gate_up, w_down)
+    got = jax.grad(loss(moe_mlp, fuse=fuse), argnums=(0, 1, 2, 3))(*arguments)
+    want = jax.grad(loss(moe_mlp_reference), argnums=(0, 1, 2, 3))(*arguments)
+    for name, a, b in zip(("x", "router_logits", "w_gate_up", "w_down"), got, want, strict=True):
+        assert relative_error(a, b) <= TOLERANCE["float32"], name
