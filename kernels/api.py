@@ -1,6 +1,7 @@
 """The public kernel API: `grouped_matmul`, `grouped_matmul_swiglu` and `call_op` for any registered op
 (moetune.kernels.ops) (trace-time dispatch), and `explain` (the same decision, told). Each op is its own
-Problem key, tuned and looked up separately.
+Problem key, tuned and looked up separately; so is each op of a gradient (`grouped_matmul`'s VJP calls
+the grouped GEMM with the other rhs layout and the weight-gradient op, dispatched like any call).
 
 At trace time a call turns its static shapes into a Problem, picks a backend (explicit argument, or the
 backend of an explicit config > $MOETUNE_BACKEND > the highest-priority backend available on the device),
@@ -19,6 +20,7 @@ with (new winners reach it after the trace is redone, e.g. in a new process).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from typing import Any
@@ -186,7 +188,56 @@ def call_op(
     log.debug("%s -> %s %s (%s)", problem.key, explanation.backend, explanation.config, explanation.source)
     if group_sizes.dtype != jnp.int32:
         group_sizes = group_sizes.astype(jnp.int32)
-    return kernel(lhs, rhs, group_sizes)
+    if problem.spec.vjp is None:
+        return kernel(lhs, rhs, group_sizes)
+    # The backward follows the forward's choice of backend (a config names its backend), not its config:
+    # each cotangent is its own Problem with its own winner.
+    named = backend if backend is not None or config is None else explanation.backend
+    return _differentiable(kernel, problem, named, fallback)(lhs, rhs, group_sizes)
+
+
+def _differentiable(kernel: KernelFn, problem: Problem, backend: str | None, fallback: bool | None):
+    """`kernel` with a VJP made of the ops its spec names (OpSpec.vjp), each dispatched as its own
+    Problem: dlhs = dh @ rhs[g]^T (the other rhs layout), drhs = lhs[rows of g]^T @ dh[rows of g], where
+    dh is the output's cotangent, or under a gated epilogue the cotangent of its float32 product h,
+    which the backward recomputes (`Vjp.product`) rather than the forward keeping [M, 2F] of it.
+    Rows of lhs past the groups (and past `problem.m`) get a zero cotangent, the group sizes none."""
+    spec, vjp, transpose_rhs = problem.spec, problem.spec.vjp, problem.transpose_rhs
+
+    @jax.custom_vjp
+    def op(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
+        return kernel(lhs, rhs, group_sizes)
+
+    def forward(lhs, rhs, group_sizes):
+        return kernel(lhs, rhs, group_sizes), (lhs, rhs, group_sizes)
+
+    def backward(residuals, dout):
+        lhs, rhs, group_sizes = residuals
+        # lhs may carry rows past m (`rows=`): they belong to no group.
+        rows = problem.m if lhs.shape[0] > problem.m else None
+        if vjp.product:
+            # Imported here: the moe package imports this module.
+            from moetune.kernels.moe.reference import gated_activation
+
+            product = call_op(
+                vjp.product, lhs, rhs, group_sizes, transpose_rhs, jnp.float32, backend, None, rows, fallback
+            )
+            _, epilogue_vjp = jax.vjp(functools.partial(gated_activation, spec.epilogue), product)
+            (dproduct,) = epilogue_vjp(dout.astype(jnp.float32))
+            # The GEMMs of the cotangent run in the operands' dtype, as the forward's did.
+            dout = dproduct.astype(jnp.result_type(lhs.dtype, rhs.dtype))
+        dlhs = call_op(
+            vjp.dlhs, dout, rhs, group_sizes, not transpose_rhs, lhs.dtype, backend, None, None, fallback
+        )
+        if rows is not None:
+            dlhs = jnp.pad(dlhs, ((0, lhs.shape[0] - rows), (0, 0)))
+        drhs = call_op(
+            vjp.drhs, lhs, dout, group_sizes, transpose_rhs, rhs.dtype, backend, None, rows, fallback
+        )
+        return dlhs, drhs, None
+
+    op.defvjp(forward, backward)
+    return op
 
 
 def explain(

@@ -11,11 +11,12 @@ import importlib
 import pkgutil
 
 from moetune.kernels.errors import ConfigInvalid
-from moetune.kernels.ops.spec import Operand, OpSpec
+from moetune.kernels.ops.spec import Operand, OpSpec, Vjp
 
 # The two ops most callers name; every other one is reached by its name through `get`.
 GROUPED_MATMUL = "grouped_matmul"
 GROUPED_MATMUL_SWIGLU = "grouped_matmul_swiglu"
+GROUPED_MATMUL_DRHS = "grouped_matmul_drhs"
 
 _NOT_OPS = frozenset({"spec"})
 _loaded: dict[str, OpSpec] = {}
@@ -46,4 +47,14 @@ def fusing(epilogue: str) -> OpSpec | None:
     return next((s for s in map(get, names()) if s.epilogue == epilogue and epilogue), None)
 
 
-__all__ = ["GROUPED_MATMUL", "GROUPED_MATMUL_SWIGLU", "OpSpec", "Operand", "fusing", "get", "names"]
+__all__ = [
+    "GROUPED_MATMUL",
+    "GROUPED_MATMUL_DRHS",
+    "GROUPED_MATMUL_SWIGLU",
+    "OpSpec",
+    "Operand",
+    "Vjp",
+    "fusing",
+    "get",
+    "names",
+]

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from moetune.kernels.moe.reference import gated_activation
-from moetune.kernels.ops.spec import Operand, OpSpec
+from moetune.kernels.ops.spec import Operand, OpSpec, Vjp
 from moetune.kernels.problem import Problem
 from moetune.kernels.reference import reference_grouped_matmul
 
@@ -66,6 +66,8 @@ SPEC = OpSpec(
     reference=reference,
     dims_of=dims_of,
     flops=flops,
+    # dlhs = dout @ rhs[g]^T is this op with the other rhs layout; drhs is the weight gradient.
+    vjp=Vjp(dlhs="grouped_matmul", drhs="grouped_matmul_drhs"),
 )
 
 
@@ -93,4 +95,5 @@ def gated(name: str, activation: str, summary: str) -> OpSpec:
         epilogue=activation,
         rhs_columns_per_out_column=2,
         out_columns="F",
+        vjp=Vjp(dlhs="grouped_matmul", drhs="grouped_matmul_drhs", product="grouped_matmul"),
     )

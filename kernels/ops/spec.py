@@ -12,17 +12,17 @@ transpose_rhs). Its spec gives, as functions of the Problem:
   * FLOPs and bytes touched (scheduling, dry-run estimates, rooflines);
   * facts kernels and search spaces plan with: the gated `epilogue` applied to the float32 product and
     how many rhs columns make one output column;
-  * `vjp`: None for every op today. A differentiable op will name the ops of its cotangents there (dlhs:
-    a grouped GEMM with the other rhs layout; drhs: the weight gradient out[g] = lhs[rows of g]^T @
-    dout[rows of g], [G, K, N], whose contracting dimension is the ragged one).
+  * `vjp`: the ops computing its cotangents (`Vjp`), each dispatched as its own Problem, so each is
+    tuned and looked up apart from the forward; None for an op without a gradient;
+  * `out_grouped`: the output is one slice per expert ([g, ...], the weight gradient) rather than one
+    row per lhs row, so "rows past the groups are zero" reads "an expert with no rows is zero".
 
-What the fields can say of the planned ops (tests/kernels/test_ops.py builds both): an FP8 op with
-per-row x per-column scales adds Operand("lhs_scale", (m,), float32, kind="scale", scales="lhs",
-layout="row") and its "column" twin for rhs; the weight-gradient op has operands lhs [m, k], dout [m, n]
-and the group sizes, out_shape (g, k, n), its own `dims_of` (n comes from dout) and a reference through
-jax.lax.ragged_dot_general with the ragged contracting dimension. Left for when they are built: the
-tuner draws only the lhs and rhs operands today (scales need a draw of their own), and its verification
-samples output rows as lhs rows (tuner/input_cache.reference_rows), which a [g, k, n] output is not.
+The weight-gradient op is built (kernels/ops/grouped_matmul_drhs.py). What the fields can say of the
+planned FP8 op (tests/kernels/test_ops.py builds it): per-row x per-column scales add
+Operand("lhs_scale", (m,), float32, kind="scale", scales="lhs", layout="row") and its "column" twin for
+rhs. Left for later: the tuner draws only the lhs and rhs operands today (scales and dout need a draw of
+their own), and its verification samples output rows as lhs rows (tuner/input_cache.reference_rows),
+which the weight gradient's [g, k, n] output is not: it is dispatched and served, not yet tuned.
 """
 
 from __future__ import annotations
@@ -74,6 +74,21 @@ class Operand:
             raise ConfigInvalid(f"operand {self.name}: layout={self.layout!r} is not one of {SCALE_LAYOUTS}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Vjp:
+    """The ops of an op's cotangents, by name: `dlhs` is called as (dout, rhs, group_sizes) with the other
+    rhs layout (dout @ rhs[g]^T), `drhs` as (lhs, dout, group_sizes) with the op's layout, giving a
+    cotangent shaped like rhs. The group sizes get none (they are integers).
+
+    `product`: for an op with a gated epilogue, the op that recomputes the float32 product the epilogue
+    gates, so the forward keeps only its operands (a fused kernel never writes the product); the
+    backward takes the epilogue's VJP on it, then dlhs and drhs of the product's cotangent."""
+
+    dlhs: str
+    drhs: str
+    product: str = ""
+
+
 ProblemCheck = Callable[["Problem"], "str | None"]
 
 
@@ -98,9 +113,8 @@ class OpSpec:
     epilogue: str = ""  # the gated activation applied to the float32 product ("" for none)
     rhs_columns_per_out_column: int = 1  # 2 under a gated epilogue: gate and up columns make one output
     out_columns: str = "N"  # what messages call the output's columns ("F" under a gated epilogue)
-    # Placeholder: no op has a VJP yet. It will name the ops computing the cotangents (see the module
-    # docstring), so that each is its own tunable Problem.
-    vjp: None = None
+    vjp: Vjp | None = None
+    out_grouped: bool = False
 
     def __post_init__(self) -> None:
         names = [o.name for o in self.operands]

@@ -7,11 +7,13 @@ compared with the op's float32 reference (OpSpec.reference) under the op's toler
 on operands drawn by the op's own input generator (OpSpec.draw). Cases:
   * simple shapes, every row in some group;
   * empty groups (and one group holding every row);
-  * rows past sum(group_sizes): exactly zero;
+  * rows past sum(group_sizes): exactly zero (for an op whose output is one slice per expert,
+    `OpSpec.out_grouped`, the weight gradient: an expert with no rows is exactly zero);
   * an lhs with more rows than M (kernels/backend.py's contract, the public functions' `rows=`): the
     rows past M are NaN and must not reach the [M, out_n] result;
   * the transposed weight layout rhs [G, N, K];
-  * `test_vjp`, the hook for gradients: it runs an op's VJP once its spec has one.
+  * `test_vjp`: for an op whose spec names a VJP, the gradients of the public call (both rhs layouts)
+    against jax.vjp of the op's float32 reference; lhs rows past the groups get exactly zero.
 
 A subclass sets `backend_name` and, where needed, overrides `unavailable` (why the kernels cannot run
 here: the run tests then skip with that reason) and `configs` (the configs to run; default: the backend's
@@ -115,20 +117,53 @@ class BackendContract:
         ref = reference_of(problem)(lhs, rhs, sizes)
         for config in self._runnable_configs(problem):
             out = jax.jit(self.backend.build(problem, config))(padded, rhs, sizes)
-            self._assert_matches(problem, out, ref, assigned=36, config=config)
+            self._assert_matches(problem, out, ref, sizes, config=config)
             # The public functions' `rows=`: the key's M is `rows`, and this backend serves it.
             chosen = explain(problem, backend=self.backend_name, config=config)
             assert chosen.backend == self.backend_name and not chosen.declined, chosen
             out = call_op(
                 problem.op, padded, rhs, sizes, rows=problem.m, backend=self.backend_name, config=config
             )
-            self._assert_matches(problem, out, ref, assigned=36, config=config)
+            self._assert_matches(problem, out, ref, sizes, config=config)
 
-    def test_vjp(self, case: Case):
+    @pytest.mark.parametrize("transpose_rhs", [False, True], ids=["kn", "nk"])
+    def test_vjp(self, case: Case, transpose_rhs: bool):
         spec = ops.get(case.op)
         if spec.vjp is None:
-            pytest.skip(f"{case.op} has no VJP yet (OpSpec.vjp is None)")
-        raise AssertionError(f"{case.op} declares a VJP: extend the contract to check it")
+            pytest.skip(f"{case.op} has no VJP (OpSpec.vjp is None)")
+        problem = case.problem(m=40, g=4, transpose_rhs=transpose_rhs)
+        lhs, rhs = self._operands(problem)
+        sizes = jnp.asarray([10, 0, 21, 4], jnp.int32)
+        dout = jax.random.normal(jax.random.key(7), problem.out_shape, jnp.float32)
+        f32 = [x.astype(jnp.float32) for x in (lhs, rhs)]
+        _, reference_vjp = jax.vjp(
+            lambda a, b: spec.reference(a, b, sizes, transpose_rhs=transpose_rhs), *f32
+        )
+        want = reference_vjp(dout)
+        for config in self._runnable_configs(problem):
+            # The cotangents are their own problems; a backend that serves only the forward passes them on.
+            def call(a, b, config=config):
+                return call_op(
+                    problem.op,
+                    a,
+                    b,
+                    sizes,
+                    transpose_rhs,
+                    backend=self.backend_name,
+                    config=config,
+                    fallback=True,
+                )
+
+            _, vjp = jax.vjp(call, lhs, rhs)
+            got = vjp(dout.astype(problem.out_dtype))
+            for name, cotangent, primal, ref in zip(("dlhs", "drhs"), got, (lhs, rhs), want, strict=True):
+                assert cotangent.shape == primal.shape and cotangent.dtype == primal.dtype, name
+                error = relative_error(cotangent, ref)
+                limit = spec.tolerance_for(problem.out_dtype)
+                assert error <= limit, (
+                    f"{problem.key} {config}: {name} relative error {error:.3g} > {limit:g}"
+                )
+            assert not np.any(np.asarray(got[0][35:], np.float32)), f"{problem.key} {config}: dlhs tail rows"
 
     # -- running a case -------------------------------------------------------------------------------
 
@@ -139,10 +174,12 @@ class BackendContract:
         return self.configs(problem)
 
     @staticmethod
-    def _operands(problem: Problem, seed: int = 0) -> tuple[Any, Any]:
+    def _operands(problem: Problem, seed: int = 0) -> tuple[Any, ...]:
+        """The op's drawn operands (lhs and rhs, or lhs and dout), in call order."""
         spec = problem.spec
-        key_lhs, key_rhs = jax.random.split(jax.random.key(seed))
-        return spec.draw(problem, "lhs", key_lhs), spec.draw(problem, "rhs", key_rhs)
+        drawn = [o.name for o in spec.operands if o.stddev is not None]
+        keys = jax.random.split(jax.random.key(seed), len(drawn))
+        return tuple(spec.draw(problem, name, key) for name, key in zip(drawn, keys, strict=True))
 
     def _check(self, problem: Problem, group_sizes: list[int]) -> None:
         lhs, rhs = self._operands(problem, seed=sum(group_sizes))
@@ -150,17 +187,20 @@ class BackendContract:
         ref = reference_of(problem)(lhs, rhs, sizes)
         for config in self._runnable_configs(problem):
             out = jax.jit(self.backend.build(problem, config))(lhs, rhs, sizes)
-            self._assert_matches(problem, out, ref, assigned=min(sum(group_sizes), problem.m), config=config)
+            self._assert_matches(problem, out, ref, sizes, config=config)
 
     @staticmethod
-    def _assert_matches(
-        problem: Problem, out: Any, ref: Any, assigned: int | None = None, config=None
-    ) -> None:
+    def _assert_matches(problem: Problem, out: Any, ref: Any, group_sizes: Any, config=None) -> None:
         assert tuple(out.shape) == problem.out_shape, (out.shape, problem.out_shape)
         assert jnp.dtype(out.dtype) == jnp.dtype(problem.out_dtype)
         error = relative_error(out, ref)
         limit = problem.spec.tolerance_for(problem.out_dtype)
         assert error <= limit, f"{problem.key} {config}: relative error {error:.3g} > {limit:g}"
-        if assigned is not None:
+        ends = np.minimum(np.cumsum(np.asarray(group_sizes)), problem.m)
+        if problem.spec.out_grouped:
+            # An expert with no rows has a gradient of exactly zero, not merely a small one.
+            empty = np.diff(ends, prepend=0) == 0
+            assert not np.any(np.asarray(out, np.float32)[empty]), f"{problem.key} {config}: empty experts"
+        else:
             # ragged_dot's contract: rows past sum(group_sizes) are exactly zero, not merely small.
-            assert not np.any(np.asarray(out[assigned:], np.float32)), f"{problem.key} {config}: tail rows"
+            assert not np.any(np.asarray(out[ends[-1] :], np.float32)), f"{problem.key} {config}: tail rows"

@@ -15,12 +15,17 @@ from moetune.kernels import ops
 from moetune.kernels.backend import Backend
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.ops import grouped_matmul as gmm
-from moetune.kernels.ops.spec import Operand, OpSpec
+from moetune.kernels.ops.spec import Operand
 from moetune.kernels.problem import Problem, problem_of
 
 
 def test_names_come_from_the_package_and_unknown_names_list_them():
-    assert ops.names() == ["grouped_matmul", "grouped_matmul_geglu", "grouped_matmul_swiglu"]
+    assert ops.names() == [
+        "grouped_matmul",
+        "grouped_matmul_drhs",
+        "grouped_matmul_geglu",
+        "grouped_matmul_swiglu",
+    ]
     assert all(ops.get(name).name == name for name in ops.names())
     with pytest.raises(ConfigInvalid, match="unknown op 'moe_combine'; registered: grouped_matmul, "):
         ops.get("moe_combine")
@@ -108,8 +113,14 @@ def test_tolerances_follow_the_output_dtype():
     assert spec.tolerance_for("bfloat16") > spec.tolerance_for("float16") > spec.tolerance_for("float32")
 
 
-def test_every_op_leaves_its_vjp_unset_for_now():
-    assert [ops.get(name).vjp for name in ops.names()] == [None] * len(ops.names())
+def test_the_grouped_gemms_name_their_cotangent_ops_and_the_weight_gradient_has_none():
+    assert ops.get("grouped_matmul").vjp == ops.Vjp(dlhs="grouped_matmul", drhs="grouped_matmul_drhs")
+    for gated in ("grouped_matmul_swiglu", "grouped_matmul_geglu"):
+        # The backward recomputes the gated product rather than the forward keeping it.
+        assert ops.get(gated).vjp == ops.Vjp(
+            "grouped_matmul", "grouped_matmul_drhs", product="grouped_matmul"
+        )
+    assert ops.get("grouped_matmul_drhs").vjp is None
 
 
 def test_the_spec_expresses_an_fp8_op_with_row_and_column_scales():
@@ -136,38 +147,29 @@ def test_the_spec_expresses_an_fp8_op_with_row_and_column_scales():
         dataclasses.replace(spec, operands=(*gmm.OPERANDS, dataclasses.replace(scales[0], scales="out")))
 
 
-def test_the_spec_expresses_the_weight_gradient():
-    """drhs: out[g] = lhs[rows of g]^T @ dout[rows of g], [G, K, N]; the ragged dimension is contracted."""
-
-    def dims(lhs, dout, group_sizes, transpose_rhs):
-        return lhs.shape[0], lhs.shape[1], dout.shape[1], group_sizes.shape[0]
-
-    def reference(lhs, dout, group_sizes, *, transpose_rhs):
-        numbers = jax.lax.RaggedDotDimensionNumbers(
-            dot_dimension_numbers=(((0,), (0,)), ((), ())),
-            lhs_ragged_dimensions=(0,),
-            rhs_group_dimensions=(),
-        )
-        return jax.lax.ragged_dot_general(lhs, dout, group_sizes, numbers, preferred_element_type=jnp.float32)
-
-    dout = Operand("dout", lambda p: (p.m, p.n), lambda p: p.rhs_dtype, stddev=lambda p: 1.0)
-    spec = OpSpec(
-        name="grouped_matmul_drhs",
-        summary="weight gradient",
-        operands=(gmm.LHS, dout, gmm.GROUP_SIZES),
-        out_shape=lambda p: (p.g, p.k, p.n),
-        reference=reference,
-        dims_of=dims,
-        flops=gmm.flops,
-    )
-    problem = Problem("grouped_matmul", m=12, k=8, n=4, g=3, lhs_dtype="float32", rhs_dtype="float32")
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_the_weight_gradient_spec(transpose_rhs):
+    """drhs: out[g] = lhs[rows of g]^T @ dout[rows of g], [G, K, N] (the weights' layout); the ragged
+    dimension is contracted, its key is its own."""
+    spec = ops.get("grouped_matmul_drhs")
+    problem = Problem(spec.name, m=12, k=8, n=4, g=3, lhs_dtype="float32", rhs_dtype="float32")
+    problem = dataclasses.replace(problem, transpose_rhs=transpose_rhs)
     lhs, grad = spec.draw(problem, "lhs", jax.random.key(0)), spec.draw(problem, "dout", jax.random.key(1))
-    sizes = jnp.asarray([5, 0, 7], jnp.int32)
-    out = np.asarray(spec.reference(lhs, grad, sizes, transpose_rhs=False))
-    assert out.shape == spec.out_shape(problem) == (3, 8, 4)
-    np.testing.assert_allclose(out[0], np.asarray(lhs[:5]).T @ np.asarray(grad[:5]), rtol=1e-5, atol=1e-5)
+    sizes = jnp.asarray([5, 0, 6], jnp.int32)  # row 11 is past the groups
+    out = np.asarray(spec.reference(lhs, grad, sizes, transpose_rhs=transpose_rhs))
+    assert out.shape == spec.out_shape(problem) == ((3, 4, 8) if transpose_rhs else (3, 8, 4))
+    first = np.asarray(lhs[:5]).T @ np.asarray(grad[:5])
+    last = np.asarray(lhs[5:11]).T @ np.asarray(grad[5:11])
+    for got, want in ((out[0], first), (out[2], last)):
+        np.testing.assert_allclose(got, want.T if transpose_rhs else want, rtol=1e-5, atol=1e-5)
     assert not out[1].any()
-    assert spec.dims_of(lhs, grad, sizes, False) == (12, 8, 4, 3)
+    assert spec.dims_of(lhs, grad, sizes, transpose_rhs) == (12, 8, 4, 3)
+    assert spec.out_grouped and problem.flops == 2 * 12 * 8 * 4
+    assert problem.key.startswith("grouped_matmul_drhs/m=12,k=8,n=4,g=3,")
+    with pytest.raises(ValueError, match="needs group_sizes"):
+        spec.dims_of(lhs, grad, None, False)
+    with pytest.raises(ValueError, match="dout must be"):
+        spec.dims_of(lhs, grad[:5], sizes, False)
 
 
 class _Narrow(Backend):

@@ -2,7 +2,7 @@
 
 It closes every fallback chain, so it serves every op: the fused ones as the plain fallback, the grouped
 GEMM in float32 followed by the epilogue as a separate XLA op ("grouped_matmul_swiglu",
-"grouped_matmul_geglu").
+"grouped_matmul_geglu"), and the grouped GEMM's weight gradient ("grouped_matmul_drhs").
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class XlaBackend(Backend):
         "grouped_matmul": "grouped_matmul",
         "grouped_matmul_swiglu": "grouped_matmul_swiglu",
         "grouped_matmul_geglu": "grouped_matmul_geglu",
+        "grouped_matmul_drhs": "grouped_matmul_drhs",
     }
     kernel_module = "moetune.kernels.backends.xla.kernel"
 

@@ -19,6 +19,7 @@ from jax import lax
 
 from moetune.kernels.backends.xla.config import XlaConfig
 from moetune.kernels.moe.reference import gated_activation
+from moetune.kernels.ops.grouped_matmul_drhs import RAGGED_CONTRACTION
 
 # rhs [G, N, K] contracts its last dimension with lhs's; group dimension 0 matches lhs's ragged rows.
 _TRANSPOSED_RAGGED_DOT = lax.RaggedDotDimensionNumbers(
@@ -144,6 +145,24 @@ def _chunked(lhs, rhs, group_sizes, transpose_rhs, chunk_m, items_per_step):
     m, k = lhs.shape
     g = rhs.shape[0]
     n = rhs.shape[1 if transpose_rhs else 2]
+    chunks, starts, ends, per_step = _work_items(group_sizes, m, g, chunk_m, items_per_step)
+
+    lhs_chunks = _row_chunks(lhs, chunks, chunk_m)
+    spec = "bck,bnk->bcn" if transpose_rhs else "bck,bkn->bcn"
+
+    def one_step(out, items):
+        chunk_ids, group_ids, is_valid = items
+        product = _product(spec, lhs_chunks[chunk_ids], rhs[group_ids])
+        keep = _item_rows(chunk_ids, group_ids, is_valid, starts, ends, chunk_m)
+        return out.at[chunk_ids].add(jnp.where(keep[..., None], product, 0.0)), None
+
+    out = _scan_items(one_step, jnp.zeros((chunks, chunk_m, n), jnp.float32), per_step)
+    return out.reshape(chunks * chunk_m, n)[:m]
+
+
+def _work_items(group_sizes, m, g, chunk_m, items_per_step):
+    """The (row chunk, group) overlaps of _chunked's docstring as (chunks, starts, ends, per-step item
+    arrays (chunk ids, group ids, valid) of shape [steps, step])."""
     chunks = -(-m // chunk_m)
     max_items = chunks + g - 1
     step = min(items_per_step, max_items)
@@ -160,21 +179,85 @@ def _chunked(lhs, rhs, group_sizes, transpose_rhs, chunk_m, items_per_step):
     item_group = jnp.minimum(jnp.searchsorted(items_end, item, side="right"), g - 1)
     item_chunk = first_chunk[item_group] + item - (items_end - item_counts)[item_group]
     item_chunk = jnp.where(valid, item_chunk, 0)
+    per_step = (item_chunk.reshape(steps, step), item_group.reshape(steps, step), valid.reshape(steps, step))
+    return chunks, starts, ends, per_step
 
-    lhs_chunks = jnp.pad(lhs, ((0, chunks * chunk_m - m), (0, 0))).reshape(chunks, chunk_m, k)
-    spec = "bck,bnk->bcn" if transpose_rhs else "bck,bkn->bcn"
-    offsets = jnp.arange(chunk_m, dtype=item_chunk.dtype)
+
+def _row_chunks(x, chunks, chunk_m):
+    """x [m, c] zero-padded to whole chunks: [chunks, chunk_m, c]."""
+    return jnp.pad(x, ((0, chunks * chunk_m - x.shape[0]), (0, 0))).reshape(chunks, chunk_m, x.shape[1])
+
+
+def _item_rows(chunk_ids, group_ids, is_valid, starts, ends, chunk_m):
+    """[items, chunk_m]: whether each row of an item's chunk belongs to the item's group."""
+    rows = chunk_ids[:, None] * chunk_m + jnp.arange(chunk_m, dtype=chunk_ids.dtype)[None, :]
+    return is_valid[:, None] & (rows >= starts[group_ids][:, None]) & (rows < ends[group_ids][:, None])
+
+
+def _scan_items(one_step, out, per_step):
+    # The first step runs outside the loop, as in _segments: the carry then has the body's type.
+    out, _ = one_step(out, tuple(x[0] for x in per_step))
+    if per_step[0].shape[0] > 1:
+        out, _ = lax.scan(one_step, out, tuple(x[1:] for x in per_step))
+    return out
+
+
+def grouped_matmul_drhs(
+    lhs: jax.Array,
+    dout: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    config: XlaConfig,
+    transpose_rhs: bool,
+    out_dtype: jnp.dtype,
+) -> jax.Array:
+    """The weight gradient out[g] = lhs[rows of g]^T @ dout[rows of g] [G, K, N] ([G, N, K] when
+    `transpose_rhs`), accumulated in float32, in each strategy's formulation; an expert with no rows and
+    rows past the groups contribute nothing."""
+    g = group_sizes.shape[0]
+    compute_dtype = jnp.promote_types(lhs.dtype, dout.dtype)
+    lhs, dout = lhs.astype(compute_dtype), dout.astype(compute_dtype)
+    group_sizes = group_sizes.astype(jnp.int32)
+    if config.strategy == "ragged_dot":
+        out = lax.ragged_dot_general(
+            lhs,
+            dout,
+            group_sizes,
+            RAGGED_CONTRACTION,
+            precision=_precision(compute_dtype),
+            preferred_element_type=jnp.float32,
+        )
+    elif config.strategy == "dense_masked":
+        member = _row_groups(group_sizes, lhs.shape[0])[:, None] == jnp.arange(g)[None, :]
+        masked = jnp.where(member[:, :, None], lhs[:, None, :], jnp.zeros((), compute_dtype))
+        out = _product("mgk,mn->gkn", masked, dout)
+    elif config.strategy == "segments":
+        out = _drhs_segments(lhs, dout, group_sizes, g)
+    else:
+        out = _drhs_chunked(lhs, dout, group_sizes, g, config.chunk_m, config.items_per_step)
+    return (out.transpose(0, 2, 1) if transpose_rhs else out).astype(out_dtype)
+
+
+def _drhs_segments(lhs, dout, group_sizes, g):
+    row_groups = _row_groups(group_sizes, lhs.shape[0])
+
+    def one_group(e):
+        rows_of_e = jnp.where((row_groups == e)[:, None], lhs, jnp.zeros((), lhs.dtype))
+        return _product("mk,mn->kn", rows_of_e, dout)
+
+    return lax.map(one_group, jnp.arange(g))
+
+
+def _drhs_chunked(lhs, dout, group_sizes, g, chunk_m, items_per_step):
+    """Each (row chunk, group) item adds its rows' lhs^T @ dout to its expert's [K, N] gradient."""
+    m, k = lhs.shape
+    chunks, starts, ends, per_step = _work_items(group_sizes, m, g, chunk_m, items_per_step)
+    lhs_chunks, dout_chunks = _row_chunks(lhs, chunks, chunk_m), _row_chunks(dout, chunks, chunk_m)
 
     def one_step(out, items):
         chunk_ids, group_ids, is_valid = items
-        product = _product(spec, lhs_chunks[chunk_ids], rhs[group_ids])
-        rows = chunk_ids[:, None] * chunk_m + offsets[None, :]
-        keep = is_valid[:, None] & (rows >= starts[group_ids][:, None]) & (rows < ends[group_ids][:, None])
-        return out.at[chunk_ids].add(jnp.where(keep[..., None], product, 0.0)), None
+        keep = _item_rows(chunk_ids, group_ids, is_valid, starts, ends, chunk_m)
+        masked = jnp.where(keep[..., None], lhs_chunks[chunk_ids], jnp.zeros((), lhs.dtype))
+        return out.at[group_ids].add(_product("bck,bcn->bkn", masked, dout_chunks[chunk_ids])), None
 
-    per_step = (item_chunk.reshape(steps, step), item_group.reshape(steps, step), valid.reshape(steps, step))
-    # The first step runs outside the loop, as in _segments: the carry then has the body's type.
-    out, _ = one_step(jnp.zeros((chunks, chunk_m, n), jnp.float32), tuple(x[0] for x in per_step))
-    if steps > 1:
-        out, _ = lax.scan(one_step, out, tuple(x[1:] for x in per_step))
-    return out.reshape(chunks * chunk_m, n)[:m]
+    return _scan_items(one_step, jnp.zeros((g, k, dout.shape[1]), jnp.float32), per_step)
