@@ -224,7 +224,9 @@ def test_the_heartbeat_keeps_the_lease_and_a_taken_over_sweep_stops(db_url, sim,
 
         with pytest.raises(LeaseLost, match=f"sweep {sweep_id}"):
             run_sweep(store, slow, sweep_id=sweep_id, owner=owner)
-        assert beats[3] < 0.5  # a second after the sweep began: it kept beating while candidates ran
+        # Sampled 0.5-1 s after the sweep began: a heartbeat that stopped at the start would be that old in
+        # every sample; one renewed every 0.05 s is fresh in at least one, even on a loaded machine.
+        assert min(beats[1:4]) < 0.5, beats
         row = store.get_sweep(sweep_id)
         assert (row.stored_status, row.owner) == ("running", str(taker))  # the stopped run wrote nothing
         assert len(sim_trials(store, sweep_id=sweep_id)) < len(sim_backend.TILES)
