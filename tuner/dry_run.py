@@ -34,6 +34,10 @@ class PlanRow:
     compile_s: float = 0.0  # per candidate, from the cost model
     device_s: float = 0.0
     basis: str = ""  # the cost model's: "history", "nearest" or "prior"
+    op: str = ""
+    tokens: int | None = None  # T, where the problem came from a model (m = T x top_k)
+    m: int = 0
+    kng: str = ""  # "k,n,g"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,9 +78,12 @@ def make_plan(
     driver = SweepDriver(store, InlineExecutor(_never, device), spec, backend=backend)
     costs = CostModel.from_store(store, registry.get(backend), device, spec.runs)
     rows = []
+    tokens = {p.problem.key: p.tokens for p in planned}
     for run in driver.prepare(planned, sweep_id=None):
+        p = run.problem
+        shape = dict(op=p.op, tokens=tokens.get(p.key), m=p.m, kng=f"{p.k},{p.n},{p.g}")
         if run.phase == "skipped":
-            rows.append(PlanRow(run.label, run.problem.key, 0, 0, 0, 0, run.skipped))
+            rows.append(PlanRow(run.label, run.problem.key, 0, 0, 0, 0, run.skipped, **shape))
             continue
         valid = set(run.strategy.space.valid())
         done = sum(1 for c in valid if canonical(c.to_dict()) in run.known)
@@ -95,6 +102,7 @@ def make_plan(
                 compile_s=cost.compile_s,
                 device_s=cost.device_s,
                 basis=cost.basis,
+                **shape,
             )
         )
     return Plan(rows, max(1, workers), max(1, lanes))

@@ -37,12 +37,16 @@ def test_dry_run_shows_problems_times_candidates_after_pruning(sqlite_url):
     for row, planned in zip(plan["problems"], problems, strict=True):
         valid, pruned = valid_configs(planned.problem)
         assert (row["valid"], row["pruned"], row["to_run"]) == (len(valid), len(pruned), len(valid))
+        # T beside m, and the op: a shape's two GEMMs never look alike.
+        assert (row["op"], row["tokens"], row["m"]) == (planned.problem.op, planned.tokens, planned.problem.m)
     assert plan["candidates"] == sum(len(valid_configs(p.problem)[0]) for p in problems)
     assert plan["estimate_s"] > 0 and plan["estimate_measured"] is False
     table = invoke(
         "tune", "--model", "tiny", "--backend", "xla", "--budget", "3", "--dry-run", "--db", sqlite_url
     )
     assert table.exit_code == 0 and re.search(r"12 candidates; estimated", table.output)
+    header = next(line for line in table.output.splitlines() if "problem" in line and "valid" in line)
+    assert re.search(r"\bop\b.*\bT\b.*\bm\b.*k,n,g", header), header
 
 
 def test_inline_sweep_prints_winners_and_report_is_self_contained(sqlite_url, tmp_path):

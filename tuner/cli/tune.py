@@ -21,7 +21,7 @@ import typer
 from moetune.kernels import registry
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner import strategies
-from moetune.tuner.cli import app
+from moetune.tuner.cli import app, problem_cells
 from moetune.tuner.cli.common import DbOption, cell, choice, err_console, fail, json_text, table_console
 from moetune.tuner.spec import SweepSpec
 
@@ -478,14 +478,29 @@ def _dry_run(spec, planned, store, as_json: bool) -> None:
         return
     from rich.table import Table
 
-    table = Table(
-        title=cell(f"plan: backend {backend.name} on {device.device_kind}, strategy {spec.strategy}")
+    known = [r.tokens for r in plan.rows]
+    with_tokens = any(t is not None for t in known)
+    title = f"plan: backend {backend.name} on {device.device_kind}, strategy {spec.strategy}"
+    table = Table(title=cell(title + problem_cells.tokens_note(known)))
+    shape_columns = ("op", "T", "m", "k,n,g") if with_tokens else ("op", "m", "k,n,g")
+    columns = (
+        "problem",
+        *shape_columns,
+        "valid",
+        "pruned",
+        "done before",
+        "to run",
+        "s per candidate",
+        "note",
     )
-    for column in ("problem", "valid", "pruned", "done before", "to run", "s per candidate", "note"):
+    for column in columns:
         table.add_column(column)
     for r in plan.rows:  # labels come from model files: cells, never markup
         per_candidate = f"{r.compile_s:.2g} + {r.device_s:.2g} ({r.basis})" if r.basis else ""
-        table.add_row(*map(cell, (r.label, r.valid, r.pruned, r.done, r.to_run, per_candidate, r.skipped)))
+        T = problem_cells.UNKNOWN if r.tokens is None else r.tokens
+        shape = (r.op, T, r.m, r.kng) if with_tokens else (r.op, r.m, r.kng)
+        values = (r.label, *shape, r.valid, r.pruned, r.done, r.to_run, per_candidate, r.skipped)
+        table.add_row(*map(cell, values))
     out = table_console()
     out.print(table)
     basis = "calibrated from earlier trials" if plan.measured else "a prior: no earlier trials"
