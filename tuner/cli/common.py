@@ -118,7 +118,8 @@ def emit(rows: list[dict[str, Any]], *, as_json: bool, title: str | None = None)
         return
     table = Table(title=None if title is None else cell(title))
     for column in rows[0]:
-        table.add_column(cell(column))
+        # Folded, never cut with an ellipsis: a config's tail is where configs differ.
+        table.add_column(cell(column), overflow="fold")
     for row in rows:
         table.add_row(*(cell(v) for v in row.values()))
     table_console().print(table)
