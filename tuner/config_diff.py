@@ -24,11 +24,14 @@ def _defaults(backend: str) -> dict[str, Any] | None:
 
 
 def changed(backend: str, config: dict[str, Any]) -> dict[str, Any]:
-    """The fields of `config` that differ from the backend's default Config (all of them when unknown)."""
+    """The fields of `config` that differ from the backend's default Config (all of them when unknown), in
+    the order the Config declares them: a config reads the same whether it came from a row or from sorted
+    JSON. Fields the Config lacks follow, as given."""
     defaults = _defaults(backend)
     if defaults is None:
         return dict(config)
-    return {k: v for k, v in config.items() if k not in defaults or defaults[k] != v}
+    declared = [k for k in defaults if k in config and config[k] != defaults[k]]
+    return {k: config[k] for k in declared} | {k: v for k, v in config.items() if k not in defaults}
 
 
 def text(backend: str, config: dict[str, Any] | None) -> str:
