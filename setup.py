@@ -7,7 +7,7 @@ any list.
 
 from setuptools import find_packages, setup
 
-ROOTS = ("kernels", "search_spaces", "tuner", "db", "configs", "models")
+ROOTS = ("kernels", "search_spaces", "tuner", "db", "configs", "models", "service")
 
 packages = []
 for root in ROOTS:

@@ -50,6 +50,7 @@ def _load_commands() -> None:
         misses,
         pack_schema,
         report,
+        serve,
         sweeps,
         trials,
         tune,

@@ -1,0 +1,65 @@
+"""The ASGI app: create_app(settings) wires the Store, the routers and the error handlers.
+
+Errors: a moetune error becomes JSON {"detail": "<one line>"} with 400 (bad input), 404 (no such
+record) or 503 (the database is unreachable); its text is already free of passwords (moetune.db.urls).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from moetune.db import DatabaseError, open_store
+from moetune.db.errors import InvalidRecord, RecordNotFound
+from moetune.kernels.errors import MoetuneError
+from moetune.service.auth import require_read
+from moetune.service.settings import ServiceSettings
+
+
+def _status(error: MoetuneError) -> int:
+    if isinstance(error, RecordNotFound):
+        return 404
+    if isinstance(error, InvalidRecord) or not isinstance(error, DatabaseError):
+        return 400
+    return 503  # the database is unreachable, or not moetune's
+
+
+def create_app(settings: ServiceSettings) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # A server owns its database like `moetune tune` does: a fresh one is migrated to head, any other
+        # revision refuses to start (SchemaMismatch names the fix).
+        app.state.store = open_store(settings.db_url)
+        try:
+            yield
+        finally:
+            app.state.store.close()
+
+    from importlib.metadata import version
+
+    app = FastAPI(
+        title="moetune",
+        version=version("moetune"),
+        summary="Tuned MoE grouped-GEMM configs, sweeps and a tuning queue over one SQL database.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+
+    @app.exception_handler(MoetuneError)
+    async def _moetune_error(request: Request, error: MoetuneError) -> JSONResponse:
+        return JSONResponse({"detail": str(error)}, status_code=_status(error))
+
+    @app.get("/api/health", dependencies=[Depends(require_read)], tags=["service"])
+    def health(request: Request) -> dict[str, str]:
+        """The server is up and its database answers (its schema revision)."""
+        store = request.app.state.store
+        return {"status": "ok", "revision": store.revision() or "", "database": store.dialect}
+
+    if settings.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET"])
+    return app
