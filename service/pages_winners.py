@@ -11,6 +11,7 @@ marked with which it is. A winner maps to a model through the problems the model
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from moetune.kernels.problem import GROUPED_MATMUL
@@ -47,6 +48,7 @@ def _speedup(compared: Compared | None) -> str:
     return f"{compared.ratio:.2f}x ({kind})"
 
 
+@functools.cache  # the shipped model files do not change while a server runs
 def _model_index() -> dict[str, list[tuple[str, str, int]]]:
     """Problem key -> (model, part, T) for every problem a shipped model plans; a fused gate_up also under
     its plain GEMM, the op a backend without the fused kernel tunes instead (plan.for_backend)."""

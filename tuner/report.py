@@ -5,7 +5,8 @@ Sections: the sweep's settings and device; the winners (winner vs heuristic defa
 and the decision that promoted each winner); winner vs heuristic and winner vs XLA per token bucket, one
 ratio per chart; failures by status and reason; per problem, time per config, the optimisation history,
 parameter importance and the failed trials. Everything comes from the database, so a report can be
-written anywhere, any time after the sweep.
+written anywhere, any time after the sweep. The service's sweep page shows the same sections
+(`sections`), around which it puts its own page.
 
 A winner is shown with the interleaved re-timed median that decided it and the decision (rule, rounds,
 gain) stored with it, beside its own sweep median; the heuristic and XLA are compared on re-timed medians
