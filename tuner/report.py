@@ -5,7 +5,8 @@ Sections: the sweep's settings and device; the winners (winner vs heuristic defa
 and the decision that promoted each winner); winner vs heuristic and winner vs XLA per token bucket, one
 ratio per chart; failures by status and reason; per problem, time per config, the optimisation history,
 parameter importance and the failed trials. Everything comes from the database, so a report can be
-written anywhere, any time after the sweep.
+written anywhere, any time after the sweep. The service's sweep page shows the same sections
+(`sections`), around which it puts its own page.
 
 A winner is shown with the interleaved re-timed median that decided it and the decision (rule, rounds,
 gain) stored with it, beside its own sweep median; the heuristic and XLA are compared on re-timed medians
@@ -115,7 +116,9 @@ def _heuristic(backend: str, problem: Problem, device: DeviceFingerprint | None)
         return None
 
 
-def collect(store: Any, sweep_id: int) -> tuple[Any, list[_ProblemData], list[Any]]:
+def collect(store: Any, sweep_id: int, *, studies: bool = True) -> tuple[Any, list[_ProblemData], list[Any]]:
+    """The sweep, its problems' data and its trials; `studies`: also the Optuna study per problem (for
+    parameter importance; the winners' comparisons alone do without it)."""
     sweep = store.get_sweep(sweep_id)
     trials = store.trials(sweep_id=sweep_id)
     planned = _planned(sweep.spec)
@@ -143,9 +146,10 @@ def collect(store: Any, sweep_id: int) -> tuple[Any, list[_ProblemData], list[An
                 backend=sweep.backend,
                 problem_key=data.problem.key,
             )
-            data.study = optuna_study.problem_study(
-                sweep.backend, data.problem, device, narrowed, data.trials, sweep.created_at
-            )
+            if studies:
+                data.study = optuna_study.problem_study(
+                    sweep.backend, data.problem, device, narrowed, data.trials, sweep.created_at
+                )
     ordered = sorted(problems.values(), key=lambda d: (d.problem.shape_key, d.problem.m))
     return sweep, ordered, trials
 
@@ -400,13 +404,20 @@ class Report:
     figures: list[Any]  # plotly Figures, in page order
 
 
+@dataclasses.dataclass(frozen=True)
+class Sections:
+    """A sweep's report without its page around it: the file and the service's sweep page both wrap it."""
+
+    title: str
+    body: str  # HTML for inside <body>, from the heading to the last problem's section
+    figures: list[Any]  # plotly Figures, in page order; the body's divs need plotly.js loaded first
+
+
 def render(store: Any, sweep_id: int) -> str:
     return build(store, sweep_id).html
 
 
-def build(store: Any, sweep_id: int) -> Report:
-    from plotly.offline import get_plotlyjs
-
+def sections(store: Any, sweep_id: int) -> Sections:
     sweep, problems, trials = collect(store, sweep_id)
     device = sweep.spec.get("device", {})
     settings = sweep.spec.get("spec", {})
@@ -423,16 +434,12 @@ def build(store: Any, sweep_id: int) -> Report:
     with_trials = [d for d in problems if d.trials]
     speedups = _speedups(problems, plots)
     failures = _failures(trials, plots)
-    sections = "".join(_problem_section(i, d, plots) for i, d in enumerate(with_trials, 1))
+    problem_sections = "".join(_problem_section(i, d, plots) for i, d in enumerate(with_trials, 1))
     contents = "".join(
         f'<li><a href="#problem-{i}">{escape(d.label)}</a></li>' for i, d in enumerate(with_trials, 1)
     )
-    generated = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    html = f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>moetune sweep {sweep_id}</title><style>{STYLE}</style>
-<script>{get_plotlyjs()}</script></head>
-<body>
-<h1>moetune sweep {sweep_id}</h1>
+    title = f"moetune sweep {sweep_id}"
+    body = f"""<h1>{title}</h1>
 {_table(["setting", "value"], facts)}
 <h2>Winners</h2>
 {_summary(problems, sweep.backend)}
@@ -442,8 +449,21 @@ def build(store: Any, sweep_id: int) -> Report:
 {failures}
 <h2>Per problem</h2>
 <ul>{contents}</ul>
-{sections or "<p>No trial of the sweep's backend.</p>"}
-<p style="color:#888">generated {generated} by moetune</p>
+{problem_sections or "<p>No trial of the sweep's backend.</p>"}
+"""
+    return Sections(title, body, plots.figures)
+
+
+def build(store: Any, sweep_id: int) -> Report:
+    from plotly.offline import get_plotlyjs
+
+    report = sections(store, sweep_id)
+    generated = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    html = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{report.title}</title><style>{STYLE}</style>
+<script>{get_plotlyjs()}</script></head>
+<body>
+{report.body}<p style="color:#888">generated {generated} by moetune</p>
 </body></html>
 """
-    return Report(html, plots.figures)
+    return Report(html, report.figures)

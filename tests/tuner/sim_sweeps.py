@@ -26,15 +26,22 @@ class RecordingProgress(Progress):
     update = close = start
 
 
-def run_sim_sweep(store, problems: list[str], *, strategy: str = "grid", costs: dict | None = None) -> int:
+def run_sim_sweep(
+    store,
+    problems: list[str],
+    *,
+    strategy: str = "grid",
+    costs: dict | None = None,
+    device: DeviceFingerprint = DEVICE,
+) -> int:
     """Sweep id of a finished sweep of the "sim" backend (register it with the `sim` fixture) over
-    `problems`; `costs` maps a tile to its seconds, or to None for a wrong result."""
+    `problems` on `device`; `costs` maps a tile to its seconds, or to None for a wrong result."""
     sim_backend.COSTS.update(costs or {})
     planned = [parse_problem(p) for p in problems]
     spec = SweepSpec(backend="sim", strategy=strategy)
-    stored = {"spec": spec.to_dict(), "problems": [p.to_dict() for p in planned], "device": DEVICE.to_dict()}
+    stored = {"spec": spec.to_dict(), "problems": [p.to_dict() for p in planned], "device": device.to_dict()}
     sweep_id = store.create_sweep(backend="sim", strategy=strategy, spec=stored, host="h", user="u")
-    driver = SweepDriver(store, InlineExecutor(sim_backend.simulate, DEVICE), spec, backend="sim")
+    driver = SweepDriver(store, InlineExecutor(sim_backend.simulate, device), spec, backend="sim")
     driver.run(planned, sweep_id=sweep_id)
     return sweep_id
 

@@ -1,0 +1,64 @@
+"""The dashboard's page frame and tables: server-rendered HTML strings, every value escaped.
+
+Strings, not templates: the sweep page embeds the sections `moetune report` writes (tuner/report.py),
+which are HTML strings already, so one way of writing markup serves both and there is one escaping rule:
+a cell is text and is escaped, unless it is `Html` built here from escaped parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from html import escape
+
+from moetune.tuner.report import STYLE
+
+PLOTLY_PATH = "/static/plotly.min.js"
+NAV = (("/", "sweeps"), ("/winners", "winners"), ("/misses", "misses"), ("/stale", "stale winners"))
+PAGE_STYLE = (
+    STYLE
+    + """
+nav { margin-bottom: 1.5em; font-size: 14px; }
+nav a { margin-right: 1.2em; }
+td.cell div { white-space: nowrap; }
+code { background: #f3f3f3; padding: 1px 4px; }
+"""
+)
+
+
+class Html(str):
+    """Markup already built from escaped parts: a table cell that is not escaped again."""
+
+
+def link(href: str, text: str) -> Html:
+    return Html(f'<a href="{escape(href)}">{escape(text)}</a>')
+
+
+def lines(items: Iterable[str]) -> Html:
+    """Several values in one cell, one per line."""
+    return Html("".join(f"<div>{escape(item)}</div>" for item in items))
+
+
+def _cell(value: object) -> str:
+    return value if isinstance(value, Html) else escape(str(value))
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[object]], *, cell_class: str = "") -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    attribute = f' class="{escape(cell_class)}"' if cell_class else ""
+    body = "".join("<tr>" + "".join(f"<td{attribute}>{_cell(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def document(title: str, body: str, *, plotly: bool = False) -> str:
+    """A whole page: `body` is markup (its values escaped by whoever built it); `plotly`: the page has
+    charts, so it loads plotly.js from this server (cached by the browser, never from a CDN)."""
+    script = f'<script src="{PLOTLY_PATH}"></script>' if plotly else ""
+    nav = "".join(f'<a href="{href}">{escape(text)}</a>' for href, text in NAV)
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{escape(title)}</title>
+<link rel="icon" href="data:,"><style>{PAGE_STYLE}</style>{script}</head>
+<body>
+<nav>{nav}</nav>
+{body}
+</body></html>
+"""
