@@ -56,6 +56,7 @@ def _load_commands() -> None:
         sweeps,
         trials,
         tune,
+        worker,
     )
 
 

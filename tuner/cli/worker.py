@@ -1,0 +1,94 @@
+"""`moetune worker`: run the tuning queue's jobs (moetune.db.jobs), one at a time, as `moetune tune` runs
+sweeps: claim the best job that fits, run it (resuming its sweep when an earlier worker started it), finish
+it, claim the next. Before each claim, jobs whose worker died are put back in the queue.
+
+SIGTERM (or Ctrl-C) stops the worker: a running job's sweep stops as an interrupted `tune` does (its
+finished trials are kept) and the job goes back to the queue for the next worker to resume.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Annotated
+
+import typer
+
+from moetune.tuner.cli import app
+from moetune.tuner.cli.common import DbOption, err_console, fail
+
+# Seconds between looks at an empty queue.
+POLL_S = 2.0
+
+
+def _say(message: str) -> None:
+    err_console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
+def worker(
+    db: DbOption = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address", help="Join this Ray cluster.", show_default="start a local one per job"
+        ),
+    ] = None,
+    device_kind: Annotated[
+        str | None,
+        typer.Option(
+            "--device-kind",
+            help="The device kind this worker's cluster times on: it also takes the jobs that target it.",
+            show_default="only jobs for any device",
+        ),
+    ] = None,
+    once: Annotated[
+        bool, typer.Option("--once", help="Exit once the queue has no job for this worker.")
+    ] = False,
+    inline: Annotated[
+        bool, typer.Option("--inline", help="No Ray: compile and time one by one in this process.")
+    ] = False,
+) -> None:
+    """Run queued jobs until stopped (SIGTERM; the running job goes back to the queue), or with --once
+    until the queue is empty. Progress on stderr, as `moetune tune` shows it."""
+    from moetune.db import open_store
+    from moetune.db.leases import Owner
+    from moetune.kernels.errors import MoetuneError
+    from moetune.tuner.job_runner import run_job
+
+    try:
+        store = open_store(db)
+    except MoetuneError as e:
+        fail(str(e))
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # as Ctrl-C: a running sweep stops as an interrupted `tune` does
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        while True:
+            owner = Owner.here()
+            for job_id in store.requeue_stale_jobs():
+                _say(f"job {job_id}: its worker stopped; back in the queue")
+            job = store.claim_job(owner, device_kind=device_kind)
+            if job is None:
+                if once:
+                    _say("the queue is empty")
+                    return
+                time.sleep(POLL_S)
+                continue
+            resuming = f", resuming sweep {job.sweep_id}" if job.sweep_id else ""
+            _say(f"job {job.id}: claimed by {owner} (attempt {job.attempts}{resuming})")
+            ran = run_job(store, job, owner, db=db, ray_address=ray_address, inline=inline)
+            if ran.state is not None and store.finish_job(job.id, owner, ran.state, ran.error):
+                _say(f"job {job.id}: {ran.state}" + (f" ({ran.error})" if ran.error else ""))
+            elif ran.stop:
+                _say(f"job {job.id}: back in the queue; this worker stops")
+            else:
+                _say(f"job {job.id}: no longer this worker's (cancelled or requeued)")
+            if ran.stop:
+                return
+    except KeyboardInterrupt:
+        _say("worker stopped")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        store.close()
