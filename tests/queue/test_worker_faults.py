@@ -125,7 +125,7 @@ def test_two_workers_started_at_once_never_both_run_the_one_job(db_url, tmp_path
 
 
 def test_sigterm_puts_the_running_job_back_and_a_restarted_worker_loses_nothing(sqlite_url, tmp_path):
-    db_url = sqlite_url  # the claims on PostgreSQL are the two tests above'; this one is about the worker
+    db_url = sqlite_url  # the claims on PostgreSQL are tested above; this test is about the worker's stop
     first_job = _submit(db_url)
     _submit(db_url, priority=-1)  # runs after the first, finding every config of its problem done
     log_path = tmp_path / "first.log"
