@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from moetune.db import DatabaseError, open_store
 from moetune.db.errors import InvalidRecord, RecordNotFound
 from moetune.kernels.errors import MoetuneError
+from moetune.service import jobs_api
 from moetune.service.auth import require_read
 from moetune.service.settings import ServiceSettings
 
@@ -58,6 +59,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         store = request.app.state.store
         return {"status": "ok", "revision": store.revision() or "", "database": store.dialect}
 
+    app.include_router(jobs_api.router)
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 

@@ -19,13 +19,31 @@ def stored(spec: SweepSpec) -> dict[str, Any]:
 
 
 def from_request(data: Any, source: str) -> SweepSpec:
-    """A sweep spec sent as plain data (the fields of a sweep file), checked like `moetune submit`'s."""
+    """A sweep spec sent over the network as plain data (a sweep file's fields), checked like `moetune
+    submit`'s. It may name no file of the server: models are shipped ones, routings are not FILE.npy."""
+    from moetune.tuner.plan import shipped_model_names
+
     if isinstance(data, dict):
         given = sorted(name for name in WHERE if data.get(name) is not None)
         if given:
             raise ConfigInvalid(
                 f"{source}: a job runs on its worker's database and cluster; drop {', '.join(given)}"
             )
+        models = data.get("models", data.get("model", []))
+        unknown = [
+            m for m in ([models] if isinstance(models, str) else models) if m not in shipped_model_names()
+        ]
+        if unknown:
+            raise ConfigInvalid(
+                f"{source}: unknown models {', '.join(map(repr, unknown))}; a request names shipped models: "
+                f"{', '.join(shipped_model_names())}"
+            )
+        routing = data.get("routing", "")
+        parts = (
+            routing.split(",") if isinstance(routing, str) else routing if isinstance(routing, list) else []
+        )
+        if any(str(part).strip().endswith(".npy") for part in parts):
+            raise ConfigInvalid(f"{source}: a request cannot name a routing file; use balanced or zipf:S")
     spec = SweepSpec.from_dict(data, source)
     check_before_opening(spec)
     return spec
