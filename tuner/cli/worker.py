@@ -60,6 +60,7 @@ def worker(
         store = open_store(db)
     except MoetuneError as e:
         fail(str(e))
+
     def stop(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt  # as Ctrl-C: a running sweep stops as an interrupted `tune` does
 
