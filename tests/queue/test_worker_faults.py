@@ -1,7 +1,8 @@
 """Real `moetune worker` processes on the xla backend on CPU, in-process (--inline: the Ray path is tune's,
 tested by tests/tuner/test_resume_cli.py), on SQLite and PostgreSQL: a worker killed with SIGKILL mid-job
 leaves a job that the next worker resumes, ending with every planned trial exactly once; two workers
-started at once never both run one job; a worker stopped with SIGTERM loses no queued job."""
+started at once never both run one job; a worker stopped with SIGTERM loses no queued job; a cancelled
+running job stops its sweep."""
 
 from __future__ import annotations
 
@@ -146,3 +147,25 @@ def test_sigterm_puts_the_running_job_back_and_a_restarted_worker_loses_nothing(
     assert _one_sweep_with_every_trial_once(db_url, first_job) == 2
     with open_store(db_url) as store:
         assert [j.state for j in store.jobs()] == ["done", "done"]
+
+
+def test_cancelling_a_running_job_stops_its_sweep_and_the_worker_goes_on(sqlite_url, tmp_path):
+    job_id = _submit(sqlite_url)
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "w") as log:
+        worker = _worker(sqlite_url, log, "--once")
+        try:
+            _wait_for("a trial recorded", lambda: len(_trials(sqlite_url)) >= 1, worker, log_path)
+            with open_store(sqlite_url) as store:
+                store.cancel_job(job_id)
+            assert worker.wait(timeout=60) == 0
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+    output = log_path.read_text()
+    assert f"job {job_id}: no longer this worker's" in output and "the queue is empty" in output
+    with open_store(sqlite_url) as store:
+        job = store.get_job(job_id)
+        assert job.state == "cancelled"
+        assert store.get_sweep(job.sweep_id).status == "interrupted"
+    assert len(_trials(sqlite_url)) < BUDGET
