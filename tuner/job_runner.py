@@ -70,10 +70,18 @@ class _JobHeartbeat:
 
 
 def run_job(
-    store, job: JobRow, owner: Owner, *, db: str | None, ray_address: str | None, inline: bool
+    store,
+    job: JobRow,
+    owner: Owner,
+    *,
+    db: str | None,
+    ray_address: str | None,
+    inline: bool,
+    stop: threading.Event | None = None,
 ) -> Ran:
-    """Run `job` (claimed by `owner`) on this worker's database and cluster; SIGTERM arrives as
-    KeyboardInterrupt (the worker's handler), and puts the job back in the queue."""
+    """Run `job` (claimed by `owner`) on this worker's database and cluster. Once `stop` is set (SIGTERM)
+    the candidates in flight are finished and recorded, and the job goes back to the queue; so it does on
+    KeyboardInterrupt, at once."""
     from moetune.tuner.cli import tune
 
     where = dict(db=db, ray_address=ray_address)
@@ -95,6 +103,7 @@ def run_job(
                 as_json=False,
                 force=False,
                 on_sweep=lambda sweep_id: store.set_job_sweep(job.id, owner, sweep_id),
+                stop=stop,
             )
         return Ran("done")
     except (KeyboardInterrupt, typer.Exit) as e:

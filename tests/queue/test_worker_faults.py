@@ -134,7 +134,9 @@ def test_sigterm_puts_the_running_job_back_and_a_restarted_worker_loses_nothing(
         first = _worker(db_url, log)
         _wait_for("a trial recorded", lambda: len(_trials(db_url)) >= 1, first, log_path)
         assert _stopped(first, signal.SIGTERM) == 0
-    assert "back in the queue; this worker stops" in log_path.read_text()
+    output = log_path.read_text()
+    assert "stopping: finishing the candidates in flight" in output
+    assert "back in the queue; this worker stops" in output
     with open_store(db_url) as store:
         stopped = store.get_job(first_job)
         assert (stopped.state, stopped.attempts) == ("queued", 1) and stopped.sweep_id is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -356,9 +357,11 @@ def run_sweep(
     as_json: bool,
     force: bool,
     on_sweep: Callable[[int], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
     """Run (or plan) the sweep as `tune` does, with its output and exit codes; `on_sweep(id)` is told the
-    sweep's id once it is leased and running (`moetune worker` records it in its job)."""
+    sweep's id once it is leased and running (`moetune worker` records it in its job); once `stop` is
+    set, the candidates in flight are finished and the sweep ends interrupted (SweepDriver)."""
     from moetune.db import open_store
     from moetune.db.leases import Owner
 
@@ -370,7 +373,7 @@ def run_sweep(
             return
         with _leased(store, resume_id, owner) as lease:
             outcome = _sweep(
-                spec, planned, store, owner, lease, resume_id, sweep_file, inline, force, on_sweep
+                spec, planned, store, owner, lease, resume_id, sweep_file, inline, force, on_sweep, stop
             )
         _print_outcome(outcome, as_json)
         if outcome.incomplete:
@@ -384,7 +387,9 @@ def run_sweep(
         store.close()
 
 
-def _sweep(spec, planned, store, owner, lease, resume_id, sweep_file, inline: bool, force: bool, on_sweep):
+def _sweep(
+    spec, planned, store, owner, lease, resume_id, sweep_file, inline: bool, force: bool, on_sweep, stop
+):
     from moetune.db.errors import DatabaseError, LeaseLost
     from moetune.tuner import sweep_setup
     from moetune.tuner.driver import SweepDriver
@@ -436,6 +441,7 @@ def _sweep(spec, planned, store, owner, lease, resume_id, sweep_file, inline: bo
             compile_target=target,
             device=device,
             owner=owner,
+            stop=stop,
         )
         ran = True  # the driver closes the display
         try:

@@ -2,13 +2,15 @@
 sweeps: claim the best job that fits, run it (resuming its sweep when an earlier worker started it), finish
 it, claim the next. Before each claim, jobs whose worker died are put back in the queue.
 
-SIGTERM (or Ctrl-C) stops the worker: a running job's sweep stops as an interrupted `tune` does (its
-finished trials are kept) and the job goes back to the queue for the next worker to resume.
+SIGTERM stops the worker: the running job's candidates in flight are finished and recorded, its sweep
+stops as an interrupted `tune` does, and the job goes back to the queue for the next worker to resume.
+A second SIGTERM, or Ctrl-C, stops at once (what was in flight is run again by the next worker).
 """
 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from typing import Annotated
 
@@ -61,8 +63,14 @@ def worker(
     except MoetuneError as e:
         fail(str(e))
 
+    stopping, running = threading.Event(), threading.Event()
+
     def stop(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt  # as Ctrl-C: a running sweep stops as an interrupted `tune` does
+        if running.is_set() and not stopping.is_set():
+            stopping.set()
+            _say("stopping: finishing the candidates in flight (SIGTERM again: at once)")
+            return
+        raise KeyboardInterrupt  # idle, or asked twice: as Ctrl-C
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
@@ -79,14 +87,18 @@ def worker(
                 continue
             resuming = f", resuming sweep {job.sweep_id}" if job.sweep_id else ""
             _say(f"job {job.id}: claimed by {owner} (attempt {job.attempts}{resuming})")
-            ran = run_job(store, job, owner, db=db, ray_address=ray_address, inline=inline)
+            running.set()
+            try:
+                ran = run_job(store, job, owner, db=db, ray_address=ray_address, inline=inline, stop=stopping)
+            finally:
+                running.clear()
             if ran.state is not None and store.finish_job(job.id, owner, ran.state, ran.error):
                 _say(f"job {job.id}: {ran.state}" + (f" ({ran.error})" if ran.error else ""))
             elif ran.stop:
                 _say(f"job {job.id}: back in the queue; this worker stops")
             else:
                 _say(f"job {job.id}: no longer this worker's (cancelled or requeued)")
-            if ran.stop:
+            if ran.stop or stopping.is_set():
                 return
     except KeyboardInterrupt:
         _say("worker stopped")
