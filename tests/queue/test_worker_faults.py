@@ -1,8 +1,8 @@
 """Real `moetune worker` processes on the xla backend on CPU, in-process (--inline: the Ray path is tune's,
-tested by tests/tuner/test_resume_cli.py), on SQLite and PostgreSQL: a worker killed with SIGKILL mid-job
-leaves a job that the next worker resumes, ending with every planned trial exactly once; two workers
-started at once never both run one job; a worker stopped with SIGTERM loses no queued job; a cancelled
-running job stops its sweep."""
+tested by tests/tuner/test_resume_cli.py): a worker killed with SIGKILL mid-job leaves a job that the next
+worker resumes, ending with every planned trial exactly once (SQLite and PostgreSQL); two workers started
+at once never both run one job (PostgreSQL); a worker stopped with SIGTERM loses no queued job; a
+cancelled running job stops its sweep."""
 
 from __future__ import annotations
 
@@ -104,7 +104,11 @@ def test_sigkill_mid_job_then_another_worker_resumes_it_exactly_once(db_url, tmp
     assert _one_sweep_with_every_trial_once(db_url, job.id) == 2
 
 
-def test_two_workers_started_at_once_never_both_run_the_one_job(db_url, tmp_path):
+@pytest.mark.postgres
+def test_two_workers_started_at_once_never_both_run_the_one_job(postgres_url, tmp_path):
+    # PostgreSQL, where claims run concurrently (SKIP LOCKED); SQLite serialises every write transaction,
+    # and tests/queue/test_job_store.py races claimers on both.
+    db_url = postgres_url
     _submit(db_url)
     logs = [tmp_path / f"worker{i}.log" for i in range(2)]
     handles = [open(path, "w") for path in logs]
