@@ -65,8 +65,8 @@ async def submit_job(request: Request, db: StoreDep) -> dict[str, Any]:
     priority, device_kind = _queue_fields(body)
     spec = await run_in_threadpool(queue_spec.from_request, body, "request")
     fields = dict(device_kind=device_kind, priority=priority, submitted_by="api")
-    job_id = await run_in_threadpool(lambda: db.submit_job(queue_spec.stored(spec), **fields))
-    return db.get_job(job_id).to_json()
+    job = await run_in_threadpool(lambda: db.get_job(db.submit_job(queue_spec.stored(spec), **fields)))
+    return job.to_json()
 
 
 @router.get("", dependencies=[Depends(require_read)])

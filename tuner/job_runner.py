@@ -31,11 +31,13 @@ _EXIT_REASONS = {3: "incomplete (re-timing failed twice)", 4: "stopped (database
 @dataclasses.dataclass(frozen=True)
 class Ran:
     """How a run ended: `state` written to the job (done, failed), or None when the job went back to the
-    queue or is no longer this worker's; `stop`: the worker should stop (SIGTERM)."""
+    queue or is no longer this worker's; `stop`: the worker should stop (SIGTERM); `held`: the job's sweep
+    is still held by its last process (not stale yet), so claiming the job again at once would be refused."""
 
     state: str | None
     error: str | None = None
     stop: bool = False
+    held: bool = False
 
 
 class _JobHeartbeat:
@@ -90,6 +92,8 @@ def run_job(
         with heartbeat:
             if job.sweep_id is None:
                 spec, planned, sweep_file = queue_spec.of_job(job).override(**where), None, job.sweep_file
+            elif store.get_sweep(job.sweep_id).stored_status == "done":
+                return Ran("done")  # its last worker died between finishing the sweep and the job
             else:
                 spec, planned = load_sweep(store, job.sweep_id)
                 spec, sweep_file = spec.override(**where), None
@@ -118,7 +122,7 @@ def run_job(
         return Ran("done", str(e))
     except LeaseHeld:  # the sweep's last process is silent but not yet stale: a later claim resumes it
         store.release_job(job.id, owner)
-        return Ran(None)
+        return Ran(None, held=True)
     except MoetuneError as e:
         return Ran("failed", str(e))
     except Exception as e:  # a bug met by one job must not stop the worker from running the next

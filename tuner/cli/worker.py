@@ -96,6 +96,9 @@ def worker(
                 _say(f"job {job.id}: {ran.state}" + (f" ({ran.error})" if ran.error else ""))
             elif ran.stop:
                 _say(f"job {job.id}: back in the queue; this worker stops")
+            elif ran.held:
+                _say(f"job {job.id}: its sweep is still held by its last process; back in the queue")
+                time.sleep(POLL_S)  # not claimed again at once: the lease goes stale in its own time
             else:
                 _say(f"job {job.id}: no longer this worker's (cancelled or requeued)")
             if ran.stop or stopping.is_set():
