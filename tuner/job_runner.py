@@ -79,6 +79,7 @@ def run_job(
     db: str | None,
     ray_address: str | None,
     inline: bool,
+    as_json: bool = False,
     stop: threading.Event | None = None,
 ) -> Ran:
     """Run `job` (claimed by `owner`) on this worker's database and cluster. Once `stop` is set (SIGTERM)
@@ -104,7 +105,7 @@ def run_job(
                 sweep_file=sweep_file,
                 dry_run=False,
                 inline=inline,
-                as_json=False,
+                as_json=as_json,
                 force=False,
                 on_sweep=lambda sweep_id: store.set_job_sweep(job.id, owner, sweep_id),
                 stop=stop,

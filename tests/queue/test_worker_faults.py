@@ -6,6 +6,7 @@ cancelled running job stops its sweep."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -97,8 +98,10 @@ def test_sigkill_mid_job_then_another_worker_resumes_it_exactly_once(db_url, tmp
         assert (job.state, job.stale, job.attempts) == ("running", True, 1)
     assert 2 <= len(before) < BUDGET
 
-    second = _cli(db_url, "worker", "--inline", "--once")
+    second = _cli(db_url, "worker", "--inline", "--once", "--json")
     assert f"job {job.id}: its worker stopped; back in the queue" in second.stderr
+    outcome = json.loads(second.stdout)  # the resumed sweep's, as `tune --json` prints it
+    assert (outcome["sweep_id"], outcome["status"]) == (job.sweep_id, "done")
     assert f"resuming sweep {job.sweep_id}" in second.stderr
     assert before.items() <= _trials(db_url).items()  # no finished trial lost or rewritten
     assert _one_sweep_with_every_trial_once(db_url, job.id) == 2

@@ -50,6 +50,9 @@ def worker(
     inline: Annotated[
         bool, typer.Option("--inline", help="No Ray: compile and time one by one in this process.")
     ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print each job's sweep outcome as JSON, as `tune --json` does.")
+    ] = False,
 ) -> None:
     """Run queued jobs until stopped (SIGTERM; the running job goes back to the queue), or with --once
     until the queue is empty. Progress on stderr, as `moetune tune` shows it."""
@@ -89,7 +92,16 @@ def worker(
             _say(f"job {job.id}: claimed by {owner} (attempt {job.attempts}{resuming})")
             running.set()
             try:
-                ran = run_job(store, job, owner, db=db, ray_address=ray_address, inline=inline, stop=stopping)
+                ran = run_job(
+                    store,
+                    job,
+                    owner,
+                    db=db,
+                    ray_address=ray_address,
+                    inline=inline,
+                    as_json=as_json,
+                    stop=stopping,
+                )
             finally:
                 running.clear()
             if ran.state is not None and store.finish_job(job.id, owner, ran.state, ran.error):
