@@ -85,3 +85,27 @@ def test_a_server_with_tune_misses_queues_them_at_start(sqlite_url):
     assert [(j["device_kind"], j["spec"]["budget"], j["submitted_by"]) for j in jobs] == [
         (H200.device_kind, 4, "tune-on-miss")
     ]
+
+
+def test_a_queued_miss_is_tuned_by_a_worker_and_its_winner_then_found(sqlite_url):
+    """The whole loop on this machine's device: a miss, its job, a worker (in this process, --inline),
+    the winner the next lookup finds, and no second job for it."""
+    from typer.testing import CliRunner
+
+    from moetune.db import open_store
+    from moetune.kernels.device import current_fingerprint
+    from moetune.tuner.cli import _load_commands, app
+
+    device = current_fingerprint()
+    with open_store(sqlite_url) as store:
+        _miss(store, device, SMALL, 1)
+        (job_id,) = enqueue_misses(store, MissPolicy(limit=1, budget=3))
+    _load_commands()
+    args = ["worker", "--once", "--inline", "--device-kind", device.device_kind, "--db", sqlite_url]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    with open_store(sqlite_url) as store:
+        assert store.get_job(job_id).state == "done"
+        key = dict(fingerprint_hash=device.hash, backend="xla", problem_key=SMALL.key)
+        assert store.current_winner(**key) is not None
+        assert enqueue_misses(store, MissPolicy(limit=1, budget=3)) == []
