@@ -97,3 +97,18 @@ def test_jobs_list_show_and_cancel(sqlite_url):
     assert missing.exit_code == 2 and "no job with id 7" in missing.stderr
     states = json.loads(invoke("jobs", "list", "--state", "queued", "--json", env=env).stdout)
     assert [j["id"] for j in states] == [2]
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1"])
+def test_a_bad_lease_time_stops_the_worker_before_it_opens_a_database(value, tmp_path):
+    from moetune.db.jobs import GRACE_ENV
+
+    db = tmp_path / "queue.db"
+    result = invoke("worker", "--once", "--db", f"sqlite:///{db}", env={GRACE_ENV: value})
+    assert result.exit_code == 2 and GRACE_ENV in result.stderr and result.stderr.count("\n") == 1
+    assert not db.exists()
+
+
+def test_a_worker_with_once_on_an_empty_queue_exits_cleanly(sqlite_url):
+    result = invoke("worker", "--once", "--db", sqlite_url)
+    assert result.exit_code == 0 and "the queue is empty" in result.stderr

@@ -21,10 +21,35 @@ from moetune.tuner.cli.common import DbOption, err_console, fail
 
 # Seconds between looks at an empty queue.
 POLL_S = 2.0
+EXIT_STOPPED = 4  # as tune's: the database failed
 
 
 def _say(message: str) -> None:
     err_console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def _report(store, job_id: int, owner, ran) -> None:
+    """Write the job's end (done or failed) and say what became of it. A database failure here leaves the
+    job running under this worker, which stops heartbeating it: it goes stale, and the next claim finds
+    its sweep done and finishes it."""
+    from moetune.db.errors import DatabaseError
+
+    if ran.state is not None:
+        try:
+            finished = store.finish_job(job_id, owner, ran.state, ran.error)
+        except DatabaseError as e:
+            _say(f"job {job_id}: {ran.state}, but not recorded ({e})")
+            return
+        if finished:
+            _say(f"job {job_id}: {ran.state}" + (f" ({ran.error})" if ran.error else ""))
+            return
+    if ran.stop:
+        _say(f"job {job_id}: back in the queue; this worker stops")
+    elif ran.held:
+        _say(f"job {job_id}: its sweep is still held by its last process; back in the queue")
+        time.sleep(POLL_S)  # not claimed again at once: the lease goes stale in its own time
+    else:
+        _say(f"job {job_id}: no longer this worker's (cancelled or requeued)")
 
 
 @app.command()
@@ -56,12 +81,14 @@ def worker(
 ) -> None:
     """Run queued jobs until stopped (SIGTERM; the running job goes back to the queue), or with --once
     until the queue is empty. Progress on stderr, as `moetune tune` shows it."""
-    from moetune.db import open_store
+    from moetune.db import jobs, open_store
+    from moetune.db.errors import DatabaseError
     from moetune.db.leases import Owner
     from moetune.kernels.errors import MoetuneError
     from moetune.tuner.job_runner import run_job
 
     try:
+        jobs.grace_s(), jobs.heartbeat_s()  # a bad $MOETUNE_JOB_* fails now, in one line
         store = open_store(db)
     except MoetuneError as e:
         fail(str(e))
@@ -75,13 +102,24 @@ def worker(
             return
         raise KeyboardInterrupt  # idle, or asked twice: as Ctrl-C
 
+    def claim(owner: Owner):
+        for job_id in store.requeue_stale_jobs():
+            _say(f"job {job_id}: its worker stopped; back in the queue")
+        return store.claim_job(owner, device_kind=device_kind)
+
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         while True:
             owner = Owner.here()
-            for job_id in store.requeue_stale_jobs():
-                _say(f"job {job_id}: its worker stopped; back in the queue")
-            job = store.claim_job(owner, device_kind=device_kind)
+            try:
+                job = claim(owner)
+            except DatabaseError as e:
+                if once:
+                    err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+                    raise typer.Exit(EXIT_STOPPED) from None
+                _say(f"error: {e}; trying again in {POLL_S:.0f} s")
+                time.sleep(POLL_S)
+                continue
             if job is None:
                 if once:
                     _say("the queue is empty")
@@ -104,15 +142,7 @@ def worker(
                 )
             finally:
                 running.clear()
-            if ran.state is not None and store.finish_job(job.id, owner, ran.state, ran.error):
-                _say(f"job {job.id}: {ran.state}" + (f" ({ran.error})" if ran.error else ""))
-            elif ran.stop:
-                _say(f"job {job.id}: back in the queue; this worker stops")
-            elif ran.held:
-                _say(f"job {job.id}: its sweep is still held by its last process; back in the queue")
-                time.sleep(POLL_S)  # not claimed again at once: the lease goes stale in its own time
-            else:
-                _say(f"job {job.id}: no longer this worker's (cancelled or requeued)")
+            _report(store, job.id, owner, ran)
             if ran.stop or stopping.is_set():
                 return
     except KeyboardInterrupt:
