@@ -87,6 +87,8 @@ def show_job(job_id: JobId, db: DbOption = None, as_json: JsonOption = False) ->
 def cancel_job(job_id: JobId, db: DbOption = None, as_json: JsonOption = False) -> None:
     """Cancel a queued or running job; a running one's worker stops it at its next heartbeat."""
     check_range("job id", job_id)
+    with opened_store(db, read_only=True) as store:  # no job, or no database: refused, nothing created
+        store.get_job(job_id)
     with opened_store(db) as store:
         job = store.cancel_job(job_id)
     if as_json:
