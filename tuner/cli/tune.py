@@ -219,7 +219,7 @@ def tune(
     Exit codes: 0 done; 2 bad input or refused (the sweep runs elsewhere; the device is busy: --force);
     3 incomplete (re-timing failed twice: --resume); 4 stopped (the database failed, or the sweep was
     taken over); 130 interrupted."""
-    flags = sweep_flags(locals())
+    flags = sweep_flags(locals())  # the first statement: locals() holds the parameters alone
     try:
         if resume is not None:
             changed = sorted(k for k, v in flags.items() if v not in (None, (), []) and k not in RESUMABLE)
