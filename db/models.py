@@ -207,4 +207,32 @@ class Miss(Base):
     problem: Mapped[ProblemRow] = relationship(lazy="raise")
 
 
+class Job(Base):
+    """A queued sweep (moetune.db.jobs): its validated spec, and the worker that runs it now proves it is
+    alive by moving `heartbeat_at`, as a sweep's lease does. `sweep_id` is the sweep its first run created,
+    which a later run resumes."""
+
+    __tablename__ = "jobs"
+    # claim_next takes the best queued job: by state, then priority.
+    __table_args__ = (Index(None, "state", "priority"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))  # jobs.JOB_STATES
+    spec: Mapped[dict[str, Any]]
+    sweep_file: Mapped[str | None] = mapped_column(String(1024))
+    device_kind: Mapped[str | None] = mapped_column(String(128))
+    priority: Mapped[int]
+    submitted_by: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime.datetime] = mapped_column(default=utcnow)
+    claimed_at: Mapped[datetime.datetime | None]
+    heartbeat_at: Mapped[datetime.datetime | None]
+    finished_at: Mapped[datetime.datetime | None]
+    owner_host: Mapped[str | None] = mapped_column(String(255))
+    owner_pid: Mapped[int | None]
+    owner_token: Mapped[str | None] = mapped_column(String(32))
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id"))
+    attempts: Mapped[int]
+    error: Mapped[str | None] = mapped_column(Text)
+
+
 TABLE_NAMES = frozenset(Base.metadata.tables)

@@ -21,9 +21,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Self
 
-from moetune.db import entities, leases, misses, pack_io, schema, transaction, trials, urls, winners
+from moetune.db import entities, jobs, leases, misses, pack_io, schema, transaction, trials, urls, winners
 from moetune.db.engine import make_engine
 from moetune.db.errors import DatabaseError, NoDatabase
+from moetune.db.jobs import JobRow
 from moetune.db.leases import Owner
 from moetune.db.models import Device, Kernel, ProblemRow
 from moetune.db.records import MissRow, SweepRow, TrialRecord, TrialRow, WinnerRow
@@ -360,6 +361,50 @@ class Store:
 
     def misses(self, *, device_kind: str | None = None, backend: str | None = None) -> list[MissRow]:
         return self._run(lambda s: misses.misses(s, device_kind=device_kind, backend=backend), write=False)
+
+    # --- the tuning queue (moetune.db.jobs) -------------------------------------------------------
+
+    def submit_job(
+        self,
+        spec: dict[str, Any],
+        *,
+        sweep_file: str | None = None,
+        device_kind: str | None = None,
+        priority: int = 0,
+        submitted_by: str = "",
+    ) -> int:
+        """A queued job running `spec` (a SweepSpec's dict, without its database URL)."""
+        fields = dict(sweep_file=sweep_file, device_kind=device_kind, priority=priority)
+        return self._run(lambda s: jobs.submit(s, spec=spec, submitted_by=submitted_by, **fields), write=True)
+
+    def claim_job(self, owner: Owner, *, device_kind: str | None = None) -> JobRow | None:
+        """The next queued job that fits `device_kind`, now running under `owner`; None if none."""
+        return self._run(lambda s: jobs.claim_next(s, owner, device_kind), write=True)
+
+    def heartbeat_job(self, job_id: int, owner: Owner) -> bool:
+        return self._run(lambda s: jobs.heartbeat(s, job_id, owner), write=True)
+
+    def set_job_sweep(self, job_id: int, owner: Owner, sweep_id: int) -> bool:
+        return self._run(lambda s: jobs.set_sweep(s, job_id, owner, sweep_id), write=True)
+
+    def finish_job(self, job_id: int, owner: Owner, state: str, error: str | None = None) -> bool:
+        return self._run(lambda s: jobs.finish(s, job_id, owner, state, error), write=True)
+
+    def release_job(self, job_id: int, owner: Owner) -> bool:
+        return self._run(lambda s: jobs.release(s, job_id, owner), write=True)
+
+    def cancel_job(self, job_id: int) -> JobRow:
+        return self._run(lambda s: jobs.cancel(s, job_id), write=True)
+
+    def requeue_stale_jobs(self) -> list[int]:
+        return self._run(jobs.requeue_stale, write=True)
+
+    def get_job(self, job_id: int) -> JobRow:
+        return self._run(lambda s: jobs.get_job(s, job_id), write=False)
+
+    def jobs(self, *, states: tuple[str, ...] = (), limit: int | None = None) -> list[JobRow]:
+        """Jobs, newest first."""
+        return self._run(lambda s: jobs.jobs(s, states=states, limit=limit), write=False)
 
     # --- config packs -----------------------------------------------------------------------------
 

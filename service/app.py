@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from moetune.db import DatabaseError, open_store
 from moetune.db.errors import InvalidRecord, RecordNotFound
 from moetune.kernels.errors import MoetuneError
-from moetune.service import pages
+from moetune.service import jobs_api, miss_scheduler, pages
 from moetune.service.auth import require_read
 from moetune.service.settings import ServiceSettings
 
@@ -35,7 +35,8 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         # revision refuses to start (SchemaMismatch names the fix).
         app.state.store = open_store(settings.db_url)
         try:
-            yield
+            with miss_scheduler.running_for(app.state.store, settings):
+                yield
         finally:
             app.state.store.close()
 
@@ -60,6 +61,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         return {"status": "ok", "revision": store.revision() or "", "database": store.dialect}
 
     app.include_router(pages.router)
+    app.include_router(jobs_api.router)
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 

@@ -19,3 +19,7 @@ class ServiceSettings(BaseModel):
     token: str = Field(default_factory=lambda: secrets.token_urlsafe(24), min_length=16)
     protect_reads: bool = False  # True: every GET under /api and every page needs the token too
     cors_origins: tuple[str, ...] = ()  # empty: no CORS headers at all, browsers refuse cross-origin calls
+    # Tune on miss (service/miss_scheduler.py): jobs queued per device kind each period; 0: off.
+    tune_misses: int = Field(default=0, ge=0)
+    tune_misses_budget: int | None = Field(default=None, ge=1)  # trials per job; None: the whole space
+    tune_misses_period_s: float = Field(default=300.0, gt=0)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -131,11 +132,14 @@ class SweepDriver:
         device: DeviceFingerprint | None = None,
         owner: Owner | None = None,
         costs: CostModel | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         """`compile_target` makes this a compile-only sweep for that target, recorded under `device` (a
         stand-in fingerprint); otherwise trials are recorded under the executor's device. `owner` holds
         the sweep's lease: `run` keeps it alive and finishes the sweep only while it holds it. `costs`
-        prices trials for the ETA (default: calibrated from the store's trials)."""
+        prices trials for the ETA (default: calibrated from the store's trials). Once `stop` is set, nothing
+        new is submitted: the candidates in flight are finished and recorded, then the sweep ends
+        interrupted (KeyboardInterrupt), as `moetune worker` stops on SIGTERM."""
         self.store = store
         self.owner = owner
         self.executor = executor
@@ -154,6 +158,7 @@ class SweepDriver:
         self.runs: list[ProblemRun] = []
         self._schedule: list[ProblemRun] = []
         self._costs = costs
+        self._stop = stop
         self._eta = Eta(workers=executor.workers, lanes=len(executor.lanes()))
 
     # --- setup ------------------------------------------------------------------------------------
@@ -297,6 +302,9 @@ class SweepDriver:
         while not all(r.phase in ("done", "skipped") for r in self.runs):
             if heartbeat is not None:
                 heartbeat.check()  # a lost lease or a database refusing the heartbeat ends the sweep
+            if self._stop is not None and self._stop.is_set():
+                self._finish_in_flight(heartbeat)
+                raise KeyboardInterrupt
             self._fill()
             if not self.executor.in_flight():
                 self._fill()  # a problem changed phase (e.g. its search ended): its next step goes now
@@ -308,6 +316,14 @@ class SweepDriver:
                     ]
                     raise RuntimeError(f"sweep {sweep_id} stalled with nothing to run: {', '.join(stuck)}")
                 continue
+            for result in self.executor.wait(self.poll_s):
+                self._handle(result)
+            self.progress.update(self._snapshot())
+
+    def _finish_in_flight(self, heartbeat: Heartbeat | None) -> None:
+        while self.executor.in_flight():
+            if heartbeat is not None:
+                heartbeat.check()
             for result in self.executor.wait(self.poll_s):
                 self._handle(result)
             self.progress.update(self._snapshot())

@@ -91,6 +91,19 @@ def resolve_problems(
     return planned
 
 
+def check_before_opening(spec: SweepSpec) -> None:
+    """What needs neither the workers' device nor the database, checked before either is touched, so
+    that a bad argument opens no store, creates no file and starts no Ray cluster."""
+    if spec.backend != "auto":
+        registry.get(spec.backend)  # UnknownBackend names the registered ones
+    if spec.compile_only:
+        resolve_target(spec, None)  # a compile-only target needs no device
+    if not model_problems(spec) and not (spec.misses or spec.stale):  # loads every model file
+        raise ConfigInvalid(
+            "nothing to tune: give --model, --problem, --misses or --stale (or a sweep file that names them)"
+        )
+
+
 def resolve_backend(name: str, device: DeviceFingerprint) -> Backend:
     """The named backend, checked against the device, or for "auto" the best one available there."""
     if name == "auto":

@@ -20,6 +20,7 @@ FIRST = "v0.1.0.a"
 BEFORE_DETAILS = "v0.1.0.b"  # the last revision without trials.details
 BEFORE_LEASE = "v0.1.0.c"  # the last revision without the sweep lease columns
 BEFORE_DECISION = "v0.1.0.d"  # the last revision without winners.decision
+BEFORE_JOBS = "v0.1.0.e"  # the last revision without the jobs table
 LEASE_COLUMNS = {"owner_host", "owner_pid", "owner_token", "heartbeat_at", "device_id"}
 
 
@@ -180,6 +181,22 @@ def test_winners_of_the_revision_before_decisions_upgrade_keeping_their_rows(db_
         assert "decision" not in _columns(db_url, "winners") and _trial_ids(db_url) == {old, new}
 
 
+def test_jobs_table_comes_and_goes_keeping_sweeps_and_trials(db_url):
+    """v0.1.0.f adds the jobs table: downgrading drops it (and only it), upgrading brings it back empty,
+    and a job can then be queued against a sweep recorded before."""
+    with open_store(db_url) as store:
+        kept = store.record_trial(trial())
+        store.submit_job({"problems": ["m=16,k=64,n=256,g=4,dtype=bf16"]})
+        store.downgrade(BEFORE_JOBS)
+        assert "jobs" not in table_names(db_url) and _trial_ids(db_url) == {kept}
+        assert store.schema_state().status == "outdated"
+        store.upgrade()
+        assert store.revision() == schema.head() and "jobs" in table_names(db_url)
+        assert store.jobs() == [] and _trial_ids(db_url) == {kept}
+        job_id = store.submit_job({"models": ["mixtral-8x7b"]}, priority=3)
+        assert [(j.id, j.state, j.priority) for j in store.jobs()] == [(job_id, "queued", 3)]
+
+
 def test_older_revision_names_the_upgrade_command(db_url):
     with open_store(db_url, check_schema=False) as store:
         store.upgrade(FIRST)
@@ -270,4 +287,4 @@ def test_migrations_are_packages_with_their_data():
         assert (migrations / name).is_file(), name
     versions = [p.name for p in (migrations / "versions").iterdir() if p.name.startswith("v")]
     assert len(versions) >= 5
-    assert schema.head() not in (FIRST, BEFORE_DETAILS, BEFORE_LEASE, BEFORE_DECISION)
+    assert schema.head() not in (FIRST, BEFORE_DETAILS, BEFORE_LEASE, BEFORE_DECISION, BEFORE_JOBS)

@@ -531,6 +531,27 @@ cases(
     import_pack("into a tuned database", pack(change(_config, block_m=96)), db="tuned"),
 )
 
+cases(
+    "the tuning queue",
+    c("submit: nothing to tune", "submit", "--db", "{db}"),
+    c("submit: a problem without k, n, g", "submit", "--problem", "m=16", "--db", "{db}"),
+    c(
+        "submit: priority past 32 bits",
+        "submit",
+        "--problem",
+        f"m=16,{PROBLEM_ARGS}",
+        "--priority",
+        "2199023255552",
+    ),
+    c("jobs list: negative limit", "jobs", "list", "--limit", "-1", "--db", "{db}", db="tuned"),
+    c("jobs list: unknown state", "jobs", "list", "--state", "paused", "--db", "{db}", db="tuned"),
+    c("jobs list of a database not created", "jobs", "list", "--db", "{db}"),
+    c("jobs show: no such job", "jobs", "show", "9", "--db", "{db}", db="tuned"),
+    c("jobs cancel: no such job", "jobs", "cancel", "9", "--db", "{db}", db="tuned"),
+    c("jobs cancel of a database not created", "jobs", "cancel", "1", "--db", "{db}"),
+    c("worker: not a database URL", "worker", "--once", "--db", "not a url"),
+)
+
 CASES = [case for items in CATEGORIES.values() for case in items]
 
 
@@ -724,7 +745,9 @@ def test_the_list_covers_every_command():
         for name, group in root.commands.items()
         for sub in getattr(group, "commands", {None: None})
     }
-    covered = {" ".join(case.argv[:2]) if case.argv[0] in ("db", "bench") else case.argv[0] for case in CASES}
+    covered = {
+        " ".join(case.argv[:2]) if case.argv[0] in ("db", "bench", "jobs") else case.argv[0] for case in CASES
+    }
     assert commands <= covered, sorted(commands - covered)
 
 

@@ -47,13 +47,16 @@ def _load_commands() -> None:
         doctor,
         explain,
         export_optuna,
+        jobs,
         misses,
         pack_schema,
         report,
         serve,
+        submit,
         sweeps,
         trials,
         tune,
+        worker,
     )
 
 

@@ -34,6 +34,17 @@ def serve(
         list[str] | None,
         typer.Option("--cors-origin", help="An origin allowed to call the API from a browser (repeatable)."),
     ] = None,
+    tune_misses: Annotated[
+        int,
+        typer.Option(
+            "--tune-misses",
+            help="Tune on miss: queue jobs for the N most-missed problems of each device kind, every 5 min.",
+        ),
+    ] = 0,
+    tune_misses_budget: Annotated[
+        int | None,
+        typer.Option("--tune-misses-budget", help="Trials per tune-on-miss job.", show_default="no limit"),
+    ] = None,
 ) -> None:
     """Serve winners, packs, sweeps, misses and the tuning queue over HTTP, with a dashboard at /."""
     import uvicorn
@@ -43,12 +54,19 @@ def serve(
     from moetune.service.settings import ServiceSettings
 
     check_range("--port", port, low=1)
+    check_range("--tune-misses", tune_misses, low=0)
+    check_range("--tune-misses-budget", tune_misses_budget)
     if port > 65535:
         fail(f"--port {port} is not in [1, 65535]")
     try:
         token, source = tokens.resolve(token_file)
         settings = ServiceSettings(
-            db_url=db, token=token, protect_reads=protect_reads, cors_origins=tuple(cors_origin or ())
+            db_url=db,
+            token=token,
+            protect_reads=protect_reads,
+            cors_origins=tuple(cors_origin or ()),
+            tune_misses=tune_misses,
+            tune_misses_budget=tune_misses_budget,
         )
         application = create_app(settings)
     except MoetuneError as e:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from moetune.db.records import SweepRow
 
 
-def _age(seconds: float | None) -> str:
+def age_text(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     if seconds < 120:
@@ -57,7 +57,7 @@ def _cells(row: SweepRow) -> dict[str, Any]:
         "problems": row.problems,
         "trials": row.trials,
         "created": f"{row.created_at:%Y-%m-%d %H:%M}",
-        "heartbeat": _age(row.heartbeat_age_s),
+        "heartbeat": age_text(row.heartbeat_age_s),
     }
 
 

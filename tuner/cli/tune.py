@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -218,30 +219,7 @@ def tune(
     Exit codes: 0 done; 2 bad input or refused (the sweep runs elsewhere; the device is busy: --force);
     3 incomplete (re-timing failed twice: --resume); 4 stopped (the database failed, or the sweep was
     taken over); 130 interrupted."""
-    from moetune.tuner.spec import load_sweep_file
-
-    flags: dict[str, Any] = dict(
-        models=tuple(model or ()) + _hf_models(hf_config, tp, ep),
-        problems=tuple(problem or ()),
-        token_buckets=_buckets(buckets),
-        backend=backend,
-        strategy=None if strategy is None else strategy.value,
-        budget=budget,
-        minutes=minutes,
-        routing=routing,
-        timeout_s=timeout_s,
-        runs=runs,
-        min_gain=min_gain,
-        seed=seed,
-        workers=workers,
-        db=db,
-        ray_address=ray_address,
-        misses=misses or None,
-        stale=stale or None,
-        baseline=False if no_baseline else None,
-        compile_only=compile_only or None,
-        arch=arch,
-    )
+    flags = sweep_flags(locals())  # the first statement: locals() holds the parameters alone
     try:
         if resume is not None:
             changed = sorted(k for k, v in flags.items() if v not in (None, (), []) and k not in RESUMABLE)
@@ -254,7 +232,7 @@ def tune(
 
                 spec, planned = load_sweep(store, resume)
             spec = spec.override(**{k: v for k, v in flags.items() if k in RESUMABLE})
-            _run(
+            run_sweep(
                 spec,
                 planned,
                 resume_id=resume,
@@ -265,10 +243,8 @@ def tune(
                 force=force,
             )
             return
-        spec, sweep_file = load_sweep_file(sweep) if sweep else (SweepSpec(), None)
-        spec = spec.override(**flags)
-        _check_before_opening(spec)
-        _run(
+        spec, sweep_file = checked_spec(sweep, flags)
+        run_sweep(
             spec,
             None,
             resume_id=None,
@@ -287,6 +263,45 @@ def tune(
         err_console.print(str(e), markup=False, highlight=False)
         if as_json and not dry_run:
             typer.echo(json_text({"sweep_id": None, "nothing_to_tune": str(e), "problems": []}))
+
+
+def sweep_flags(params: dict[str, Any]) -> dict[str, Any]:
+    """The SweepSpec fields that tune's flags set, from the command's parameters by name (`moetune submit`
+    takes the same ones); a flag left out is None or empty, and keeps the sweep file's value."""
+    return dict(
+        models=tuple(params["model"] or ()) + _hf_models(params["hf_config"], params["tp"], params["ep"]),
+        problems=tuple(params["problem"] or ()),
+        token_buckets=_buckets(params["buckets"]),
+        backend=params["backend"],
+        strategy=None if params["strategy"] is None else params["strategy"].value,
+        budget=params["budget"],
+        minutes=params["minutes"],
+        routing=params["routing"],
+        timeout_s=params["timeout_s"],
+        runs=params["runs"],
+        min_gain=params["min_gain"],
+        seed=params["seed"],
+        workers=params["workers"],
+        db=params["db"],
+        ray_address=params.get("ray_address"),
+        misses=params["misses"] or None,
+        stale=params["stale"] or None,
+        baseline=False if params["no_baseline"] else None,
+        compile_only=params["compile_only"] or None,
+        arch=params["arch"],
+    )
+
+
+def checked_spec(sweep: str | None, flags: dict[str, Any]) -> tuple[SweepSpec, str | None]:
+    """The sweep file's spec with `flags` over it, and where the file came from; checked as far as can be
+    without the workers' device or the database (ConfigInvalid and friends)."""
+    from moetune.tuner import sweep_setup
+    from moetune.tuner.spec import load_sweep_file
+
+    spec, sweep_file = load_sweep_file(sweep) if sweep else (SweepSpec(), None)
+    spec = spec.override(**flags)
+    sweep_setup.check_before_opening(spec)
+    return spec, sweep_file
 
 
 def _stop(message: str, code: int) -> NoReturn:
@@ -315,23 +330,6 @@ def _leased(store, resume_id: int | None, owner) -> Iterator[_Lease]:
                 store.release_sweep(resume_id, owner)
 
 
-def _check_before_opening(spec) -> None:
-    """What needs neither the workers' device nor the database, checked before either is touched, so
-    that a bad argument opens no store, creates no file and starts no Ray cluster."""
-    from moetune.kernels import registry
-    from moetune.kernels.errors import ConfigInvalid
-    from moetune.tuner import sweep_setup
-
-    if spec.backend != "auto":
-        registry.get(spec.backend)  # UnknownBackend names the registered ones
-    if spec.compile_only:
-        sweep_setup.resolve_target(spec, None)  # a compile-only target needs no device
-    if not sweep_setup.model_problems(spec) and not (spec.misses or spec.stale):  # loads every model file
-        raise ConfigInvalid(
-            "nothing to tune: give --model, --problem, --misses or --stale (or a sweep file that names them)"
-        )
-
-
 def _store_holding_sweeps(db: str | None, sweep_id: int):
     """The store to resume a sweep from; a database that does not exist yet, or holds no tables, is
     refused without being created or migrated."""
@@ -348,9 +346,22 @@ def _store_holding_sweeps(db: str | None, sweep_id: int):
     return open_store(db)
 
 
-def _run(
-    spec, planned, *, resume_id, sweep_file, dry_run: bool, inline: bool, as_json: bool, force: bool
+def run_sweep(
+    spec,
+    planned,
+    *,
+    resume_id,
+    sweep_file,
+    dry_run: bool,
+    inline: bool,
+    as_json: bool,
+    force: bool,
+    on_sweep: Callable[[int], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
+    """Run (or plan) the sweep as `tune` does, with its output and exit codes; `on_sweep(id)` is told the
+    sweep's id once it is leased and running (`moetune worker` records it in its job); once `stop` is
+    set, the candidates in flight are finished and the sweep ends interrupted (SweepDriver)."""
     from moetune.db import open_store
     from moetune.db.leases import Owner
 
@@ -361,7 +372,9 @@ def _run(
             _dry_run(spec, planned, store, as_json)
             return
         with _leased(store, resume_id, owner) as lease:
-            outcome = _sweep(spec, planned, store, owner, lease, resume_id, sweep_file, inline, force)
+            outcome = _sweep(
+                spec, planned, store, owner, lease, resume_id, sweep_file, inline, force, on_sweep, stop
+            )
         _print_outcome(outcome, as_json)
         if outcome.incomplete:
             _stop(
@@ -374,7 +387,9 @@ def _run(
         store.close()
 
 
-def _sweep(spec, planned, store, owner, lease, resume_id, sweep_file, inline: bool, force: bool):
+def _sweep(
+    spec, planned, store, owner, lease, resume_id, sweep_file, inline: bool, force: bool, on_sweep, stop
+):
     from moetune.db.errors import DatabaseError, LeaseLost
     from moetune.tuner import sweep_setup
     from moetune.tuner.driver import SweepDriver
@@ -408,6 +423,8 @@ def _sweep(spec, planned, store, owner, lease, resume_id, sweep_file, inline: bo
             sweep_id = resume_id
             store.claim_device(sweep_id, owner, None if target else device, force=force)
         lease.started = True
+        if on_sweep is not None:
+            on_sweep(sweep_id)
         err_console.print(
             f"sweep {sweep_id}: {len(planned)} problems, backend {backend.name}, "
             f"strategy {spec.strategy}, {executor.workers} workers on {device.device_kind}; "
@@ -424,6 +441,7 @@ def _sweep(spec, planned, store, owner, lease, resume_id, sweep_file, inline: bo
             compile_target=target,
             device=device,
             owner=owner,
+            stop=stop,
         )
         ran = True  # the driver closes the display
         try:

@@ -1,0 +1,90 @@
+"""The tuning queue over HTTP: POST /api/jobs (a sweep spec; the token), GET /api/jobs, GET /api/jobs/{id},
+POST /api/jobs/{id}/cancel (the token). A submitted spec is checked by the code that checks `moetune
+submit`'s, and may name no file of the server (moetune.tuner.queue_spec.from_request)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
+from starlette.concurrency import run_in_threadpool
+
+from moetune.db.jobs import JOB_STATES
+from moetune.db.store import Store
+from moetune.kernels.errors import ConfigInvalid
+from moetune.kernels.typed_fields import INT32_MAX
+from moetune.service.auth import require_read, require_token
+from moetune.service.deps import store
+
+# A sweep spec is under 1 kB; a request of more is refused before it is read whole.
+MAX_BODY_BYTES = 64 << 10
+# Beside the sweep's fields, a request may set these two of the job's.
+QUEUE_FIELDS = ("priority", "device_kind")
+
+router = APIRouter(prefix="/api/jobs", tags=["jobs"])
+StoreDep = Annotated[Store, Depends(store)]
+JobId = Annotated[int, Path(ge=1, le=INT32_MAX)]
+STATES_HELP = f"Only these states: {', '.join(JOB_STATES)}."
+
+
+async def _body(request: Request) -> Any:
+    too_large = HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"at most {MAX_BODY_BYTES} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_large
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > MAX_BODY_BYTES:
+            raise too_large
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        raise ConfigInvalid("the body is not JSON: send a sweep spec as a JSON object") from None
+
+
+def _queue_fields(body: dict[str, Any]) -> tuple[int, str | None]:
+    priority, device_kind = body.pop("priority", 0), body.pop("device_kind", None)
+    if type(priority) is not int or not -INT32_MAX <= priority <= INT32_MAX:
+        raise ConfigInvalid(f"priority={priority!r} must be an integer in [{-INT32_MAX}, {INT32_MAX}]")
+    if device_kind is not None and not (isinstance(device_kind, str) and 0 < len(device_kind) <= 128):
+        raise ConfigInvalid("device_kind must be a text of 1 to 128 characters")
+    return priority, device_kind
+
+
+@router.post("", dependencies=[Depends(require_token)], status_code=status.HTTP_201_CREATED)
+async def submit_job(request: Request, db: StoreDep) -> dict[str, Any]:
+    """Queue a sweep: the body is a sweep file's fields as JSON, plus optionally `priority` and
+    `device_kind`. 400 with one line when the spec would not run; nothing is written then."""
+    from moetune.tuner import queue_spec
+
+    body = await _body(request)
+    if not isinstance(body, dict):
+        raise ConfigInvalid("the body must be a JSON object: a sweep spec")
+    priority, device_kind = _queue_fields(body)
+    spec = await run_in_threadpool(queue_spec.from_request, body, "request")
+    fields = dict(device_kind=device_kind, priority=priority, submitted_by="api")
+    job = await run_in_threadpool(lambda: db.get_job(db.submit_job(queue_spec.stored(spec), **fields)))
+    return job.to_json()
+
+
+@router.get("", dependencies=[Depends(require_read)])
+def list_jobs(
+    db: StoreDep,
+    state: Annotated[list[str], Query(description=STATES_HELP)] = [],  # noqa: B006 (FastAPI copies it)
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+) -> list[dict[str, Any]]:
+    """Jobs, newest first."""
+    return [job.to_json() for job in db.jobs(states=tuple(state), limit=limit)]
+
+
+@router.get("/{job_id}", dependencies=[Depends(require_read)])
+def get_job(job_id: JobId, db: StoreDep) -> dict[str, Any]:
+    return db.get_job(job_id).to_json()
+
+
+@router.post("/{job_id}/cancel", dependencies=[Depends(require_token)])
+def cancel_job(job_id: JobId, db: StoreDep) -> dict[str, Any]:
+    """Cancel a queued or running job (its worker stops it at its next heartbeat); 400 once it ended."""
+    return db.cancel_job(job_id).to_json()
