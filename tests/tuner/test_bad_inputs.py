@@ -552,6 +552,21 @@ cases(
     c("worker: not a database URL", "worker", "--once", "--db", "not a url"),
 )
 
+cases(
+    "the server",
+    c("serve: port past 65535", "serve", "--port", "70000", "--db", "{db}"),
+    c("serve: not a database URL", "serve", "--db", "not a url"),
+    c("serve: a token file others can read", "serve", "--token-file", "{tmp}/t", files={"t": "x" * 32}),
+    c(
+        "serve: a token file that is a directory",
+        "serve",
+        "--token-file",
+        "{tmp}/t",
+        files={"t": Special.DIRECTORY},
+    ),
+    c("serve: tune on miss, negative", "serve", "--tune-misses", "-1", "--db", "{db}"),
+)
+
 CASES = [case for items in CATEGORIES.values() for case in items]
 
 

@@ -17,7 +17,7 @@ from moetune.tuner.cli import _load_commands, app
 _load_commands()
 SECRET = "pw-of-the-environment"
 # Commands that print no table or record of their own: pack-schema prints the JSON Schema itself.
-NO_JSON = {"pack-schema"}
+NO_JSON = {"pack-schema", "serve"}  # serve: a long-running server, what it prints is its log
 
 
 def commands() -> dict[str, object]:

@@ -32,7 +32,11 @@ def serve(
     ] = False,
     cors_origin: Annotated[
         list[str] | None,
-        typer.Option("--cors-origin", help="An origin allowed to call the API from a browser (repeatable)."),
+        typer.Option(
+            "--cors-origin",
+            help="An origin allowed to call the API from a browser (repeatable).",
+            show_default="none: no cross-origin calls",
+        ),
     ] = None,
     tune_misses: Annotated[
         int,
@@ -49,6 +53,7 @@ def serve(
     """Serve winners, packs, sweeps, misses and the tuning queue over HTTP, with a dashboard at /."""
     import uvicorn
 
+    from moetune.db import open_store
     from moetune.service import token_file as tokens
     from moetune.service.app import create_app
     from moetune.service.settings import ServiceSettings
@@ -59,6 +64,10 @@ def serve(
     if port > 65535:
         fail(f"--port {port} is not in [1, 65535]")
     try:
+        tokens.resolve(token_file, create=False)  # a bad token file fails before anything is written
+        # Open (and migrate a fresh) database now: a bad --db is one line here, not a failed start-up
+        # inside uvicorn.
+        open_store(db).close()
         token, source = tokens.resolve(token_file)
         settings = ServiceSettings(
             db_url=db,
