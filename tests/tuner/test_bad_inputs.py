@@ -237,7 +237,6 @@ cases(
     tune_problem("unknown dtype", f"m=1,{PROBLEM_ARGS},dtype=int8"),
     tune_problem("markup for an op", f"m=1,{PROBLEM_ARGS},op=<script>"),
     tune_problem("unknown op", f"m=1,{PROBLEM_ARGS},op=attention"),
-    tune_problem("an op the tuner cannot verify yet", f"m=64,{PROBLEM_ARGS},op=grouped_matmul_drhs"),
     tune_problem("transpose flag not a flag", f"m=1,{PROBLEM_ARGS},t=maybe"),
     tune_problem("unknown field", f"m=1,{PROBLEM_ARGS},foo=1"),
     tune_problem("odd n for swiglu", "op=grouped_matmul_swiglu,m=1,k=64,n=63,g=1"),
