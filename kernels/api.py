@@ -240,6 +240,32 @@ def _differentiable(kernel: KernelFn, problem: Problem, backend: str | None, fal
     return op
 
 
+def cotangent_problems(problem: Problem) -> list[tuple[str, Problem]]:
+    """The Problems the backward of `problem` dispatches (`_differentiable`), by part: "product" (a gated
+    op's float32 product, recomputed), "dlhs" (the grouped GEMM with the other rhs layout: k and n
+    swapped) and "drhs" (the weight gradient); [] for an op without a gradient. What `moetune tune
+    --with-backward` plans, so that training finds every GEMM of its step tuned. The cotangent the
+    GEMMs take is in the output's dtype, or under a gated epilogue in the operands' promoted dtype."""
+    vjp = problem.spec.vjp
+    if vjp is None:
+        return []
+    same = dict(m=problem.m, g=problem.g)
+    dout_dtype = problem.out_dtype
+    parts = []
+    if vjp.product:
+        dout_dtype = jnp.result_type(problem.lhs_dtype, problem.rhs_dtype).name
+        parts.append(("product", dataclasses.replace(problem, op=vjp.product, out_dtype="float32")))
+    dlhs = Problem(
+        vjp.dlhs, k=problem.n, n=problem.k, lhs_dtype=dout_dtype, rhs_dtype=problem.rhs_dtype,
+        out_dtype=problem.lhs_dtype, transpose_rhs=not problem.transpose_rhs, **same,
+    )  # fmt: skip
+    drhs = Problem(
+        vjp.drhs, k=problem.k, n=problem.n, lhs_dtype=problem.lhs_dtype, rhs_dtype=dout_dtype,
+        out_dtype=problem.rhs_dtype, transpose_rhs=problem.transpose_rhs, **same,
+    )  # fmt: skip
+    return [*parts, ("dlhs", dlhs), ("drhs", drhs)]
+
+
 def explain(
     problem_or_lhs: Problem | Any,
     rhs: Any = None,

@@ -17,7 +17,7 @@ from moetune.kernels.device import DeviceFingerprint, compile_only_device
 from moetune.kernels.errors import ConfigInvalid, MoetuneError, Unsupported
 from moetune.tuner import resolved
 from moetune.tuner.executors import Executor, InlineExecutor, WorkerActivity
-from moetune.tuner.plan import PlannedProblem, dispatched_on, load_model, parse_problem
+from moetune.tuner.plan import PlannedProblem, dispatched_on, load_model, parse_problem, with_backward
 from moetune.tuner.spec import SweepSpec
 
 
@@ -78,7 +78,10 @@ class NothingToTune(MoetuneError):
 def resolve_problems(
     spec: SweepSpec, store: Any, backend: Backend, device: DeviceFingerprint
 ) -> list[PlannedProblem]:
-    planned = dispatched_on(model_problems(spec) + store_problems(spec, store, backend, device), backend)
+    requested = dispatched_on(model_problems(spec), backend)
+    if spec.with_backward:  # the backward of the GEMMs as the backend runs them (fused or not)
+        requested = with_backward(requested)
+    planned = dispatched_on(requested + store_problems(spec, store, backend, device), backend)
     if not planned and (spec.misses or spec.stale) and not (spec.models or spec.problems):
         asked = " or ".join(name for name, on in (("missed", spec.misses), ("stale", spec.stale)) if on)
         raise NothingToTune(

@@ -212,6 +212,13 @@ def tune(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the outcome (or the plan) as JSON: numbers and objects.")
     ] = False,
+    with_backward: Annotated[
+        bool,
+        typer.Option(
+            "--with-backward",
+            help="Also tune each problem's backward GEMMs (dlhs, drhs; a gated op's product), for training.",
+        ),
+    ] = False,
 ) -> None:
     """Tune kernels: compile candidates in parallel, verify each, time each exclusively, keep the winners.
 
@@ -238,6 +245,7 @@ def tune(
         ray_address=ray_address,
         misses=misses or None,
         stale=stale or None,
+        with_backward=with_backward or None,
         baseline=False if no_baseline else None,
         compile_only=compile_only or None,
         arch=arch,
@@ -321,15 +329,19 @@ def _check_before_opening(spec) -> None:
     from moetune.kernels import registry
     from moetune.kernels.errors import ConfigInvalid
     from moetune.tuner import sweep_setup
+    from moetune.tuner.plan import with_backward
 
     if spec.backend != "auto":
         registry.get(spec.backend)  # UnknownBackend names the registered ones
     if spec.compile_only:
         sweep_setup.resolve_target(spec, None)  # a compile-only target needs no device
-    if not sweep_setup.model_problems(spec) and not (spec.misses or spec.stale):  # loads every model file
+    requested = sweep_setup.model_problems(spec)  # loads every model file
+    if not requested and not (spec.misses or spec.stale):
         raise ConfigInvalid(
             "nothing to tune: give --model, --problem, --misses or --stale (or a sweep file that names them)"
         )
+    if spec.with_backward:
+        with_backward(requested)  # an op without a gradient is refused here
 
 
 def _store_holding_sweeps(db: str | None, sweep_id: int):
