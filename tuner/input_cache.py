@@ -162,13 +162,14 @@ def reference_rows(problem: Problem, group_sizes: Sequence[int], seed: int) -> n
     per draw). Output rows: every row when that fits, else the first rows when those hold every assigned
     row, else each group's first and last rows plus random assigned ones; rows past sum(group_sizes) have
     a zero reference, and are checked to be zero in any case. K indices of a per-expert output: every
-    one when that fits, else random ones (a wrong [K, N] tile of 64 K indices is missed with odds
-    (1 - sampled / k)^64, below 1e-3 where sampling starts on the largest models)."""
+    one when that fits, else random ones drawn anew for each routing draw (a wrong tile of 64 K indices
+    escapes a draw with odds (1 - sampled / k)^64: Mixtral-8x7B's gate_up keeps 292 of 4096, 0.9%)."""
     count = reference_row_count(problem)
     if problem.spec.out_grouped:
         if count >= problem.k:
             return np.arange(problem.k, dtype=np.int32)
-        picked = np.random.default_rng(seed).choice(problem.k, size=count, replace=False)
+        draw = np.random.default_rng([seed, *(int(s) for s in group_sizes)])
+        picked = draw.choice(problem.k, size=count, replace=False)
         return np.sort(picked).astype(np.int32)
     sizes = np.asarray(group_sizes, dtype=np.int64)
     assigned = int(min(sizes.sum(), problem.m))

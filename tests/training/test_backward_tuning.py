@@ -27,14 +27,6 @@ _load_commands()
 SIZES = (9, 0, 20, 3)  # an empty expert and rows past the groups (m=40)
 
 
-@pytest.fixture(autouse=True)
-def isolated_lookup(monkeypatch, tmp_path):
-    monkeypatch.delenv("MOETUNE_BACKEND", raising=False)
-    LOOKUP.clear()
-    yield
-    LOOKUP.clear()
-
-
 def drhs(transpose_rhs: bool = False, dtype: str = "float32") -> Problem:
     return Problem(
         "grouped_matmul_drhs", m=40, k=16, n=24, g=4, lhs_dtype=dtype, rhs_dtype=dtype, out_dtype=dtype,

@@ -13,20 +13,11 @@ from typer.testing import CliRunner
 
 from moetune.kernels import call_op
 from moetune.kernels.api import cotangent_problems
-from moetune.kernels.lookup import LOOKUP
 from moetune.kernels.problem import Problem
 from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.plan import load_model
 
 _load_commands()
-
-
-@pytest.fixture(autouse=True)
-def isolated_lookup(monkeypatch):
-    monkeypatch.delenv("MOETUNE_BACKEND", raising=False)
-    LOOKUP.clear()
-    yield
-    LOOKUP.clear()
 
 
 def invoke(*args):
