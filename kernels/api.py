@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from moetune.kernels import registry
+from moetune.kernels import ops, registry
 from moetune.kernels.backend import Backend, KernelFn
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint, current_fingerprint
@@ -110,6 +110,7 @@ def grouped_matmul(
     config: KernelConfig | None = None,
     rows: int | None = None,
     fallback: bool | None = None,
+    group_offset: Any = None,
 ) -> jax.Array:
     """out[M, N]: each contiguous group of lhs[M, K]'s rows times its expert's rhs[G, K, N], as
     jax.lax.ragged_dot computes it (rows past sum(group_sizes) are zero; rhs is [G, N, K] when
@@ -124,10 +125,15 @@ def grouped_matmul(
     key's M is `rows`. Every backend's kernel takes such an lhs as
     it is (the contract in kernels/backend.py): mosaic_gpu's pad_lhs configs use the padding instead of
     copying lhs into a padded buffer; xla computes on the first M rows.
+
+    `group_offset` ((1,) int32, jax.lax.ragged_dot's): rhs holds the local slice of experts
+    [offset, offset + G) of group_sizes' G_total (expert parallelism): rows of other experts are zero.
+    The key is the local problem's (m, G); backends that cannot serve it decline (the xla backend can).
     """
     return call_op(
-        OP, lhs, rhs, group_sizes, transpose_rhs, preferred_element_type, backend, config, rows, fallback
-    )
+        OP, lhs, rhs, group_sizes, transpose_rhs, preferred_element_type, backend, config, rows, fallback,
+        group_offset,
+    )  # fmt: skip
 
 
 def grouped_matmul_swiglu(
@@ -141,17 +147,20 @@ def grouped_matmul_swiglu(
     config: KernelConfig | None = None,
     rows: int | None = None,
     fallback: bool | None = None,
+    group_offset: Any = None,
 ) -> jax.Array:
     """out[M, F] = silu(h[:, :F]) * h[:, F:] with h = grouped_matmul(lhs, rhs [G, K, 2F]) in float32.
 
     The MoE gate_up projection and its SwiGLU in one op (gate columns first, then up). A backend that
     fuses it never writes h to memory; the others (xla) compute h in float32, then the activation.
-    Rows past sum(group_sizes) are zero. Arguments as for `grouped_matmul`, `rows` and `fallback` included.
+    Rows past sum(group_sizes) are zero. Arguments as for `grouped_matmul`, `rows`, `fallback` and
+    `group_offset` included.
     """
     op = GROUPED_MATMUL_SWIGLU
     return call_op(
-        op, lhs, rhs, group_sizes, transpose_rhs, preferred_element_type, backend, config, rows, fallback
-    )
+        op, lhs, rhs, group_sizes, transpose_rhs, preferred_element_type, backend, config, rows, fallback,
+        group_offset,
+    )  # fmt: skip
 
 
 def call_op(
@@ -165,12 +174,64 @@ def call_op(
     config: KernelConfig | None = None,
     rows: int | None = None,
     fallback: bool | None = None,
+    group_offset: Any = None,
+    experts: int | None = None,
 ) -> jax.Array:
     """The registered op `op` (moetune.kernels.ops; e.g. "grouped_matmul_geglu") on lhs [M, K], rhs and
-    group_sizes, dispatched as `grouped_matmul` is; arguments as for `grouped_matmul`, `rows` and
-    `fallback` included.
+    group_sizes, dispatched as `grouped_matmul` is; arguments as for `grouped_matmul`, `rows`,
+    `fallback` and `group_offset` included. `experts`: the local slice's expert count under
+    `group_offset` for an op whose output is one slice per expert (the weight gradient), whose operands
+    do not hold it.
     Raises ConfigInvalid for an unknown op, listing the registered ones."""
     lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+    row_start = None
+    if group_offset is not None:
+        group_sizes, row_start = _local_slice(op, lhs, rhs, group_sizes, group_offset, transpose_rhs, experts)
+    return _call(
+        op, lhs, rhs, group_sizes, row_start, transpose_rhs, preferred_element_type, backend, config, rows,
+        fallback,
+    )  # fmt: skip
+
+
+def _local_slice(
+    op: str, lhs: Any, rhs: Any, group_sizes: Any, group_offset: Any, transpose_rhs: bool, experts: int | None
+) -> tuple[jax.Array, jax.Array]:
+    """jax.lax.ragged_dot's group_offset as the local problem: the local experts' group sizes
+    group_sizes[offset : offset + G] and the row their first group starts at (the rows of the experts
+    before the slice), which kernels take as `row_start`."""
+    spec = ops.get(op)
+    if spec.out_grouped and experts is None:
+        raise ValueError(f"{op} under group_offset needs experts= (the local slice's expert count)")
+    stand_in = None if experts is None else jax.ShapeDtypeStruct((experts,), jnp.int32)
+    _, _, _, local = spec.dims_of(lhs, rhs, stand_in, transpose_rhs)
+    if group_sizes.ndim != 1 or not local <= group_sizes.shape[0]:
+        raise ValueError(
+            f"group_offset: group_sizes {tuple(group_sizes.shape)} must be [G_total] with G_total >= the "
+            f"{local} local experts"
+        )
+    offset = jnp.asarray(group_offset, jnp.int32)
+    if offset.size != 1:
+        raise ValueError(f"group_offset must be a (1,) array, as jax.lax.ragged_dot's; got {offset.shape}")
+    offset = offset.reshape(())
+    sizes = group_sizes.astype(jnp.int32)
+    before = jnp.sum(jnp.where(jnp.arange(sizes.shape[0]) < offset, sizes, 0)).astype(jnp.int32)
+    return jax.lax.dynamic_slice(sizes, (offset,), (local,)), before
+
+
+def _call(
+    op: str,
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    row_start: jax.Array | None,
+    transpose_rhs: bool,
+    preferred_element_type: Any,
+    backend: str | None,
+    config: KernelConfig | None,
+    rows: int | None,
+    fallback: bool | None,
+) -> jax.Array:
+    """`call_op` on a local problem: the groups start at `row_start` (None: row 0)."""
     if rows is not None and not (lhs.ndim == 2 and 0 < rows <= lhs.shape[0]):
         raise ValueError(f"rows={rows} must be between 1 and the {lhs.shape[0]} rows of lhs {lhs.shape}")
     slack = rows is not None and rows < lhs.shape[0]
@@ -183,17 +244,48 @@ def call_op(
         op=op,
     )
     device = current_fingerprint()
-    explanation, kernel = _dispatch(problem, backend=backend, config=config, device=device, fallback=fallback)
+    explanation, kernel = _dispatch(
+        problem,
+        backend=backend,
+        config=config,
+        device=device,
+        fallback=fallback,
+        sliced=row_start is not None,
+    )
     LOOKUP.note_use(problem, explanation.resolution, device)
     log.debug("%s -> %s %s (%s)", problem.key, explanation.backend, explanation.config, explanation.source)
     if group_sizes.dtype != jnp.int32:
         group_sizes = group_sizes.astype(jnp.int32)
     if problem.spec.vjp is None:
-        return kernel(lhs, rhs, group_sizes)
+        return _run(kernel, lhs, rhs, group_sizes, row_start)
     # The backward follows the forward's choice of backend (a config names its backend), not its config:
     # each cotangent is its own Problem with its own winner.
     named = backend if backend is not None or config is None else explanation.backend
-    return _differentiable(kernel, problem, named, fallback)(lhs, rhs, group_sizes)
+    operands = _varying_alike(lhs, rhs, group_sizes, row_start)
+    return _differentiable(kernel, problem, named, fallback)(*operands)
+
+
+def _varying_alike(*arrays: Any) -> tuple[Any, ...]:
+    """Inside shard_map (check_vma), the arrays cast to vary over the same mesh axes (a no-op outside):
+    a custom VJP's cotangents must have its primals' types, and each cotangent mixes every operand's
+    axes (an expert slice's rows and replicated tokens). jax transposes the cast into the sum over the
+    axes an operand did not vary over, which is the cotangent a replicated operand is owed."""
+    axes = frozenset().union(*(_varying_axes(a) for a in arrays if a is not None))
+    return tuple(
+        a if a is None else jax.lax.pcast(a, tuple(sorted(axes - _varying_axes(a))), to="varying")
+        for a in arrays
+    )
+
+
+def _varying_axes(array: Any) -> frozenset:
+    # jax 0.11 keeps the mesh axes a value varies over in its type's manual axis type.
+    return jax.typeof(array).mat.varying
+
+
+def _run(kernel: KernelFn, lhs: Any, rhs: Any, group_sizes: Any, row_start: Any) -> jax.Array:
+    if row_start is None:
+        return kernel(lhs, rhs, group_sizes)
+    return kernel(lhs, rhs, group_sizes, row_start=row_start)
 
 
 def _differentiable(kernel: KernelFn, problem: Problem, backend: str | None, fallback: bool | None):
@@ -205,39 +297,69 @@ def _differentiable(kernel: KernelFn, problem: Problem, backend: str | None, fal
     spec, vjp, transpose_rhs = problem.spec, problem.spec.vjp, problem.transpose_rhs
 
     @jax.custom_vjp
-    def op(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
-        return kernel(lhs, rhs, group_sizes)
+    def op(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, row_start: Any) -> jax.Array:
+        return _run(kernel, lhs, rhs, group_sizes, row_start)
 
-    def forward(lhs, rhs, group_sizes):
-        return kernel(lhs, rhs, group_sizes), (lhs, rhs, group_sizes)
+    def forward(lhs, rhs, group_sizes, row_start):
+        return _run(kernel, lhs, rhs, group_sizes, row_start), (lhs, rhs, group_sizes, row_start)
 
     def backward(residuals, dout):
-        lhs, rhs, group_sizes = residuals
+        lhs, rhs, group_sizes, row_start = residuals
+        local = functools.partial(_call, group_sizes=group_sizes, row_start=row_start, backend=backend)
         # lhs may carry rows past m (`rows=`): they belong to no group.
         rows = problem.m if lhs.shape[0] > problem.m else None
         if vjp.product:
             # Imported here: the moe package imports this module.
             from moetune.kernels.moe.reference import gated_activation
 
-            product = call_op(
-                vjp.product, lhs, rhs, group_sizes, transpose_rhs, jnp.float32, backend, None, rows, fallback
-            )
+            product = local(
+                vjp.product, lhs, rhs, transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32,
+                config=None, rows=rows, fallback=fallback,
+            )  # fmt: skip
             _, epilogue_vjp = jax.vjp(functools.partial(gated_activation, spec.epilogue), product)
             (dproduct,) = epilogue_vjp(dout.astype(jnp.float32))
             # The GEMMs of the cotangent run in the operands' dtype, as the forward's did.
             dout = dproduct.astype(jnp.result_type(lhs.dtype, rhs.dtype))
-        dlhs = call_op(
-            vjp.dlhs, dout, rhs, group_sizes, not transpose_rhs, lhs.dtype, backend, None, None, fallback
-        )
+        dlhs = local(
+            vjp.dlhs, dout, rhs, transpose_rhs=not transpose_rhs, preferred_element_type=lhs.dtype,
+            config=None, rows=None, fallback=fallback,
+        )  # fmt: skip
         if rows is not None:
             dlhs = jnp.pad(dlhs, ((0, lhs.shape[0] - rows), (0, 0)))
-        drhs = call_op(
-            vjp.drhs, lhs, dout, group_sizes, transpose_rhs, rhs.dtype, backend, None, rows, fallback
-        )
-        return dlhs, drhs, None
+        drhs = local(
+            vjp.drhs, lhs, dout, transpose_rhs=transpose_rhs, preferred_element_type=rhs.dtype,
+            config=None, rows=rows, fallback=fallback,
+        )  # fmt: skip
+        return dlhs, drhs, None, None
 
     op.defvjp(forward, backward)
     return op
+
+
+def cotangent_problems(problem: Problem) -> list[tuple[str, Problem]]:
+    """The Problems the backward of `problem` dispatches (`_differentiable`), by part: "product" (a gated
+    op's float32 product, recomputed), "dlhs" (the grouped GEMM with the other rhs layout: k and n
+    swapped) and "drhs" (the weight gradient); [] for an op without a gradient. What `moetune tune
+    --with-backward` plans, so that training finds every GEMM of its step tuned. The cotangent the
+    GEMMs take is in the output's dtype, or under a gated epilogue in the operands' promoted dtype."""
+    vjp = problem.spec.vjp
+    if vjp is None:
+        return []
+    same = dict(m=problem.m, g=problem.g)
+    dout_dtype = problem.out_dtype
+    parts = []
+    if vjp.product:
+        dout_dtype = jnp.result_type(problem.lhs_dtype, problem.rhs_dtype).name
+        parts.append(("product", dataclasses.replace(problem, op=vjp.product, out_dtype="float32")))
+    dlhs = Problem(
+        vjp.dlhs, k=problem.n, n=problem.k, lhs_dtype=dout_dtype, rhs_dtype=problem.rhs_dtype,
+        out_dtype=problem.lhs_dtype, transpose_rhs=not problem.transpose_rhs, **same,
+    )  # fmt: skip
+    drhs = Problem(
+        vjp.drhs, k=problem.k, n=problem.n, lhs_dtype=problem.lhs_dtype, rhs_dtype=dout_dtype,
+        out_dtype=problem.rhs_dtype, transpose_rhs=problem.transpose_rhs, **same,
+    )  # fmt: skip
+    return [*parts, ("dlhs", dlhs), ("drhs", drhs)]
 
 
 def explain(
@@ -285,7 +407,9 @@ def _dispatch(
     config: KernelConfig | None,
     device: DeviceFingerprint,
     fallback: bool | None = None,
+    sliced: bool = False,
 ) -> tuple[Explanation, KernelFn]:
+    """`sliced`: the call serves a local slice of experts (group_offset), which a backend must take."""
     chain, reason, named = _backend_chain(backend, config, device)
     # A named backend answers alone unless the caller opts in to falling through; so does the default
     # one under fallback=False.
@@ -293,7 +417,7 @@ def _dispatch(
     declined: list[Unsupported] = []
     for candidate in chain[:1] if strict else chain:
         try:
-            kernel, resolution = _accept(problem, candidate, config, device)
+            kernel, resolution = _accept(problem, candidate, config, device, sliced)
         except Unsupported as e:
             if strict:
                 raise Unsupported(_refusal(problem, candidate, reason, device, e)) from e
@@ -324,12 +448,14 @@ def _dispatch(
 
 
 def _accept(
-    problem: Problem, backend: Backend, config: KernelConfig | None, device: DeviceFingerprint
+    problem: Problem, backend: Backend, config: KernelConfig | None, device: DeviceFingerprint, sliced: bool
 ) -> tuple[KernelFn, Resolution]:
     """`backend`'s kernel for the call and where its config came from; Unsupported if it cannot run it."""
     unavailable = backend.available(device)
     if unavailable is not None:
         raise Unsupported(unavailable)
+    if sliced and not backend.serves_group_offset:
+        raise Unsupported("takes no group_offset (a local slice of experts)")
     backend.check(problem)
     return _build(problem, backend, _resolve(problem, backend, config, device), device)
 

@@ -74,6 +74,10 @@ class Backend(abc.ABC):
     # (Ray pins each worker to a GPU id); any other name is a custom resource declared one unit per
     # device (`ray start --resources '{"amd_gpu": 8}'`), and the tuner seats each worker on one unit,
     # restricting its process to that device through `visible_devices_env`.
+    # Whether built kernels take `row_start=` (a traced int32 scalar: the first row of the first group),
+    # which serves jax.lax.ragged_dot's group_offset, a local slice of experts (kernels/api.py). A
+    # backend without it declines such calls, which then fall through to one that has it.
+    serves_group_offset: ClassVar[bool] = False
     device_resource: ClassVar[str] = "GPU"
     visible_devices_env: ClassVar[str] = "CUDA_VISIBLE_DEVICES"
     # The ops this backend serves: op name -> the name of its kernel function in `kernel_module`. A

@@ -59,19 +59,19 @@ def _reference(*operands: jax.Array, op: str, transpose_rhs: bool) -> jax.Array:
     return ops.get(op).reference(*operands, transpose_rhs=transpose_rhs)
 
 
-@functools.partial(jax.jit, static_argnames=("op", "transpose_rhs"), compiler_options=UNTUNED_COMPILE)
+@functools.partial(jax.jit, static_argnames=("op", "transpose_rhs", "axis"), compiler_options=UNTUNED_COMPILE)
 def _reference_of_rows(
-    lhs: jax.Array, rows: jax.Array, *operands: jax.Array, op: str, transpose_rhs: bool
+    lhs: jax.Array, rows: jax.Array, *operands: jax.Array, op: str, transpose_rhs: bool, axis: int
 ) -> jax.Array:
-    return ops.get(op).reference(lhs[rows], *operands, transpose_rhs=transpose_rhs)
+    return ops.get(op).reference(jnp.take(lhs, rows, axis=axis), *operands, transpose_rhs=transpose_rhs)
 
 
 @functools.lru_cache(maxsize=64)
-def rows_reference_program(problem: Problem, rows: int) -> Callable[..., jax.Array]:
+def rows_reference_program(problem: Problem, rows: int, axis: int = 0) -> Callable[..., jax.Array]:
     """Compiled, not run: (lhs [m, k], row ids int32 [rows], the op's other operands, with the group sizes
-    of those rows) -> the float32 reference of lhs[row ids], [rows, out_n]. Compiling apart from running
-    lets a tuner worker compile while another worker times a kernel, and run it only while it holds the
-    device."""
+    of those rows) -> the float32 reference of lhs[row ids], [rows, out_n]. `axis=1` picks lhs columns
+    instead (K indices, for an op with one output slice per expert). Compiling apart from running lets a
+    tuner worker compile while another worker times a kernel, and run it only while it holds the device."""
     lhs, *others = problem.spec.shape_dtypes(problem)
     return _reference_of_rows.lower(
         lhs,
@@ -79,6 +79,7 @@ def rows_reference_program(problem: Problem, rows: int) -> Callable[..., jax.Arr
         *others,
         op=problem.op,
         transpose_rhs=problem.transpose_rhs,
+        axis=axis,
     ).compile()
 
 

@@ -4,11 +4,12 @@ The device phase of every candidate is serialised per GPU, so whatever it recomp
 caps the whole sweep. Everything here depends only on (problem, seed) and the group sizes, never on
 the candidate, so a worker makes each thing once and every candidate of that problem reuses it:
 
-  weights     rhs sets depend on the rhs shape and the seed, not on M: the problems of one projection
-              at different token counts share them (they are most of the bytes);
-  inputs      lhs sets plus those weights;
+  weights     the op's weight operands (OperandSpec `weights`: rhs) depend on their shape and the seed,
+              not on M: the problems of one projection at different token counts share them (they
+              are most of the bytes);
+  inputs      every other drawn operand (lhs; lhs and dout for the weight gradient) plus those weights;
   references  the float32 result for each routing draw (the costliest thing to compute); for outputs
-              too large to hold in float32, on a sample of rows (`Reference`);
+              too large to hold in float32, on a sample of them (`Reference`, `sample_axes`);
   rotations   the argument sets a timer cycles through (copies, for small problems), per timer.
 
 The driver interleaves problems across workers, so the cache holds several problems and evicts the
@@ -46,39 +47,76 @@ HOST_CACHE_BYTES = 2 << 30
 DEVICE_CACHE_FRACTION = 0.75
 
 
+def _nbytes(problem: Problem, operands: Sequence[Any]) -> int:
+    return sum(math.prod(o.shape(problem)) * jnp.dtype(o.dtype(problem)).itemsize for o in operands)
+
+
 def input_set_count(problem: Problem) -> int:
-    rhs = problem.spec.operand("rhs")
-    weight_bytes = math.prod(rhs.shape(problem)) * jnp.dtype(rhs.dtype(problem)).itemsize
-    return max(2, min(MAX_INPUT_SETS, -(-ROTATE_BYTES // max(weight_bytes, 1))))
+    """Sets whose rotated bytes reach ROTATE_BYTES: the weights' bytes, or for an op without weights
+    every drawn operand's (what each run then reads afresh). Depends only on the weights when there
+    are any, so problems sharing weights draw the same count of them."""
+    drawn = problem.spec.drawn_operands
+    rotated = _nbytes(problem, [o for o in drawn if o.weights] or drawn)
+    return max(2, min(MAX_INPUT_SETS, -(-ROTATE_BYTES // max(rotated, 1))))
 
 
-def _set_keys(seed: int, count: int) -> jax.Array:
-    """[count, 2] keys: (lhs, rhs) of each set. Depends on the count, hence only on the rhs's bytes."""
-    return jax.random.split(jax.random.key(seed), (count, 2))
+def _set_keys(problem: Problem, seed: int, count: int) -> jax.Array:
+    """[count, drawn operands] keys, one per operand of each set (for the grouped GEMM: lhs, rhs)."""
+    return jax.random.split(jax.random.key(seed), (count, len(problem.spec.drawn_operands)))
 
 
-def make_weights(problem: Problem, seed: int) -> tuple[jax.Array, ...]:
-    """The rhs of every input set, drawn by the op's spec; equal for problems that differ only in M."""
-    keys = _set_keys(seed, input_set_count(problem))
-    return tuple(problem.spec.draw(problem, "rhs", key) for key in keys[:, 1])
+def _weight_indices(problem: Problem) -> list[int]:
+    return [i for i, o in enumerate(problem.spec.drawn_operands) if o.weights]
+
+
+def make_weights(problem: Problem, seed: int) -> tuple[tuple[jax.Array, ...], ...]:
+    """The weight operands of every input set, drawn by the op's spec; equal for problems that differ
+    only in M."""
+    keys, drawn = _set_keys(problem, seed, input_set_count(problem)), problem.spec.drawn_operands
+    return tuple(
+        tuple(problem.spec.draw(problem, drawn[i].name, kk[i]) for i in _weight_indices(problem))
+        for kk in keys
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
-    """Random (never zero) operands for one problem, drawn by its op's spec (OpSpec.draw): `sets` of
-    (lhs, rhs) pairs to rotate through."""
+    """Random (never zero) operands for one problem, drawn by its op's spec (OpSpec.draw): `sets` to
+    rotate through, each the op's drawn operands in call order (for the grouped GEMM: (lhs, rhs))."""
 
     problem: Problem
     seed: int
-    sets: tuple[tuple[jax.Array, jax.Array], ...]
+    sets: tuple[tuple[jax.Array, ...], ...]
 
     @classmethod
-    def make(cls, problem: Problem, seed: int, weights: Sequence[jax.Array] | None = None) -> Inputs:
-        """`weights`: the rhs sets when already made (make_weights of a problem with the same rhs)."""
+    def make(
+        cls, problem: Problem, seed: int, weights: Sequence[tuple[jax.Array, ...]] | None = None
+    ) -> Inputs:
+        """`weights`: the weight operands of each set when already made (make_weights of a problem with
+        the same weights)."""
         weights = tuple(weights) if weights is not None else make_weights(problem, seed)
-        keys = _set_keys(seed, len(weights))
-        lhs = [problem.spec.draw(problem, "lhs", key) for key in keys[:, 0]]
-        return cls(problem, seed, tuple(zip(lhs, weights, strict=True)))
+        keys, drawn = _set_keys(problem, seed, len(weights)), problem.spec.drawn_operands
+        at_weight = {index: slot for slot, index in enumerate(_weight_indices(problem))}
+        sets = tuple(
+            tuple(
+                shared[at_weight[i]] if i in at_weight else problem.spec.draw(problem, o.name, kk[i])
+                for i, o in enumerate(drawn)
+            )
+            for kk, shared in zip(keys, weights, strict=True)
+        )
+        return cls(problem, seed, sets)
+
+    def weights(self) -> tuple[tuple[jax.Array, ...], ...]:
+        """The weight operands of each set (empty tuples for an op without weights)."""
+        indices = _weight_indices(self.problem)
+        return tuple(tuple(arrays[i] for i in indices) for arrays in self.sets)
+
+    def call_args(self, drawn: tuple[jax.Array, ...], group_sizes: jax.Array) -> tuple[jax.Array, ...]:
+        """One set's operands with `group_sizes` in the op's call order (the kernels' arguments)."""
+        arrays = iter(drawn)
+        return tuple(
+            group_sizes if o.kind == "group_sizes" else next(arrays) for o in self.problem.spec.operands
+        )
 
 
 def _group_sizes_array(group_sizes: Sequence[int]) -> jax.Array:
@@ -94,27 +132,47 @@ REFERENCE_MAX_BYTES = 256 * 2**20
 
 @dataclasses.dataclass(frozen=True)
 class Reference:
-    """The float32 result on the rows `rows` (sorted indices into the output): [len(rows), out_n]
-    (the op's reference, kernels.reference.rows_reference_program)."""
+    """The float32 result on the sample `rows` (sorted indices along the output's sampled axis,
+    `sample_axes`): for a row-per-row output [len(rows), out_n] (the op's reference,
+    kernels.reference.rows_reference_program)."""
 
     values: jax.Array
     rows: jax.Array
 
     @classmethod
     def whole(cls, values: jax.Array) -> Reference:
-        """A reference for every row of the output."""
+        """A reference for every row of a row-per-row output."""
         return cls(values, jnp.arange(values.shape[0], dtype=jnp.int32))
 
 
+def sample_axes(problem: Problem) -> tuple[int, int]:
+    """(lhs axis, output axis) a reference sample picks indices along. A row-per-row output: lhs rows,
+    one output row each. An output of one slice per expert (`out_grouped`, the weight gradient
+    [g, k, n], [g, n, k] transposed): lhs's K columns, one K index of every expert's slice each, so the
+    sample's reference is the op's reference on lhs[:, sample] with every row and group size as they are
+    (a K index's values depend on lhs's column k alone)."""
+    if problem.spec.out_grouped:
+        return 1, 2 if problem.transpose_rhs else 1
+    return 0, 0
+
+
 def reference_rows(problem: Problem, group_sizes: Sequence[int], seed: int) -> np.ndarray:
-    """The output rows to keep a reference for, always min(m, REFERENCE_MAX_BYTES // row bytes) of them,
-    so that every draw of a problem has the same reference shape (one compile of the reference and of the
-    check per problem, not per draw): every row when that fits, else the first rows when those hold every
-    assigned row, else each group's first and last rows plus random assigned ones. Rows past
-    sum(group_sizes) have a zero reference, and are checked to be zero in any case."""
+    """The indices to keep a reference for, always `reference_row_count` of them, so that every draw of a
+    problem has the same reference shape (one compile of the reference and of the check per problem, not
+    per draw). Output rows: every row when that fits, else the first rows when those hold every assigned
+    row, else each group's first and last rows plus random assigned ones; rows past sum(group_sizes) have
+    a zero reference, and are checked to be zero in any case. K indices of a per-expert output: every
+    one when that fits, else random ones drawn anew for each routing draw (a wrong tile of 64 K indices
+    escapes a draw with odds (1 - sampled / k)^64: Mixtral-8x7B's gate_up keeps 292 of 4096, 0.9%)."""
+    count = reference_row_count(problem)
+    if problem.spec.out_grouped:
+        if count >= problem.k:
+            return np.arange(problem.k, dtype=np.int32)
+        draw = np.random.default_rng([seed, *(int(s) for s in group_sizes)])
+        picked = draw.choice(problem.k, size=count, replace=False)
+        return np.sort(picked).astype(np.int32)
     sizes = np.asarray(group_sizes, dtype=np.int64)
     assigned = int(min(sizes.sum(), problem.m))
-    count = reference_row_count(problem)
     if assigned <= count:
         return np.arange(count, dtype=np.int32)
     ends = np.minimum(np.cumsum(sizes), assigned)
@@ -127,8 +185,28 @@ def reference_rows(problem: Problem, group_sizes: Sequence[int], seed: int) -> n
 
 
 def reference_row_count(problem: Problem) -> int:
-    """How many output rows every reference of `problem` holds (`reference_rows`)."""
-    return min(problem.m, max(1, REFERENCE_MAX_BYTES // (problem.out_n * 4)))
+    """How many indices along the sampled axis (`sample_axes`) every reference of `problem` holds
+    (`reference_rows`): as many as fit REFERENCE_MAX_BYTES in float32."""
+    lhs_axis, out_axis = sample_axes(problem)
+    extent = problem.out_shape[out_axis]
+    per_index = math.prod(problem.out_shape) // extent * 4
+    return min(extent, max(1, REFERENCE_MAX_BYTES // per_index))
+
+
+def reference_shape(problem: Problem, count: int) -> tuple[int, ...]:
+    """The shape of a reference of `count` sampled indices: the output's, its sampled axis cut."""
+    shape = list(problem.out_shape)
+    shape[sample_axes(problem)[1]] = count
+    return tuple(shape)
+
+
+def live_slices(problem: Problem, group_sizes: Sequence[int]) -> np.ndarray:
+    """Whether each index of the output's first axis may be nonzero: the rows below sum(group_sizes)
+    (clipped at m), or for a per-expert output the experts holding rows; the rest must be exactly zero."""
+    ends = np.minimum(np.cumsum(np.asarray(group_sizes, dtype=np.int64)), problem.m)
+    if problem.spec.out_grouped:
+        return np.diff(ends, prepend=0) > 0
+    return np.arange(problem.m) < (ends[-1] if len(ends) else 0)
 
 
 def sampled_group_sizes(group_sizes: Sequence[int], rows: np.ndarray) -> np.ndarray:
@@ -146,7 +224,7 @@ class _Entry:
     checks_compiled: bool = False  # verify.warm ran for this problem
 
     def arrays(self) -> list[jax.Array]:
-        held = [a for pair in self.inputs.sets for a in pair] + list(self.sizes.values())
+        held = [a for drawn in self.inputs.sets for a in drawn] + list(self.sizes.values())
         held += [a for ref in self.references.values() for a in (ref.values, ref.rows)]
         held += [leaf for rotation in self.rotations.values() for leaf in jax.tree.leaves(rotation.sets)]
         return held
@@ -173,11 +251,11 @@ class InputCache:
         self._entries.move_to_end(key)
         return entry
 
-    def _shared_weights(self, problem: Problem, seed: int) -> tuple[jax.Array, ...] | None:
+    def _shared_weights(self, problem: Problem, seed: int) -> tuple[tuple[jax.Array, ...], ...] | None:
         wanted = weights_key(problem, seed)
         for (other, other_seed), entry in self._entries.items():
             if weights_key(other, other_seed) == wanted:
-                return tuple(rhs for _, rhs in entry.inputs.sets)
+                return entry.inputs.weights()
         self.made["weights"] += 1
         return None
 
@@ -193,9 +271,9 @@ class InputCache:
         return entry.sizes[sizes]
 
     def verify_args(self, inputs: Inputs, group_sizes: Sequence[int]) -> tuple[jax.Array, ...]:
-        """(lhs, rhs, group sizes) of the first input set: what candidates are verified on."""
-        lhs, rhs = inputs.sets[0]
-        return lhs, rhs, self.group_sizes(inputs, group_sizes)
+        """The operands of the first input set (lhs, rhs, group sizes for the grouped GEMM): what
+        candidates are verified on."""
+        return inputs.call_args(inputs.sets[0], self.group_sizes(inputs, group_sizes))
 
     def checks_compiled(self, inputs: Inputs) -> bool:
         """Whether verify.warm compiled this problem's reference and check programs in this worker."""
@@ -209,10 +287,13 @@ class InputCache:
         entry = self._entry(inputs.problem, inputs.seed)
         sizes = tuple(int(s) for s in group_sizes)
         if sizes not in entry.references:
-            lhs, rhs, _ = self.verify_args(inputs, sizes)
-            rows = reference_rows(inputs.problem, sizes, inputs.seed)
-            program = reference.rows_reference_program(inputs.problem, len(rows))
-            values = program(lhs, jnp.asarray(rows), rhs, jnp.asarray(sampled_group_sizes(sizes, rows)))
+            problem = inputs.problem
+            rows = reference_rows(problem, sizes, inputs.seed)
+            # A row sample holds fewer rows per group; a K sample keeps every row.
+            sampled = sampled_group_sizes(sizes, rows) if sample_axes(problem)[0] == 0 else sizes
+            lhs, *others = inputs.call_args(inputs.sets[0], _group_sizes_array(sampled))
+            program = reference.rows_reference_program(problem, len(rows), sample_axes(problem)[0])
+            values = program(lhs, jnp.asarray(rows), *others)
             entry.references[sizes] = Reference(jax.block_until_ready(values), jnp.asarray(rows))
             self.made["reference"] += 1
         return entry.references[sizes]
@@ -224,7 +305,7 @@ class InputCache:
         key = (tuple(int(s) for s in group_sizes), timer)
         if key not in entry.rotations:
             sizes = self.group_sizes(inputs, key[0])
-            entry.rotations[key] = timer.rotation([(lhs, rhs, sizes) for lhs, rhs in inputs.sets])
+            entry.rotations[key] = timer.rotation([inputs.call_args(drawn, sizes) for drawn in inputs.sets])
             self.made["rotation"] += 1
         return entry.rotations[key]
 

@@ -15,6 +15,11 @@ Example: Mixtral-8x7B at T=4096 -> gate_up m=8192,k=4096,n=28672,g=8 and down m=
 Any MoE model works from its YAML alone (or from a Hugging Face config.json: tuner/hf_config.py); nothing
 here knows a model by name.
 
+Training (`with_backward`, `moetune tune --with-backward`) adds each problem's backward (`with_backward`):
+dlhs, the grouped GEMM with the other rhs layout (k and n swapped), drhs, the weight gradient
+(grouped_matmul_drhs, [g, k, n]), and for a gated gate_up its float32 product, which the backward
+recomputes; each its own key, as the custom VJP dispatches them.
+
 Sharded models are tuned per shard, the problems one GPU runs:
   * `tp: N` (tensor parallel) splits each expert's ffn N ways: gate_up N = 2 * ffn / tp, down K = ffn / tp.
     Every TP rank computes all of its tokens' rows, so M stays T * top_k.
@@ -40,6 +45,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from moetune.kernels import ops
+from moetune.kernels.api import cotangent_problems
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.moe.reference import GATES
 from moetune.kernels.problem import GROUPED_MATMUL, Problem, dtype_name
@@ -289,13 +295,6 @@ def parse_problem(text: str) -> PlannedProblem:
             op = value.strip()
             if op not in ops.names():
                 raise ConfigInvalid(f"problem {text!r}: op={op!r}; known: {', '.join(ops.names())}")
-            if ops.get(op).out_grouped:
-                # Verification samples output rows and inputs are drawn as (lhs, rhs): per-expert
-                # outputs need both generalised first.
-                raise Unsupported(
-                    f"problem {text!r}: op={op} writes one slice per expert, which the tuner cannot verify "
-                    "yet; dispatch runs it on its backends' kernels untuned"
-                )
         elif name in _PROBLEM_FIELDS:
             values[_PROBLEM_FIELDS[name]] = value.strip()
         else:
@@ -350,3 +349,20 @@ def dedupe(planned: list[PlannedProblem]) -> list[PlannedProblem]:
     for item in planned:
         seen.setdefault(item.problem, item)
     return list(seen.values())
+
+
+def with_backward(planned: list[PlannedProblem]) -> list[PlannedProblem]:
+    """Each problem followed by the problems its gradient dispatches (kernels.api.cotangent_problems:
+    a gated op's recomputed product, dlhs and drhs, each its own key), labelled "<label> <part>";
+    repeats dropped. ConfigInvalid for a problem whose op has no gradient (it is one already)."""
+    expanded = []
+    for item in planned:
+        parts = cotangent_problems(item.problem)
+        if not parts:
+            raise ConfigInvalid(
+                f"{item.label}: op={item.problem.op} has no backward to add (--with-backward); "
+                "it is tuned as it is without the flag"
+            )
+        expanded.append(item)
+        expanded += [PlannedProblem(p, f"{item.label} {part}", item.tokens) for part, p in parts]
+    return dedupe(expanded)

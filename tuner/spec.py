@@ -45,6 +45,8 @@ class SweepSpec:
     token_buckets: tuple[int, ...] = ()  # overrides the models' buckets when set
     misses: bool = False  # what dispatch missed (Store.misses)
     stale: bool = False  # winners whose fingerprint or kernel source no longer match
+    # Also each model's and problem's backward: dlhs, drhs (and a gated op's product), for training.
+    with_backward: bool = False
     # How to search.
     strategy: str = "grid"
     budget: int | None = None  # trials per problem
@@ -101,6 +103,11 @@ class SweepSpec:
         if self.space is not None and not isinstance(self.space, dict):
             raise ConfigInvalid(f"space={self.space!r} must be a mapping of parameter -> values")
         parse_routings(self.routing)  # a bad routing fails here, before anything is started or written
+        if self.with_backward and not (self.models or self.problems):
+            raise ConfigInvalid(
+                "with_backward adds the backward of the models' and problems' GEMMs: name a model or a "
+                "problem (missed and stale problems are tuned as they were recorded)"
+            )
         if self.compile_only and self.strategy == "tpe":
             raise ConfigInvalid("a compile-only sweep has no times for tpe to learn from; use grid or random")
 

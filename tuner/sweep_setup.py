@@ -17,7 +17,7 @@ from moetune.kernels.device import DeviceFingerprint, compile_only_device
 from moetune.kernels.errors import ConfigInvalid, MoetuneError, Unsupported
 from moetune.tuner import resolved
 from moetune.tuner.executors import Executor, InlineExecutor, WorkerActivity
-from moetune.tuner.plan import PlannedProblem, dispatched_on, load_model, parse_problem
+from moetune.tuner.plan import PlannedProblem, dispatched_on, load_model, parse_problem, with_backward
 from moetune.tuner.spec import SweepSpec
 
 
@@ -78,7 +78,10 @@ class NothingToTune(MoetuneError):
 def resolve_problems(
     spec: SweepSpec, store: Any, backend: Backend, device: DeviceFingerprint
 ) -> list[PlannedProblem]:
-    planned = dispatched_on(model_problems(spec) + store_problems(spec, store, backend, device), backend)
+    requested = dispatched_on(model_problems(spec), backend)
+    if spec.with_backward:  # the backward of the GEMMs as the backend runs them (fused or not)
+        requested = with_backward(requested)
+    planned = dispatched_on(requested + store_problems(spec, store, backend, device), backend)
     if not planned and (spec.misses or spec.stale) and not (spec.models or spec.problems):
         asked = " or ".join(name for name, on in (("missed", spec.misses), ("stale", spec.stale)) if on)
         raise NothingToTune(
@@ -98,10 +101,13 @@ def check_before_opening(spec: SweepSpec) -> None:
         registry.get(spec.backend)  # UnknownBackend names the registered ones
     if spec.compile_only:
         resolve_target(spec, None)  # a compile-only target needs no device
-    if not model_problems(spec) and not (spec.misses or spec.stale):  # loads every model file
+    requested = model_problems(spec)  # loads every model file
+    if not requested and not (spec.misses or spec.stale):
         raise ConfigInvalid(
             "nothing to tune: give --model, --problem, --misses or --stale (or a sweep file that names them)"
         )
+    if spec.with_backward:
+        with_backward(requested)  # an op without a gradient is refused here
 
 
 def resolve_backend(name: str, device: DeviceFingerprint) -> Backend:

@@ -26,9 +26,11 @@ MAX_ERROR_CHARS = 4000
 
 
 def weights_key(problem: Problem, seed: int) -> tuple[Any, ...]:
-    """What identifies the weight tensors made for `problem` and `seed`: problems that differ only in M
-    share them (the input cache makes them once; the Ray executor prefers a worker that holds them)."""
-    return (problem.g, problem.k, problem.n, problem.transpose_rhs, problem.rhs_dtype, seed)
+    """What identifies the weight tensors made for `problem` and `seed` (its op's `weights` operands):
+    problems that differ only in M share them (the input cache makes them once; the Ray executor
+    prefers a worker that holds them). An op without weights (the weight gradient) shares nothing."""
+    weights = tuple((o.shape(problem), o.dtype(problem)) for o in problem.spec.drawn_operands if o.weights)
+    return (weights, seed) if weights else (problem, seed)
 
 
 def canonical(config: dict[str, Any]) -> str:

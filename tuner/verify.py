@@ -4,14 +4,16 @@ The check, per routing draw:
   1. poison: a NaN-filled buffer of the output's size is allocated (filled on the device) and freed right
      before the call, so the allocator is likely to hand the kernel poisoned memory and rows it forgets
      to write show up;
-  2. rows past sum(group_sizes) must be exactly zero (ragged_dot's contract);
-  3. no NaN in the computed rows (NaN never passes, whatever the tolerance);
+  2. rows past sum(group_sizes) must be exactly zero (ragged_dot's contract); for an op with one output
+     slice per expert (`out_grouped`, the weight gradient), every expert with no rows;
+  3. no NaN in the computed rows (experts) (NaN never passes, whatever the tolerance);
   4. relative error against the float32 reference within the dtype's tolerance, row by row: the worst
      row's ||out_r - ref_r|| / ||ref_r||, so that one wrong tile among thousands cannot hide in the
-     norm of the whole output (a 128x128 tile of a 32768x28672 output is 0.4% of it).
+     norm of the whole output (a 128x128 tile of a 32768x28672 output is 0.4% of it). A per-expert
+     output's rows are its last axis's vectors (each expert's [K, N] slice, row by row).
 Checks 2-4 run on the device in one fused computation; only a few scalars come back to the host, never
 the output or the reference (gigabytes each for the largest MoE shapes; for those the reference covers a
-sample of rows, see input_cache.Reference).
+sample of output rows, or of every expert's K indices: input_cache.sample_axes).
 """
 
 from __future__ import annotations
@@ -28,7 +30,15 @@ import numpy as np
 from moetune.kernels import reference
 from moetune.kernels.errors import WrongResult
 from moetune.kernels.problem import Problem
-from moetune.tuner.input_cache import InputCache, Inputs, Reference, reference_row_count
+from moetune.tuner.input_cache import (
+    InputCache,
+    Inputs,
+    Reference,
+    live_slices,
+    reference_row_count,
+    reference_shape,
+    sample_axes,
+)
 
 
 def shape_dtypes(problem: Problem) -> tuple[jax.ShapeDtypeStruct, ...]:
@@ -51,17 +61,19 @@ def poisoned_call(
     return jax.block_until_ready(fn(*args))
 
 
-@functools.partial(jax.jit, compiler_options=reference.UNTUNED_COMPILE)
+@functools.partial(jax.jit, static_argnames=("axis",), compiler_options=reference.UNTUNED_COMPILE)
 def _compare(
-    out: jax.Array, ref: jax.Array, ref_rows: jax.Array, assigned: jax.Array
+    out: jax.Array, ref: jax.Array, ref_rows: jax.Array, live: jax.Array, axis: int
 ) -> tuple[jax.Array, ...]:
-    """(nonzero values past `assigned`, NaN values before it, and the largest row's squared error and
-    squared reference norm, as the pair whose ratio is largest) over the reference's rows."""
-    inside = jnp.arange(out.shape[0])[:, None] < assigned
+    """(nonzero values where `live` [out.shape[0]] is False, NaN values where it is True, and the largest
+    row's squared error and squared reference norm, as the pair whose ratio is largest) over the
+    reference's indices `ref_rows` along `axis`."""
+    inside = live.reshape(live.shape + (1,) * (out.ndim - 1))
     out32 = out.astype(jnp.float32)
     tail_bad = jnp.count_nonzero(~inside & (out32 != 0))  # NaN != 0, so NaN in the tail counts too
     nans = jnp.count_nonzero(inside & jnp.isnan(out32))
-    diff = out32[ref_rows] - ref
+    diff = jnp.take(out32, ref_rows, axis=axis) - ref
+    diff, ref = diff.reshape(-1, diff.shape[-1]), ref.reshape(-1, ref.shape[-1])
     diff_sq = jnp.sum(diff * diff, axis=1)  # inf or NaN where `out` holds inf or NaN
     ref_sq = jnp.sum(ref * ref, axis=1)
     # The worst row by relative error; a row with a zero reference is worst unless its error is zero too.
@@ -92,12 +104,16 @@ def check_output(out: jax.Array, ref: Reference, group_sizes: Sequence[int], pro
     if jnp.dtype(out.dtype) != jnp.dtype(problem.out_dtype):
         raise WrongResult(f"output dtype {out.dtype} is not {problem.out_dtype}")
     assigned = min(int(np.sum(group_sizes)), problem.m)
-    checked = _compare(out, ref.values, ref.rows, np.int32(assigned))
+    live = live_slices(problem, group_sizes)
+    checked = _compare(out, ref.values, ref.rows, live, sample_axes(problem)[1])
     tail_bad, nans, diff_sq, ref_sq = (x.item() for x in jax.device_get(checked))
+    if tail_bad and problem.spec.out_grouped:
+        raise WrongResult(f"{tail_bad} values of the {int(np.sum(~live))} experts with no rows are not zero")
     if tail_bad:
         raise WrongResult(f"{tail_bad} values in rows past sum(group_sizes)={assigned} are not zero")
     if nans:
-        raise WrongResult(f"output holds {nans} NaN values in rows [0, {assigned})")
+        where = "the experts holding rows" if problem.spec.out_grouped else f"rows [0, {assigned})"
+        raise WrongResult(f"output holds {nans} NaN values in {where}")
     error = relative_error_from_squares(float(diff_sq), float(ref_sq))
     limit = problem.spec.tolerance_for(problem.out_dtype)
     if not error <= limit:
@@ -122,11 +138,14 @@ def warm(inputs: Inputs, cache: InputCache) -> tuple[float, float]:
     problem = inputs.problem
     started = time.perf_counter()
     rows = reference_row_count(problem)
-    reference.rows_reference_program(problem, rows)
+    lhs_axis, out_axis = sample_axes(problem)
+    reference.rows_reference_program(problem, rows, lhs_axis)
     compiled = time.perf_counter()
     stand_in = jnp.zeros(problem.out_shape, jnp.dtype(problem.out_dtype))
-    stand_in_ref = jnp.zeros((rows, *problem.out_shape[1:]), jnp.float32)
-    jax.block_until_ready(_compare(stand_in, stand_in_ref, jnp.arange(rows, dtype=jnp.int32), np.int32(0)))
+    stand_in_ref = jnp.zeros(reference_shape(problem, rows), jnp.float32)
+    dead = np.zeros(problem.out_shape[0], dtype=bool)
+    ids = jnp.arange(rows, dtype=jnp.int32)
+    jax.block_until_ready(_compare(stand_in, stand_in_ref, ids, dead, out_axis))
     _nan_filled(problem.out_shape, jnp.dtype(problem.out_dtype)).delete()
     cache.mark_checks_compiled(inputs)
     return compiled - started, time.perf_counter() - compiled

@@ -258,6 +258,7 @@ def moe_mlp(
     backend: str | None = None,
     fuse: bool = True,
     routing_mode: str = "auto",
+    group_offset: Array | None = None,
 ) -> Array:
     """Routed MoE MLP: out[t] = sum over t's top-k experts e of w[t, e] * down_e(act(gate_up_e(x[t]))).
 
@@ -270,13 +271,21 @@ def moe_mlp(
     forces the unfused path (benchmarks compare the two).
     `routing_mode` says how top-k and the sort by expert run (`route_rows`): "auto" (the default) takes
     the one-kernel routing where it fits on a GPU and XLA's ops otherwise; "kernel", "xla", "interpret".
+    `group_offset` ((1,) int32, expert parallelism): w_gate_up and w_down hold the local slice of
+    experts [offset, offset + E_local) of the router's E; the result sums over the local experts only
+    (rows routed elsewhere are zero), so the shards' results add up (a psum) to the whole layer's.
     Raises ConfigInvalid for bad shapes, top_k or routing_mode, Unsupported for an unknown activation.
     """
-    check_moe_args(x, router_logits, w_gate_up, w_down, top_k=top_k, activation=activation)
+    # A local slice is checked as the whole layer's weights would be.
+    whole = [w if group_offset is None else _all_experts(w, router_logits) for w in (w_gate_up, w_down)]
+    check_moe_args(x, router_logits, *whole, top_k=top_k, activation=activation)
     routing, rows = route_rows(router_logits, top_k, renormalize, routing_mode)
-    return moe_mlp_sorted(
-        _permute(x, rows), routing, rows, w_gate_up, w_down, activation=activation, backend=backend, fuse=fuse
-    )
+    options = dict(activation=activation, backend=backend, fuse=fuse, group_offset=group_offset)
+    return moe_mlp_sorted(_permute(x, rows), routing, rows, w_gate_up, w_down, **options)
+
+
+def _all_experts(local: Array, router_logits: Array) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((router_logits.shape[1], *local.shape[1:]), local.dtype)
 
 
 def moe_mlp_sorted(
@@ -289,13 +298,14 @@ def moe_mlp_sorted(
     activation: str = "swiglu",
     backend: str | None = None,
     fuse: bool = True,
+    group_offset: Array | None = None,
 ) -> Array:
     """`moe_mlp` after its routing and permutation, for a caller that computed them itself (a decode
     kernel that norms, routes and gathers in one program: models/norm_router.py).
 
     permuted [P, H]: the rows of x in expert order (row r is token rows.row_token[r]); P may exceed T*k,
     and rows past T*k are ignored, so that a producer can leave the padding a backend's tile wants
-    (`grouped_matmul`'s `rows`). Returns [T, H] as `moe_mlp` does.
+    (`grouped_matmul`'s `rows`). Returns [T, H] as `moe_mlp` does; `group_offset` as for `moe_mlp`.
     """
     tokens, top_k = routing.weights.shape
     m = tokens * top_k
@@ -303,14 +313,16 @@ def moe_mlp_sorted(
         raise ConfigInvalid(
             f"permuted {permuted.shape} must hold the {m} sorted rows of {tokens} tokens x top_k {top_k}"
         )
-    gemm = functools.partial(grouped_matmul, backend=backend)
-    gate_up = functools.partial(grouped_matmul, backend=backend, rows=m)
+    gemm = functools.partial(grouped_matmul, backend=backend, group_offset=group_offset)
+    gate_up = functools.partial(grouped_matmul, backend=backend, rows=m, group_offset=group_offset)
     fused = None
     fused_op = ops.fusing(activation) if fuse else None
     if fused_op is not None:
         lhs = jax.ShapeDtypeStruct((m, permuted.shape[1]), permuted.dtype)
         if serves(fused_op.name, lhs, w_gate_up, backend):
-            fused = functools.partial(call_op, fused_op.name, backend=backend, rows=m)
+            fused = functools.partial(
+                call_op, fused_op.name, backend=backend, rows=m, group_offset=group_offset
+            )
     hidden = _gate_up(gate_up, permuted, rows, w_gate_up, activation, fused)
     return _down_and_combine(gemm, hidden, rows, w_down, routing)
 

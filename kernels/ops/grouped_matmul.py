@@ -22,7 +22,9 @@ from moetune.kernels.reference import reference_grouped_matmul
 
 LHS = Operand("lhs", lambda p: (p.m, p.k), lambda p: p.lhs_dtype, stddev=lambda p: 1.0)
 # rhs scaled by 1/sqrt(k) keeps outputs near unit size for every k, so tolerances mean the same.
-RHS = Operand("rhs", lambda p: p.rhs_shape, lambda p: p.rhs_dtype, stddev=lambda p: 1.0 / math.sqrt(p.k))
+RHS = Operand(
+    "rhs", lambda p: p.rhs_shape, lambda p: p.rhs_dtype, stddev=lambda p: 1.0 / math.sqrt(p.k), weights=True
+)
 GROUP_SIZES = Operand("group_sizes", lambda p: (p.g,), lambda p: "int32", kind="group_sizes")
 OPERANDS = (LHS, RHS, GROUP_SIZES)
 

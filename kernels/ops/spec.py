@@ -20,9 +20,9 @@ transpose_rhs). Its spec gives, as functions of the Problem:
 The weight-gradient op is built (kernels/ops/grouped_matmul_drhs.py). What the fields can say of the
 planned FP8 op (tests/kernels/test_ops.py builds it): per-row x per-column scales add
 Operand("lhs_scale", (m,), float32, kind="scale", scales="lhs", layout="row") and its "column" twin for
-rhs. Left for later: the tuner draws only the lhs and rhs operands today (scales and dout need a draw of
-their own), and its verification samples output rows as lhs rows (tuner/input_cache.reference_rows),
-which the weight gradient's [g, k, n] output is not: it is dispatched and served, not yet tuned.
+rhs. The tuner draws every operand but the group sizes by its `stddev` (a scale operand needs one to be
+tuned) and verifies on a sample of the output: lhs rows for a row-per-row output, K indices of every
+expert's slice for an `out_grouped` one (tuner/input_cache.sample_axes).
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ class Operand:
     stddev: Callable[[Problem], float] | None = None
     scales: str = ""  # kind "scale": the operand it scales
     layout: str = ""  # kind "scale": one of SCALE_LAYOUTS
+    # The layer's weights: fixed while the token count varies, so the problems that differ only in M
+    # share one draw of them (the tuner's input cache; they are most of the bytes).
+    weights: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in OPERAND_KINDS:
@@ -133,6 +136,11 @@ class OpSpec:
     @property
     def scale_operands(self) -> tuple[Operand, ...]:
         return tuple(o for o in self.operands if o.kind == "scale")
+
+    @property
+    def drawn_operands(self) -> tuple[Operand, ...]:
+        """The operands the tuner draws at random, in call order: all but the group sizes."""
+        return tuple(o for o in self.operands if o.kind != "group_sizes")
 
     def operand(self, name: str) -> Operand:
         for operand in self.operands:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from moetune.kernels import registry
-from moetune.kernels.errors import ConfigInvalid, Unsupported
+from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.moe import moe_problems
 from moetune.tuner.plan import (
     DEFAULT_TOKEN_BUCKETS,
@@ -77,9 +77,9 @@ def test_parse_problem_names_the_fused_op():
     known = "grouped_matmul, grouped_matmul_drhs, grouped_matmul_geglu, grouped_matmul_swiglu"
     with pytest.raises(ConfigInvalid, match=f"op='gemm'; known: {known}"):
         parse_problem("op=gemm,m=2,k=4,n=4,g=1")
-    # A known op whose output is one slice per expert: the tuner cannot verify it yet, and says so.
-    with pytest.raises(Unsupported, match="writes one slice per expert"):
-        parse_problem("op=grouped_matmul_drhs,m=2,k=4,n=4,g=1")
+    # An op whose output is one slice per expert is tuned like any other.
+    drhs = parse_problem("op=grouped_matmul_drhs,m=2,k=4,n=6,g=3")
+    assert (drhs.problem.op, drhs.problem.out_shape) == ("grouped_matmul_drhs", (3, 4, 6))
 
 
 def test_mixtral_8x22b_shapes():

@@ -213,6 +213,13 @@ def tune(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the outcome (or the plan) as JSON: numbers and objects.")
     ] = False,
+    with_backward: Annotated[
+        bool,
+        typer.Option(
+            "--with-backward",
+            help="Also tune each problem's backward GEMMs (dlhs, drhs; a gated op's product), for training.",
+        ),
+    ] = False,
 ) -> None:
     """Tune kernels: compile candidates in parallel, verify each, time each exclusively, keep the winners.
 
@@ -286,6 +293,7 @@ def sweep_flags(params: dict[str, Any]) -> dict[str, Any]:
         ray_address=params.get("ray_address"),
         misses=params["misses"] or None,
         stale=params["stale"] or None,
+        with_backward=params["with_backward"] or None,
         baseline=False if params["no_baseline"] else None,
         compile_only=params["compile_only"] or None,
         arch=params["arch"],

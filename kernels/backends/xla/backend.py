@@ -28,6 +28,7 @@ class XlaBackend(Backend):
     # The fallback of last resort: every other backend should outrank it where it runs.
     priority = 0
     compiles_without_device = True
+    serves_group_offset = True
     prior_compile_s = 0.7  # one jitted XLA program: 0.2-1 s on a busy 2-core CPU
     kernels = {
         "grouped_matmul": "grouped_matmul",
@@ -74,7 +75,7 @@ def _first_rows(kernel: Callable[..., Any], m: int) -> KernelFn:
     """`kernel` on lhs's first m rows: the backend contract lets lhs carry rows past m that belong to no
     group, and the XLA strategies size their output by lhs."""
 
-    def on_first_rows(lhs: Any, rhs: Any, group_sizes: Any) -> Any:
-        return kernel(lhs[:m] if lhs.shape[0] > m else lhs, rhs, group_sizes)
+    def on_first_rows(lhs: Any, rhs: Any, group_sizes: Any, row_start: Any = None) -> Any:
+        return kernel(lhs[:m] if lhs.shape[0] > m else lhs, rhs, group_sizes, row_start=row_start)
 
     return on_first_rows

@@ -7,6 +7,10 @@ zero. Products accumulate in float32 and are cast to the output dtype once.
 Float32 operands multiply at full float32 precision (lax.Precision.HIGHEST): XLA's GPU default rounds
 them to TF32, which measured a relative error of 3e-4 on an H200, thirty times the float32 tolerance
 every result is verified against (kernels/reference.py). bf16 and f16 operands are unaffected.
+
+`row_start` (a traced int32 scalar, or None for 0) serves a local slice of experts (jax.lax.ragged_dot's
+group_offset, resolved by kernels/api.py): the groups start at that row, so rows before it, like rows
+past the last group, belong to no group (zero output, no contribution to a weight gradient).
 """
 
 from __future__ import annotations
@@ -37,20 +41,32 @@ def grouped_matmul(
     config: XlaConfig,
     transpose_rhs: bool,
     out_dtype: jnp.dtype,
+    row_start: jax.Array | None = None,
 ) -> jax.Array:
     if config.strategy == "ragged_dot":
         precision = _precision(jnp.promote_types(lhs.dtype, rhs.dtype))
+        lhs, group_sizes = _from_row_start(lhs, group_sizes, row_start)
         return _ragged_dot(lhs, rhs, group_sizes, transpose_rhs, out_dtype, precision)
     compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
     lhs, rhs = lhs.astype(compute_dtype), rhs.astype(compute_dtype)
     group_sizes = group_sizes.astype(jnp.int32)
     if config.strategy == "dense_masked":
-        out = _dense_masked(lhs, rhs, group_sizes, transpose_rhs)
+        out = _dense_masked(lhs, rhs, group_sizes, transpose_rhs, row_start)
     elif config.strategy == "segments":
-        out = _segments(lhs, rhs, group_sizes, transpose_rhs)
+        out = _segments(lhs, rhs, group_sizes, transpose_rhs, row_start)
     else:
-        out = _chunked(lhs, rhs, group_sizes, transpose_rhs, config.chunk_m, config.items_per_step)
+        out = _chunked(lhs, rhs, group_sizes, transpose_rhs, config.chunk_m, config.items_per_step, row_start)
     return out.astype(out_dtype)
+
+
+def _from_row_start(lhs: jax.Array, group_sizes: jax.Array, row_start: jax.Array | None):
+    """For ragged_dot, which knows no row start: the rows before it zeroed and counted into group 0, so
+    they come out zero (and contribute nothing to a weight gradient)."""
+    if row_start is None:
+        return lhs, group_sizes
+    before = jnp.arange(lhs.shape[0])[:, None] < row_start
+    sizes = group_sizes.astype(jnp.int32)
+    return jnp.where(before, jnp.zeros((), lhs.dtype), lhs), sizes.at[0].add(row_start.astype(jnp.int32))
 
 
 def _gated(
@@ -62,10 +78,12 @@ def _gated(
     config: XlaConfig,
     transpose_rhs: bool,
     out_dtype: jnp.dtype,
+    row_start: jax.Array | None = None,
 ) -> jax.Array:
     """act(gate) * up of the float32 grouped GEMM [M, 2F] -> [M, F]; gate columns first, then up."""
+    f32 = jnp.dtype(jnp.float32)
     product = grouped_matmul(
-        lhs, rhs, group_sizes, config=config, transpose_rhs=transpose_rhs, out_dtype=jnp.dtype(jnp.float32)
+        lhs, rhs, group_sizes, config=config, transpose_rhs=transpose_rhs, out_dtype=f32, row_start=row_start
     )
     return gated_activation(activation, product).astype(out_dtype)
 
@@ -97,33 +115,37 @@ def _ragged_dot(lhs, rhs, group_sizes, transpose_rhs, out_dtype, precision):
     return lax.ragged_dot(lhs, rhs, group_sizes, precision=precision, preferred_element_type=out_dtype)
 
 
-def _group_bounds(group_sizes: jax.Array, m: int) -> tuple[jax.Array, jax.Array]:
-    """Row ranges [starts[g], ends[g]) of each group, clipped at m like ragged_dot's groups."""
-    ends = jnp.minimum(jnp.cumsum(group_sizes), m)
-    starts = jnp.concatenate([jnp.zeros((1,), ends.dtype), ends[:-1]])
+def _group_bounds(group_sizes: jax.Array, m: int, row_start: jax.Array | None = None):
+    """Row ranges [starts[g], ends[g]) of each group, clipped at m like ragged_dot's groups; the first
+    group starts at `row_start` (None: row 0)."""
+    first = jnp.zeros((1,), jnp.int32) if row_start is None else jnp.reshape(row_start, (1,))
+    ends = jnp.minimum(first.astype(jnp.int32) + jnp.cumsum(group_sizes.astype(jnp.int32)), m)
+    starts = jnp.minimum(jnp.concatenate([first.astype(ends.dtype), ends[:-1]]), m)
     return starts, ends
 
 
-def _row_groups(group_sizes: jax.Array, m: int) -> jax.Array:
-    """Group id of every row; rows past the last group get G.
+def _row_groups(group_sizes: jax.Array, m: int, row_start: jax.Array | None = None) -> jax.Array:
+    """Group id of every row; rows before `row_start` and past the last group get G.
 
     Example: sizes [2, 0, 3], m=6 -> ends [2, 2, 5] -> row groups [0, 0, 2, 2, 2, 3].
     """
-    _, ends = _group_bounds(group_sizes, m)
-    return jnp.searchsorted(ends, jnp.arange(m, dtype=ends.dtype), side="right")
+    starts, ends = _group_bounds(group_sizes, m, row_start)
+    rows = jnp.arange(m, dtype=ends.dtype)
+    groups = jnp.searchsorted(ends, rows, side="right")
+    return jnp.where(rows < starts[0], group_sizes.shape[0], groups)
 
 
-def _dense_masked(lhs, rhs, group_sizes, transpose_rhs):
+def _dense_masked(lhs, rhs, group_sizes, transpose_rhs, row_start=None):
     g = rhs.shape[0]
     spec = "mk,gnk->mgn" if transpose_rhs else "mk,gkn->mgn"
     every_expert = _product(spec, lhs, rhs)
-    row_groups = _row_groups(group_sizes, lhs.shape[0])
+    row_groups = _row_groups(group_sizes, lhs.shape[0], row_start)
     picked = jnp.take_along_axis(every_expert, jnp.minimum(row_groups, g - 1)[:, None, None], axis=1)[:, 0]
     return jnp.where((row_groups < g)[:, None], picked, 0.0)
 
 
-def _segments(lhs, rhs, group_sizes, transpose_rhs):
-    row_groups = _row_groups(group_sizes, lhs.shape[0])
+def _segments(lhs, rhs, group_sizes, transpose_rhs, row_start=None):
+    row_groups = _row_groups(group_sizes, lhs.shape[0], row_start)
     spec = "mk,nk->mn" if transpose_rhs else "mk,kn->mn"
 
     def one_group(g, out):
@@ -135,7 +157,7 @@ def _segments(lhs, rhs, group_sizes, transpose_rhs):
     return lax.fori_loop(1, rhs.shape[0], one_group, first)
 
 
-def _chunked(lhs, rhs, group_sizes, transpose_rhs, chunk_m, items_per_step):
+def _chunked(lhs, rhs, group_sizes, transpose_rhs, chunk_m, items_per_step, row_start=None):
     """Work items are the (row chunk, group) overlaps; each multiplies one chunk by one gathered expert.
 
     Example: chunk_m=4, sizes [3, 6], m=9 -> chunks rows [0-3] [4-7] [8]; group 0 overlaps chunk 0, group
@@ -145,7 +167,7 @@ def _chunked(lhs, rhs, group_sizes, transpose_rhs, chunk_m, items_per_step):
     m, k = lhs.shape
     g = rhs.shape[0]
     n = rhs.shape[1 if transpose_rhs else 2]
-    chunks, starts, ends, per_step = _work_items(group_sizes, m, g, chunk_m, items_per_step)
+    chunks, starts, ends, per_step = _work_items(group_sizes, m, g, chunk_m, items_per_step, row_start)
 
     lhs_chunks = _row_chunks(lhs, chunks, chunk_m)
     spec = "bck,bnk->bcn" if transpose_rhs else "bck,bkn->bcn"
@@ -160,7 +182,7 @@ def _chunked(lhs, rhs, group_sizes, transpose_rhs, chunk_m, items_per_step):
     return out.reshape(chunks * chunk_m, n)[:m]
 
 
-def _work_items(group_sizes, m, g, chunk_m, items_per_step):
+def _work_items(group_sizes, m, g, chunk_m, items_per_step, row_start=None):
     """The (row chunk, group) overlaps of _chunked's docstring as (chunks, starts, ends, per-step item
     arrays (chunk ids, group ids, valid) of shape [steps, step])."""
     chunks = -(-m // chunk_m)
@@ -168,7 +190,7 @@ def _work_items(group_sizes, m, g, chunk_m, items_per_step):
     step = min(items_per_step, max_items)
     steps = -(-max_items // step)
 
-    starts, ends = _group_bounds(group_sizes, m)
+    starts, ends = _group_bounds(group_sizes, m, row_start)
     nonempty = ends > starts
     first_chunk = starts // chunk_m
     last_chunk = (ends - 1) // chunk_m
@@ -198,8 +220,15 @@ def _scan_items(one_step, out, per_step):
     # The first step runs outside the loop, as in _segments: the carry then has the body's type.
     out, _ = one_step(out, tuple(x[0] for x in per_step))
     if per_step[0].shape[0] > 1:
-        out, _ = lax.scan(one_step, out, tuple(x[1:] for x in per_step))
+        out, _ = lax.scan(functools.partial(_step_if_used, one_step), out, tuple(x[1:] for x in per_step))
     return out
+
+
+def _step_if_used(one_step, out, items):
+    """`one_step` unless all its items are unused: the item count is static (chunks + G - 1), so the
+    steps past the groups (a static receive buffer's empty tail) are skipped at run time and the work
+    follows the real rows."""
+    return lax.cond(items[2].any(), one_step, lambda carry, _: (carry, None), out, items)
 
 
 def grouped_matmul_drhs(
@@ -210,6 +239,7 @@ def grouped_matmul_drhs(
     config: XlaConfig,
     transpose_rhs: bool,
     out_dtype: jnp.dtype,
+    row_start: jax.Array | None = None,
 ) -> jax.Array:
     """The weight gradient out[g] = lhs[rows of g]^T @ dout[rows of g] [G, K, N] ([G, N, K] when
     `transpose_rhs`), accumulated in float32, in each strategy's formulation; an expert with no rows and
@@ -219,6 +249,7 @@ def grouped_matmul_drhs(
     lhs, dout = lhs.astype(compute_dtype), dout.astype(compute_dtype)
     group_sizes = group_sizes.astype(jnp.int32)
     if config.strategy == "ragged_dot":
+        lhs, group_sizes = _from_row_start(lhs, group_sizes, row_start)
         out = lax.ragged_dot_general(
             lhs,
             dout,
@@ -228,18 +259,18 @@ def grouped_matmul_drhs(
             preferred_element_type=jnp.float32,
         )
     elif config.strategy == "dense_masked":
-        member = _row_groups(group_sizes, lhs.shape[0])[:, None] == jnp.arange(g)[None, :]
+        member = _row_groups(group_sizes, lhs.shape[0], row_start)[:, None] == jnp.arange(g)[None, :]
         masked = jnp.where(member[:, :, None], lhs[:, None, :], jnp.zeros((), compute_dtype))
         out = _product("mgk,mn->gkn", masked, dout)
     elif config.strategy == "segments":
-        out = _drhs_segments(lhs, dout, group_sizes, g)
+        out = _drhs_segments(lhs, dout, group_sizes, g, row_start)
     else:
-        out = _drhs_chunked(lhs, dout, group_sizes, g, config.chunk_m, config.items_per_step)
+        out = _drhs_chunked(lhs, dout, group_sizes, g, config.chunk_m, config.items_per_step, row_start)
     return (out.transpose(0, 2, 1) if transpose_rhs else out).astype(out_dtype)
 
 
-def _drhs_segments(lhs, dout, group_sizes, g):
-    row_groups = _row_groups(group_sizes, lhs.shape[0])
+def _drhs_segments(lhs, dout, group_sizes, g, row_start=None):
+    row_groups = _row_groups(group_sizes, lhs.shape[0], row_start)
 
     def one_group(e):
         rows_of_e = jnp.where((row_groups == e)[:, None], lhs, jnp.zeros((), lhs.dtype))
@@ -248,10 +279,10 @@ def _drhs_segments(lhs, dout, group_sizes, g):
     return lax.map(one_group, jnp.arange(g))
 
 
-def _drhs_chunked(lhs, dout, group_sizes, g, chunk_m, items_per_step):
+def _drhs_chunked(lhs, dout, group_sizes, g, chunk_m, items_per_step, row_start=None):
     """Each (row chunk, group) item adds its rows' lhs^T @ dout to its expert's [K, N] gradient."""
     m, k = lhs.shape
-    chunks, starts, ends, per_step = _work_items(group_sizes, m, g, chunk_m, items_per_step)
+    chunks, starts, ends, per_step = _work_items(group_sizes, m, g, chunk_m, items_per_step, row_start)
     lhs_chunks, dout_chunks = _row_chunks(lhs, chunks, chunk_m), _row_chunks(dout, chunks, chunk_m)
 
     def one_step(out, items):
