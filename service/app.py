@@ -10,12 +10,15 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from moetune.db import DatabaseError, open_store
 from moetune.db.errors import InvalidRecord, RecordNotFound
 from moetune.kernels.errors import MoetuneError
+from moetune.service import misses_api, packs_api, sweeps_api, winners_api
 from moetune.service.auth import require_read
+from moetune.service.json_body import one_line_validation_error
 from moetune.service.settings import ServiceSettings
 
 
@@ -57,6 +60,10 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         """The server is up and its database answers (its schema revision)."""
         store = request.app.state.store
         return {"status": "ok", "revision": store.revision() or "", "database": store.dialect}
+
+    for router in (winners_api.router, packs_api.router, sweeps_api.router, misses_api.router):
+        app.include_router(router)
+    app.add_exception_handler(RequestValidationError, one_line_validation_error)
 
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
