@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from moetune.db import open_store
 from moetune.kernels import packs
 from moetune.kernels.backends.xla import BACKEND
+from moetune.service import packs_api
 from moetune.service.app import create_app
 from moetune.service.settings import ServiceSettings
 from moetune.tuner.cli import _load_commands, app
@@ -79,7 +80,8 @@ def test_stale_winners_say_why(api):
     assert len(stale["stale"]) == 1 and "kernel source 0000000000000000" in stale["stale"][0]
 
 
-def test_a_pack_is_the_export_and_revalidates_with_its_etag(api, seeded, tmp_path):
+def test_a_pack_is_the_export_and_revalidates_with_its_etag(api, seeded, tmp_path, monkeypatch):
+    monkeypatch.setattr(packs_api, "CACHE_S", 0.0)  # every request reads the database
     url, _ = seeded
     path = f"/api/packs/{FP.device_kind}/xla"
     response = api.get(path)
@@ -103,6 +105,19 @@ def test_a_pack_is_the_export_and_revalidates_with_its_etag(api, seeded, tmp_pat
         store.promote(store.record_trial(record(FRESH, DENSE, sweep_id=None, source_hash=current)))
     changed = api.get(path, headers={"If-None-Match": etag})
     assert changed.status_code == 200 and changed.headers["etag"] != etag
+
+
+def test_a_rendered_pack_is_served_for_a_moment_without_the_database(api, seeded, monkeypatch):
+    url, _ = seeded
+    path = f"/api/packs/{FP.device_kind}/xla"
+    first = api.get(path)
+    with open_store(url) as store:
+        store.promote(
+            store.record_trial(record(FRESH, DENSE, sweep_id=None, source_hash=BACKEND.source_hash()))
+        )
+    assert api.get(path).content == first.content  # within CACHE_S of the first read
+    monkeypatch.setattr(packs_api, "CACHE_S", 0.0)
+    assert api.get(path).content != first.content
 
 
 def test_a_pack_nobody_tuned_is_404_naming_what_exists(api):
