@@ -19,9 +19,8 @@ class StrictJSON(Response):
         return json_text(content, sort_keys=True).encode()
 
 
-async def one_line_validation_error(request: Request, error: Exception) -> JSONResponse:
+async def one_line_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
     """422 with {"detail": "<where>: <what>"} for the first bad parameter or body field."""
-    assert isinstance(error, RequestValidationError)
     first = error.errors()[0] if error.errors() else {"loc": (), "msg": "invalid request"}
     where = ".".join(str(part) for part in first.get("loc", ()))
     return JSONResponse({"detail": f"{where}: {first.get('msg', 'invalid')}"}, status_code=422)
