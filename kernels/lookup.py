@@ -337,8 +337,12 @@ class WinnerLookup:
         sources = self._current()
         url = self._db_url(sources)
         server = _server(sources)
-        # A pack fetched from the server bumps its generation: the next trace gets a table holding it.
-        served = None if server is None else (server.base_url, server.generation)
+        served = None
+        if server is not None:
+            # Starts a fetch when one is due (never waits); a fetched pack bumps the generation, so the
+            # next trace gets a table holding it.
+            server.pack(device.device_kind, backend.name)
+            served = (server.base_url, server.generation)
         key = (sources, url, device.hash, backend.name, served)
         table = self._tables.get(key)
         if table is not None:

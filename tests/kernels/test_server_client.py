@@ -17,8 +17,9 @@ from moetune.kernels import server_client
 from moetune.kernels.backends.xla import BACKEND
 from moetune.kernels.lookup import LOOKUP
 from moetune.kernels.server_client import ServerClient
+from moetune.service import packs_api
 from tests.service.live_server import TOKEN, serving
-from tests.service.seeds import FP, FRESH, MISSED, SEGMENTS, seed
+from tests.service.seeds import DENSE, FP, FRESH, MISSED, SEGMENTS, record, seed
 
 WAIT_S = 30  # only ever reached when something is broken
 
@@ -67,6 +68,21 @@ def test_a_fetched_pack_serves_the_next_trace_and_is_cached_with_its_etag(server
     again = via(server)
     assert resolve().source == "server exact"
     assert again.wait_idle(WAIT_S) and again.status(FP.device_kind, "xla") == 304
+
+
+def test_a_long_running_process_sees_a_new_winner_at_its_next_refresh(server, via, sqlite_url, monkeypatch):
+    monkeypatch.setattr(packs_api, "CACHE_S", 0.0)  # the server renders each request afresh
+    client = via(server)
+    resolve()
+    assert client.wait_idle(WAIT_S) and resolve().config == SEGMENTS
+    with open_store(sqlite_url) as store:
+        store.promote(
+            store.record_trial(record(FRESH, DENSE, sweep_id=None, source_hash=BACKEND.source_hash()))
+        )
+    client.refresh_s = 0.0  # a refresh is due at every trace
+    assert resolve().config == SEGMENTS  # this trace starts the refresh and does not wait for it
+    assert client.wait_idle(WAIT_S) and client.status(FP.device_kind, "xla") == 200
+    assert resolve().config == DENSE
 
 
 def test_misses_are_reported_in_the_background(server, via, sqlite_url):
