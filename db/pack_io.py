@@ -12,7 +12,6 @@ finishes it, since entries that already are the active winner are skipped.
 
 from __future__ import annotations
 
-import datetime
 import functools
 import time
 from collections.abc import Callable
@@ -71,7 +70,9 @@ def export_pack(session: Session, *, device_kind: str, backend: str) -> Pack:
         backend=backend,
         kernel_source_hash=newest.source_hash,
         entries=tuple(PackEntry(w.problem, w.config, w.median_s) for w in chosen),
-        created=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        # When its newest winner was promoted: the same winners export to the same pack, byte for byte
+        # (the service's ETag is a hash of it).
+        created=newest.promoted_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
 
 

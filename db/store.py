@@ -17,7 +17,7 @@ import os
 import socket
 import tempfile
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Self
 
@@ -271,8 +271,9 @@ class Store:
         device_kind: str | None = None,
         problem_key: str | None = None,
         limit: int | None = None,
+        offset: int = 0,
     ) -> list[TrialRow]:
-        """Matching trials, newest first."""
+        """Matching trials, newest first; `offset` skips that many of the newest."""
         filters = dict(
             sweep_id=sweep_id,
             backend=backend,
@@ -280,6 +281,7 @@ class Store:
             device_kind=device_kind,
             problem_key=problem_key,
             limit=limit,
+            offset=offset,
         )
         return self._run(lambda s: trials.trials(s, **filters), write=False)
 
@@ -358,6 +360,10 @@ class Store:
             lambda s: misses.record_miss(s, device=device, backend=backend, problem=problem, ids=self._ids),
             write=True,
         )
+
+    def record_misses(self, counted: Mapping[tuple[DeviceFingerprint, str, Problem], int]) -> None:
+        """Count many misses in one transaction: (device, backend, problem) -> how many times."""
+        self._run(lambda s: misses.record_misses(s, counted, self._ids), write=True)
 
     def misses(self, *, device_kind: str | None = None, backend: str | None = None) -> list[MissRow]:
         return self._run(lambda s: misses.misses(s, device_kind=device_kind, backend=backend), write=False)

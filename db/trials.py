@@ -169,8 +169,9 @@ def trials(
     device_kind: str | None = None,
     problem_key: str | None = None,
     limit: int | None = None,
+    offset: int = 0,
 ) -> list[TrialRow]:
-    """Matching trials, newest first."""
+    """Matching trials, newest first; `offset` skips that many of the newest (pages)."""
     query = joined_trials()
     if sweep_id is not None:
         query = query.where(Trial.sweep_id == sweep_id)
@@ -185,6 +186,8 @@ def trials(
     query = query.order_by(Trial.id.desc())
     if limit is not None:
         query = query.limit(limit)
+    if offset:
+        query = query.offset(offset)
     return [trial_row(t) for t in session.scalars(query)]
 
 

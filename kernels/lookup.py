@@ -3,14 +3,16 @@
 Order (DESIGN.md): an exact winner -> the winner of the nearest tuned M for the same shape_key (distance
 |log m - log m'|; ties go to the larger M; at most NEAREST_MAX_RATIO away) -> the backend's heuristic
 default. Winners come from, in
-precedence order: test overlays, the database (read once per process), the config packs shipped in
-configs/tuned/. Precedence decides between winners for the same M; the nearest M is chosen first.
+precedence order: test overlays, the database (read once per process), the packs of a moetune server
+($MOETUNE_SERVER: fetched in the background, never waited for; kernels.server_client), the config packs
+shipped in configs/tuned/. Precedence decides between winners for the same M; the nearest M is chosen first.
 
 A winner whose device fingerprint or kernel source hash differs from the running ones is stale: it is
 still used (a warm start beats a heuristic) and flagged, with a warning logged once.
 
 Each miss (nearest or heuristic) is logged once per process and counted once per process in the
-database's misses table, when a database is configured; a database failure is logged, never raised.
+database's misses table, when a database is configured, and queued for the server, when one is; a
+failure of either is logged, never raised.
 
 `LOOKUP` is the one mutable object: tables load lazily per (sources, device fingerprint, backend), the
 roster of available backends per device, and `clear()` drops them all. Overlays (`overlay`, `using_db`,
@@ -55,7 +57,7 @@ ENV_DB = "MOETUNE_DB"
 PACKS_PACKAGE = "moetune.configs"
 PACKS_FOLDER = "tuned"
 # Lower rank wins between winners for the same problem.
-_ORIGIN_RANK = {"overlay": 0, "db": 1, "pack": 2}
+_ORIGIN_RANK = {"overlay": 0, "db": 1, "server": 2, "pack": 3}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +85,8 @@ class Resolution:
     """The config one backend uses for one problem, and where it came from.
 
     source: "explicit config", "heuristic", or "<origin> exact" / "<origin> nearest" with origin one of
-    overlay, db, pack; `from_m` is the tuned M a nearest winner came from; `stale` lists why the winner
-    does not match the running device or kernel source (empty when it does).
+    overlay, db, server, pack; `from_m` is the tuned M a nearest winner came from; `stale` lists why the
+    winner does not match the running device or kernel source (empty when it does).
     """
 
     backend: str
@@ -291,7 +293,11 @@ class WinnerLookup:
             else f"{resolution.source} (m={resolution.from_m})",
             resolution.config,
         )
-        url = self._db_url(self._current())
+        sources = self._current()
+        server = _server(sources)
+        if server is not None:
+            server.report_miss(device, resolution.backend, problem)  # queued: never waits on the network
+        url = self._db_url(sources)
         if url is None:
             return
         try:
@@ -330,23 +336,41 @@ class WinnerLookup:
     def _table(self, backend: Backend, device: DeviceFingerprint) -> _Table:
         sources = self._current()
         url = self._db_url(sources)
-        key = (sources, url, device.hash, backend.name)
+        server = _server(sources)
+        served = None
+        if server is not None:
+            # Starts a fetch when one is due (never waits); a fetched pack bumps the generation, so the
+            # next trace gets a table holding it.
+            server.pack(device.device_kind, backend.name)
+            served = (server.base_url, server.generation)
+        key = (sources, url, device.hash, backend.name, served)
         table = self._tables.get(key)
         if table is not None:
             return table
         with self._lock:
             table = self._tables.get(key)
             if table is None:
-                table = _Table(self._entries(sources, url, backend, device))
+                table = _Table(self._entries(sources, url, server, backend, device))
                 self._tables[key] = table
             return table
 
     def _entries(
-        self, sources: _Sources, url: str | None, backend: Backend, device: DeviceFingerprint
+        self,
+        sources: _Sources,
+        url: str | None,
+        server: Any,
+        backend: Backend,
+        device: DeviceFingerprint,
     ) -> Iterator[_Entry]:
         winners = [w for w in sources.winners if w.backend == backend.name]
         if url is not None:
             winners += self._db_winners(url, backend.name, device)
+        if server is not None:
+            pack = server.pack(device.device_kind, backend.name)  # never waits on the network
+            if pack is not None:
+                winners += self._trusted_winners(
+                    pack, f"{server.base_url} pack", backend.name, device, "server"
+                )
         if sources.packs_dir is not None:
             winners += self._pack_winners(sources.packs_dir, backend.name, device)
         source_hash = backend.source_hash()
@@ -401,11 +425,18 @@ class WinnerLookup:
         except PackInvalid as e:
             self.warn_once("bad-pack", str(resource), f"moetune: ignoring config pack: {e}")
             return []
+        return self._trusted_winners(pack, str(resource), backend, device, "pack")
+
+    def _trusted_winners(
+        self, pack: packs.Pack, where: str, backend: str, device: DeviceFingerprint, origin: str
+    ) -> list[Winner]:
+        """The winners of a pack's trusted entries, when it is the pack of `backend` on `device`; what is
+        left out is warned about once."""
         if pack.backend != backend or pack.device.device_kind != device.device_kind:
             self.warn_once(
                 "wrong-pack",
-                str(resource),
-                f"moetune: ignoring config pack {resource}: it holds {pack.backend} winners for "
+                where,
+                f"moetune: ignoring config pack {where}: it holds {pack.backend} winners for "
                 f"{pack.device.device_kind!r}, not {backend} for {device.device_kind!r}",
             )
             return []
@@ -413,10 +444,20 @@ class WinnerLookup:
         for reason in rejected:
             self.warn_once(
                 "bad-pack-entry",
-                f"{resource}:{reason}",
-                f"moetune: in config pack {resource}, ignoring {reason}",
+                f"{where}:{reason}",
+                f"moetune: in config pack {where}, ignoring {reason}",
             )
-        return _winners_of(pack, [entry for entry, _ in trusted])
+        return _winners_of(pack, [entry for entry, _ in trusted], origin)
+
+
+def _server(sources: _Sources) -> Any:
+    """The $MOETUNE_SERVER client (kernels.server_client), where the shipped packs are in use: its packs
+    stand in front of them. An overlay choosing other packs, or none, leaves the server out."""
+    if sources.packs_dir is not _DEFAULT:
+        return None
+    from moetune.kernels import server_client
+
+    return server_client.current()
 
 
 def _packs_folder(folder: Any) -> Traversable:
@@ -496,13 +537,13 @@ def pack_winners(pack: packs.Pack) -> list[Winner]:
     return _winners_of(pack, [entry for entry, _ in trusted_pack_entries(pack)[0]])
 
 
-def _winners_of(pack: packs.Pack, entries: Iterable[packs.PackEntry]) -> list[Winner]:
+def _winners_of(pack: packs.Pack, entries: Iterable[packs.PackEntry], origin: str = "pack") -> list[Winner]:
     return [
         Winner(
             backend=pack.backend,
             problem=entry.problem,
             config=entry.config,
-            origin="pack",
+            origin=origin,
             fingerprint_hash=pack.device.hash,
             source_hash=pack.kernel_source_hash,
             median_s=entry.median_s,

@@ -10,13 +10,15 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from moetune.db import DatabaseError, open_store
 from moetune.db.errors import InvalidRecord, RecordNotFound
 from moetune.kernels.errors import MoetuneError
-from moetune.service import jobs_api, miss_scheduler, pages
+from moetune.service import jobs_api, miss_scheduler, misses_api, packs_api, pages, sweeps_api, winners_api
 from moetune.service.auth import require_read
+from moetune.service.json_body import one_line_validation_error
 from moetune.service.settings import ServiceSettings
 
 
@@ -60,8 +62,11 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         store = request.app.state.store
         return {"status": "ok", "revision": store.revision() or "", "database": store.dialect}
 
-    app.include_router(pages.router)
-    app.include_router(jobs_api.router)
+    routers = (winners_api, packs_api, sweeps_api, misses_api, jobs_api, pages)
+    for module in routers:
+        app.include_router(module.router)
+    app.add_exception_handler(RequestValidationError, one_line_validation_error)
+
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 

@@ -108,13 +108,13 @@ def winners_page(db: StoreDep) -> str:
 
 @router.get("/misses", response_class=HTMLResponse)
 def misses_page(db: StoreDep) -> str:
-    from moetune.tuner.cli.misses import _status
+    from moetune.tuner.listings.misses import MissStatus
 
-    sources: dict[str, str | None] = {}
+    status = MissStatus(db)
     rows = [
         [
             r.count,
-            _status(db, r, sources),
+            status(r),
             r.device_kind,
             r.backend,
             r.problem.op,
@@ -149,15 +149,11 @@ def misses_page(db: StoreDep) -> str:
 
 @router.get("/stale", response_class=HTMLResponse)
 def stale_page(db: StoreDep) -> str:
-    from moetune.kernels.lookup import db_winner
     from moetune.tuner import config_diff
-    from moetune.tuner.cli.best import _Listed, _Stack
+    from moetune.tuner.listings.winners import Stack, database_winners
 
-    stack = _Stack()  # this server's device and kernel sources, as `moetune best` reads them
-    listed = [
-        stack.freshness(_Listed(r.device_kind, db_winner(r), "database", r.reason, row=r))
-        for r in db.winners(active_only=True)
-    ]
+    stack = Stack()  # this server's device and kernel sources, as `moetune best` reads them
+    listed = [stack.freshness(item) for item in database_winners(db, active_only=True)]
     stale = [item for item in listed if item.freshness == "stale"]
     rows = [
         [

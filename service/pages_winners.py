@@ -16,8 +16,8 @@ from typing import Any
 
 from moetune.kernels.problem import GROUPED_MATMUL
 from moetune.tuner import report
-from moetune.tuner.cli.problem_cells import SweepTokens
 from moetune.tuner.decided import Compared
+from moetune.tuner.listings.tokens import SweepTokens
 
 OTHER = "other"
 

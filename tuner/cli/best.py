@@ -4,9 +4,7 @@ time that decided it (tuner/decided.py), where it came from and whether it is fr
 
 from __future__ import annotations
 
-import dataclasses
-import os
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -23,83 +21,11 @@ from moetune.tuner.cli.db_commands import (
     opened_store,
     warn,
 )
-from moetune.tuner.decided import RECORDED, WinnerView, describe
-
-if TYPE_CHECKING:
-    from moetune.db.records import WinnerRow
-    from moetune.kernels.device import DeviceFingerprint
-    from moetune.kernels.lookup import Winner
+from moetune.tuner.decided import RECORDED, describe
+from moetune.tuner.listings.winners import Listed, Stack, database_winners, winner_dict
 
 
-@dataclasses.dataclass(frozen=True)
-class _Listed:
-    """One row of `moetune best`: a database winner (with its `row`) or an entry of a config pack."""
-
-    device_kind: str
-    winner: Winner
-    origin: str  # "database", or the pack's file name
-    reason: str
-    row: WinnerRow | None = None
-    freshness: str = ""  # fresh | stale | other device | unknown: see _Stack.freshness
-    stale: tuple[str, ...] = ()
-    tokens: int | None = None  # T, as the sweep that tuned it recorded it
-
-    @property
-    def view(self) -> WinnerView:
-        """Its time as decided: a database winner's stored decision, else its recorded median."""
-        row = self.row
-        decisions = (row.decision,) if row is not None else ()
-        trial_id = row.trial_id if row is not None else -1
-        return WinnerView.of(trial_id, self.winner.config, self.winner.median_s, decisions)
-
-    @property
-    def order(self) -> tuple[str, str, str, int, bool]:
-        p = self.winner.problem
-        return self.device_kind, self.winner.backend, p.shape_key, p.m, self.row is None
-
-
-class _Stack:
-    """This machine's device fingerprint and kernel sources: what makes a winner fresh or stale here."""
-
-    def __init__(self) -> None:
-        from moetune.kernels.device import current_fingerprint
-
-        # Reading the fingerprint opens the device; a listing must not reserve most of a GPU's memory.
-        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-        try:
-            self.device: DeviceFingerprint | None = current_fingerprint()
-        except Exception:  # no usable device (a broken driver, say): rows list with freshness unknown
-            self.device = None
-        self._sources: dict[str, str | None] = {}
-
-    def source_hash(self, backend: str) -> str | None:
-        from moetune.kernels import registry
-
-        if backend not in self._sources:
-            try:
-                self._sources[backend] = registry.get(backend).source_hash()
-            except Exception:  # not a backend here, its dependency is missing, its source is not files
-                self._sources[backend] = None
-        return self._sources[backend]
-
-    def freshness(self, listed: _Listed) -> _Listed:
-        """fresh: tuned on this device with this kernel source; stale: either differs (with why); other
-        device: the kernel source is current, the device is not this machine's; unknown: no way to tell."""
-        from moetune.kernels.lookup import stale_reasons
-
-        here = self.device is not None and self.device.device_kind == listed.device_kind
-        source_hash = self.source_hash(listed.winner.backend)
-        stale = stale_reasons(listed.winner, self.device.hash if here else None, source_hash)
-        if stale:
-            verdict = "stale"
-        elif source_hash is None:
-            verdict = "unknown"
-        else:
-            verdict = "fresh" if here else "other device"
-        return dataclasses.replace(listed, freshness=verdict, stale=stale)
-
-
-def _pack_winners() -> list[_Listed]:
+def _pack_winners() -> list[Listed]:
     """The winners of the config packs dispatch reads, as dispatch reads them (kernels.lookup); a pack
     dispatch would ignore is named on stderr and left out."""
     from moetune.kernels import packs
@@ -125,43 +51,18 @@ def _pack_winners() -> list[_Listed]:
             )
             continue
         reason = f"config pack created {pack.created}"
-        listed += [_Listed(pack.device.device_kind, w, resource.name, reason) for w in pack_winners(pack)]
+        listed += [Listed(pack.device.device_kind, w, resource.name, reason) for w in pack_winners(pack)]
     return listed
 
 
-def _winner_dict(listed: _Listed) -> dict[str, Any]:
-    w, row = listed.winner, listed.row
-    view = listed.view
-    return {
-        "id": row.id if row else None,
-        "trial_id": row.trial_id if row else None,
-        "device_kind": listed.device_kind,
-        "fingerprint_hash": w.fingerprint_hash,
-        "backend": w.backend,
-        "source_hash": w.source_hash,
-        "problem": w.problem.to_dict() | {"key": w.problem.key},
-        "tokens": listed.tokens,
-        "config": dict(w.config),
-        "median_s": w.median_s,
-        "decided": view.time.to_dict(),
-        "decision": view.decision,
-        "promoted_at": row.promoted_at if row else None,
-        "state": row.state if row else "active",
-        "reason": listed.reason,
-        "origin": listed.origin,
-        "freshness": listed.freshness,
-        "stale": list(listed.stale),
-    }
-
-
-def _timed_by(listed: _Listed) -> str:
+def _timed_by(listed: Listed) -> str:
     view = listed.view
     if view.time.source != RECORDED:
         return f"re-timed: {describe(view.decision)}"
     return "recorded median (no decision kept)" if listed.row is not None else "the pack's median"
 
 
-def _winner_cells(listed: _Listed, unit, *, history: bool, tokens: bool, fingerprint: bool) -> dict[str, Any]:
+def _winner_cells(listed: Listed, unit, *, history: bool, tokens: bool, fingerprint: bool) -> dict[str, Any]:
     from moetune.tuner import config_diff
 
     w = listed.winner
@@ -182,7 +83,7 @@ def _winner_cells(listed: _Listed, unit, *, history: bool, tokens: bool, fingerp
     return cells
 
 
-def _look_alike(listed: list[_Listed]) -> bool:
+def _look_alike(listed: list[Listed]) -> bool:
     """Whether two rows differ only by device fingerprint (the same GPU model under another driver)."""
     seen = set()
     for item in listed:
@@ -216,7 +117,6 @@ def best(
 ) -> None:
     """Show the tuned winners (best configs) per GPU model, backend and problem: the database's and the
     config packs', each with the time that decided it, where it came from and whether it is fresh here."""
-    from moetune.kernels.lookup import db_winner
     from moetune.tuner.durations import unit_for
 
     for option, value in (("--m", m), ("--k", k), ("--n", n), ("--g", g)):
@@ -233,21 +133,9 @@ def best(
             kinds, backends = store.device_kinds(), store.backends()
             check_known("gpu", gpu, sorted({*kinds, *(r.device_kind for r in shipped)}), where)
             check_known("backend", backend, sorted({*backends, *(r.winner.backend for r in shipped)}), where)
-            rows = store.winners(
-                device_kind=gpu, backend=backend, m=m, k=k, n=n, g=g, active_only=not history
+            listed = database_winners(
+                store, device_kind=gpu, backend=backend, m=m, k=k, n=n, g=g, active_only=not history
             )
-            tokens = problems.SweepTokens(store)
-            listed = [
-                _Listed(
-                    r.device_kind,
-                    db_winner(r),
-                    "database",
-                    r.reason,
-                    row=r,
-                    tokens=tokens(r.sweep_id, r.problem.key),
-                )
-                for r in rows
-            ]
     for entry in shipped:
         p = entry.winner.problem
         wanted = (gpu, backend, m, k, n, g)
@@ -255,10 +143,9 @@ def best(
         if all(w in (None, a) for w, a in zip(wanted, actual, strict=True)):
             listed.append(entry)
     if listed:
-        stack = _Stack()
-        listed = sorted((stack.freshness(item) for item in listed), key=lambda item: item.order)
+        listed = Stack().judged(listed)
     if as_json:
-        emit([_winner_dict(item) for item in listed], as_json=True)
+        emit([winner_dict(item) for item in listed], as_json=True)
         return
     origins = len({item.origin for item in listed})
     known = [item.tokens for item in listed]

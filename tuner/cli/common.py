@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import datetime
 import enum
-import json
-import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -19,6 +16,7 @@ from rich.text import Text
 from typer._click.core import ParameterSource
 
 from moetune.db import DatabaseError, urls
+from moetune.tuner.listings.json_values import json_text
 
 console = Console()
 err_console = Console(stderr=True)
@@ -129,28 +127,6 @@ def table_console() -> Console:
     """The console for tables: piped output (logs, CI, scripts) gets whole tables, not 80 columns of
     ellipses; a terminal its own width."""
     return console if console.is_terminal else Console(width=200)
-
-
-def json_text(value: Any, **options: Any) -> str:
-    """Strict JSON for scripts: a NaN or infinity (json.dumps would write NaN or Infinity, which strict
-    parsers refuse) becomes null, a time its ISO 8601 text. `options` go to json.dumps."""
-    return json.dumps(_finite(value), allow_nan=False, default=_plain, **options)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, (datetime.datetime, datetime.date)):
-        return value.isoformat()
-    return str(value)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _cell(value: Any) -> str:

@@ -14,6 +14,7 @@ import typer
 from moetune.tuner.cli import app
 from moetune.tuner.cli.common import emit, err_console, fail
 from moetune.tuner.cli.db_commands import DbOption, JsonOption, opened_store
+from moetune.tuner.listings.sweeps import sweep_dict
 
 if TYPE_CHECKING:
     from moetune.db.records import SweepRow
@@ -27,24 +28,6 @@ def age_text(seconds: float | None) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.0f} h"
-
-
-def sweep_dict(row: SweepRow) -> dict[str, Any]:
-    """The JSON form: numbers stay numbers, what is unknown is null."""
-    return {
-        "id": row.id,
-        "status": row.status,
-        "stored_status": row.stored_status,
-        "backend": row.backend,
-        "strategy": row.strategy,
-        "device_kind": row.device_kind,
-        "problems": row.problems,
-        "trials": row.trials,
-        "created_at": row.created_at.isoformat(),
-        "finished_at": None if row.finished_at is None else row.finished_at.isoformat(),
-        "owner": row.owner,
-        "heartbeat_age_s": row.heartbeat_age_s,
-    }
 
 
 def _cells(row: SweepRow) -> dict[str, Any]:

@@ -11,39 +11,13 @@ from moetune.tuner.cli import app
 from moetune.tuner.cli import problem_cells as problems
 from moetune.tuner.cli.common import DbOption, check_range, choice, emit, err_console, fail
 from moetune.tuner.cli.db_commands import BackendOption, GpuOption, JsonOption, check_known, opened_store
+from moetune.tuner.listings.tokens import SweepTokens
+from moetune.tuner.listings.trials import trial_dict
 
 if TYPE_CHECKING:
     from moetune.db.records import TrialRow
 
 TrialStatus = choice("TrialStatus", TRIAL_STATUSES)
-
-
-def _trial_dict(row: TrialRow, tokens: int | None) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "sweep_id": row.sweep_id,
-        "device_kind": row.device_kind,
-        "fingerprint_hash": row.fingerprint_hash,
-        "backend": row.backend,
-        "source_hash": row.source_hash,
-        "problem": row.problem.key,
-        "op": row.problem.op,
-        "tokens": tokens,
-        "m": row.problem.m,
-        "config": row.config,
-        "status": row.status,
-        "median_s": row.median_s,
-        "samples_s": list(row.samples_s),
-        "compile_s": row.compile_s,
-        "verify_error": row.verify_error,
-        "error": row.error,
-        "host": row.host,
-        "worker": row.worker,
-        "routing": row.routing,
-        "details": row.details,
-        "started_at": row.started_at,
-        "finished_at": row.finished_at,
-    }
 
 
 # Static metrics worth a glance in the table (FlyDSL's names); the JSON listing has them all.
@@ -122,14 +96,14 @@ def trials_command(
             problem_key=problem,
             limit=limit or None,
         )
-        sweep_tokens = problems.SweepTokens(store)
+        sweep_tokens = SweepTokens(store)
         tokens = [sweep_tokens(r.sweep_id, r.problem.key) for r in rows]
     if limit and len(rows) == limit:  # there may be more: say so where it cannot spoil --json output
         err_console.print(
             f"showing the newest {limit} trials; --limit 0 lists all", markup=False, highlight=False
         )
     if as_json:
-        emit([_trial_dict(r, t) for r, t in zip(rows, tokens, strict=True)], as_json=True)
+        emit([trial_dict(r, t) for r, t in zip(rows, tokens, strict=True)], as_json=True)
         return
     details = any(r.details and "target" in r.details for r in rows)  # compile-only trials
     unit = unit_for(r.median_s for r in rows)

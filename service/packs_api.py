@@ -1,0 +1,102 @@
+"""GET /api/packs/{device_kind}/{backend}: the config pack `moetune export` writes for that GPU model and
+backend, byte for byte, so moetune.kernels.packs loads it. Its strong ETag is a hash of those bytes; a
+request whose If-None-Match names it gets 304 and no body, which is how JAX processes poll cheaply.
+
+A rendered pack is kept for CACHE_S and then read again: under many clients, most requests cost a
+dictionary look-up instead of a database query and a JSON rendering, and a new winner is served at most
+CACHE_S late (clients ask every few minutes)."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from moetune.db.store import Store
+from moetune.kernels.pack_schema import PackModel
+from moetune.service.auth import require_read
+from moetune.service.filters import BackendPath, DeviceKindPath
+
+
+async def _read_allowed(request: Request) -> None:
+    # require_read, awaited in the event loop: FastAPI runs a plain function dependency in a worker
+    # thread, and the check is a header comparison.
+    require_read(request)
+
+
+router = APIRouter(prefix="/api/packs", tags=["packs"], dependencies=[Depends(_read_allowed)])
+CACHE_S = 1.0
+
+
+class _Rendered:
+    """The rendered packs of one server: (device_kind, backend) -> (read at, body, ETag)."""
+
+    def __init__(self) -> None:
+        self._packs: dict[tuple[str, str], tuple[float, bytes, str]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str]) -> tuple[bytes, str] | None:
+        with self._lock:
+            found = self._packs.get(key)
+        if found is None or time.monotonic() - found[0] > CACHE_S:
+            return None
+        return found[1], found[2]
+
+    def put(self, key: tuple[str, str], read_at: float, body: bytes, etag: str) -> None:
+        with self._lock:
+            self._packs[key] = (read_at, body, etag)
+
+
+def _rendered(request: Request) -> _Rendered:
+    state = request.app.state
+    if getattr(state, "rendered_packs", None) is None:
+        state.rendered_packs = _Rendered()
+    return state.rendered_packs
+
+
+def _render(db: Store, device_kind: str, backend: str) -> tuple[bytes, str]:
+    body = (db.export_pack(device_kind=device_kind, backend=backend).dumps() + "\n").encode()
+    return body, etag_of(body)
+
+
+def etag_of(body: bytes) -> str:
+    return '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+
+
+def _matches(if_none_match: str, etag: str) -> bool:
+    """If-None-Match's weak comparison (RFC 9110 13.1.2): any listed tag, W/ or not, or `*`."""
+    tags = [tag.strip().removeprefix("W/") for tag in if_none_match.split(",")]
+    return "*" in tags or etag in tags
+
+
+@router.get(
+    "/{device_kind}/{backend}",
+    response_model=PackModel,
+    responses={304: {"description": "The pack is unchanged since the ETag given in If-None-Match."}},
+)
+async def pack(
+    request: Request,
+    device_kind: DeviceKindPath,
+    backend: BackendPath,
+    if_none_match: Annotated[str | None, Header(max_length=1024)] = None,
+) -> Response:
+    """The active winners of one GPU model and backend as a config pack; 404 (naming the GPU models and
+    backends that have winners) when there are none."""
+    # async, with the database in a worker thread only when the cache has no fresh copy: a cached answer
+    # never waits for a thread of the pool.
+    key, rendered = (device_kind, backend), _rendered(request)
+    found = rendered.get(key)
+    if found is None:
+        read_at = time.monotonic()
+        found = await run_in_threadpool(_render, request.app.state.store, device_kind, backend)
+        rendered.put(key, read_at, *found)
+    body, etag = found
+    # no-cache: a client may keep the pack, but asks (If-None-Match) before using it again.
+    headers = {"ETag": etag, "Cache-Control": "no-cache"}
+    if if_none_match is not None and _matches(if_none_match, etag):
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)

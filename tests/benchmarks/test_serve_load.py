@@ -1,0 +1,22 @@
+"""benchmarks/serve_load.py works end to end for a few seconds: a seeded server started on loopback,
+concurrent clients, a summary with latencies and no errors (no latency is asserted: it is the machine's)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.benchmarks.scripts import load_script
+
+serve_load = load_script("serve_load")
+
+
+@pytest.mark.slow  # a server process starts (its imports take most of the time)
+def test_a_short_load_run_reports_its_numbers(capsys):
+    result = serve_load.main(["--clients", "4", "--seconds", "1.5", "--revalidate", "--json"])
+    assert json.loads(capsys.readouterr().out) == result
+    assert result["clients"] == 4 and result["revalidate"] is True
+    assert result["requests"] > 4 and result["errors"] == 0
+    assert 0 < result["p50_ms"] <= result["p99_ms"] <= result["max_ms"]
+    assert result["requests_per_s"] > 0
