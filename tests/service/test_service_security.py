@@ -52,7 +52,12 @@ def _requests(sweep_id: int) -> list[tuple[str, str, dict]]:
         ("GET", "/api/sweeps/999", {}),
         ("GET", f"/api/sweeps/{sweep_id}/trials?limit=2", {}),
         ("GET", "/api/misses", {}),
+        ("GET", "/api/jobs", {}),
+        ("GET", "/api/jobs/999", {}),
         ("GET", "/api/nothing-here", {}),
+        ("POST", "/api/jobs", {"json": {"models": ["tiny"]}}),
+        ("POST", "/api/jobs", {"json": {"models": ["no-such-model"]}, "headers": AUTH}),
+        ("POST", "/api/jobs/999/cancel", {"headers": AUTH}),
         ("POST", "/api/misses", {"json": {"misses": [miss]}}),
         ("POST", "/api/misses", {"json": {"misses": [miss]}, "headers": AUTH}),
         ("POST", "/api/misses", {"content": b"{", "headers": AUTH}),
@@ -116,6 +121,7 @@ def test_protected_reads_refuse_every_read_route_without_the_token(sqlite_url):
     reads = [(m, p, o) for m, p, o in _requests(seeded.sweep_id) if m == "GET" and p.startswith("/api/")]
     # Every read route of the schema is asked, its path parameters filled in.
     filled = {"{device_kind}": FP.device_kind, "{backend}": "xla", "{sweep_id}": str(seeded.sweep_id)}
+    filled["{job_id}"] = "999"
     routes = set()
     for path, methods in app.openapi()["paths"].items():
         for placeholder, value in filled.items():
