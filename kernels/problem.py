@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 
 DTYPES = ("bfloat16", "float16", "float32")
 # Operand-only dtypes: FP8 operands come with float32 scales (`scale_layout`) and never make an output.
-# Kept out of DTYPES, which config packs validate against, so a pack's schema is what it was.
-FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+# Kept out of DTYPES, which config packs validate against, so a pack's schema is what it was. e4m3fnuz is
+# the e4m3 flavour CDNA3 (gfx942) multiplies; CDNA4 and Hopper take OCP e4m3fn.
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz")
 OPERAND_DTYPES = DTYPES + FP8_DTYPES
 # How the float32 scales of a quantized problem's operands cover them (moetune.kernels.ops.fp8_layout):
 #   none                 no scales (every 16/32-bit problem)

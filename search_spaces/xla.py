@@ -21,7 +21,8 @@ ITEMS_PER_STEP = (1, 2, 4, 8, 16, 32, 64)
 MAX_ALL_EXPERTS_MACS = 1 << 36
 # Used when the fingerprint reports no memory size (CPU): one intermediate may take at most this much.
 DEFAULT_MEMORY_BUDGET_BYTES = 1 << 30
-_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+# FP8 weights: xla multiplies bf16 or (block scales) float32 copies of them, so the larger.
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 4, "float8_e5m2": 4}
 
 
 def _pow2_ceil(value: int) -> int:

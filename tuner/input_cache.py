@@ -66,7 +66,8 @@ def make_weights(problem: Problem, seed: int) -> tuple[jax.Array, ...]:
 @dataclasses.dataclass(frozen=True)
 class Inputs:
     """Random (never zero) operands for one problem, drawn by its op's spec (OpSpec.draw): `sets` of
-    (lhs, rhs) pairs to rotate through."""
+    (lhs, rhs) pairs to rotate through. For an op with scale operands (FP8) each of lhs and rhs is the
+    pair (values, scale), as its spec draws them; `args` flattens a set into the op's call order."""
 
     problem: Problem
     seed: int
@@ -79,6 +80,12 @@ class Inputs:
         keys = _set_keys(seed, len(weights))
         lhs = [problem.spec.draw(problem, "lhs", key) for key in keys[:, 0]]
         return cls(problem, seed, tuple(zip(lhs, weights, strict=True)))
+
+
+def call_args(pair: tuple[Any, Any], group_sizes: jax.Array) -> tuple[jax.Array, ...]:
+    """An input set with its group sizes, flat in the op's call order: (lhs, rhs, group sizes), or for an
+    FP8 op ((lhs, lhs_scale), (rhs, rhs_scale)) -> (lhs, lhs_scale, rhs, rhs_scale, group sizes)."""
+    return (*jax.tree.leaves(pair), group_sizes)
 
 
 def _group_sizes_array(group_sizes: Sequence[int]) -> jax.Array:
@@ -146,7 +153,7 @@ class _Entry:
     checks_compiled: bool = False  # verify.warm ran for this problem
 
     def arrays(self) -> list[jax.Array]:
-        held = [a for pair in self.inputs.sets for a in pair] + list(self.sizes.values())
+        held = jax.tree.leaves(self.inputs.sets) + list(self.sizes.values())
         held += [a for ref in self.references.values() for a in (ref.values, ref.rows)]
         held += [leaf for rotation in self.rotations.values() for leaf in jax.tree.leaves(rotation.sets)]
         return held
@@ -174,9 +181,10 @@ class InputCache:
         return entry
 
     def _shared_weights(self, problem: Problem, seed: int) -> tuple[jax.Array, ...] | None:
-        wanted = weights_key(problem, seed)
+        wanted = weights_key(problem, seed), problem.scale_layout
         for (other, other_seed), entry in self._entries.items():
-            if weights_key(other, other_seed) == wanted:
+            # FP8 weights are quantized with their layout's scales: shared within one layout only.
+            if (weights_key(other, other_seed), other.scale_layout) == wanted:
                 return tuple(rhs for _, rhs in entry.inputs.sets)
         self.made["weights"] += 1
         return None
@@ -193,9 +201,9 @@ class InputCache:
         return entry.sizes[sizes]
 
     def verify_args(self, inputs: Inputs, group_sizes: Sequence[int]) -> tuple[jax.Array, ...]:
-        """(lhs, rhs, group sizes) of the first input set: what candidates are verified on."""
-        lhs, rhs = inputs.sets[0]
-        return lhs, rhs, self.group_sizes(inputs, group_sizes)
+        """(lhs, rhs, group sizes) of the first input set: what candidates are verified on (with their
+        scales in call order for an FP8 op: lhs, lhs_scale, rhs, rhs_scale, group sizes)."""
+        return call_args(inputs.sets[0], self.group_sizes(inputs, group_sizes))
 
     def checks_compiled(self, inputs: Inputs) -> bool:
         """Whether verify.warm compiled this problem's reference and check programs in this worker."""
@@ -209,10 +217,10 @@ class InputCache:
         entry = self._entry(inputs.problem, inputs.seed)
         sizes = tuple(int(s) for s in group_sizes)
         if sizes not in entry.references:
-            lhs, rhs, _ = self.verify_args(inputs, sizes)
+            lhs, *others = jax.tree.leaves(inputs.sets[0])
             rows = reference_rows(inputs.problem, sizes, inputs.seed)
             program = reference.rows_reference_program(inputs.problem, len(rows))
-            values = program(lhs, jnp.asarray(rows), rhs, jnp.asarray(sampled_group_sizes(sizes, rows)))
+            values = program(lhs, jnp.asarray(rows), *others, jnp.asarray(sampled_group_sizes(sizes, rows)))
             entry.references[sizes] = Reference(jax.block_until_ready(values), jnp.asarray(rows))
             self.made["reference"] += 1
         return entry.references[sizes]
@@ -224,7 +232,7 @@ class InputCache:
         key = (tuple(int(s) for s in group_sizes), timer)
         if key not in entry.rotations:
             sizes = self.group_sizes(inputs, key[0])
-            entry.rotations[key] = timer.rotation([(lhs, rhs, sizes) for lhs, rhs in inputs.sets])
+            entry.rotations[key] = timer.rotation([call_args(pair, sizes) for pair in inputs.sets])
             self.made["rotation"] += 1
         return entry.rotations[key]
 

@@ -15,12 +15,12 @@ Tolerance (relative error against the float32 reference of the dequantized opera
 inputs are already FP8, so the kernel and the reference multiply the same values; what differs is the
 order of float32 accumulation, scaling after the sum instead of before (exact but for float32 rounding,
 2^-24), and the output's rounding. A bf16 output rounds each value to 8 significant bits, a relative
-error of at most 2^-9 = 1.95e-3 per value, hence per row. The bf16 tolerance is twice that, 4e-3: the
-other half is room for accumulation, which on Hopper's FP8 tensor cores keeps fewer than float32's bits
-within one 128-wide K step before the kernel promotes the partial sum into float32 registers; a kernel
-that never promoted would accumulate all of K that way and exceed it at serving sizes of K. (The bf16
-ops' 1e-2 covers bf16 *inputs* rounded as well; here the inputs are exact.) f16 and f32 outputs: twice
-their own rounding (2^-11, and 2^-24 plus accumulation order), as for the 16-bit ops.
+error of at most 2^-8 = 3.9e-3 per value, hence per row (measured on CPU: 1-2e-3). The bf16 tolerance is
+twice that, 8e-3: the other half is room for accumulation, which on Hopper's FP8 tensor cores keeps fewer
+bits than float32 within one 128-wide K step, before the kernel promotes the partial sum into float32
+registers. A wrong scale, block or expert is off by far more (tens of percent). The bf16 ops' 1e-2 has
+room for bf16 *inputs* rounded differently as well; here the inputs are exact. f16 and f32 outputs: twice
+their own rounding (2^-11; 2^-24 plus accumulation order), as the 16-bit ops allow.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from moetune.kernels.ops.spec import Operand, OpSpec
 from moetune.kernels.problem import DTYPES, FP8_DTYPES, Problem
 from moetune.kernels.reference import reference_grouped_matmul
 
-TOLERANCE = {"bfloat16": 4e-3, "float16": 1e-3, "float32": 1e-5}
+TOLERANCE = {"bfloat16": 8e-3, "float16": 1e-3, "float32": 1e-5}
 LHS_SCALE = Operand(
     "lhs_scale",
     lambda p: fp8_scales.scale_shape(p, "lhs"),
