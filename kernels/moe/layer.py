@@ -258,6 +258,9 @@ def moe_mlp(
     backend: str | None = None,
     fuse: bool = True,
     routing_mode: str = "auto",
+    w_gate_up_scale: Array | None = None,
+    w_down_scale: Array | None = None,
+    scale_layout: str = "none",
 ) -> Array:
     """Routed MoE MLP: out[t] = sum over t's top-k experts e of w[t, e] * down_e(act(gate_up_e(x[t]))).
 
@@ -271,7 +274,17 @@ def moe_mlp(
     `routing_mode` says how top-k and the sort by expert run (`route_rows`): "auto" (the default) takes
     the one-kernel routing where it fits on a GPU and XLA's ops otherwise; "kernel", "xla", "interpret".
     Raises ConfigInvalid for bad shapes, top_k or routing_mode, Unsupported for an unknown activation.
+    FP8 expert weights come with their float32 scales (`w_gate_up_scale`, `w_down_scale`) in
+    `scale_layout`; the activations are then quantized on the fly in that layout (kernels/moe/fp8.py).
     """
+    if scale_layout != "none":
+        from moetune.kernels.moe.fp8 import moe_mlp_fp8  # it builds on this module
+
+        return moe_mlp_fp8(
+            x, router_logits, w_gate_up, w_gate_up_scale, w_down, w_down_scale, top_k=top_k,
+            scale_layout=scale_layout, renormalize=renormalize, activation=activation, backend=backend,
+            fuse=fuse, routing_mode=routing_mode,
+        )  # fmt: skip
     check_moe_args(x, router_logits, w_gate_up, w_down, top_k=top_k, activation=activation)
     routing, rows = route_rows(router_logits, top_k, renormalize, routing_mode)
     return moe_mlp_sorted(

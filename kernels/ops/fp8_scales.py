@@ -66,15 +66,21 @@ def divisible_blocks(problem: Problem) -> str | None:
 
 def check_scales(problem: Problem, lhs_scale: Any, rhs_scale: Any) -> None:
     """Raise ConfigInvalid naming the scale whose shape or dtype does not fit `problem`'s layout."""
-    for name, side, scale in (("lhs_scale", "lhs", lhs_scale), ("rhs_scale", "rhs", rhs_scale)):
-        wanted = scale_shape(problem, side)
-        got = (tuple(scale.shape), np.dtype(scale.dtype).name)
-        if got != (wanted, SCALE_DTYPE):
-            raise ConfigInvalid(
-                f"{name} must be {SCALE_DTYPE} {list(wanted)} for scale_layout={problem.scale_layout} "
-                f"(m={problem.m}, k={problem.k}, n={problem.n}, g={problem.g}, "
-                f"transpose_rhs={problem.transpose_rhs}); got {got[1]} {list(got[0])}"
-            )
+    check_scale(problem, "lhs", lhs_scale, "lhs_scale")
+    check_scale(problem, "rhs", rhs_scale, "rhs_scale")
+
+
+def check_scale(problem: Problem, side: str, scale: Any, name: str) -> None:
+    """Raise ConfigInvalid when `scale`, the scale of operand `side` that the caller calls `name`, is not
+    float32 in the shape `problem`'s layout gives it."""
+    wanted = scale_shape(problem, side)
+    got = (tuple(scale.shape), np.dtype(scale.dtype).name)
+    if got != (wanted, SCALE_DTYPE):
+        raise ConfigInvalid(
+            f"{name} must be {SCALE_DTYPE} {list(wanted)} for scale_layout={problem.scale_layout} "
+            f"(m={problem.m}, k={problem.k}, n={problem.n}, g={problem.g}, "
+            f"transpose_rhs={problem.transpose_rhs}); got {got[1]} {list(got[0])}"
+        )
 
 
 def expand(scale: jax.Array, shape: tuple[int, ...]) -> jax.Array:
