@@ -28,7 +28,8 @@ def layer_inputs():
     logits = jax.random.normal(keys[1], (T, E))
     w_gate_up = jax.random.normal(keys[2], (E, H, 2 * F)) / np.sqrt(H)
     w_down = jax.random.normal(keys[3], (E, F, H)) / np.sqrt(F)
-    bf16 = moe_mlp(x, logits, w_gate_up.astype(jnp.bfloat16), w_down.astype(jnp.bfloat16), top_k=TOP_K)
+    layer = jax.jit(lambda *a: moe_mlp(*a, top_k=TOP_K))  # one program to compile, not one per op
+    bf16 = layer(x, logits, w_gate_up.astype(jnp.bfloat16), w_down.astype(jnp.bfloat16))
     return x, logits, w_gate_up, w_down, np.asarray(bf16, np.float64)
 
 

@@ -58,7 +58,9 @@ def test_layouts_and_dtypes_are_checked():
         _fp8("none")
     with pytest.raises(ConfigInvalid, match="op=grouped_matmul takes scale_layout 'none', not 'tensor'"):
         Problem("grouped_matmul", 8, 8, 8, 2, scale_layout="tensor")
-    with pytest.raises(ConfigInvalid, match="takes lhs dtypes float8_e4m3fn, float8_e5m2, not bfloat16"):
+    with pytest.raises(
+        ConfigInvalid, match="takes lhs dtypes float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, not bfloat16"
+    ):
         _fp8(lhs_dtype="bfloat16")
     with pytest.raises(ConfigInvalid, match="dtype='float8_e4m3fn' is not one of bfloat16"):
         _fp8(out_dtype=FP8)
