@@ -58,7 +58,8 @@ def _set_keys(seed: int, count: int) -> jax.Array:
 
 
 def make_weights(problem: Problem, seed: int) -> tuple[jax.Array, ...]:
-    """The rhs of every input set, drawn by the op's spec; equal for problems that differ only in M."""
+    """The rhs of every input set, drawn by the op's spec ((values, scale) for an FP8 op); equal for
+    problems that differ only in M."""
     keys = _set_keys(seed, input_set_count(problem))
     return tuple(problem.spec.draw(problem, "rhs", key) for key in keys[:, 1])
 
@@ -67,7 +68,7 @@ def make_weights(problem: Problem, seed: int) -> tuple[jax.Array, ...]:
 class Inputs:
     """Random (never zero) operands for one problem, drawn by its op's spec (OpSpec.draw): `sets` of
     (lhs, rhs) pairs to rotate through. For an op with scale operands (FP8) each of lhs and rhs is the
-    pair (values, scale), as its spec draws them; `args` flattens a set into the op's call order."""
+    pair (values, scale), as its spec draws them; `call_args` flattens a set into the op's call order."""
 
     problem: Problem
     seed: int
