@@ -162,4 +162,5 @@ def problem_value(row: ProblemRow) -> Problem:
         rhs_dtype=row.rhs_dtype,
         out_dtype=row.out_dtype,
         transpose_rhs=row.transpose_rhs,
+        scale_layout=Problem.scale_layout_of_key(row.key),  # no column of its own: the key has it
     )

@@ -11,9 +11,12 @@ Importing this package loads jax and the standard library only.
 from moetune.kernels.api import (
     Explanation,
     call_op,
+    call_scaled_op,
     explain,
     grouped_matmul,
+    grouped_matmul_fp8,
     grouped_matmul_swiglu,
+    grouped_matmul_swiglu_fp8,
     problem_of,
 )
 from moetune.kernels.lookup import LOOKUP, Resolution, Winner
@@ -26,9 +29,12 @@ __all__ = [
     "Resolution",
     "Winner",
     "call_op",
+    "call_scaled_op",
     "explain",
     "grouped_matmul",
+    "grouped_matmul_fp8",
     "grouped_matmul_swiglu",
+    "grouped_matmul_swiglu_fp8",
     "moe_mlp",
     "moe_mlp_reference",
     "problem_of",

@@ -1,5 +1,6 @@
 """The public kernel API: `grouped_matmul`, `grouped_matmul_swiglu` and `call_op` for any registered op
-(moetune.kernels.ops) (trace-time dispatch), and `explain` (the same decision, told). Each op is its own
+(moetune.kernels.ops) (trace-time dispatch), their FP8 forms with scale operands (`grouped_matmul_fp8`,
+`grouped_matmul_swiglu_fp8`, `call_scaled_op`), and `explain` (the same decision, told). Each op is its own
 Problem key, tuned and looked up separately; so is each op of a gradient (`grouped_matmul`'s VJP calls
 the grouped GEMM with the other rhs layout and the weight-gradient op, dispatched like any call).
 
@@ -34,6 +35,7 @@ from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint, current_fingerprint
 from moetune.kernels.errors import ConfigInvalid, UnknownBackend, Unsupported
 from moetune.kernels.lookup import LOOKUP, Resolution
+from moetune.kernels.ops import fp8_scales
 from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, problem_of
 
 log = logging.getLogger(__name__)
@@ -243,17 +245,7 @@ def _call(
         preferred_element_type=preferred_element_type,
         op=op,
     )
-    device = current_fingerprint()
-    explanation, kernel = _dispatch(
-        problem,
-        backend=backend,
-        config=config,
-        device=device,
-        fallback=fallback,
-        sliced=row_start is not None,
-    )
-    LOOKUP.note_use(problem, explanation.resolution, device)
-    log.debug("%s -> %s %s (%s)", problem.key, explanation.backend, explanation.config, explanation.source)
+    explanation, kernel = _use(problem, backend, config, fallback, sliced=row_start is not None)
     if group_sizes.dtype != jnp.int32:
         group_sizes = group_sizes.astype(jnp.int32)
     if problem.spec.vjp is None:
@@ -286,6 +278,108 @@ def _run(kernel: KernelFn, lhs: Any, rhs: Any, group_sizes: Any, row_start: Any)
     if row_start is None:
         return kernel(lhs, rhs, group_sizes)
     return kernel(lhs, rhs, group_sizes, row_start=row_start)
+
+
+def grouped_matmul_fp8(
+    lhs: jax.Array,
+    lhs_scale: jax.Array,
+    rhs: jax.Array,
+    rhs_scale: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    scale_layout: str,
+    transpose_rhs: bool = False,
+    preferred_element_type: Any = None,
+    backend: str | None = None,
+    config: KernelConfig | None = None,
+    fallback: bool | None = None,
+) -> jax.Array:
+    """out[M, N] = grouped_matmul of the dequantized operands: lhs [M, K] and rhs [G, K, N] (or [G, N, K])
+    in float8_e4m3fn or float8_e5m2, each times its float32 scale in `scale_layout` ("tensor",
+    "row_channel", "block_1x128_128x128"; kernels/ops/fp8_scales.py gives the shapes), accumulated in
+    float32, bf16 unless `preferred_element_type` says otherwise.
+
+    The layout is part of the Problem key: each layout is tuned and looked up apart. A scale of the wrong
+    shape or dtype raises ConfigInvalid at trace time naming it and the shape it needs; a backend that
+    cannot serve the layout declines (Unsupported) and the call falls through as `grouped_matmul`'s does
+    (`backend`, `config`, `fallback` as there). No gradient (an inference op).
+    """
+    return call_scaled_op(
+        "grouped_matmul_fp8", lhs, lhs_scale, rhs, rhs_scale, group_sizes, scale_layout=scale_layout,
+        transpose_rhs=transpose_rhs, preferred_element_type=preferred_element_type, backend=backend,
+        config=config, fallback=fallback,
+    )  # fmt: skip
+
+
+def grouped_matmul_swiglu_fp8(
+    lhs: jax.Array,
+    lhs_scale: jax.Array,
+    rhs: jax.Array,
+    rhs_scale: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    scale_layout: str,
+    **options: Any,
+) -> jax.Array:
+    """out[M, F] = silu(h[:, :F]) * h[:, F:] with h the float32 product of `grouped_matmul_fp8` into
+    rhs [G, K, 2F]; the keyword `options` (transpose_rhs, preferred_element_type, backend, config,
+    fallback) as there."""
+    op = "grouped_matmul_swiglu_fp8"
+    return call_scaled_op(
+        op, lhs, lhs_scale, rhs, rhs_scale, group_sizes, scale_layout=scale_layout, **options
+    )
+
+
+def call_scaled_op(
+    op: str,
+    lhs: Any,
+    lhs_scale: Any,
+    rhs: Any,
+    rhs_scale: Any,
+    group_sizes: Any,
+    *,
+    scale_layout: str,
+    transpose_rhs: bool = False,
+    preferred_element_type: Any = None,
+    backend: str | None = None,
+    config: KernelConfig | None = None,
+    fallback: bool | None = None,
+) -> jax.Array:
+    """The registered op `op` with scale operands (an FP8 op) on lhs, lhs_scale, rhs, rhs_scale and
+    group_sizes, dispatched as `call_op` dispatches; the scales are checked against `scale_layout` first."""
+    lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+    lhs_scale, rhs_scale = jnp.asarray(lhs_scale), jnp.asarray(rhs_scale)
+    problem = problem_of(
+        lhs,
+        rhs,
+        group_sizes,
+        transpose_rhs=transpose_rhs,
+        preferred_element_type=preferred_element_type,
+        op=op,
+        scale_layout=scale_layout,
+    )
+    fp8_scales.check_scales(problem, lhs_scale, rhs_scale)
+    _, kernel = _use(problem, backend, config, fallback)
+    return kernel(lhs, lhs_scale, rhs, rhs_scale, group_sizes.astype(jnp.int32))
+
+
+def _use(
+    problem: Problem,
+    backend: str | None,
+    config: KernelConfig | None,
+    fallback: bool | None,
+    *,
+    sliced: bool = False,
+) -> tuple[Explanation, KernelFn]:
+    """The kernel dispatch picks for a call of `problem`, the use noted (a miss is counted); `sliced` as
+    _dispatch's."""
+    device = current_fingerprint()
+    explanation, kernel = _dispatch(
+        problem, backend=backend, config=config, device=device, fallback=fallback, sliced=sliced
+    )
+    LOOKUP.note_use(problem, explanation.resolution, device)
+    log.debug("%s -> %s %s (%s)", problem.key, explanation.backend, explanation.config, explanation.source)
+    return explanation, kernel
 
 
 def _differentiable(kernel: KernelFn, problem: Problem, backend: str | None, fallback: bool | None):

@@ -21,19 +21,48 @@ if TYPE_CHECKING:
     from moetune.kernels.ops import OpSpec
 
 DTYPES = ("bfloat16", "float16", "float32")
+# Operand-only dtypes: FP8 operands come with float32 scales (`scale_layout`) and never make an output.
+# Kept out of DTYPES, which config packs validate against, so a pack's schema is what it was. e4m3fnuz is
+# the e4m3 flavour CDNA3 (gfx942) multiplies; CDNA4 and Hopper take OCP e4m3fn.
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz")
+OPERAND_DTYPES = DTYPES + FP8_DTYPES
+# How the float32 scales of a quantized problem's operands cover them (moetune.kernels.ops.fp8_layout):
+#   none                 no scales (every 16/32-bit problem)
+#   tensor               one scale for lhs, one per expert for rhs
+#   row_channel          one per lhs row (token), one per expert and output column of rhs
+#   block_1x128_128x128  one per lhs row and 128 columns of K; one per expert and 128 x 128 block of rhs
+SCALE_LAYOUTS = ("none", "tensor", "row_channel", "block_1x128_128x128")
 # The op names most callers use, importable from here as from moetune.kernels.ops.
-__all__ = ["DTYPES", "GROUPED_MATMUL", "GROUPED_MATMUL_SWIGLU", "Problem", "dtype_name", "problem_of"]
+__all__ = [
+    "DTYPES",
+    "FP8_DTYPES",
+    "GROUPED_MATMUL",
+    "GROUPED_MATMUL_SWIGLU",
+    "OPERAND_DTYPES",
+    "SCALE_LAYOUTS",
+    "Problem",
+    "dtype_name",
+    "problem_of",
+]
+
+_ALIASES = {
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "fp16": "float16",
+    "f32": "float32",
+    "fp32": "float32",
+    "fp8": "float8_e4m3fn",
+    "e4m3": "float8_e4m3fn",
+    "e5m2": "float8_e5m2",
+}
 
 
-def dtype_name(dtype: Any) -> str:
-    """Canonical name of a numpy/jax dtype or of a dtype string ('bf16' -> 'bfloat16')."""
-    aliases = {"bf16": "bfloat16", "f16": "float16", "fp16": "float16", "f32": "float32", "fp32": "float32"}
-    if isinstance(dtype, str):
-        name = aliases.get(dtype, dtype)
-    else:
-        name = np.dtype(dtype).name
-    if name not in DTYPES:
-        raise ConfigInvalid(f"dtype={name!r} is not one of {', '.join(DTYPES)}")
+def dtype_name(dtype: Any, accepted: tuple[str, ...] = DTYPES) -> str:
+    """Canonical name of a numpy/jax dtype or of a dtype string ('bf16' -> 'bfloat16'), one of `accepted`
+    (OPERAND_DTYPES for an operand, which may be FP8)."""
+    name = _ALIASES.get(dtype, dtype) if isinstance(dtype, str) else np.dtype(dtype).name
+    if name not in accepted:
+        raise ConfigInvalid(f"dtype={name!r} is not one of {', '.join(accepted)}")
     return name
 
 
@@ -47,9 +76,17 @@ class Problem:
     an epilogue may change the output's width, which `out_n` gives. `transpose_rhs` means the weights are
     stored [g, n, k]. Key strings look like
     ``grouped_matmul/m=4096,k=4096,n=28672,g=8,lhs=bfloat16,rhs=bfloat16,out=bfloat16,t=0/v1``.
+
+    `scale_layout` (SCALE_LAYOUTS) says how the float32 scales of FP8 operands cover them; "none" for an
+    op without scale operands, and an op with them needs another. Key versions: v1 is every problem
+    without scales, its key and dict exactly as before scales existed (shipped packs and stored winners
+    match them byte for byte); v2 adds ``,s=<layout>`` after ``t=`` and is written only for a scaled
+    problem, e.g. ``grouped_matmul_fp8/m=4096,...,lhs=float8_e4m3fn,rhs=float8_e4m3fn,out=bfloat16,t=0,
+    s=row_channel/v2``.
     """
 
-    SCHEMA_VERSION: ClassVar[int] = 1
+    SCHEMA_VERSION: ClassVar[int] = 1  # of problems without scales (the only version packs hold)
+    SCALED_SCHEMA_VERSION: ClassVar[int] = 2
 
     op: str
     m: int
@@ -60,16 +97,30 @@ class Problem:
     rhs_dtype: str = "bfloat16"
     out_dtype: str = "bfloat16"
     transpose_rhs: bool = False
+    scale_layout: str = "none"
 
     def __post_init__(self) -> None:
         for name in ("m", "k", "n", "g"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigInvalid(f"{name}={value!r} must be a positive integer")
-        for name in ("lhs_dtype", "rhs_dtype", "out_dtype"):
-            object.__setattr__(self, name, dtype_name(getattr(self, name)))
+        for name in ("lhs_dtype", "rhs_dtype"):
+            object.__setattr__(self, name, dtype_name(getattr(self, name), OPERAND_DTYPES))
+        object.__setattr__(self, "out_dtype", dtype_name(self.out_dtype))
         object.__setattr__(self, "transpose_rhs", bool(self.transpose_rhs))
-        self.spec.check(self)  # an unknown op lists the registered ones
+        if self.scale_layout not in SCALE_LAYOUTS:
+            layouts = ", ".join(SCALE_LAYOUTS)
+            raise ConfigInvalid(f"scale_layout={self.scale_layout!r} is not one of {layouts}")
+        spec = self.spec  # an unknown op lists the registered ones
+        if bool(spec.scale_operands) != (self.scale_layout != "none"):
+            wanted = f"one of {', '.join(SCALE_LAYOUTS[1:])}" if spec.scale_operands else "'none'"
+            raise ConfigInvalid(f"op={self.op} takes scale_layout {wanted}, not {self.scale_layout!r}")
+        spec.check(self)
+
+    @property
+    def schema_version(self) -> int:
+        """The key and dict version this problem is written with (see the class docstring)."""
+        return self.SCHEMA_VERSION if self.scale_layout == "none" else self.SCALED_SCHEMA_VERSION
 
     @property
     def spec(self) -> OpSpec:
@@ -78,15 +129,23 @@ class Problem:
     @property
     def shape_key(self) -> str:
         """The key without m: problems that share it differ only in token count (nearest-M lookup)."""
+        scales = "" if self.scale_layout == "none" else f",s={self.scale_layout}"
         return (
             f"{self.op}/k={self.k},n={self.n},g={self.g},lhs={self.lhs_dtype},rhs={self.rhs_dtype},"
-            f"out={self.out_dtype},t={int(self.transpose_rhs)}/v{self.SCHEMA_VERSION}"
+            f"out={self.out_dtype},t={int(self.transpose_rhs)}{scales}/v{self.schema_version}"
         )
 
     @property
     def key(self) -> str:
         op, rest = self.shape_key.split("/", 1)
         return f"{op}/m={self.m},{rest}"
+
+    @staticmethod
+    def scale_layout_of_key(key: str) -> str:
+        """The scale layout a key names: its ``s=`` field, "none" for a v1 key (which has none). Stores
+        that keep a problem's fields in columns and its key beside them read the layout back from here."""
+        fields = key.split("/")[1].split(",")
+        return next((f[2:] for f in fields if f.startswith("s=")), "none")
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -115,14 +174,22 @@ class Problem:
         return dataclasses.replace(self, m=m)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema_version": self.SCHEMA_VERSION, **dataclasses.asdict(self)}
+        """The fields and the schema version; a v1 dict has no scale_layout (it is the v1 dict of old)."""
+        data = {"schema_version": self.schema_version, **dataclasses.asdict(self)}
+        if self.scale_layout == "none":
+            del data["scale_layout"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Problem:
         data = dict(data)
         version = data.pop("schema_version", cls.SCHEMA_VERSION)
-        if version != cls.SCHEMA_VERSION:
-            raise ConfigInvalid(f"problem schema_version={version} is not {cls.SCHEMA_VERSION}")
+        if version not in (cls.SCHEMA_VERSION, cls.SCALED_SCHEMA_VERSION):
+            raise ConfigInvalid(
+                f"problem schema_version={version} is not {cls.SCHEMA_VERSION} or {cls.SCALED_SCHEMA_VERSION}"
+            )
+        if version == cls.SCHEMA_VERSION and data.get("scale_layout", "none") != "none":
+            raise ConfigInvalid(f"a schema_version={version} problem has no scale_layout")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -145,14 +212,19 @@ def problem_of(
     transpose_rhs: bool = False,
     preferred_element_type: Any = None,
     op: str = GROUPED_MATMUL,
+    scale_layout: str = "none",
 ) -> Problem:
     """The static key of a call of `op` on these operands (arrays or jax.ShapeDtypeStructs); raises
     ValueError naming the first shape that does not fit (ConfigInvalid, a ValueError, for the op's rules).
-    The output dtype is `preferred_element_type`, else the operands' promoted dtype."""
+    The output dtype is `preferred_element_type`, else the operands' promoted dtype (bfloat16 for FP8
+    operands, which no output takes)."""
     m, k, n, g = ops.get(op).dims_of(lhs, rhs, group_sizes, transpose_rhs)
-    out_dtype = (
-        jnp.result_type(lhs.dtype, rhs.dtype) if preferred_element_type is None else preferred_element_type
-    )
+    if preferred_element_type is not None:
+        out_dtype = preferred_element_type
+    elif scale_layout != "none":
+        out_dtype = jnp.bfloat16
+    else:
+        out_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
     return Problem(
         op=op,
         m=m,
@@ -163,4 +235,5 @@ def problem_of(
         rhs_dtype=np.dtype(rhs.dtype).name,
         out_dtype=np.dtype(out_dtype).name,
         transpose_rhs=transpose_rhs,
+        scale_layout=scale_layout,
     )

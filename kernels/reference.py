@@ -63,7 +63,13 @@ def _reference(*operands: jax.Array, op: str, transpose_rhs: bool) -> jax.Array:
 def _reference_of_rows(
     lhs: jax.Array, rows: jax.Array, *operands: jax.Array, op: str, transpose_rhs: bool, axis: int
 ) -> jax.Array:
-    return ops.get(op).reference(jnp.take(lhs, rows, axis=axis), *operands, transpose_rhs=transpose_rhs)
+    spec = ops.get(op)
+    # A scale of lhs with one entry per lhs row (FP8 per token or per 1x128 block) is sampled with it.
+    operands = tuple(
+        jnp.take(x, rows, axis=0) if axis == 0 and o.scales == "lhs" and x.shape[0] == lhs.shape[0] else x
+        for o, x in zip(spec.operands[1:], operands, strict=True)
+    )
+    return spec.reference(jnp.take(lhs, rows, axis=axis), *operands, transpose_rhs=transpose_rhs)
 
 
 @functools.lru_cache(maxsize=64)

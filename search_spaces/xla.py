@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from moetune.kernels.backends.xla.config import DEFAULT_CHUNK_M, DEFAULT_ITEMS_PER_STEP, STRATEGIES, XlaConfig
 from moetune.kernels.device import DeviceFingerprint
-from moetune.kernels.problem import Problem
+from moetune.kernels.problem import FP8_DTYPES, Problem
 from moetune.search_spaces.space import SearchSpace
 
 CHUNK_M = (8, 16, 32, 64, 128, 256, 512)
@@ -21,7 +21,8 @@ ITEMS_PER_STEP = (1, 2, 4, 8, 16, 32, 64)
 MAX_ALL_EXPERTS_MACS = 1 << 36
 # Used when the fingerprint reports no memory size (CPU): one intermediate may take at most this much.
 DEFAULT_MEMORY_BUDGET_BYTES = 1 << 30
-_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+# FP8 weights: xla multiplies bf16 or (block scales) float32 copies of them, so the larger.
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4} | dict.fromkeys(FP8_DTYPES, 4)
 
 
 def _pow2_ceil(value: int) -> int:

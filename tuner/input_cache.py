@@ -82,7 +82,9 @@ def make_weights(problem: Problem, seed: int) -> tuple[tuple[jax.Array, ...], ..
 @dataclasses.dataclass(frozen=True)
 class Inputs:
     """Random (never zero) operands for one problem, drawn by its op's spec (OpSpec.draw): `sets` to
-    rotate through, each the op's drawn operands in call order (for the grouped GEMM: (lhs, rhs))."""
+    rotate through, each the op's drawn operands in call order (for the grouped GEMM: (lhs, rhs); for an
+    FP8 op each of them is the pair (values, scale) its spec draws); `call_args` flattens a set into the
+    op's call order."""
 
     problem: Problem
     seed: int
@@ -113,10 +115,16 @@ class Inputs:
 
     def call_args(self, drawn: tuple[jax.Array, ...], group_sizes: jax.Array) -> tuple[jax.Array, ...]:
         """One set's operands with `group_sizes` in the op's call order (the kernels' arguments)."""
-        arrays = iter(drawn)
+        arrays = iter(jax.tree.leaves(drawn))  # an FP8 operand is drawn as (values, scale)
         return tuple(
             group_sizes if o.kind == "group_sizes" else next(arrays) for o in self.problem.spec.operands
         )
+
+
+def call_args(pair: tuple[Any, Any], group_sizes: jax.Array) -> tuple[jax.Array, ...]:
+    """An input set with its group sizes, flat in the op's call order: (lhs, rhs, group sizes), or for an
+    FP8 op ((lhs, lhs_scale), (rhs, rhs_scale)) -> (lhs, lhs_scale, rhs, rhs_scale, group sizes)."""
+    return (*jax.tree.leaves(pair), group_sizes)
 
 
 def _group_sizes_array(group_sizes: Sequence[int]) -> jax.Array:
@@ -224,7 +232,7 @@ class _Entry:
     checks_compiled: bool = False  # verify.warm ran for this problem
 
     def arrays(self) -> list[jax.Array]:
-        held = [a for drawn in self.inputs.sets for a in drawn] + list(self.sizes.values())
+        held = jax.tree.leaves(self.inputs.sets) + list(self.sizes.values())
         held += [a for ref in self.references.values() for a in (ref.values, ref.rows)]
         held += [leaf for rotation in self.rotations.values() for leaf in jax.tree.leaves(rotation.sets)]
         return held

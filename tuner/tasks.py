@@ -30,7 +30,8 @@ def weights_key(problem: Problem, seed: int) -> tuple[Any, ...]:
     problems that differ only in M share them (the input cache makes them once; the Ray executor
     prefers a worker that holds them). An op without weights (the weight gradient) shares nothing."""
     weights = tuple((o.shape(problem), o.dtype(problem)) for o in problem.spec.drawn_operands if o.weights)
-    return (weights, seed) if weights else (problem, seed)
+    # Quantized weights come with their layout's scales: shared within one scale layout only.
+    return (weights, problem.scale_layout, seed) if weights else (problem, seed)
 
 
 def canonical(config: dict[str, Any]) -> str:

@@ -1,10 +1,12 @@
 """The routed MoE MLP layer built on moetune's grouped GEMMs, and its dense reference.
 
 layer.py           routing, sort by expert, gate_up (+ SwiGLU), down, combine: `moe_mlp`
+fp8.py             `moe_mlp` on FP8 expert weights, activations quantized on the fly
 reference.py       argument checks, gated activations, the dense all-experts reference
 routing_kernel.py  decode-sized routing and sort in one Pallas Triton kernel
 """
 
+from moetune.kernels.moe.fp8 import moe_mlp_fp8, quantize_weights
 from moetune.kernels.moe.layer import (
     Routing,
     SortedRows,
@@ -24,11 +26,13 @@ __all__ = [
     "Routing",
     "SortedRows",
     "moe_mlp",
+    "moe_mlp_fp8",
     "moe_mlp_reference",
     "moe_mlp_sorted",
     "moe_mlp_using",
     "moe_problems",
     "permuted_rows",
+    "quantize_weights",
     "route",
     "route_rows",
     "serves",

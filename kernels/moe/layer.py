@@ -259,6 +259,9 @@ def moe_mlp(
     fuse: bool = True,
     routing_mode: str = "auto",
     group_offset: Array | None = None,
+    w_gate_up_scale: Array | None = None,
+    w_down_scale: Array | None = None,
+    scale_layout: str = "none",
 ) -> Array:
     """Routed MoE MLP: out[t] = sum over t's top-k experts e of w[t, e] * down_e(act(gate_up_e(x[t]))).
 
@@ -275,7 +278,19 @@ def moe_mlp(
     experts [offset, offset + E_local) of the router's E; the result sums over the local experts only
     (rows routed elsewhere are zero), so the shards' results add up (a psum) to the whole layer's.
     Raises ConfigInvalid for bad shapes, top_k or routing_mode, Unsupported for an unknown activation.
+    FP8 expert weights come with their float32 scales (`w_gate_up_scale`, `w_down_scale`) in
+    `scale_layout`; the activations are then quantized on the fly in that layout (kernels/moe/fp8.py).
     """
+    if scale_layout != "none":
+        if group_offset is not None:
+            raise Unsupported("moe_mlp with FP8 experts takes no group_offset yet: give the whole layer")
+        from moetune.kernels.moe.fp8 import moe_mlp_fp8  # it builds on this module
+
+        return moe_mlp_fp8(
+            x, router_logits, w_gate_up, w_gate_up_scale, w_down, w_down_scale, top_k=top_k,
+            scale_layout=scale_layout, renormalize=renormalize, activation=activation, backend=backend,
+            fuse=fuse, routing_mode=routing_mode,
+        )  # fmt: skip
     # A local slice is checked as the whole layer's weights would be.
     whole = [w if group_offset is None else _all_experts(w, router_logits) for w in (w_gate_up, w_down)]
     check_moe_args(x, router_logits, *whole, top_k=top_k, activation=activation)

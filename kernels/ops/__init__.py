@@ -18,7 +18,7 @@ GROUPED_MATMUL = "grouped_matmul"
 GROUPED_MATMUL_SWIGLU = "grouped_matmul_swiglu"
 GROUPED_MATMUL_DRHS = "grouped_matmul_drhs"
 
-_NOT_OPS = frozenset({"spec"})
+_NOT_OPS = frozenset({"spec", "fp8_scales"})
 _loaded: dict[str, OpSpec] = {}
 
 

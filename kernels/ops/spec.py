@@ -48,8 +48,9 @@ TOLERANCE: Mapping[str, float] = {"bfloat16": 1e-2, "float16": 1e-3, "float32": 
 # What an operand is to the tuner: "data" is drawn at random (never zeros), "group_sizes" is the routing
 # (runtime data the tuner draws as routings, never part of a key), "scale" scales another operand.
 OPERAND_KINDS = ("data", "group_sizes", "scale")
-# How a scale operand covers the operand it scales.
-SCALE_LAYOUTS = ("tensor", "row", "column", "block_1x128", "block_128x128")
+# How a scale operand covers the operand it scales; "by_problem": as the Problem's scale_layout says (the
+# FP8 ops, one op for every layout: kernels/ops/fp8_scales.py).
+SCALE_LAYOUTS = ("tensor", "row", "column", "block_1x128", "block_128x128", "by_problem")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,8 +140,9 @@ class OpSpec:
 
     @property
     def drawn_operands(self) -> tuple[Operand, ...]:
-        """The operands the tuner draws at random, in call order: all but the group sizes."""
-        return tuple(o for o in self.operands if o.kind != "group_sizes")
+        """The operands the tuner draws at random, in call order: all but the group sizes and the scales,
+        which `draw` gives together with the operand they scale (values, scale)."""
+        return tuple(o for o in self.operands if o.kind not in ("group_sizes", "scale"))
 
     def operand(self, name: str) -> Operand:
         for operand in self.operands:

@@ -8,7 +8,7 @@ from sqlalchemy import BigInteger, Integer, String
 
 from moetune.db.models import Device, Kernel, ProblemRow, Winner
 from moetune.kernels import ops, pack_schema
-from moetune.kernels.problem import DTYPES, Problem
+from moetune.kernels.problem import DTYPES, FP8_DTYPES, SCALE_LAYOUTS, Problem
 
 
 def _max_length(model, field: str) -> int:
@@ -48,20 +48,20 @@ def test_names_and_hashes_fit_their_columns():
         assert pack_schema.NAME_LENGTH <= _column(table, name).length
     assert pack_schema.HASH_LENGTH <= _column(Kernel, "source_hash").length
     assert all(len(op) <= pack_schema.NAME_LENGTH for op in ops.names())
-    assert all(len(dtype) <= _column(ProblemRow, "lhs_dtype").length for dtype in DTYPES)
+    assert all(len(dtype) <= _column(ProblemRow, "lhs_dtype").length for dtype in DTYPES + FP8_DTYPES)
 
 
 def test_the_longest_problem_key_fits_its_column():
-    biggest = max(
-        (
-            Problem(
-                op, m=2**31 - 1, k=2**31 - 1, n=2**31 - 2, g=2**31 - 1, lhs_dtype=d, rhs_dtype=d, out_dtype=d
-            )
-            for op in ops.names()
-            for d in DTYPES
-        ),
-        key=lambda p: len(p.key),
-    )
+    def problems(op):
+        if not ops.get(op).scale_operands:
+            return (Problem(op, 2**31 - 1, 2**31 - 1, 2**31 - 2, 2**31 - 1, d, d, d) for d in DTYPES)
+        return (
+            Problem(op, 2**31 - 1, 2**31 - 1 - 127, 2**31 - 256, 2**31 - 1, d, d, "float32", scale_layout=s)
+            for d in FP8_DTYPES
+            for s in SCALE_LAYOUTS[1:]
+        )
+
+    biggest = max((p for op in ops.names() for p in problems(op)), key=lambda p: len(p.key))
     assert len(biggest.key) <= _column(ProblemRow, "key").length
     assert len(biggest.shape_key) <= _column(ProblemRow, "shape_key").length
 

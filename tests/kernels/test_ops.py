@@ -23,8 +23,10 @@ def test_names_come_from_the_package_and_unknown_names_list_them():
     assert ops.names() == [
         "grouped_matmul",
         "grouped_matmul_drhs",
+        "grouped_matmul_fp8",
         "grouped_matmul_geglu",
         "grouped_matmul_swiglu",
+        "grouped_matmul_swiglu_fp8",
     ]
     assert all(ops.get(name).name == name for name in ops.names())
     with pytest.raises(ConfigInvalid, match="unknown op 'moe_combine'; registered: grouped_matmul, "):

@@ -74,7 +74,8 @@ def test_parse_problem_names_the_fused_op():
     assert fused.label == "grouped_matmul_swiglu m=2,k=4096,n=28672,g=8"
     geglu = parse_problem("op=grouped_matmul_geglu,m=2,k=4096,n=28672,g=8,dtype=bf16")
     assert (geglu.problem.op, geglu.problem.out_n) == ("grouped_matmul_geglu", 14336)
-    known = "grouped_matmul, grouped_matmul_drhs, grouped_matmul_geglu, grouped_matmul_swiglu"
+    known = "grouped_matmul, grouped_matmul_drhs, grouped_matmul_fp8, grouped_matmul_geglu, "
+    known += "grouped_matmul_swiglu,"
     with pytest.raises(ConfigInvalid, match=f"op='gemm'; known: {known}"):
         parse_problem("op=gemm,m=2,k=4,n=4,g=1")
     # An op whose output is one slice per expert is tuned like any other.

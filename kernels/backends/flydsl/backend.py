@@ -68,7 +68,10 @@ class FlyDSLBackend(Backend):
     visible_devices_env = "HIP_VISIBLE_DEVICES"
     # kernel.build turns a KernelPlan into the FlyDSL kernel; the compile worker runs it (compile.py).
     # Its buffer descriptors end at row M of lhs, so rows past M are never read (the backend contract).
-    kernels = {"grouped_matmul": "build"}
+    # Its FP8 kernel multiplies FP8 values with no scale operands: the GEMM of grouped_matmul_fp8 under
+    # per-tensor scales (one scalar per operand and expert, applied to the float32 sum), which compiles
+    # for compile-only sweeps; it does not run until the kernel takes the scales (`build` declines).
+    kernels = {"grouped_matmul": "build", "grouped_matmul_fp8": "build"}
     kernel_module = "moetune.kernels.backends.flydsl.kernel"
 
     def available(self, device: DeviceFingerprint) -> str | None:
@@ -99,6 +102,11 @@ class FlyDSLBackend(Backend):
             raise Unsupported(f"flydsl takes bf16, f16 or fp8 e4m3 operands, not {problem.lhs_dtype}")
         if problem.out_dtype not in OUT_DTYPES:
             raise Unsupported(f"flydsl writes {' or '.join(OUT_DTYPES)}, not {problem.out_dtype}")
+        if problem.scale_layout not in ("none", "tensor"):
+            raise Unsupported(
+                f"flydsl's FP8 kernel has no per-row or block scales, only per-tensor: "
+                f"not scale_layout={problem.scale_layout}"
+            )
 
     def search_space(self, problem: Problem, device: DeviceFingerprint):
         from moetune.search_spaces import flydsl as flydsl_space
@@ -114,6 +122,11 @@ class FlyDSLBackend(Backend):
         from moetune.kernels.backends.flydsl import ffi
 
         self.check(problem)
+        if problem.scale_layout != "none":
+            raise Unsupported(
+                f"flydsl's FP8 kernel takes no scale operands yet: {problem.op} compiles "
+                "(moetune tune --compile-only) but does not run on flydsl"
+            )
         if not isinstance(config, FlyDSLConfig):
             raise ConfigInvalid(f"flydsl needs a FlyDSLConfig, not {type(config).__qualname__}")
         result = _compiled(problem, config, _device_arch())

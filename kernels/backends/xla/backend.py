@@ -2,7 +2,9 @@
 
 It closes every fallback chain, so it serves every op: the fused ones as the plain fallback, the grouped
 GEMM in float32 followed by the epilogue as a separate XLA op ("grouped_matmul_swiglu",
-"grouped_matmul_geglu"), and the grouped GEMM's weight gradient ("grouped_matmul_drhs").
+"grouped_matmul_geglu"), the grouped GEMM's weight gradient ("grouped_matmul_drhs"), and the FP8 ops in
+every scale layout ("grouped_matmul_fp8", "grouped_matmul_swiglu_fp8"; kernel.py says per layout whether
+the scales apply after the sum or inside the dot).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class XlaBackend(Backend):
         "grouped_matmul_swiglu": "grouped_matmul_swiglu",
         "grouped_matmul_geglu": "grouped_matmul_geglu",
         "grouped_matmul_drhs": "grouped_matmul_drhs",
+        "grouped_matmul_fp8": "grouped_matmul_fp8",
+        "grouped_matmul_swiglu_fp8": "grouped_matmul_swiglu_fp8",
     }
     kernel_module = "moetune.kernels.backends.xla.kernel"
 
@@ -68,6 +72,8 @@ class XlaBackend(Backend):
             transpose_rhs=problem.transpose_rhs,
             out_dtype=jnp.dtype(problem.out_dtype),
         )
+        if problem.scale_layout != "none":
+            return _first_scaled_rows(functools.partial(kernel, scale_layout=problem.scale_layout), problem.m)
         return _first_rows(kernel, problem.m)
 
 
@@ -77,5 +83,18 @@ def _first_rows(kernel: Callable[..., Any], m: int) -> KernelFn:
 
     def on_first_rows(lhs: Any, rhs: Any, group_sizes: Any, row_start: Any = None) -> Any:
         return kernel(lhs[:m] if lhs.shape[0] > m else lhs, rhs, group_sizes, row_start=row_start)
+
+    return on_first_rows
+
+
+def _first_scaled_rows(kernel: Callable[..., Any], m: int) -> Callable[..., Any]:
+    """`_first_rows` for an FP8 op (lhs, lhs_scale, rhs, rhs_scale, group_sizes): a per-row lhs scale
+    carries the same rows past m as lhs."""
+
+    def on_first_rows(lhs: Any, lhs_scale: Any, rhs: Any, rhs_scale: Any, group_sizes: Any) -> Any:
+        if lhs.shape[0] > m:
+            per_row = lhs_scale.shape[0] == lhs.shape[0]
+            lhs, lhs_scale = lhs[:m], lhs_scale[:m] if per_row else lhs_scale
+        return kernel(lhs, lhs_scale, rhs, rhs_scale, group_sizes)
 
     return on_first_rows

@@ -23,6 +23,7 @@ from jax import lax
 
 from moetune.kernels.backends.xla.config import XlaConfig
 from moetune.kernels.moe.reference import gated_activation
+from moetune.kernels.ops import fp8_scales
 from moetune.kernels.ops.grouped_matmul_drhs import RAGGED_CONTRACTION
 
 # rhs [G, N, K] contracts its last dimension with lhs's; group dimension 0 matches lhs's ragged rows.
@@ -292,3 +293,61 @@ def _drhs_chunked(lhs, dout, group_sizes, g, chunk_m, items_per_step, row_start=
         return out.at[group_ids].add(_product("bck,bcn->bkn", masked, dout_chunks[chunk_ids])), None
 
     return _scan_items(one_step, jnp.zeros((g, k, dout.shape[1]), jnp.float32), per_step)
+
+
+def _fp8_product(
+    lhs, lhs_scale, rhs, rhs_scale, group_sizes, *, config, transpose_rhs, scale_layout
+) -> jax.Array:
+    """The float32 product of FP8 operands and their scales [M, N], by layout:
+
+    tensor, row_channel  scale after the sum: the scales are constant along K, so
+                         out[r, n] = lhs_scale[r] * rhs_scale[g(r), n] * sum_k lhs[r, k] rhs[g(r)][k, n].
+                         The GEMM runs on the FP8 values cast to bf16 (exact: e4m3 and e5m2 are subsets
+                         of bf16) with float32 accumulation, as the 16-bit ops do; equal to dequantizing
+                         first but for float32 rounding.
+    block_1x128_128x128  dequantize in the dot: the scales change along K every 128, so no scale can
+                         leave the sum; both operands are dequantized to float32 inside the same program
+                         (XLA fuses the multiply into the GEMM's operand) and multiplied at full float32
+                         precision. A kernel that sums 128-wide K steps apart and scales each (as the
+                         Mosaic GPU one will) computes the same up to float32 rounding.
+    """
+    if scale_layout == "block_1x128_128x128":
+        lhs32, rhs32 = fp8_scales.dequantize(lhs, lhs_scale), fp8_scales.dequantize(rhs, rhs_scale)
+        return grouped_matmul(
+            lhs32, rhs32, group_sizes, config=config, transpose_rhs=transpose_rhs, out_dtype=jnp.float32
+        )
+    unscaled = grouped_matmul(
+        lhs.astype(jnp.bfloat16),
+        rhs.astype(jnp.bfloat16),
+        group_sizes,
+        config=config,
+        transpose_rhs=transpose_rhs,
+        out_dtype=jnp.dtype(jnp.float32),
+    )
+    g = rhs.shape[0]
+    per_expert = rhs_scale.reshape(g, -1)  # [g, 1] (tensor) or [g, N] (row_channel)
+    row_scale = per_expert[jnp.minimum(_row_groups(group_sizes, lhs.shape[0]), g - 1)]
+    # Rows past the groups are zero in `unscaled` and stay zero.
+    return unscaled * lhs_scale.reshape(-1, 1) * row_scale
+
+
+def _scaled(
+    activation, lhs, lhs_scale, rhs, rhs_scale, group_sizes, *, config, transpose_rhs, out_dtype, scale_layout
+) -> jax.Array:
+    """The FP8 op's output: its float32 product, then `activation` on it ("" for none) as the 16-bit
+    gated ops apply it, cast to the output dtype once."""
+    product = _fp8_product(
+        lhs,
+        lhs_scale,
+        rhs,
+        rhs_scale,
+        group_sizes.astype(jnp.int32),
+        config=config,
+        transpose_rhs=transpose_rhs,
+        scale_layout=scale_layout,
+    )
+    return (gated_activation(activation, product) if activation else product).astype(out_dtype)
+
+
+grouped_matmul_fp8 = functools.partial(_scaled, "")
+grouped_matmul_swiglu_fp8 = functools.partial(_scaled, "swiglu")

@@ -62,7 +62,10 @@ def test_on_a_rocm_device_with_launcher_and_toolchain_it_is_available(monkeypatc
         (Problem("grouped_matmul", 64, 64, 64, 2, "float32", "float32", "float32"), "bf16, f16 or fp8"),
         (Problem("grouped_matmul", 64, 64, 64, 2, "bfloat16", "float16"), "equal operand dtypes"),
         (Problem("grouped_matmul", 64, 64, 64, 2, out_dtype="float32"), "writes bfloat16 or float16"),
-        (Problem("grouped_matmul_swiglu", 64, 64, 64, 2), "serves op=grouped_matmul, not"),
+        (
+            Problem("grouped_matmul_swiglu", 64, 64, 64, 2),
+            "serves op=grouped_matmul, grouped_matmul_fp8, not",
+        ),
     ],
 )
 def test_check_declines_what_the_kernel_cannot_compute(problem, message):

@@ -1,0 +1,131 @@
+"""`moe_mlp` on FP8 expert weights: activations quantized on the fly, both GEMMs FP8 ops.
+
+    x[T, H] --quantize (per token, per 1x128 block, or per tensor)--> FP8 x, float32 scales
+            -- gather by expert (values and their per-row scales) --> [T*k, H] FP8
+            -- grouped_matmul_swiglu_fp8 x w_gate_up [E, H, 2F] FP8 --> [T*k, F] bf16
+            -- quantize again --> grouped_matmul_fp8 x w_down [E, F, H] FP8 --> combine --> [T, H]
+
+"Not a separate pass", on xla: the quantization is elementwise work and one reduction per block inside
+the same jitted program as the gather and the GEMMs, so XLA fuses it into the gather that already reads x
+and writes the permuted copy; no FP8 copy of x is written to memory and read back before the gather by a
+program of its own. x is quantized before the gather, not after: a token's k copies share its scale, and
+the permuted copy moves one byte per value instead of two. The layout is one of the FP8 op layouts
+(kernels/ops/fp8_scales.py); the weights' scales come with them, the activations' are computed here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+from moetune.kernels.api import call_scaled_op, explain
+from moetune.kernels.errors import ConfigInvalid, Unsupported
+from moetune.kernels.moe.reference import check_moe_args, gated_activation
+from moetune.kernels.ops import fp8_scales
+from moetune.kernels.problem import FP8_DTYPES, Problem
+
+Array = Any
+FUSED_OP = {"swiglu": "grouped_matmul_swiglu_fp8"}  # the FP8 ops fusing an activation
+
+
+def moe_mlp_fp8(
+    x: Array,
+    router_logits: Array,
+    w_gate_up: Array,
+    w_gate_up_scale: Array,
+    w_down: Array,
+    w_down_scale: Array,
+    *,
+    top_k: int,
+    scale_layout: str,
+    renormalize: bool = True,
+    activation: str = "swiglu",
+    backend: str | None = None,
+    fuse: bool = True,
+    routing_mode: str = "auto",
+) -> Array:
+    """Routed MoE MLP as `moe_mlp`, with w_gate_up [E, H, 2F] and w_down [E, F, H] in FP8 and their
+    float32 scales in `scale_layout`; x and the hidden rows are quantized to the weights' FP8 dtype in
+    the same layout on the fly. Returns [T, H] in x's dtype. ConfigInvalid names a scale whose shape or
+    dtype does not fit, or weights that are not FP8."""
+    from moetune.kernels.moe.layer import _down_and_combine, route_rows
+
+    check_moe_args(x, router_logits, w_gate_up, w_down, top_k=top_k, activation=activation)
+    dtype = _fp8_dtype(w_gate_up, w_down)
+    tokens, hidden = x.shape
+    m = tokens * top_k
+    gate_up = _problem(m, w_gate_up, dtype, scale_layout, "grouped_matmul_fp8")
+    down = _problem(m, w_down, dtype, scale_layout, "grouped_matmul_fp8")
+    fp8_scales.check_scale(gate_up, "rhs", w_gate_up_scale, "w_gate_up_scale")
+    fp8_scales.check_scale(down, "rhs", w_down_scale, "w_down_scale")
+
+    routing, rows = route_rows(router_logits, top_k, renormalize, routing_mode)
+    # Quantized per token of x (the problem's block of lhs over T rows, not T*k), then gathered.
+    qx, x_scale = fp8_scales.quantize(x, _lhs_block(gate_up, tokens), dtype)
+    permuted = jnp.take(qx, rows.row_token, axis=0, mode="clip")
+    if x_scale.shape[0] == tokens:
+        x_scale = jnp.take(x_scale, rows.row_token, axis=0, mode="clip")
+    scales = {"scale_layout": scale_layout, "backend": backend}
+
+    fused_op = FUSED_OP.get(activation) if fuse else None
+    if fused_op is not None and _serves(fused_op, gate_up, backend):
+        out_dtype = x.dtype
+        hidden_rows = call_scaled_op(
+            fused_op, permuted, x_scale, w_gate_up, w_gate_up_scale, rows.group_sizes,
+            preferred_element_type=out_dtype, **scales,
+        )  # fmt: skip
+    else:
+        product = call_scaled_op(
+            "grouped_matmul_fp8", permuted, x_scale, w_gate_up, w_gate_up_scale, rows.group_sizes,
+            preferred_element_type=jnp.float32, **scales,
+        )  # fmt: skip
+        hidden_rows = gated_activation(activation, product).astype(x.dtype)
+
+    def down_gemm(h: Array, w: Array, group_sizes: Array) -> Array:
+        qh, h_scale = fp8_scales.quantize(h, _lhs_block(down, m), dtype)
+        return call_scaled_op(
+            "grouped_matmul_fp8", qh, h_scale, w, w_down_scale, group_sizes,
+            preferred_element_type=x.dtype, **scales,
+        )  # fmt: skip
+
+    return _down_and_combine(down_gemm, hidden_rows, rows, w_down, routing)
+
+
+def quantize_weights(w: Array, scale_layout: str, dtype: str = "float8_e4m3fn") -> tuple[Array, Array]:
+    """Expert weights [E, K, N] (w_gate_up [E, H, 2F] or w_down [E, F, H]) as (FP8 values, float32
+    scales) in `scale_layout`: each block's largest magnitude maps to the dtype's largest value."""
+    g, k, n = w.shape
+    problem = Problem("grouped_matmul_fp8", 1, k, n, g, dtype, dtype, "bfloat16", scale_layout=scale_layout)
+    return fp8_scales.quantize(w, fp8_scales.block_shape(problem, "rhs"), dtype)
+
+
+def _fp8_dtype(w_gate_up: Array, w_down: Array) -> str:
+    dtypes = {jnp.dtype(w_gate_up.dtype).name, jnp.dtype(w_down.dtype).name}
+    if len(dtypes) != 1 or not dtypes <= set(FP8_DTYPES):
+        raise ConfigInvalid(
+            f"FP8 weights must share one dtype of {', '.join(FP8_DTYPES)}; "
+            f"got w_gate_up {w_gate_up.dtype}, w_down {w_down.dtype}"
+        )
+    return dtypes.pop()
+
+
+def _problem(m: int, w: Array, dtype: str, scale_layout: str, op: str) -> Problem:
+    g, k, n = w.shape
+    return Problem(op, m, k, n, g, dtype, dtype, "bfloat16", scale_layout=scale_layout)
+
+
+def _lhs_block(problem: Problem, rows: int) -> tuple[int, int]:
+    """The activation block one scale covers, over `rows` rows (a per-tensor scale covers all of them)."""
+    block_rows, block_k = fp8_scales.block_shape(problem, "lhs")
+    return (rows if block_rows == problem.m else block_rows), block_k
+
+
+def _serves(op: str, like: Problem, backend: str | None) -> bool:
+    """Whether the first backend asked for `op` computes it itself (as layer.serves, for FP8 ops)."""
+    try:
+        explanation = explain(dataclasses.replace(like, op=op), backend=backend)
+    except (Unsupported, ConfigInvalid, ExceptionGroup):
+        return False
+    return not explanation.declined

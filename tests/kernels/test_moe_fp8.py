@@ -1,0 +1,72 @@
+"""moe_mlp on FP8 expert weights against the bf16 layer on the same weights."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from moetune.kernels.errors import ConfigInvalid
+from moetune.kernels.moe import moe_mlp, quantize_weights
+
+T, H, F, E, TOP_K = 16, 256, 128, 4, 2
+# Relative Frobenius error ||fp8 - bf16|| / ||bf16|| of the layer's output. e4m3 keeps 4 significant
+# bits: each quantized value is off by at most 2^-4 relative, about 2^-4/sqrt(3) = 3.6% RMS. Each GEMM's
+# output then carries about sqrt(2) * 3.6% = 5.1% from its two operands (x and w_gate_up, then the
+# re-quantized hidden rows and w_down), and the down GEMM's adds to the one it inherits: about
+# sqrt(2) * 5.1% = 7.2% in all. The bound is 10%; a wrong scale, expert or block is off by tens of
+# percent. The floor says the FP8 path really quantized: the bf16 layer against itself in float32 is
+# below 1%.
+BOUND, FLOOR = 0.10, 0.02
+
+
+@pytest.fixture(scope="module")
+def layer_inputs():
+    keys = jax.random.split(jax.random.key(0), 4)
+    x = jax.random.normal(keys[0], (T, H)).astype(jnp.bfloat16)
+    logits = jax.random.normal(keys[1], (T, E))
+    w_gate_up = jax.random.normal(keys[2], (E, H, 2 * F)) / np.sqrt(H)
+    w_down = jax.random.normal(keys[3], (E, F, H)) / np.sqrt(F)
+    layer = jax.jit(lambda *a: moe_mlp(*a, top_k=TOP_K))  # one program to compile, not one per op
+    bf16 = layer(x, logits, w_gate_up.astype(jnp.bfloat16), w_down.astype(jnp.bfloat16))
+    return x, logits, w_gate_up, w_down, np.asarray(bf16, np.float64)
+
+
+def frobenius_error(out, ref):
+    return np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref)
+
+
+@pytest.mark.parametrize(
+    ("layout", "fuse"), [("row_channel", True), ("block_1x128_128x128", True), ("tensor", False)]
+)
+def test_fp8_layer_is_close_to_the_bf16_layer(layer_inputs, layout, fuse):
+    x, logits, w_gate_up, w_down, bf16 = layer_inputs
+    (q_gate_up, s_gate_up), (q_down, s_down) = (quantize_weights(w, layout) for w in (w_gate_up, w_down))
+
+    @jax.jit
+    def layer(x, logits, q_gate_up, s_gate_up, q_down, s_down):
+        return moe_mlp(
+            x, logits, q_gate_up, q_down, w_gate_up_scale=s_gate_up, w_down_scale=s_down, top_k=TOP_K,
+            scale_layout=layout, fuse=fuse,
+        )  # fmt: skip
+
+    out = layer(x, logits, q_gate_up, s_gate_up, q_down, s_down)
+    assert out.shape == (T, H) and out.dtype == jnp.bfloat16
+    assert FLOOR < frobenius_error(out, bf16) < BOUND
+
+
+def test_fp8_layer_names_a_scale_or_weight_that_does_not_fit(layer_inputs):
+    x, logits, w_gate_up, w_down, _ = layer_inputs
+    (q_gate_up, s_gate_up), (q_down, s_down) = (
+        quantize_weights(w, "row_channel") for w in (w_gate_up, w_down)
+    )
+    call = lambda gu, sgu, d, sd: moe_mlp(  # noqa: E731
+        x, logits, gu, d, w_gate_up_scale=sgu, w_down_scale=sd, top_k=TOP_K, scale_layout="row_channel"
+    )
+    with pytest.raises(
+        ConfigInvalid, match=r"w_down_scale must be float32 \[4, 1, 256\] .* got float32 \[4, 256\]"
+    ):
+        call(q_gate_up, s_gate_up, q_down, s_down[:, 0])
+    with pytest.raises(ConfigInvalid, match="FP8 weights must share one dtype .* got w_gate_up bfloat16"):
+        call(w_gate_up.astype(jnp.bfloat16), s_gate_up, q_down, s_down)
