@@ -4,9 +4,11 @@ and errors.
 
     python3 benchmarks/serve_load.py                     # 50 clients, 60 s, fresh fetches (200s)
     python3 benchmarks/serve_load.py --revalidate --json # clients send If-None-Match (304s)
+    python3 benchmarks/serve_load.py --rate 10           # each client paced at 10 requests/s
 
 Each client is one connection that asks again as soon as it has its answer (a closed loop), so
-requests/s is what the server sustains and latency includes queueing behind the other clients. Client
+requests/s is what the server sustains and latency includes queueing behind the other clients; with
+--rate each is paced instead, and latency counts from when a request was due. Client
 and server share this machine's cores: on a small machine the numbers say as much about the client as
 about the server. An error is any answer but 200 (304 with --revalidate) and any failed request.
 """
@@ -97,12 +99,29 @@ def server(url: str) -> Iterator[str]:
 
 
 async def _client(
-    client: httpx.AsyncClient, path: str, until: float, revalidate: bool, results: dict
+    client: httpx.AsyncClient,
+    path: str,
+    until: float,
+    revalidate: bool,
+    results: dict,
+    rate: float | None,
+    phase: float = 0.0,
 ) -> None:
     headers: dict[str, str] = {}
     expected = 200
+    # Paced clients start out of step (phase: a fraction of one interval), as independent processes
+    # would; in step, all of them would ask in the same instant and measure a burst.
+    scheduled = time.perf_counter() + (phase / rate if rate else 0.0)
     while time.perf_counter() < until:
-        started = time.perf_counter()
+        if rate:
+            # Paced: a request is due every 1/rate s, and its latency counts from when it was due, so a
+            # slow answer that delays the next request is counted against the server (no coordinated
+            # omission).
+            scheduled += 1.0 / rate
+            await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
+            started = scheduled
+        else:
+            started = time.perf_counter()
         try:
             response = await client.get(path, headers=headers)
             status = response.status_code
@@ -115,7 +134,9 @@ async def _client(
             headers, expected = {"If-None-Match": response.headers["etag"]}, 304
 
 
-async def _load(base: str, path: str, clients: int, seconds: float, revalidate: bool) -> dict:
+async def _load(
+    base: str, path: str, clients: int, seconds: float, revalidate: bool, rate: float | None = None
+) -> dict:
     results: dict = {"latencies_s": [], "errors": 0}
     async with contextlib.AsyncExitStack() as stack:
         # Every client is made and connected before the clock starts: making one (its TLS context) and
@@ -128,7 +149,13 @@ async def _load(base: str, path: str, clients: int, seconds: float, revalidate: 
         await asyncio.gather(*(client.get("/api/health") for client in made))
         started = time.perf_counter()
         until = started + seconds
-        await asyncio.gather(*(_client(client, path, until, revalidate, results) for client in made))
+        phases = [i / clients for i in range(clients)]
+        await asyncio.gather(
+            *(
+                _client(c, path, until, revalidate, results, rate, phase)
+                for c, phase in zip(made, phases, strict=True)
+            )
+        )
         elapsed = time.perf_counter() - started
     return results | {"elapsed_s": elapsed}
 
@@ -137,13 +164,16 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
 
 
-def summary(results: dict, *, clients: int, seconds: float, revalidate: bool) -> dict:
+def summary(
+    results: dict, *, clients: int, seconds: float, revalidate: bool, rate: float | None = None
+) -> dict:
     latencies = sorted(results["latencies_s"])
     ms = lambda seconds: round(seconds * 1e3, 2)  # noqa: E731
     return {
         "clients": clients,
         "seconds": seconds,
         "revalidate": revalidate,
+        "rate_per_client": rate,
         "requests": len(latencies),
         "errors": results["errors"],
         "requests_per_s": round(len(latencies) / results["elapsed_s"], 1),
@@ -159,21 +189,26 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--clients", type=int, default=50, help="concurrent clients (default 50)")
     parser.add_argument("--seconds", type=float, default=60.0, help="how long they ask (default 60)")
     parser.add_argument("--revalidate", action="store_true", help="send If-None-Match after the first 200")
+    parser.add_argument(
+        "--rate", type=float, default=None, help="requests/s of each client, paced (default: back to back)"
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     args = parser.parse_args(argv)
-    if args.clients < 1 or args.seconds <= 0:
-        parser.error("--clients must be at least 1 and --seconds more than 0")
+    if args.clients < 1 or args.seconds <= 0 or (args.rate is not None and args.rate <= 0):
+        parser.error("--clients must be at least 1, --seconds and --rate more than 0")
     with tempfile.TemporaryDirectory(prefix="moetune-load-") as folder:
         url = f"sqlite:///{Path(folder) / 'moetune.db'}"
         device_kind, backend = seed(url)
         path = f"/api/packs/{urllib.parse.quote(device_kind)}/{backend}"
         with server(url) as base:
-            results = asyncio.run(_load(base, path, args.clients, args.seconds, args.revalidate))
-    result = summary(results, clients=args.clients, seconds=args.seconds, revalidate=args.revalidate)
+            results = asyncio.run(_load(base, path, args.clients, args.seconds, args.revalidate, args.rate))
+    options = dict(clients=args.clients, seconds=args.seconds, revalidate=args.revalidate, rate=args.rate)
+    result = summary(results, **options)
     if args.json:
         print(json.dumps(result))
     else:
         revalidating = " (revalidating)" if args.revalidate else ""
+        revalidating += f" at {args.rate:g}/s each" if args.rate else ""
         print(
             f"{result['clients']} clients, {result['seconds']:g} s{revalidating}: "
             f"{result['requests']} requests, {result['requests_per_s']} /s, {result['errors']} errors; "

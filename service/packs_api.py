@@ -2,15 +2,17 @@
 backend, byte for byte, so moetune.kernels.packs loads it. Its strong ETag is a hash of those bytes; a
 request whose If-None-Match names it gets 304 and no body, which is how JAX processes poll cheaply.
 
-A rendered pack is kept for CACHE_S and then read again: under many clients, most requests cost a
-dictionary look-up instead of a database query and a JSON rendering, and a new winner is served at most
-CACHE_S late (clients ask every few minutes)."""
+A rendered pack is kept for CACHE_S and then read again, once (_Rendered): under many clients, most
+requests cost a dictionary look-up instead of a database query and a JSON rendering, and a new winner
+is served at most CACHE_S late (clients ask every few minutes)."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
-import threading
 import time
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request, Response
@@ -30,25 +32,39 @@ async def _read_allowed(request: Request) -> None:
 
 router = APIRouter(prefix="/api/packs", tags=["packs"], dependencies=[Depends(_read_allowed)])
 CACHE_S = 1.0
+Pack = tuple[bytes, str]  # a rendered pack: its body and ETag
 
 
 class _Rendered:
-    """The rendered packs of one server: (device_kind, backend) -> (read at, body, ETag)."""
+    """The rendered packs of one server: (device_kind, backend) -> (read at, body, ETag), used only from
+    the event loop. One render per pack at a time (single flight): when a copy expires, the first request
+    starts a render in a worker thread and every request meanwhile awaits that one, so a herd of clients
+    never renders the same pack fifty times at once (each render holds the GIL for ~10 ms)."""
 
     def __init__(self) -> None:
         self._packs: dict[tuple[str, str], tuple[float, bytes, str]] = {}
-        self._lock = threading.Lock()
+        self._rendering: dict[tuple[str, str], asyncio.Task] = {}
 
-    def get(self, key: tuple[str, str]) -> tuple[bytes, str] | None:
-        with self._lock:
-            found = self._packs.get(key)
-        if found is None or time.monotonic() - found[0] > CACHE_S:
-            return None
-        return found[1], found[2]
+    async def get(self, key: tuple[str, str], render: Callable[[], Pack]) -> Pack:
+        found = self._packs.get(key)
+        if found is not None and time.monotonic() - found[0] <= CACHE_S:
+            return found[1], found[2]
+        task = self._rendering.get(key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._render(key, render))
+            self._rendering[key] = task
+        return await asyncio.shield(task)  # one client leaving does not cancel the others' render
 
-    def put(self, key: tuple[str, str], read_at: float, body: bytes, etag: str) -> None:
-        with self._lock:
+    async def _render(
+        self, key: tuple[str, str], render: Callable[[], tuple[bytes, str]]
+    ) -> tuple[bytes, str]:
+        try:
+            read_at = time.monotonic()
+            body, etag = await run_in_threadpool(render)
             self._packs[key] = (read_at, body, etag)
+            return body, etag
+        finally:
+            del self._rendering[key]
 
 
 def _rendered(request: Request) -> _Rendered:
@@ -88,13 +104,10 @@ async def pack(
     backends that have winners) when there are none."""
     # async, with the database in a worker thread only when the cache has no fresh copy: a cached answer
     # never waits for a thread of the pool.
-    key, rendered = (device_kind, backend), _rendered(request)
-    found = rendered.get(key)
-    if found is None:
-        read_at = time.monotonic()
-        found = await run_in_threadpool(_render, request.app.state.store, device_kind, backend)
-        rendered.put(key, read_at, *found)
-    body, etag = found
+    store = request.app.state.store
+    body, etag = await _rendered(request).get(
+        (device_kind, backend), functools.partial(_render, store, device_kind, backend)
+    )
     # no-cache: a client may keep the pack, but asks (If-None-Match) before using it again.
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     if if_none_match is not None and _matches(if_none_match, etag):

@@ -20,3 +20,11 @@ def test_a_short_load_run_reports_its_numbers(capsys):
     assert result["requests"] > 4 and result["errors"] == 0
     assert 0 < result["p50_ms"] <= result["p99_ms"] <= result["max_ms"]
     assert result["requests_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_paced_clients_send_about_their_rate(capsys):
+    result = serve_load.main(["--clients", "2", "--seconds", "2", "--rate", "5", "--json"])
+    assert result["rate_per_client"] == 5 and result["errors"] == 0
+    # 2 clients x 5/s x 2 s, give or take the last request of each: paced, not back to back.
+    assert 16 <= result["requests"] <= 24

@@ -179,3 +179,26 @@ def test_the_openapi_schema_documents_every_route(api):
         if p["name"] == "limit"
     )
     assert limit["schema"]["maximum"] == 1000
+
+
+def test_concurrent_requests_for_an_expired_pack_render_it_once():
+    import asyncio
+    import threading
+    import time
+
+    from moetune.service.packs_api import _Rendered
+
+    calls, lock = [], threading.Lock()
+
+    def render():
+        with lock:
+            calls.append(1)
+        time.sleep(0.05)  # long enough that every request below arrives while it runs
+        return b"{}", '"tag"'
+
+    async def herd():
+        rendered = _Rendered()
+        return await asyncio.gather(*(rendered.get(("gpu", "xla"), render) for _ in range(20)))
+
+    assert asyncio.run(herd()) == [(b"{}", '"tag"')] * 20
+    assert len(calls) == 1
