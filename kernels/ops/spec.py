@@ -17,12 +17,12 @@ transpose_rhs). Its spec gives, as functions of the Problem:
   * `out_grouped`: the output is one slice per expert ([g, ...], the weight gradient) rather than one
     row per lhs row, so "rows past the groups are zero" reads "an expert with no rows is zero".
 
-The weight-gradient op is built (kernels/ops/grouped_matmul_drhs.py). What the fields can say of the
-planned FP8 op (tests/kernels/test_ops.py builds it): per-row x per-column scales add
-Operand("lhs_scale", (m,), float32, kind="scale", scales="lhs", layout="row") and its "column" twin for
-rhs. The tuner draws every operand but the group sizes by its `stddev` (a scale operand needs one to be
-tuned) and verifies on a sample of the output: lhs rows for a row-per-row output, K indices of every
-expert's slice for an `out_grouped` one (tuner/input_cache.sample_axes).
+The weight-gradient op (kernels/ops/grouped_matmul_drhs.py) and the FP8 ops (grouped_matmul_fp8.py,
+scales in the layout the Problem names: `layout="by_problem"`) are built on these fields. The tuner
+draws every operand but the group sizes and the scales by its `stddev`; a scale comes with the operand
+it scales, from the spec's `draw` (values, scale). It verifies on a sample of the output: lhs rows for
+a row-per-row output, K indices of every expert's slice for an `out_grouped` one
+(tuner/input_cache.sample_axes).
 """
 
 from __future__ import annotations
