@@ -354,7 +354,7 @@ def device_share() -> float:
         return 1.0
     import ray
 
-    if not ray.is_initialized():
-        return 1.0
+    if not ray.is_initialized() or ray.get_runtime_context().worker.mode != ray.WORKER_MODE:
+        return 1.0  # no Ray, or a driver (an inline sweep in a process that also drove a Ray one)
     gpus = ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0)
     return gpus if 0.0 < gpus < 1.0 else 1.0

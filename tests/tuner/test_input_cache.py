@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import types
 
 import jax.numpy as jnp
@@ -113,3 +114,24 @@ def test_without_an_allocator_limit_a_gpu_is_bounded_by_its_total_memory(monkeyp
     bound = input_cache.default_max_bytes(_Device({}, platform="gpu"), share=0.5)
     assert bound == pytest.approx(total * 0.5 * input_cache.DEVICE_CACHE_FRACTION, abs=1)
     assert input_cache.default_max_bytes(_Device({}, platform="cpu")) == input_cache.HOST_CACHE_BYTES
+
+
+class _RayContext:
+    def __init__(self, mode: int, gpus: float) -> None:
+        self.worker = types.SimpleNamespace(mode=mode)
+        self._gpus = gpus
+
+    def get_assigned_resources(self):
+        if self.worker.mode != 1:
+            raise AssertionError("only available when the process is a worker")  # as Ray does
+        return {"GPU": self._gpus}
+
+
+@pytest.mark.parametrize(("mode", "gpus", "share"), [(0, 0.5, 1.0), (1, 0.5, 0.5), (1, 1.0, 1.0)])
+def test_a_ray_driver_holds_its_whole_device_and_a_worker_its_assigned_share(monkeypatch, mode, gpus, share):
+    # A driver that ran a Ray sweep and then an inline one asks too (Ray initialized, not a worker).
+    fake = types.SimpleNamespace(
+        WORKER_MODE=1, is_initialized=lambda: True, get_runtime_context=lambda: _RayContext(mode, gpus)
+    )
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    assert input_cache.device_share() == share
