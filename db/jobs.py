@@ -85,14 +85,10 @@ class JobRow:
         return dataclasses.asdict(self)
 
 
-def _age(job: Job, now: datetime.datetime) -> float | None:
-    return None if job.heartbeat_at is None else max(0.0, (now - job.heartbeat_at).total_seconds())
-
-
 def _stale(job: Job, now: datetime.datetime) -> bool:
     if job.state != RUNNING:
         return False
-    age = _age(job, now)
+    age = leases.age_s(job, now)
     return age is None or age > grace_s() or leases.is_stale(job.owner_host, job.owner_pid, age)
 
 
@@ -109,7 +105,7 @@ def _row(job: Job, now: datetime.datetime) -> JobRow:
         claimed_at=job.claimed_at,
         finished_at=job.finished_at,
         owner=None if job.owner_host is None else f"{job.owner_host}:{job.owner_pid}",
-        heartbeat_age_s=_age(job, now),
+        heartbeat_age_s=leases.age_s(job, now),
         sweep_id=job.sweep_id,
         attempts=job.attempts,
         error=job.error,

@@ -36,7 +36,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from moetune.db.errors import DatabaseError, DeviceBusy, LeaseHeld, LeaseLost, RecordNotFound
-from moetune.db.models import Device, Sweep
+from moetune.db.models import Device, Job, Sweep
 from moetune.db.records import utcnow
 
 # Seconds between heartbeats.
@@ -87,11 +87,12 @@ def is_stale(host: str | None, pid: int | None, age_s: float | None) -> bool:
     return host == socket.gethostname() and pid is not None and not _alive(pid)
 
 
-def age_s(sweep: Sweep, now: datetime.datetime) -> float | None:
-    """Seconds since the sweep's last heartbeat, or None when it has none."""
-    if sweep.heartbeat_at is None:
+def age_s(leased: Sweep | Job, now: datetime.datetime) -> float | None:
+    """Seconds since the last heartbeat of a leased row (a sweep, a running job), or None when it has
+    none."""
+    if leased.heartbeat_at is None:
         return None
-    return max(0.0, (now - sweep.heartbeat_at).total_seconds())
+    return max(0.0, (now - leased.heartbeat_at).total_seconds())
 
 
 def shown_status(status: str, host: str | None, pid: int | None, age: float | None) -> str:
