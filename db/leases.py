@@ -194,6 +194,12 @@ def release(session: Session, sweep_id: int, owner: Owner) -> None:
     )
 
 
+def held(session: Session, sweep_id: int, owner: Owner) -> None:
+    """LeaseLost unless `owner` holds the sweep's lease; the row stays locked to the end of the transaction,
+    so what the caller writes in it cannot land after a take-over."""
+    _owned(session, sweep_id, owner)
+
+
 def finish(session: Session, sweep_id: int, owner: Owner | None) -> Sweep:
     """The sweep row to finish, its lease let go (the owner stays, as who ran it last): LeaseLost when
     `owner` no longer holds it (the new owner's sweep now)."""

@@ -258,9 +258,10 @@ class Store:
         """Sweeps, newest first."""
         return self._run(lambda s: trials.sweeps(s, limit=limit), write=False)
 
-    def record_trial(self, rec: TrialRecord) -> int:
-        """Write one finished trial; committed (durable) when this returns."""
-        return self._run(lambda s: trials.record_trial(s, rec, self._ids), write=True)
+    def record_trial(self, rec: TrialRecord, *, owner: Owner | None = None) -> int:
+        """Write one finished trial; committed (durable) when this returns. With `owner`, LeaseLost (nothing
+        written) when it no longer holds the lease of the trial's sweep."""
+        return self._run(lambda s: trials.record_trial(s, rec, self._ids, owner), write=True)
 
     def trials(
         self,

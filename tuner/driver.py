@@ -590,7 +590,8 @@ class SweepDriver:
             finished_at=result.finished_at,
             details=details,
         )
-        trial_id = self.store.record_trial(record)
+        # Checked in the write itself: the heartbeat finds a take-over only at its next beat.
+        trial_id = self.store.record_trial(record, owner=self.owner)
         self._recorded += 1
         return trial_id
 

@@ -65,7 +65,11 @@ def test_a_silent_lease_is_dead_and_taken_over_and_its_old_owner_stops(db_url):
             store.finish_sweep(sweep_id, "done", owner=old)
         with pytest.raises(LeaseLost):
             store.claim_device(sweep_id, old, H200)
+        with pytest.raises(LeaseLost):
+            store.record_trial(trial(sweep_id=sweep_id), owner=old)
         assert store.get_sweep(sweep_id).stored_status == "running"  # nothing written by the old owner
+        assert store.trials(sweep_id=sweep_id) == []
+        store.record_trial(trial(sweep_id=sweep_id), owner=new)
         store.finish_sweep(sweep_id, "done", owner=new)
         assert store.get_sweep(sweep_id).status == "done"
 

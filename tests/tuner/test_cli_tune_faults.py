@@ -140,11 +140,11 @@ def test_a_database_that_stops_accepting_writes_exits_4_with_one_line(db_url, wo
     record = Store.record_trial
     written = []
 
-    def record_until_full(self, rec):
+    def record_until_full(self, rec, **kwargs):
         if len(written) == 3:
             raise DatabaseError("database sqlite:///moetune.db: attempt to write a readonly database")
         written.append(rec)
-        return record(self, rec)
+        return record(self, rec, **kwargs)
 
     monkeypatch.setattr(Store, "record_trial", record_until_full)
     result = tune(db_url, "--problem", PROBLEM, "--backend", "sim")
@@ -166,8 +166,8 @@ def test_a_database_file_made_immutable_mid_sweep_fails_the_sweep_and_keeps_its_
     path = tmp_path / "moetune.db"
     record = Store.record_trial
 
-    def record_then_freeze(self, rec):
-        trial_id = record(self, rec)
+    def record_then_freeze(self, rec, **kwargs):
+        trial_id = record(self, rec, **kwargs)
         if trial_id == 3:
             set_immutable(path, True)
         return trial_id

@@ -229,7 +229,9 @@ def test_the_heartbeat_keeps_the_lease_and_a_taken_over_sweep_stops(db_url, sim,
         assert min(beats[1:4]) < 0.5, beats
         row = store.get_sweep(sweep_id)
         assert (row.stored_status, row.owner) == ("running", str(taker))  # the stopped run wrote nothing
-        assert len(sim_trials(store, sweep_id=sweep_id)) < len(sim_backend.TILES)
+        # The fourth result came in after the take-over: the write itself checks the lease, so it is refused
+        # however late the heartbeat thread notices.
+        assert len(sim_trials(store, sweep_id=sweep_id)) == 3
 
 
 @pytest.mark.parametrize("write", ["heartbeat", "checkpoint"])
