@@ -123,7 +123,10 @@ def _sweep_row(s: Sweep, now: datetime.datetime, device_kind: str | None, trials
 
 
 def record_trial(
-    session: Session, rec: TrialRecord, ids: entities.KnownIds | None = None, owner: leases.Owner | None = None
+    session: Session,
+    rec: TrialRecord,
+    ids: entities.KnownIds | None = None,
+    owner: leases.Owner | None = None,
 ) -> int:
     if owner is not None and rec.sweep_id is not None:
         leases.held(session, rec.sweep_id, owner)

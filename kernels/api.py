@@ -548,7 +548,7 @@ def _accept(
     unavailable = backend.available(device)
     if unavailable is not None:
         raise Unsupported(unavailable)
-    if sliced and not backend.serves_group_offset:
+    if sliced and not backend.takes_group_offset(problem.op):
         raise Unsupported("takes no group_offset (a local slice of experts)")
     backend.check(problem)
     return _build(problem, backend, _resolve(problem, backend, config, device), device)

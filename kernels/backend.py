@@ -75,13 +75,15 @@ class Backend(abc.ABC):
     # device (`ray start --resources '{"amd_gpu": 8}'`), and the tuner seats each worker on one unit,
     # restricting its process to that device through `visible_devices_env`.
     # Whether built kernels take `row_start=` (a traced int32 scalar: the first row of the first group),
-    # which serves jax.lax.ragged_dot's group_offset, a local slice of experts (kernels/api.py). A
-    # backend without it declines such calls, which then fall through to one that has it.
-    serves_group_offset: ClassVar[bool] = False
+    # which serves jax.lax.ragged_dot's group_offset, a local slice of experts (kernels/api.py): for every
+    # op (True) or the ops named. A backend without it declines such calls, which then fall through to
+    # one that has it.
+    serves_group_offset: ClassVar[bool | frozenset[str]] = False
     device_resource: ClassVar[str] = "GPU"
     visible_devices_env: ClassVar[str] = "CUDA_VISIBLE_DEVICES"
-    # The ops this backend serves: op name -> the name of its kernel function in `kernel_module`. A
-    # backend with an empty table serves nothing.
+    # The ops this backend serves: op name -> the name of its kernel function in `kernel_module`, or
+    # "module:function" for one in another module of the backend's package. A backend with an empty
+    # table serves nothing.
     kernels: ClassVar[Mapping[str, str]] = {}
     kernel_module: ClassVar[str] = ""
     # A rough prior of one candidate's compile seconds on a tuning worker: the tuner's estimates
@@ -105,7 +107,15 @@ class Backend(abc.ABC):
     def kernel_for(self, op: str) -> Callable[..., Any]:
         """The kernel function of `op` from the table; Unsupported for an op the backend does not serve."""
         self._require_served(op)
-        return getattr(importlib.import_module(self.kernel_module), self.kernels[op])
+        module, _, name = self.kernels[op].rpartition(":")
+        if module:
+            module = f"{self.kernel_module.rpartition('.')[0]}.{module}"
+        return getattr(importlib.import_module(module or self.kernel_module), name)
+
+    def takes_group_offset(self, op: str) -> bool:
+        """Whether `op`'s kernels take `row_start=` (serves_group_offset)."""
+        served = self.serves_group_offset
+        return served if isinstance(served, bool) else op in served
 
     def _require_served(self, op: str) -> None:
         if op not in self.kernels:

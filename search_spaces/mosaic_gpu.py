@@ -36,8 +36,6 @@ from moetune.search_spaces.space import Constraint, SearchSpace
 
 # Split-K pays for its float32 partial sums only while the output is small (decode).
 SPLIT_K_MAX_M = 512
-# Registers a consumer thread needs beside its accumulator (addresses, epilogue values); empirical.
-NON_ACCUMULATOR_REGISTERS = 40
 
 DOMAINS: dict[str, tuple] = {
     "block_m": (64, 128),
@@ -124,7 +122,7 @@ def accumulator_fits_registers(
         return facts
     budget = tiling.consumer_register_budget(config, facts.registers_per_sm)
     count = tiling.accumulators(problem)
-    need = tiling.accumulator_registers(config, count) + NON_ACCUMULATOR_REGISTERS
+    need = tiling.accumulator_registers(config, count) + tiling.NON_ACCUMULATOR_REGISTERS
     if need > budget:
         tiles = f"{count} {config.block_m}x{config.block_n} accumulator(s)"
         return f"{tiles} need ~{need} registers/thread > {budget}"

@@ -1,6 +1,7 @@
 """The backend contract (tests/kernels/backend_contract.py) on the mosaic_gpu backend, on a Hopper GPU:
-its ops with bf16 and f16 (it declines f32), each with the heuristic config and a plain and a
-warp-specialized one; test_mosaic_gpu_kernel.py adds random shapes and configs from the whole space."""
+its ops (the weight gradient included) with bf16 and f16 (it declines f32), each with the heuristic
+config and a plain and a warp-specialized one where the op's space admits them; test_mosaic_gpu_kernel.py
+adds random shapes and configs from the whole space."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import pytest
 
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
 from moetune.kernels.device import current_fingerprint
-from moetune.search_spaces import mosaic_gpu as space
 from tests.kernels.backend_contract import BackendContract
 
 pytestmark = pytest.mark.gpu
@@ -25,9 +25,6 @@ class TestMosaicGpuContract(BackendContract):
     def configs(self, problem):
         device = current_fingerprint()
         wanted = [self.backend.heuristic(problem, device), PLAIN, WS_N]
-        valid = [
-            c
-            for c in wanted
-            if all(check(problem, c, device) is None for check in space.VALIDITY_CONSTRAINTS)
-        ]
+        search = self.backend.search_space(problem, device)
+        valid = [c for c in wanted if search.invalid(problem, c, device) is None]
         return list(dict.fromkeys(valid))

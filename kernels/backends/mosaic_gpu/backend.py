@@ -1,9 +1,11 @@
 """The `mosaic_gpu` backend: the Pallas Mosaic GPU grouped GEMM on Hopper (plain, or with the fused
-SwiGLU epilogue), timed with CUPTI."""
+SwiGLU epilogue) and its weight gradient (a ragged contraction, its own kernel and search space), timed
+with CUPTI."""
 
 from __future__ import annotations
 
 import functools
+import types
 
 import jax.numpy as jnp
 
@@ -23,8 +25,14 @@ class MosaicGpuBackend(Backend):
     # The default wherever it runs: it outranks the portable backends.
     priority = 100
     # The fused epilogue is SwiGLU's only; other gated ops (grouped_matmul_geglu) fall through to xla.
-    kernels = {"grouped_matmul": "grouped_matmul", "grouped_matmul_swiglu": "grouped_matmul_swiglu"}
+    kernels = {
+        "grouped_matmul": "grouped_matmul",
+        "grouped_matmul_swiglu": "grouped_matmul_swiglu",
+        "grouped_matmul_drhs": "kernel_drhs:grouped_matmul_drhs",
+    }
     kernel_module = "moetune.kernels.backends.mosaic_gpu.kernel_sm90"
+    # The weight-gradient kernel walks the local slice's rows from `row_start`; the forward kernels do not.
+    serves_group_offset = frozenset({"grouped_matmul_drhs"})
     prior_compile_s = 2.5  # 1.4-4 s per candidate on the H200's tuning workers (tuner/driver.py)
 
     def available(self, device: DeviceFingerprint) -> str | None:
@@ -44,19 +52,13 @@ class MosaicGpuBackend(Backend):
         return None
 
     def check_problem(self, problem: Problem) -> None:
-        from moetune.search_spaces import mosaic_gpu as space
-
-        space.check_problem(problem)
+        _space(problem).check_problem(problem)
 
     def search_space(self, problem: Problem, device: DeviceFingerprint):
-        from moetune.search_spaces import mosaic_gpu as space
-
-        return space.space(problem, device)
+        return _space(problem).space(problem, device)
 
     def heuristic(self, problem: Problem, device: DeviceFingerprint) -> MosaicGpuConfig:
-        from moetune.search_spaces import mosaic_gpu as space
-
-        return space.heuristic(problem, device)
+        return _space(problem).heuristic(problem, device)
 
     def build(self, problem: Problem, config: KernelConfig) -> KernelFn:
         """The kernel for `problem` on the running device.
@@ -64,8 +66,7 @@ class MosaicGpuBackend(Backend):
         The search space's validity constraints decide, exactly as in the pruner; its pruning-only
         constraints (wasteful but correct points) do not, so any config that runs correctly builds.
         """
-        from moetune.search_spaces import mosaic_gpu as space
-
+        space = _space(problem)
         self.check(problem)
         if not isinstance(config, MosaicGpuConfig):
             raise ConfigInvalid(f"mosaic_gpu needs a MosaicGpuConfig, not {type(config).__qualname__}")
@@ -93,3 +94,15 @@ class MosaicGpuBackend(Backend):
         from moetune.kernels.backends.mosaic_gpu.timer import CuptiTimer
 
         return CuptiTimer()
+
+
+def _space(problem: Problem) -> types.ModuleType:
+    """The search space module of `problem`'s kernel: the weight gradient's for an op with one output
+    slice per expert, the forward kernels' otherwise."""
+    if problem.spec.out_grouped:
+        from moetune.search_spaces import mosaic_gpu_drhs
+
+        return mosaic_gpu_drhs
+    from moetune.search_spaces import mosaic_gpu
+
+    return mosaic_gpu

@@ -22,6 +22,8 @@ from moetune.kernels.problem import Problem
 SMEM_OVERHEAD_BYTES = 1024
 # A TMA copy's box is at most 256 elements along each dimension.
 TMA_BOX_MAX = 256
+# Registers a consumer thread needs beside its accumulator (addresses, epilogue values); empirical.
+NON_ACCUMULATOR_REGISTERS = 40
 
 
 def cdiv(a: int, b: int) -> int:
@@ -128,3 +130,39 @@ def consumer_register_budget(config: MosaicGpuConfig, registers_per_sm: int) -> 
         return 255
     per_thread = registers_per_sm // 128 - 40
     return min(255, (per_thread // config.consumers) // 8 * 8)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DrhsTiles:
+    """The weight-gradient kernel's output tiling (kernel_drhs.py): out [G, P, Q] in tiles of
+    [tile_p, tile_q] per consumer warpgroup, P being the wgmma M side. P is K and Q is N, or under
+    `transpose_rhs` ([G, N, K]) P is N and Q is K; block_k always tiles K and block_n N."""
+
+    p: int
+    q: int
+    tile_p: int
+    tile_q: int
+    consumers: int
+
+    @property
+    def cta_q(self) -> int:
+        return self.tile_q * self.consumers
+
+    @property
+    def tiles_per_expert(self) -> int:
+        return cdiv(self.p, self.tile_p) * cdiv(self.q, self.cta_q)
+
+
+def drhs_tiles(k: int, n: int, transpose_rhs: bool, config: MosaicGpuConfig) -> DrhsTiles:
+    if transpose_rhs:
+        return DrhsTiles(n, k, config.block_n, config.block_k, config.consumers)
+    return DrhsTiles(k, n, config.block_k, config.block_n, config.consumers)
+
+
+def drhs_smem_bytes(problem: Problem, config: MosaicGpuConfig) -> int:
+    """Pipeline stages of one [block_m, tile_p] and one [block_m, cta_q] tile, plus one output tile per
+    consumer."""
+    t = drhs_tiles(problem.k, problem.n, problem.transpose_rhs, config)
+    stage = config.block_m * (t.tile_p + t.cta_q) * itemsize(problem.lhs_dtype)
+    out = t.consumers * t.tile_p * t.tile_q * itemsize(problem.out_dtype)
+    return config.max_concurrent_steps * stage + out + SMEM_OVERHEAD_BYTES

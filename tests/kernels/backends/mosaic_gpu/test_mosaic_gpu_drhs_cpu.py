@@ -1,0 +1,190 @@
+"""The Hopper weight-gradient kernel on a CPU: Pallas's GPU interpreter (TMA copies, barriers, wgmma,
+the zeroing of foreign rows, both pipelines), lowering to Mosaic GPU for the cuda platform (layout
+inference and shared memory, short of PTX), and its search space and heuristic."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
+
+from moetune.kernels.backends.mosaic_gpu import BACKEND, kernel_drhs, tiling  # noqa: E402
+from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C  # noqa: E402
+from moetune.kernels.errors import Unsupported  # noqa: E402
+from moetune.kernels.ops.grouped_matmul_drhs import reference  # noqa: E402
+from moetune.kernels.problem import Problem  # noqa: E402
+from moetune.search_spaces import mosaic_gpu_drhs as space  # noqa: E402
+from tests.db.db_factories import H200  # noqa: E402
+
+PLAIN = C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, warp_specialized=False, wg_split="none")
+SPLIT_N = C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, warp_specialized=True, wg_split="n")
+ONE_CONSUMER = C(
+    block_m=64, block_n=64, block_k=128, max_concurrent_steps=3, warp_specialized=True, wg_split="none"
+)
+
+
+def _operands(m, k, n, seed=0, past_rows=0.0):
+    kl, kd = jax.random.split(jax.random.key(seed))
+    lhs = jax.random.normal(kl, (m, k), jnp.float32).astype(jnp.bfloat16)
+    dout = jax.random.normal(kd, (m, n), jnp.float32).astype(jnp.bfloat16)
+    return lhs, dout
+
+
+def _interpret(config, lhs, dout, sizes, transpose=False, row_start=None):
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+    start = None if row_start is None else jnp.int32(row_start)
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
+        out = kernel_drhs.grouped_matmul_drhs(
+            lhs, dout, group_sizes, config=config, num_sms=3, transpose_rhs=transpose,
+            out_dtype=jnp.float32, row_start=start,
+        )  # fmt: skip
+    return np.asarray(out)
+
+
+def _expected(lhs, dout, sizes, transpose=False, row_start=0):
+    """Per expert in float64 from its own rows only."""
+    lhs64, dout64 = np.asarray(lhs, np.float64), np.asarray(dout, np.float64)
+    bounds = row_start + np.concatenate([[0], np.cumsum(sizes)])
+    out = np.stack([lhs64[a:b].T @ dout64[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+    return out.transpose(0, 2, 1) if transpose else out
+
+
+@pytest.mark.parametrize("config", [PLAIN, SPLIT_N, ONE_CONSUMER], ids=["plain", "split_n", "one_consumer"])
+def test_each_expert_gets_its_own_rows_and_an_empty_expert_exactly_zero(config):
+    # Experts starting and ending inside 64-row steps, one spanning a single step, one empty.
+    sizes = [70, 0, 90, 3, 30]
+    lhs, dout = _operands(200, 128, 128)
+    out = _interpret(config, lhs, dout, sizes)
+    np.testing.assert_allclose(out, _expected(lhs, dout, sizes), rtol=1e-5, atol=1e-3)
+    assert not out[1].any()
+
+
+def test_rows_past_the_groups_are_never_multiplied_in():
+    # A half-full buffer: the rows past sum(group_sizes) hold large values, which must not reach any expert.
+    sizes = [40, 57]
+    lhs, dout = _operands(192, 64, 128, seed=1)
+    lhs = lhs.at[97:].set(1e4)
+    dout = dout.at[97:].set(1e4)
+    out = _interpret(PLAIN, lhs, dout, sizes)
+    np.testing.assert_allclose(out, _expected(lhs, dout, sizes), rtol=1e-5, atol=1e-3)
+
+
+def test_transposed_layout_is_the_weights_layout():
+    sizes = [3, 0, 60, 5]
+    lhs, dout = _operands(200, 64, 128, seed=2)
+    out = _interpret(PLAIN, lhs, dout, sizes, transpose=True)
+    assert out.shape == (4, 128, 64)
+    np.testing.assert_allclose(out, _expected(lhs, dout, sizes, transpose=True), rtol=1e-5, atol=1e-3)
+
+
+def test_a_local_slice_starts_at_row_start():
+    sizes = [10, 20, 30]
+    lhs, dout = _operands(200, 64, 128, seed=3)
+    out = _interpret(SPLIT_N, lhs, dout, sizes, row_start=13)
+    np.testing.assert_allclose(out, _expected(lhs, dout, sizes, row_start=13), rtol=1e-5, atol=1e-3)
+    # ... and agrees with the op's reference, where the rows before the slice are zeroed into group 0.
+    before = jnp.arange(200)[:, None] < 13
+    ref = reference(
+        jnp.where(before, 0, lhs), dout, jnp.asarray([23, 20, 30], jnp.int32), transpose_rhs=False
+    )
+    np.testing.assert_allclose(out, np.asarray(ref), rtol=1e-4, atol=1e-2)
+
+
+def _lower(config, m, k, n, g, transpose=False, out_dtype=jnp.bfloat16):
+    args = (
+        jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        jax.ShapeDtypeStruct((g,), jnp.int32),
+    )
+    fn = functools.partial(
+        kernel_drhs.grouped_matmul_drhs,
+        config=config,
+        num_sms=132,
+        transpose_rhs=transpose,
+        out_dtype=out_dtype,
+    )
+    return jax.export.export(jax.jit(fn), platforms=["cuda"])(*args)
+
+
+# Development shapes of the weight gradient: (m, k, n, g) of Mixtral-8x7B, DeepSeek-V3 and Qwen3-30B-A3B.
+SHAPES = {
+    "mixtral_gate_up": (8192, 4096, 28672, 8),
+    "deepseek_v3_down": (32768, 2048, 7168, 256),
+    "qwen3_gate_up": (32768, 2048, 1536, 128),
+}
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_the_heuristic_config_lowers_for_hopper(shape, transpose):
+    m, k, n, g = SHAPES[shape]
+    problem = Problem("grouped_matmul_drhs", m, k, n, g, transpose_rhs=transpose)
+    config = BACKEND.heuristic(problem, H200)
+    assert space.fixed_fields_at_defaults(problem, config, H200) is None
+    assert "mosaic_gpu" in _lower(config, m, k, n, g, transpose).mlir_module()
+
+
+def test_smem_model_is_not_below_what_mosaic_allocates(monkeypatch):
+    from jax.experimental.mosaic.gpu import core as mosaic_core
+
+    config = C(block_m=128, block_n=128, block_k=64, max_concurrent_steps=3, wg_split="n")
+    problem = Problem("grouped_matmul_drhs", 1024, 1024, 512, 8)
+    monkeypatch.setattr(mosaic_core, "_SMEM_SIZE_BOUND", 1)
+    with pytest.raises(ValueError, match="exceeds available shared memory") as info:
+        _lower(config, 1024, 1024, 512, 8)
+    actual = int(str(info.value).split("smem_bytes=")[1].split()[0])
+    assert actual <= tiling.drhs_smem_bytes(problem, config) <= actual + tiling.SMEM_OVERHEAD_BYTES
+
+
+def test_space_fixes_the_fields_the_kernel_does_not_read_and_build_refuses_them():
+    problem = Problem("grouped_matmul_drhs", 4096, 1024, 512, 8)
+    configs, _ = BACKEND.search_space(problem, H200).enumerate(problem, H200)
+    assert configs and all(
+        c.split_k == 1 and c.tile_schedule == "walk" and c.wg_split != "m" for c in configs
+    )
+    reason = space.fixed_fields_at_defaults(problem, C(epi_tile_n=128, split_k=2), H200)
+    assert "epi_tile_n=128, split_k=2" in reason
+    assert "one after another" in space.kernel_shape_supported(problem, C(grid_minor_dim="expert"), H200)
+    assert space.tiles_divide(
+        Problem("grouped_matmul_drhs", 64, 64, 192, 2), C(block_n=128, wg_split="n"), H200
+    )
+
+
+def test_the_tile_order_streams_the_wide_operand_once():
+    # Mixtral-8x7B's gate_up gradient at T=4096: 1024 rows per expert, dout 58 MB per expert (past half the
+    # L2). Strips along K would stream it once per strip; strips along N stream it once.
+    problem = Problem("grouped_matmul_drhs", 8192, 4096, 28672, 8)
+    config = C(block_m=64, block_n=128, block_k=128, max_concurrent_steps=3, wg_split="n", grid_tile_width=1)
+    along_k = space.operand_traffic(problem, config, H200)
+    along_n = space.operand_traffic(problem, dataclasses.replace(config, grid_minor_dim="n"), H200)
+    assert along_n * 10 < along_k
+    assert (
+        BACKEND.heuristic(problem, H200).grid_minor_dim == "n"
+        or BACKEND.heuristic(problem, H200).grid_tile_width > 1
+    )
+
+
+def test_the_cost_model_prefers_a_shorter_step_for_few_rows_per_expert():
+    few = BACKEND.heuristic(Problem("grouped_matmul_drhs", 4096, 2048, 1536, 128), H200)  # 32 rows each
+    assert few.block_m == 64
+    estimate = lambda p, c: space.estimate(p, c, H200).seconds  # noqa: E731
+    p = Problem("grouped_matmul_drhs", 4096, 2048, 1536, 128)
+    assert estimate(p, few) < estimate(p, C(block_m=128, block_n=128, block_k=128, wg_split="n"))
+
+
+def test_problems_the_kernel_cannot_tile_are_declined():
+    with pytest.raises(Unsupported, match="multiples of 64"):
+        BACKEND.check(Problem("grouped_matmul_drhs", 64, 96, 128, 2))
+    with pytest.raises(Unsupported, match="bfloat16 or float16"):
+        BACKEND.check(
+            Problem("grouped_matmul_drhs", 64, 128, 128, 2, lhs_dtype="float32", rhs_dtype="float32")
+        )
+    assert BACKEND.takes_group_offset("grouped_matmul_drhs") and not BACKEND.takes_group_offset(
+        "grouped_matmul"
+    )
