@@ -108,6 +108,21 @@ def _versions_of(env: dict) -> dict[str, str]:
     )
 
 
+def _timed_entry(env: dict, name: str, suite: str, samples_ms: list[float], **fields) -> dict:
+    """An entry of a benchmark's own run file: its environment's date, GPU, versions and command."""
+    return {
+        "name": name,
+        "suite": suite,
+        "date": env["date"],
+        "gpu": env["device_kind"],
+        "versions": _versions_of(env),
+        "command": portable_command(env["command"]),
+        "unit": "ms",
+        **measurement(samples_ms, 6),
+        **fields,
+    }
+
+
 def finegrained_entries(run: dict) -> list[dict]:
     """One entry per development-shape case of a bench_gemm.py --models file whose heuristic config was
     timed: what a user gets with no tuning. The fastest of the cost model's alternatives and every peer
@@ -133,21 +148,62 @@ def finegrained_entries(run: dict) -> list[dict]:
         params |= {key: problem[key] for key in ("m", "k", "n", "g")}
         params |= {"touched_experts": case["touched_experts"], "routings": case["routings"]}
         params |= {"read_GBps": round(run["bandwidth"]["read_GBps"], 1)}
+        name = f"finegrained/{case['model']}/{case['gemm']}/T={case['tokens']}"
+        bounds = {"hbm_roofline": round(case["hbm_roofline_ms"], 6)}
         entries.append(
-            {
-                "name": f"finegrained/{case['model']}/{case['gemm']}/T={case['tokens']}",
-                "suite": "finegrained",
-                "date": env["date"],
-                "gpu": env["device_kind"],
-                "versions": _versions_of(env),
-                "command": portable_command(env["command"]),
-                "unit": "ms",
-                **measurement(heuristic["samples_ms"], 6),
-                "params": params,
-                "peers": peers,
-                "bounds": {"hbm_roofline": round(case["hbm_roofline_ms"], 6)},
-                "config": heuristic["config"],
-            }
+            _timed_entry(
+                env,
+                name,
+                "finegrained",
+                heuristic["samples_ms"],
+                params=params,
+                peers=peers,
+                bounds=bounds,
+                config=heuristic["config"],
+            )  # fmt: skip
+        )
+    return entries
+
+
+def backward_entries(run: dict) -> list[dict]:
+    """One entry per weight-gradient case of a bench_backward.py --out file whose heuristic config was
+    timed. Peers: XLA's ragged_dot_general and torch._grouped_mm (where they ran), the fastest of the cost
+    model's next configs, and the half-full-buffer pair (the heuristic on T/2 tokens' rows in a buffer of
+    exactly those rows and in one twice as tall)."""
+    env = run["environment"]
+    entries = []
+    for case in run["cases"]:
+        methods = case.get("methods", {})
+        heuristic = methods.get("moetune_heuristic", {})
+        if "samples_ms" not in heuristic:
+            continue
+        timed = {n: m for n, m in methods.items() if "samples_ms" in m and not n.startswith("moetune_")}
+        others = [m for n, m in methods.items() if n.startswith("moetune_ranked") and "samples_ms" in m]
+        if others:
+            timed["moetune_alternative"] = min(others, key=lambda m: m["median_ms"])
+        half = methods.get("moetune_half_full", {})
+        for side in ("exact", "buffer_2x"):
+            if "samples_ms" in half.get(side, {}):
+                timed[f"moetune_half_tokens_{side}"] = half[side]
+        model, gemm, tokens = case["case"].split("/")  # dev_shapes.Case.name: model/gemm/T<tokens>
+        params = {
+            "model": model,
+            "gemm": gemm,
+            "tokens": int(tokens.removeprefix("T")),
+            "op": "grouped_matmul_drhs",
+        }
+        params |= {key: case[key] for key in ("m", "k", "n", "g")}
+        peers = {name: measurement(m["samples_ms"], 6) for name, m in sorted(timed.items())}
+        entries.append(
+            _timed_entry(
+                env,
+                f"backward/drhs/{model}/{gemm}/T={params['tokens']}",
+                "backward",
+                heuristic["samples_ms"],
+                params=params,
+                peers=peers,
+                config=heuristic["config"],
+            )  # fmt: skip
         )
     return entries
 

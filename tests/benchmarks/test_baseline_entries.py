@@ -159,3 +159,42 @@ def test_a_finegrained_run_keeps_the_heuristic_the_fastest_alternative_and_the_p
     text = load_script("baseline_tables").render_full(file)
     # The faster peer (torch, 0.028) over the heuristic (0.024); the roofline over the best (0.022).
     assert "| qwen3-30b-a3b | gate_up | 1 | 128 | 0.024 | 0.022 | 0.028 | - | - | 1.17x | 50% |" in text
+
+
+def backward_run() -> dict:
+    def timed(ms, **extra):
+        return {"samples_ms": [ms, ms * 1.01, ms * 0.99], "median_ms": ms, **extra}
+
+    good = {
+        "case": "mixtral-8x7b/down/T4096", "m": 8192, "k": 14336, "n": 4096, "g": 8,
+        "methods": {
+            "xla_ragged_dot": timed(10.5),
+            "torch_grouped_mm": timed(1.41, timing="cupti"),
+            "moetune_heuristic": timed(1.45, config={"block_m": 64}),
+            "moetune_ranked2": timed(1.44),
+            "moetune_ranked3": {"error": "ResourceExceeded"},
+            "moetune_half_full": {"exact": timed(0.73), "buffer_2x": timed(0.74), "buffer_over_exact": 1.01},
+        },
+    }  # fmt: skip
+    skipped = {"case": "deepseek-v3/gate_up/T4096", "m": 32768, "k": 7168, "n": 4096, "g": 256}
+    skipped["methods"] = {"xla_ragged_dot": {"skipped": "too large"}, "moetune_heuristic": {"error": "OOM"}}
+    env = {"date": "2026-01-02T03:04:05Z", "device_kind": "Test GPU", "jax": "0.11.2", "jaxlib": "0.11.2"}
+    env["command"] = "python3 bench_backward.py --out /data/run/drhs.json"
+    return {"environment": env, "cases": [good, skipped, {"case": "x/y/T1", "error": "failed"}]}
+
+
+def test_a_backward_run_keeps_the_heuristic_its_peers_and_the_half_full_pair():
+    (made,) = entries.backward_entries(backward_run())  # cases without a heuristic time are left out
+    assert made["name"] == "backward/drhs/mixtral-8x7b/down/T=4096" and made["suite"] == "backward"
+    assert made["median"] == 1.45 and made["config"] == {"block_m": 64}
+    assert sorted(made["peers"]) == [
+        "moetune_alternative", "moetune_half_tokens_buffer_2x", "moetune_half_tokens_exact",
+        "torch_grouped_mm", "xla_ragged_dot",
+    ]  # fmt: skip
+    assert made["params"] == {
+        "model": "mixtral-8x7b", "gemm": "down", "tokens": 4096, "op": "grouped_matmul_drhs",
+        "m": 8192, "k": 14336, "n": 4096, "g": 8,
+    }  # fmt: skip
+    assert made["command"] == "python3 benchmarks/bench_backward.py --out $OUT/drhs.json"
+    file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
+    assert baselines.problems_of(file) == []
