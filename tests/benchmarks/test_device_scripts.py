@@ -11,7 +11,13 @@ import pytest
 
 from tests.benchmarks.scripts import BENCHMARKS
 
-GPU_SCRIPTS = ["bench_backward.py", "bench_gemm.py", "bench_model.py", "device_kernel_check.py"]
+GPU_SCRIPTS = [
+    "bench_backward.py",
+    "bench_gemm.py",
+    "bench_layer_grad.py",
+    "bench_model.py",
+    "device_kernel_check.py",
+]
 PROBE = """
 import runpy, sys
 script = sys.argv[1]
