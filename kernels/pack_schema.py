@@ -34,7 +34,7 @@ from pydantic import (
 
 from moetune.kernels import ops
 from moetune.kernels.config import KernelConfig
-from moetune.kernels.problem import DTYPES, Problem
+from moetune.kernels.problem import DTYPES, OPERAND_DTYPES, SCALE_LAYOUTS, Problem
 from moetune.kernels.typed_fields import (
     HASH_PATTERN,
     INT32_MAX,
@@ -49,7 +49,9 @@ from moetune.kernels.typed_fields import (
 )
 
 SCHEMA = "moetune.pack"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # a pack of problems without scales: every pack written before FP8 ops, byte for byte
+SCALED_SCHEMA_VERSION = 2  # a pack that holds a problem with FP8 operands and scales (Problem v2)
+SCHEMA_VERSIONS = (SCHEMA_VERSION, SCALED_SCHEMA_VERSION)
 
 # String(N) lengths of the columns the text lands in (db/models.py).
 NAME_LENGTH = 64  # backend, op (String(64)); config parameter names and values, by the same measure
@@ -69,6 +71,8 @@ CONFIG_FIELDS_MAX = 64
 Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_LENGTH, pattern=NAME_PATTERN)]
 Dim = Annotated[int, Field(ge=1, le=INT32_MAX)]
 DType = Literal[DTYPES]  # a Literal of the tuple's names
+OperandDType = Literal[OPERAND_DTYPES]
+ScaleLayout = Literal[SCALE_LAYOUTS[1:]]  # a v2 problem has scales: not "none"
 
 
 def _known_op(op: str) -> str:
@@ -155,10 +159,20 @@ class ProblemModel(_Strict):
     transpose_rhs: bool
 
 
+class ScaledProblemModel(ProblemModel):
+    """A Problem with FP8 operands and float32 scales (schema_version 2): its operand dtypes may be FP8 and
+    its scale layout is part of it."""
+
+    schema_version: Literal[Problem.SCALED_SCHEMA_VERSION]
+    lhs_dtype: OperandDType
+    rhs_dtype: OperandDType
+    scale_layout: ScaleLayout
+
+
 class EntryModel(_Strict):
     """One winner: the problem, the backend's config for it, and its median time."""
 
-    problem: ProblemModel
+    problem: Annotated[ProblemModel | ScaledProblemModel, Field(discriminator="schema_version")]
     config: Annotated[
         dict[Name, ConfigValue],
         # Names outside the pattern are refused too (pydantic writes the pattern as patternProperties).
@@ -173,7 +187,7 @@ class PackModel(_Strict):
     model_config = ConfigDict(title="moetune config pack")
 
     schema_: Annotated[Literal[SCHEMA], Field(alias="schema")]
-    schema_version: Literal[SCHEMA_VERSION]
+    schema_version: Literal[SCHEMA_VERSIONS]
     created: Annotated[
         str, StringConstraints(max_length=40, pattern=TIMESTAMP_PATTERN), AfterValidator(_real_time)
     ]

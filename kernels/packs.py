@@ -2,7 +2,8 @@
 
 A pack is plain data (never pickle), validated completely on load: every field is typed and bounded by
 the pydantic models in moetune.kernels.pack_schema (configs/pack.schema.json is their JSON Schema).
-Layout (schema_version 1):
+Layout (schema_version 1; a pack that holds a problem with FP8 operands and scales, a Problem of
+schema_version 2, is schema_version 2, and only such a pack may hold one):
 
     {"schema": "moetune.pack", "schema_version": 1, "created": "2026-11-29T12:00:00Z",
      "device": {<DeviceFingerprint fields>}, "backend": "mosaic_gpu", "kernel_source_hash": "ab12...",
@@ -25,7 +26,13 @@ from pydantic import ValidationError
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import ConfigInvalid, PackInvalid
 from moetune.kernels.input_files import read_input_file
-from moetune.kernels.pack_schema import SCHEMA, SCHEMA_VERSION, PackModel
+from moetune.kernels.pack_schema import (
+    SCALED_SCHEMA_VERSION,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SCHEMA_VERSIONS,
+    PackModel,
+)
 from moetune.kernels.problem import Problem
 from moetune.kernels.typed_fields import describe
 
@@ -48,10 +55,16 @@ class Pack:
     entries: tuple[PackEntry, ...]
     created: str = ""
 
+    @property
+    def schema_version(self) -> int:
+        """1 unless an entry's problem has scales (then 2): a pack of bf16 winners reads as it always did."""
+        scaled = any(e.problem.schema_version != Problem.SCHEMA_VERSION for e in self.entries)
+        return SCALED_SCHEMA_VERSION if scaled else SCHEMA_VERSION
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": self.schema_version,
             "created": self.created or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "device": self.device.to_dict(),
             "backend": self.backend,
@@ -77,9 +90,10 @@ def parse(data: Any, source: str = "<pack>") -> Pack:
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise PackInvalid(f"{source}: not a moetune config pack (schema is not {SCHEMA!r})")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if isinstance(version, bool) or version not in SCHEMA_VERSIONS:
         shown = repr(version) if len(repr(version)) <= 40 else "(not a version number)"
-        raise PackInvalid(f"{source}: pack schema_version={shown}; this moetune reads {SCHEMA_VERSION}")
+        readable = " and ".join(map(str, SCHEMA_VERSIONS))
+        raise PackInvalid(f"{source}: pack schema_version={shown}; this moetune reads {readable}")
     try:
         model = PackModel.model_validate(data)
     except ValidationError as e:
@@ -90,6 +104,11 @@ def parse(data: Any, source: str = "<pack>") -> Pack:
             problem = Problem(**entry.problem.model_dump(exclude={"schema_version"}))
         except ConfigInvalid as e:
             raise PackInvalid(f"{source}: entries[{i}].problem: {e}") from None
+        if problem.schema_version > version:
+            raise PackInvalid(
+                f"{source}: entries[{i}].problem has scales (problem schema_version "
+                f"{problem.schema_version}), which a schema_version={version} pack cannot hold"
+            )
         entries.append(PackEntry(problem, dict(entry.config), entry.median_s))
     device = DeviceFingerprint(**model.device.model_dump())
     return Pack(device, model.backend, model.kernel_source_hash, tuple(entries), model.created)

@@ -97,7 +97,7 @@ def describe(error: ValidationError, data: Any = None) -> str:
     for i, part in enumerate(loc):
         inside = data is None or _indexes(node, part)
         if not inside and not (kind == "missing" and i == len(loc) - 1):
-            break
+            continue  # a union member's name or tag (a pack entry's problem version), a validator's
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
         node = node[part] if inside and data is not None else None
     if kind == "extra_forbidden":

@@ -48,7 +48,7 @@ from moetune.kernels import ops
 from moetune.kernels.api import cotangent_problems
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.moe.reference import GATES
-from moetune.kernels.problem import GROUPED_MATMUL, Problem, dtype_name
+from moetune.kernels.problem import FP8_DTYPES, GROUPED_MATMUL, OPERAND_DTYPES, Problem, dtype_name
 from moetune.kernels.typed_fields import INT32_MAX, check_fields, describe
 from moetune.tuner.yaml_files import load_yaml, read_yaml_file
 
@@ -275,12 +275,16 @@ def _shipped_name(name: str) -> bool:
 
 _PROBLEM_FIELDS = {"m": "m", "k": "k", "n": "n", "g": "g", "lhs": "lhs_dtype", "rhs": "rhs_dtype"}
 _PROBLEM_FIELDS |= {"out": "out_dtype", "t": "transpose_rhs", "transpose_rhs": "transpose_rhs"}
+_PROBLEM_FIELDS |= {"s": "scale_layout", "scale_layout": "scale_layout"}
 _FLAGS = {"0": False, "1": True, "false": False, "true": True, "no": False, "yes": True}
 
 
 def parse_problem(text: str) -> PlannedProblem:
     """'m=8192,k=4096,n=28672,g=8,dtype=bf16' -> a Problem; dtype sets lhs, rhs and out (each overridable);
-    `op=grouped_matmul_swiglu` names another registered op (default: the plain grouped_matmul)."""
+    `op=grouped_matmul_swiglu` names another registered op (default: the plain grouped_matmul). An FP8
+    problem names its op, its operands' dtype and its scales, as its key does:
+    'op=grouped_matmul_fp8,m=4096,k=7168,n=4096,g=256,dtype=e4m3,s=block_1x128_128x128'; an FP8 dtype
+    sets the operands only, the output staying bfloat16 unless `out` says otherwise."""
     values: dict[str, Any] = {}
     dtype = None
     op = OP
@@ -317,11 +321,17 @@ def parse_problem(text: str) -> PlannedProblem:
                 f"problem {text!r}: t={values['transpose_rhs']!r} is not one of {', '.join(_FLAGS)}"
             )
         values["transpose_rhs"] = _FLAGS[flag]
-    for name in ("lhs_dtype", "rhs_dtype", "out_dtype"):
-        if dtype is not None:
-            values.setdefault(name, dtype)
-    problem = Problem(op, **values)
+    try:
+        fp8 = dtype is not None and dtype_name(dtype, OPERAND_DTYPES) in FP8_DTYPES
+        for name in ("lhs_dtype", "rhs_dtype") if fp8 else ("lhs_dtype", "rhs_dtype", "out_dtype"):
+            if dtype is not None:
+                values.setdefault(name, dtype)
+        problem = Problem(op, **values)
+    except ConfigInvalid as e:
+        raise ConfigInvalid(f"problem {text!r}: {e}") from None
     label = f"m={problem.m},k={problem.k},n={problem.n},g={problem.g}"
+    if problem.scale_layout != "none":
+        label += f",{problem.lhs_dtype},s={problem.scale_layout}"
     return PlannedProblem(problem, label if op == OP else f"{op} {label}")
 
 

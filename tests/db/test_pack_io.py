@@ -324,3 +324,23 @@ def test_an_xla_chunk_that_would_break_every_trace_is_refused(chunk_m, expect, t
     with pytest.raises(PackInvalid, match="entries") as caught:
         pack_io.check_pack(packs.load(path), str(path))
     assert expect in str(caught.value)
+
+
+def test_an_fp8_winner_exports_in_a_v2_pack_and_imports_with_its_scale_layout(db_url, tmp_path):
+    from moetune.kernels.problem import Problem
+
+    fp8 = Problem(
+        "grouped_matmul_fp8", 256, 1024, 512, 8, "float8_e4m3fn", "float8_e4m3fn", scale_layout="row_channel"
+    )
+    with open_store(db_url) as source:
+        for problem in (GATE_UP, fp8):  # on xla, which serves both ops
+            record = trial(problem=problem, backend="xla", config={"strategy": "ragged_dot"})
+            source.promote(source.record_trial(record))
+        pack = source.export_pack(device_kind="NVIDIA H200", backend="xla")
+    assert pack.schema_version == 2 and {e.problem for e in pack.entries} == {GATE_UP, fp8}
+    path = tmp_path / "fp8.json"
+    path.write_text(pack.dumps())
+    assert json.loads(path.read_text())["schema_version"] == 2
+    with open_store(f"sqlite:///{tmp_path / 'other.db'}") as target:
+        assert target.import_pack(packs.load(path), source=str(path)) == 2
+        assert {w.problem for w in target.winners()} == {GATE_UP, fp8}

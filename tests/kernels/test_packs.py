@@ -47,7 +47,9 @@ def _config(d):
         (lambda d: _problem(d).update(transpose_rhs=0), "entries[0].problem.transpose_rhs=0"),
         (lambda d: _problem(d).pop("g"), "entries[0].problem.g: missing field"),
         (lambda d: _problem(d).update(group_sizes=[1, 2]), "entries[0].problem.group_sizes: unknown field"),
-        (lambda d: _problem(d).update(schema_version=2), "entries[0].problem.schema_version=2"),
+        # Version 2 is a problem with scales: without them it is incomplete.
+        (lambda d: _problem(d).update(schema_version=2), "entries[0].problem.scale_layout: missing field"),
+        (lambda d: _problem(d).update(schema_version=3), "entries[0].problem="),
         (
             lambda d: _problem(d).update(op="grouped_matmul_swiglu", n=28673),
             "entries[0].problem: op=grouped_matmul_swiglu needs an even n",
@@ -108,10 +110,12 @@ def test_the_models_name_the_fields_of_the_values_they_build():
     assert set(pack_schema.DeviceModel.model_fields) == {
         f.name for f in dataclasses.fields(DeviceFingerprint)
     }
-    # Packs hold v1 problems, which have no scale_layout (Problem.to_dict leaves it out for them).
+    # v1 problems have no scale_layout (Problem.to_dict leaves it out for them); v2 problems have it.
     assert set(pack_schema.ProblemModel.model_fields) == {f.name for f in dataclasses.fields(Problem)} - {
         "scale_layout"
     } | {"schema_version"}
+    fields = {f.name for f in dataclasses.fields(Problem)} | {"schema_version"}
+    assert set(pack_schema.ScaledProblemModel.model_fields) == fields
 
 
 def test_the_published_schema_is_the_one_the_models_generate():
@@ -193,3 +197,23 @@ def test_the_pack_schema_command_prints_the_published_schema():
     result = CliRunner().invoke(app, ["pack-schema"])
     assert result.exit_code == 0
     assert result.stdout == (importlib.resources.files("moetune.configs") / "pack.schema.json").read_text()
+
+
+def test_a_pack_of_scaled_problems_is_version_2_and_a_version_1_pack_cannot_hold_one(shipped):
+    fp8 = {
+        "schema_version": 2, "op": "grouped_matmul_fp8", "m": 64, "k": 256, "n": 512, "g": 8,
+        "lhs_dtype": "float8_e4m3fn", "rhs_dtype": "float8_e4m3fn", "out_dtype": "bfloat16",
+        "transpose_rhs": False, "scale_layout": "block_1x128_128x128",
+    }  # fmt: skip
+    entry = {"problem": fp8, "config": {"strategy": "ragged_dot"}, "median_s": 1e-4}
+    scaled = shipped | {"schema_version": 2, "entries": [*shipped["entries"], entry]}
+    pack = packs.parse(scaled, "scaled")
+    assert pack.schema_version == 2 and pack.entries[-1].problem.scale_layout == "block_1x128_128x128"
+    assert json.loads(pack.dumps()) == scaled
+    with pytest.raises(PackInvalid, match=r"entries\[38\].problem has scales .* schema_version=1 pack"):
+        packs.parse(scaled | {"schema_version": 1}, "old")
+    # A v2 problem without scales, or FP8 operands in a v1 problem, are refused by the schema.
+    for bad in (fp8 | {"scale_layout": "none"}, {**fp8, "schema_version": 1}):
+        with pytest.raises(PackInvalid):
+            packs.parse(scaled | {"entries": [entry | {"problem": bad}]}, "bad")
+    assert packs.parse(shipped, "shipped").schema_version == 1  # bf16 winners: the pack of old

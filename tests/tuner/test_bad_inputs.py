@@ -472,7 +472,7 @@ cases(
 cases(
     "import: pack fields",
     import_pack("another schema", pack(change(_pack, schema="moetune.pack.v2"))),
-    import_pack("schema_version 2", pack(change(_pack, schema_version=2))),
+    import_pack("schema_version 3", pack(change(_pack, schema_version=3))),
     import_pack("schema_version a string", pack(change(_pack, schema_version="1"))),
     import_pack("unknown top-level field", pack(change(_pack, extra={}))),
     import_pack("entries a mapping", pack(change(_pack, entries={}))),
@@ -506,7 +506,20 @@ cases(
     import_pack("transpose_rhs an integer", pack(change(_problem, transpose_rhs=0))),
     import_pack("missing problem field", pack(drop(_problem, "g"))),
     import_pack("unknown problem field", pack(change(_problem, group_sizes=[1, 2]))),
-    import_pack("problem schema_version 2", pack(change(_problem, schema_version=2))),
+    import_pack("problem schema_version 2 without scales", pack(change(_problem, schema_version=2))),
+    import_pack(
+        "a problem with scales in a schema_version 1 pack",
+        pack(
+            change(
+                _problem,
+                schema_version=2,
+                op="grouped_matmul_fp8",
+                lhs_dtype="float8_e4m3fn",
+                rhs_dtype="float8_e4m3fn",
+                scale_layout="tensor",
+            )  # fmt: skip
+        ),
+    ),
     import_pack("odd n for swiglu", pack(change(_problem, op="grouped_matmul_swiglu", n=28673))),
     import_pack("median 0", pack(change(_entry, median_s=0))),
     import_pack("median negative", pack(change(_entry, median_s=-1e-3))),

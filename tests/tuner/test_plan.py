@@ -144,6 +144,21 @@ def test_parse_problem():
     assert (q.out_dtype, q.transpose_rhs) == ("float32", True)
 
 
+def test_an_fp8_problem_is_written_as_its_key_reads_and_its_output_stays_bfloat16():
+    planned = parse_problem(
+        "op=grouped_matmul_fp8,m=4096,k=7168,n=4096,g=256,dtype=e4m3,s=block_1x128_128x128"
+    )
+    p = planned.problem
+    assert p.key.endswith("lhs=float8_e4m3fn,rhs=float8_e4m3fn,out=bfloat16,t=0,s=block_1x128_128x128/v2")
+    assert (
+        planned.label == "grouped_matmul_fp8 m=4096,k=7168,n=4096,g=256,float8_e4m3fn,s=block_1x128_128x128"
+    )
+    swiglu = parse_problem(
+        "op=grouped_matmul_swiglu_fp8,m=8,k=256,n=512,g=4,lhs=e4m3,rhs=e4m3,scale_layout=tensor"
+    )
+    assert swiglu.problem.scale_layout == "tensor" and swiglu.problem.out_dtype == "bfloat16"
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -152,6 +167,9 @@ def test_parse_problem():
         ("m=1,k=2,n=3,g=1,z=4", "unknown field 'z'"),
         ("m=1,k=2,n=3,g=1,dtype=int8", "dtype='int8'"),
         ("m=1,k", "is not name=value"),
+        ("op=grouped_matmul_fp8,m=4,k=128,n=128,g=2,dtype=e4m3", "takes scale_layout one of tensor"),
+        ("m=4,k=128,n=128,g=2,s=tensor", "op=grouped_matmul takes scale_layout 'none'"),
+        ("op=grouped_matmul_fp8,m=4,k=100,n=128,g=2,dtype=e4m3,s=block_1x128_128x128", "multiples of 128"),
     ],
 )
 def test_parse_problem_errors(text, message):
