@@ -46,7 +46,7 @@ def test_shell_completion_is_offered():
     root = typer.main.get_command(app)
     assert {"install_completion", "show_completion"} <= {p.name for p in root.params}
     script = invoke("--show-completion", "bash", prog_name="moetune")
-    assert script.exit_code == 0 and "_MOETUNE_COMPLETE" in script.stdout
+    assert script.exit_code == 0 and "_MOETUNE_COMPLETE" in script.stdout, (script.output, script.exception)
 
 
 @pytest.mark.parametrize(
