@@ -42,10 +42,15 @@ def test_version_is_the_installed_packages():
     assert result.exit_code == 0 and result.stdout == f"moetune {importlib.metadata.version('moetune')}\n"
 
 
-def test_shell_completion_is_offered():
+def test_shell_completion_is_offered(monkeypatch):
+    import shellingham
+
     root = typer.main.get_command(app)
     assert {"install_completion", "show_completion"} <= {p.name for p in root.params}
-    script = invoke("--show-completion", "bash", prog_name="moetune")
+    # --show-completion prints the script of the shell it runs under, which typer finds by walking the
+    # process tree (shellingham): a test run whose parents are no shell (a detached job) has none.
+    monkeypatch.setattr(shellingham, "detect_shell", lambda *_, **__: ("bash", "/bin/bash"))
+    script = invoke("--show-completion", prog_name="moetune")
     assert script.exit_code == 0 and "_MOETUNE_COMPLETE" in script.stdout, (script.output, script.exception)
 
 

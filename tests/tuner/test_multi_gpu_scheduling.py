@@ -95,7 +95,7 @@ def test_the_two_lanes_time_in_parallel_but_each_lane_one_candidate_at_a_time(ru
     assert_never_overlap([span for spans in device_intervals(runs[1]).values() for span in spans])
 
 
-def test_a_sweep_records_every_trial_and_two_gpus_nearly_double_its_throughput(runs):
+def test_a_sweep_on_one_or_two_gpus_records_every_trial_once(runs):
     expected = {(p, v) for p in range(len(fake_gpu_sweep.PROBLEMS)) for v in slow_device_backend.VARIANTS}
     throughput = {}
     for gpus, run in runs.items():
@@ -106,6 +106,8 @@ def test_a_sweep_records_every_trial_and_two_gpus_nearly_double_its_throughput(r
         assert sorted(recorded) == sorted(expected), f"{gpus} GPU(s): trials missing or repeated"
         assert {t["status"] for t in sweep["trials"]} == {"ok"}
         throughput[gpus] = len(sweep["candidates"]) / sweep["wall_s"]
+    # Printed, not asserted: wall-clock throughput on a shared 2-core machine is a measurement
+    # (benchmarks/device_multi_gpu.sh measures it on GPUs); that the two lanes work at the same time is
+    # asserted from their busy intervals above.
     ratio = throughput[2] / throughput[1]
     print(f"candidates per second: 1 GPU {throughput[1]:.2f}, 2 GPUs {throughput[2]:.2f}, ratio {ratio:.2f}")
-    assert ratio > 1.5, f"two lanes gave {ratio:.2f}x the throughput of one"
