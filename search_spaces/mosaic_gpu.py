@@ -107,7 +107,8 @@ def epilogue_rows_aligned(problem: Problem, config: MosaicGpuConfig, device: Dev
     return None
 
 
-def _facts(device: DeviceFingerprint) -> hardware.ArchFacts | str:
+def arch_facts(device: DeviceFingerprint) -> hardware.ArchFacts | str:
+    """The device's architecture facts, or why there are none (a constraint returns that reason)."""
     try:
         return hardware.facts(device.compute_capability)
     except Unsupported as e:
@@ -117,7 +118,7 @@ def _facts(device: DeviceFingerprint) -> hardware.ArchFacts | str:
 def accumulator_fits_registers(
     problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint
 ) -> str | None:
-    facts = _facts(device)
+    facts = arch_facts(device)
     if isinstance(facts, str):
         return facts
     budget = tiling.consumer_register_budget(config, facts.registers_per_sm)
@@ -130,7 +131,7 @@ def accumulator_fits_registers(
 
 
 def smem_fits(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
-    facts = _facts(device)
+    facts = arch_facts(device)
     if isinstance(facts, str):
         return facts
     limit = facts.smem_per_block
@@ -288,7 +289,7 @@ def ranking(problem: Problem, device: DeviceFingerprint) -> tuple[tuple[MosaicGp
     """The cost model's ranking of the configs of its family that this problem's space holds and every
     constraint admits, best first (dispatch asks once per problem: it is cached)."""
     _check(problem)
-    if isinstance(_facts(device), str):
+    if isinstance(arch_facts(device), str):
         return ()  # no hardware facts: every config fails the resource constraints anyway
     search = SearchSpace(MosaicGpuConfig, domains(problem, device), CONSTRAINTS)
     family = cost.family(problem, device, search.domains["tile_schedule"])

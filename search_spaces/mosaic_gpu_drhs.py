@@ -28,6 +28,7 @@ from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import Unsupported
 from moetune.kernels.problem import Problem
 from moetune.search_spaces import mosaic_gpu_cost as cost
+from moetune.search_spaces.mosaic_gpu import arch_facts
 from moetune.search_spaces.space import Constraint, SearchSpace
 
 _DEFAULTS = MosaicGpuConfig()
@@ -110,7 +111,7 @@ def tma_box_fits(problem: Problem, config: MosaicGpuConfig, device: DeviceFinger
 def accumulator_fits_registers(
     problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint
 ) -> str | None:
-    facts = _facts(device)
+    facts = arch_facts(device)
     if isinstance(facts, str):
         return facts
     budget = tiling.consumer_register_budget(config, facts.registers_per_sm)
@@ -121,7 +122,7 @@ def accumulator_fits_registers(
 
 
 def smem_fits(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
-    facts = _facts(device)
+    facts = arch_facts(device)
     if isinstance(facts, str):
         return facts
     need = tiling.drhs_smem_bytes(problem, config)
@@ -160,13 +161,6 @@ def check_problem(problem: Problem) -> None:
         raise Unsupported(
             f"K={problem.k} and N={problem.n} must be multiples of 64 (the smallest output tile)"
         )
-
-
-def _facts(device: DeviceFingerprint) -> hardware.ArchFacts | str:
-    try:
-        return hardware.facts(device.compute_capability)
-    except Unsupported as e:
-        return str(e)
 
 
 def expected_steps(problem: Problem, config: MosaicGpuConfig) -> float:
@@ -246,7 +240,7 @@ def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
 def ranking(problem: Problem, device: DeviceFingerprint) -> tuple[tuple[MosaicGpuConfig, Estimate], ...]:
     """Every admitted config of the space with its estimate, best first (ties: the deeper pipeline, then
     the larger tile)."""
-    if isinstance(_facts(device), str):
+    if isinstance(arch_facts(device), str):
         return ()
     search = SearchSpace(MosaicGpuConfig, dict(DOMAINS), CONSTRAINTS)
     configs, _ = search.enumerate(problem, device)
