@@ -7,7 +7,9 @@ gradient is [G, K, N] in bf16. moetune runs its heuristic config and the next be
 model's ranking (`--ranked`), so the table shows how far the heuristic is from the best measured. Every
 moetune result is checked against XLA's before it is timed, and compared with torch's. With
 `--half-full`, each case also runs on a buffer twice as tall as its rows (sum(group_sizes) = M/2): the
-kernel walks only the real rows, so its time should match the exact-M call's.
+kernel walks only the real rows, so its time should match the exact-M call's. With `--dlhs`, each case
+also times the input gradient (dout @ rhs[g]^T: the forward op on the other weight layout, k and n
+swapped) beside the forward op of the same m, k, n on the usual layout, both on their heuristic configs.
 
 Kernel time comes from CUPTI (jax's profiler for JAX, benchmarks/torch_timing.py for torch), the
 prologue's prefix sums included. Run: python benchmarks/bench_backward.py --out drhs.json
@@ -180,6 +182,8 @@ def run_case(case, args, records: list[dict]) -> None:
     del ref, torch_ref, lhs, dout
     if args.half_full:
         methods["moetune_half_full"] = half_full(case, backend, device, args)
+    if args.dlhs:
+        methods["moetune_dlhs"] = dlhs_beside_forward(case, backend, device, sizes, args)
     records.append(record)
     print_record(record)
 
@@ -209,6 +213,47 @@ def half_full(case, backend, device, args) -> dict:
     return out
 
 
+def dlhs_beside_forward(case, backend, device, sizes: list[int], args) -> dict:
+    """The input gradient of the case's forward GEMM (its cotangent problem "dlhs") and the forward op of
+    the same shape on the [G, K, N] layout, each on its heuristic config, checked against XLA's
+    ragged_dot and timed."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from moetune.kernels import registry
+    from moetune.kernels.api import cotangent_problems
+    from moetune.kernels.problem import Problem
+
+    model = case.model
+    k, n = (model.hidden, 2 * model.ffn) if case.gemm == "gate_up" else (model.ffn, model.hidden)
+    forward = Problem("grouped_matmul", m=case.tokens * model.top_k, k=k, n=n, g=model.experts)
+    dlhs = dict(cotangent_problems(forward))["dlhs"]
+    gs = jnp.asarray(sizes, jnp.int32)
+    out = {"dlhs_problem": dlhs.key}
+    for label, problem in (("dlhs", dlhs), ("forward", dataclasses.replace(dlhs, transpose_rhs=False))):
+        kx, kw = jax.random.split(jax.random.key(problem.k))
+        x = jax.random.normal(kx, (problem.m, problem.k), jnp.bfloat16)
+        w = (jax.random.normal(kw, problem.rhs_shape, jnp.float32) * problem.k**-0.5).astype(jnp.bfloat16)
+        config = backend.heuristic(problem, device)
+        entry = {"config": config.to_dict()}
+        try:
+            fn = jax.jit(backend.build(problem, config)).lower(x, w, gs).compile()
+            xla = registry.get("xla")
+            ref = jax.jit(xla.build(problem, xla.heuristic(problem, device)))(x, w, gs)
+            entry["rel_err"] = rel_err(fn(x, w, gs), ref)
+            del ref
+            entry |= summary(time_jax(fn, (x, w, gs), args.runs), problem.flops)
+        except Exception as e:  # noqa: BLE001
+            entry["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        out[label] = entry
+        del x, w
+    if "median_ms" in out["dlhs"] and "median_ms" in out["forward"]:
+        out["dlhs_over_forward"] = out["dlhs"]["median_ms"] / out["forward"]["median_ms"]
+    return out
+
+
 def print_record(record: dict) -> None:
     cells = []
     for name, entry in record["methods"].items():
@@ -216,6 +261,9 @@ def print_record(record: dict) -> None:
             cells.append(f"{name} {entry['tflops']:.0f} TF/s ({entry['median_ms']:.3f} ms)")
         elif "buffer_over_exact" in entry:
             cells.append(f"{name} x{entry['buffer_over_exact']:.3f}")
+        elif "dlhs_over_forward" in entry:
+            dlhs, forward = entry["dlhs"]["tflops"], entry["forward"]["tflops"]
+            cells.append(f"{name} {dlhs:.0f} TF/s, forward {forward:.0f} (x{entry['dlhs_over_forward']:.3f})")
         else:
             cells.append(f"{name} {entry.get('error') or entry.get('skipped') or entry}")
     print(f"{record['case']}: " + "; ".join(cells), flush=True)
@@ -233,6 +281,7 @@ def main() -> int:
     )
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--half-full", action="store_true")
+    parser.add_argument("--dlhs", action="store_true", help="also time dlhs beside the forward op")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     records: list[dict] = []

@@ -4,7 +4,7 @@
 #   2. benchmarks/bench_backward.py: the weight gradient of the development shapes (Mixtral-8x7B,
 #      DeepSeek-V3, Qwen3-30B-A3B; gate_up and down; T = 4096, 16384) against XLA's ragged_dot_general
 #      and torch._grouped_mm's wgrad form, the heuristic beside the cost model's next configs, and each
-#      shape on a half-full buffer;
+#      shape on a half-full buffer, and the input gradient (dlhs) beside the forward op of its shape;
 #   3. benchmarks/bench_layer_grad.py: the MoE layer's forward and backward at T=4096 (Mixtral-8x7B,
 #      Qwen3-30B-A3B) against the XLA ragged_dot layer and a torch._grouped_mm layer.
 # Each step is time-boxed; a failed step does not stop the next. $OUT gets gpu.txt, install.log,
@@ -35,7 +35,7 @@ fi
 
 step "weight gradient benchmark ($(cap ${BW_DRHS_S:-300}) s)" | tee -a "$OUT/run.log"
 timeout "$(cap ${BW_DRHS_S:-300})" python3 benchmarks/bench_backward.py --models ${BW_MODELS:-mixtral-8x7b deepseek-v3 qwen3-30b-a3b} \
-  --tokens ${BW_TOKENS:-4096 16384} --ranked "${BW_RANKED:-3}" --half-full --out "$OUT/drhs.json" 2>&1 \
+  --tokens ${BW_TOKENS:-4096 16384} --ranked "${BW_RANKED:-3}" --half-full --dlhs --out "$OUT/drhs.json" 2>&1 \
   | grep -v "^WARNING\|^W[0-9]" | tee -a "$OUT/run.log"
 echo "bench rc=${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
 
