@@ -205,6 +205,49 @@ def backward_entries(run: dict) -> list[dict]:
                 config=heuristic["config"],
             )  # fmt: skip
         )
+        dlhs = methods.get("moetune_dlhs", {})
+        if "samples_ms" in dlhs.get("dlhs", {}) and "samples_ms" in dlhs.get("forward", {}):
+            # The input gradient, with the forward op of its shape (the usual weight layout) as its peer:
+            # the drhs case's m and g, k and n swapped (dout @ rhs[g]^T).
+            entries.append(
+                _timed_entry(
+                    env,
+                    f"backward/dlhs/{model}/{gemm}/T={params['tokens']}",
+                    "backward",
+                    dlhs["dlhs"]["samples_ms"],
+                    params=params | {"op": "grouped_matmul", "k": case["n"], "n": case["k"]},
+                    peers={"moetune_forward": measurement(dlhs["forward"]["samples_ms"], 6)},
+                    config=dlhs["dlhs"]["config"],
+                )  # fmt: skip
+            )
+    return entries
+
+
+def layer_entries(run: dict) -> list[dict]:
+    """One entry per case of a bench_layer_grad.py --out file whose moetune step was timed: the MoE layer's
+    forward and backward step, with the XLA ragged_dot layer and the torch._grouped_mm layer (where they
+    ran) as peers."""
+    env = run["environment"]
+    entries = []
+    for case in run["cases"]:
+        methods = case.get("methods", {})
+        if "samples_ms" not in methods.get("moetune", {}):
+            continue
+        peers = {
+            name: measurement(m["samples_ms"], 6)
+            for name, m in sorted(methods.items())
+            if name != "moetune" and "samples_ms" in m
+        }
+        entries.append(
+            _timed_entry(
+                env,
+                f"layer_grad/{case['model']}/T={case['tokens']}",
+                "layer_grad",
+                methods["moetune"]["samples_ms"],
+                params={"model": case["model"], "tokens": case["tokens"], "gemm_flops": case["gemm_flops"]},
+                peers=peers,
+            )  # fmt: skip
+        )
     return entries
 
 

@@ -4,6 +4,7 @@ built from the benchmark scripts' own output files, and the tables the documenta
     python3 benchmarks/baselines.py add-gemm gate_up.json down.json   # bench_gemm.py --out files
     python3 benchmarks/baselines.py add-finegrained dev.json          # bench_gemm.py --models --out files
     python3 benchmarks/baselines.py add-backward drhs.json            # bench_backward.py --out file
+    python3 benchmarks/baselines.py add-layer layer.json              # bench_layer_grad.py --out file
     python3 benchmarks/baselines.py add-model model.json              # bench_model.py --out file
     python3 benchmarks/baselines.py add-tuner run.json ... --gpu "NVIDIA H200" --date 2026-11-30 \\
         --versions jax=0.11.2,jaxlib=0.11.2 --command "bash benchmarks/device_multi_gpu.sh"
@@ -45,7 +46,7 @@ SCHEMA_VERSION = 1
 ROOT = Path(__file__).resolve().parents[1]
 BASELINES = ROOT / "benchmarks" / "baselines"
 PAGES = (ROOT / "README.md", ROOT / "docs" / "performance.md")
-SUITES = ("bench_gemm", "finegrained", "backward", "bench_model", "tuner")
+SUITES = ("bench_gemm", "finegrained", "backward", "layer_grad", "bench_model", "tuner")
 UNITS = ("ms", "s", "trials/min", "variants/min")
 REQUIRED = ("name", "suite", "date", "gpu", "versions", "command", "unit", "samples", "median", "params")
 OPTIONAL = ("title", "peers", "bounds", "config", "from_pack")
@@ -54,6 +55,7 @@ SUITE_PARAMS = {
     "bench_gemm": ("proj", "tokens", "m", "k", "n", "g", "routing"),
     "finegrained": ("model", "gemm", "tokens", "m", "k", "n", "g"),
     "backward": ("model", "gemm", "tokens", "m", "k", "n", "g"),
+    "layer_grad": ("model", "tokens"),
     "bench_model": ("model", "phase", "tokens"),
     "tuner": (),
 }
@@ -233,7 +235,7 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for name in ("add-gemm", "add-finegrained", "add-backward", "add-model", "add-tuner"):
+    for name in ("add-gemm", "add-finegrained", "add-backward", "add-layer", "add-model", "add-tuner"):
         sub = commands.add_parser(name)
         sub.add_argument("runs", type=Path, nargs="+", help="the benchmark's --out files")
         sub.add_argument("--file", type=Path, help="the baselines file (default: the runs' GPU's)")
@@ -264,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             entries = [e for run in runs for e in baseline_entries.finegrained_entries(run)]
         elif args.command == "add-backward":
             entries = [e for run in runs for e in baseline_entries.backward_entries(run)]
+        elif args.command == "add-layer":
+            entries = [e for run in runs for e in baseline_entries.layer_entries(run)]
         elif args.command == "add-model":
             entries = [e for run in runs for e in baseline_entries.model_entries(run)]
         else:

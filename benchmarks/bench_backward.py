@@ -86,12 +86,13 @@ def operands(m: int, k: int, n: int, seed: int):
     return lhs, dout
 
 
-def drhs_problem(case: dev_shapes.Case, m: int):
-    from moetune.kernels.problem import Problem
+def cotangent(case: dev_shapes.Case, part: str, m: int | None = None):
+    """The case's "dlhs" or "drhs" problem as training dispatches it (kernels.api.cotangent_problems of
+    the case's forward problem), on `m` rows if given."""
+    from moetune.kernels.api import cotangent_problems
 
-    model = case.model
-    k, n = (model.hidden, 2 * model.ffn) if case.gemm == "gate_up" else (model.ffn, model.hidden)
-    return Problem("grouped_matmul_drhs", m=m, k=k, n=n, g=model.experts)
+    problem = dict(cotangent_problems(case.problem))[part]
+    return problem if m is None else problem.with_m(m)
 
 
 def xla_drhs(lhs, dout, sizes):
@@ -125,7 +126,7 @@ def run_case(case, args, records: list[dict]) -> None:
 
     backend, device = registry.get("mosaic_gpu"), current_fingerprint()
     m = case.tokens * case.model.top_k
-    problem = drhs_problem(case, m)
+    problem = cotangent(case, "drhs", m)
     sizes = dev_shapes.top_k_group_sizes(case, seed=0)
     lhs, dout = operands(m, problem.k, problem.n, seed=case.tokens)
     gs = jnp.asarray(sizes, jnp.int32)
@@ -199,9 +200,9 @@ def half_full(case, backend, device, args) -> dict:
     sizes = jnp.asarray(dev_shapes.top_k_group_sizes(half_case, seed=1), jnp.int32)
     out = {}
     for label, rows in (("exact", m), ("buffer_2x", 2 * m)):
-        problem = drhs_problem(case, rows)
+        problem = cotangent(case, "drhs", rows)
         lhs, dout = operands(rows, problem.k, problem.n, seed=rows)
-        config = backend.heuristic(drhs_problem(case, m), device)
+        config = backend.heuristic(cotangent(case, "drhs", m), device)
         try:
             fn = jax.jit(backend.build(problem, config)).lower(lhs, dout, sizes).compile()
             out[label] = summary(time_jax(fn, (lhs, dout, sizes), args.runs), problem.flops, rows=rows)
@@ -223,13 +224,8 @@ def dlhs_beside_forward(case, backend, device, sizes: list[int], args) -> dict:
     import jax.numpy as jnp
 
     from moetune.kernels import registry
-    from moetune.kernels.api import cotangent_problems
-    from moetune.kernels.problem import Problem
 
-    model = case.model
-    k, n = (model.hidden, 2 * model.ffn) if case.gemm == "gate_up" else (model.ffn, model.hidden)
-    forward = Problem("grouped_matmul", m=case.tokens * model.top_k, k=k, n=n, g=model.experts)
-    dlhs = dict(cotangent_problems(forward))["dlhs"]
+    dlhs, xla = cotangent(case, "dlhs"), registry.get("xla")
     gs = jnp.asarray(sizes, jnp.int32)
     out = {"dlhs_problem": dlhs.key}
     for label, problem in (("dlhs", dlhs), ("forward", dataclasses.replace(dlhs, transpose_rhs=False))):
@@ -240,7 +236,6 @@ def dlhs_beside_forward(case, backend, device, sizes: list[int], args) -> dict:
         entry = {"config": config.to_dict()}
         try:
             fn = jax.jit(backend.build(problem, config)).lower(x, w, gs).compile()
-            xla = registry.get("xla")
             ref = jax.jit(xla.build(problem, xla.heuristic(problem, device)))(x, w, gs)
             entry["rel_err"] = rel_err(fn(x, w, gs), ref)
             del ref

@@ -174,6 +174,10 @@ def backward_run() -> dict:
             "moetune_ranked2": timed(1.44),
             "moetune_ranked3": {"error": "ResourceExceeded"},
             "moetune_half_full": {"exact": timed(0.73), "buffer_2x": timed(0.74), "buffer_over_exact": 1.01},
+            "moetune_dlhs": {
+                "dlhs": timed(1.52, config={"block_m": 128}), "forward": timed(1.50),
+                "dlhs_over_forward": 1.01,
+            },
         },
     }  # fmt: skip
     skipped = {"case": "deepseek-v3/gate_up/T4096", "m": 32768, "k": 7168, "n": 4096, "g": 256}
@@ -184,7 +188,7 @@ def backward_run() -> dict:
 
 
 def test_a_backward_run_keeps_the_heuristic_its_peers_and_the_half_full_pair():
-    (made,) = entries.backward_entries(backward_run())  # cases without a heuristic time are left out
+    made, _ = entries.backward_entries(backward_run())  # cases without a heuristic time are left out
     assert made["name"] == "backward/drhs/mixtral-8x7b/down/T=4096" and made["suite"] == "backward"
     assert made["median"] == 1.45 and made["config"] == {"block_m": 64}
     assert sorted(made["peers"]) == [
@@ -196,5 +200,37 @@ def test_a_backward_run_keeps_the_heuristic_its_peers_and_the_half_full_pair():
         "m": 8192, "k": 14336, "n": 4096, "g": 8,
     }  # fmt: skip
     assert made["command"] == "python3 benchmarks/bench_backward.py --out $OUT/drhs.json"
+    file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
+    assert baselines.problems_of(file) == []
+
+
+def test_a_backward_run_with_dlhs_keeps_the_input_gradient_beside_the_forward_op_of_its_shape():
+    _, made = entries.backward_entries(backward_run())
+    assert made["name"] == "backward/dlhs/mixtral-8x7b/down/T=4096" and made["suite"] == "backward"
+    assert made["median"] == 1.52 and made["config"] == {"block_m": 128}
+    assert made["peers"] == {"moetune_forward": {"samples": [1.5, 1.515, 1.485], "median": 1.5}}
+    # dout @ rhs[g]^T: the weight gradient's k and n swapped.
+    assert made["params"] == {
+        "model": "mixtral-8x7b", "gemm": "down", "tokens": 4096, "op": "grouped_matmul",
+        "m": 8192, "k": 4096, "n": 14336, "g": 8,
+    }  # fmt: skip
+    file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
+    assert baselines.problems_of(file) == []
+
+
+def test_a_layer_run_keeps_the_moetune_step_and_the_peers_that_ran():
+    def timed(ms):
+        return {"samples_ms": [ms, ms * 1.02, ms * 0.98], "median_ms": ms}
+
+    env = {"date": "2026-01-02T03:04:05Z", "device_kind": "Test GPU", "jax": "0.11.2", "jaxlib": "0.11.2"}
+    env["command"] = "python3 bench_layer_grad.py --out /data/run/layer.json"
+    good = {"model": "qwen3-30b-a3b", "tokens": 4096, "gemm_flops": 10**12}
+    good["methods"] = {"moetune": timed(4.0), "xla": {"error": "OOM"}, "torch_grouped_mm": timed(4.4)}
+    failed = {"model": "mixtral-8x7b", "tokens": 4096, "gemm_flops": 10**13, "methods": {"moetune": {}}}
+    (made,) = entries.layer_entries({"environment": env, "cases": [good, failed]})
+    assert made["name"] == "layer_grad/qwen3-30b-a3b/T=4096" and made["suite"] == "layer_grad"
+    assert made["median"] == 4.0 and sorted(made["peers"]) == ["torch_grouped_mm"]
+    assert made["params"] == {"model": "qwen3-30b-a3b", "tokens": 4096, "gemm_flops": 10**12}
+    assert made["command"] == "python3 benchmarks/bench_layer_grad.py --out $OUT/layer.json"
     file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
     assert baselines.problems_of(file) == []
