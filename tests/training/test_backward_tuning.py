@@ -82,7 +82,9 @@ def test_a_large_weight_gradient_is_checked_on_a_sample_of_k_indices(monkeypatch
     assert len(ks) == 5 and ref.values.shape == (4, 24, 5)
     full = reference_of(problem)(*cache.verify_args(inputs, SIZES))
     assert np.allclose(np.asarray(ref.values), np.asarray(full)[:, :, ks])
-    assert verify.verify(reference_of(problem), inputs, cache, [SIZES]) == 0.0
+    # The sampled reference is its own program (lhs's sampled columns, then the contraction): XLA may
+    # block that dot differently from the full one, so the two agree to float32 rounding, not bit for bit.
+    assert verify.verify(reference_of(problem), inputs, cache, [SIZES]) <= 1e-6
     with pytest.raises(WrongResult, match="worst row"):  # one wrong value at a sampled K index
         verify.check_output(full.at[0, 3, ks[2]].add(1.0), ref, SIZES, problem)
 
