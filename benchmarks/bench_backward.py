@@ -4,7 +4,8 @@ contracted rows), on the development shapes of benchmarks/dev_shapes.py, timed i
 
 Per case (model, GEMM, T): lhs [T*k, K] and dout [T*k, N] in bf16 with uniform random top-k routing; the
 gradient is [G, K, N] in bf16. moetune runs its heuristic config and the next best configs of its cost
-model's ranking (`--ranked`), so the table shows how far the heuristic is from the best measured. Every
+model's ranking (`--ranked`) and any configs given with `--config`, so the table shows how far the
+heuristic is from the best measured. Every
 moetune result is checked against XLA's before it is timed, and compared with torch's. With
 `--half-full`, each case also runs on a buffer twice as tall as its rows (sum(group_sizes) = M/2): the
 kernel walks only the real rows, so its time should match the exact-M call's. With `--dlhs`, each case
@@ -18,6 +19,7 @@ prologue's prefix sums included. Run: python benchmarks/bench_backward.py --out 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -162,6 +164,8 @@ def run_case(case, args, records: list[dict]) -> None:
         if i >= args.ranked:
             break
         configs[f"ranked{i + 2}"] = config
+    for i, fields in enumerate(args.config):
+        configs[f"config{i + 1}"] = dataclasses.replace(heuristic, **fields)
     for label, config in configs.items():
         entry = {"config": config.to_dict()}
         try:
@@ -218,8 +222,6 @@ def dlhs_beside_forward(case, backend, device, sizes: list[int], args) -> dict:
     """The input gradient of the case's forward GEMM (its cotangent problem "dlhs") and the forward op of
     the same shape on the [G, K, N] layout, each on its heuristic config, checked against XLA's
     ragged_dot and timed."""
-    import dataclasses
-
     import jax
     import jax.numpy as jnp
 
@@ -273,6 +275,14 @@ def main() -> int:
     parser.add_argument("--gemms", nargs="+", default=list(dev_shapes.GEMMS), choices=dev_shapes.GEMMS)
     parser.add_argument(
         "--ranked", type=int, default=3, help="configs of the cost model's ranking after the heuristic"
+    )
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        type=json.loads,
+        help='a weight-gradient config to time beside the heuristic, as JSON ({"block_n": 256, ...}: the '
+        "heuristic's other fields); repeatable",
     )
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--half-full", action="store_true")

@@ -11,7 +11,9 @@ sets them is invalid (not silently the same kernel under another name).
 The heuristic ranks the whole space (a few thousand points) with a small cost model: per work item, its
 expected contraction steps (an expert of r rows spans r / block_m + 1 steps from a random start), each the
 longer of its wgmmas and its operand copies through the SM's port, plus the zeroing of the first and last
-step's foreign rows and the pipeline's fill (and, for a CTA per item, its start, exit and store drain);
+step's foreign rows and the pipeline's fill (once per CTA where a producer warpgroup chains a persistent
+CTA's items into one pipeline, once per item otherwise; a CTA per item also pays its start, exit and store
+drain);
 items spread over the persistent CTAs in waves; the whole bounded below by the HBM traffic of the [G, K, N]
 output and of the operands, which the tile order decides (`operand_traffic`).
 """
@@ -64,6 +66,9 @@ SPECIALIZED_EFFICIENCY = 0.9
 CTA_ITEM_S = 3.8e-6
 PROLOGUE_S = 3e-6  # the group bounds' cumulative sum, an XLA fusion before the kernel
 SEEDS = 6
+# The cost model's resolution: estimates closer than this are a tie. Its terms are per FLOP alike for
+# every tile size, so left to itself it ranks tiles by rounding (waves, edge steps) far below its error.
+TIE = 0.01
 
 
 def fixed_fields_at_defaults(
@@ -164,9 +169,13 @@ def check_problem(problem: Problem) -> None:
 
 
 def expected_steps(problem: Problem, config: MosaicGpuConfig) -> float:
-    """Contraction steps of a touched expert under uniform routing: r rows from a random start span
-    r / block_m + 1 blocks on average (never fewer than one)."""
+    """Contraction steps of a touched expert under uniform routing (never fewer than one). One warpgroup
+    steps through block_m-aligned blocks: r rows from a random start span r / block_m + 1 of them on
+    average. A producer warpgroup starts at the expert's first row rounded down to 8 (3.5 rows early on
+    average), and the last step is half used on average."""
     rows = cost.uniform_routing(problem).rows
+    if config.warp_specialized:
+        return max(1.0, (rows + 3.5) / config.block_m + 0.5)
     return max(1.0, rows / config.block_m + 1.0 - 1.0 / config.block_m)
 
 
@@ -209,9 +218,13 @@ def estimate(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprin
     steps = expected_steps(problem, config)
     edge_s = min(2.0, steps) * 2 * config.block_m * t.tile_q * in_bytes / (facts.smem_bytes_per_clock * clock)
     store_s = t.tile_p * t.cta_q * out_bytes / (facts.sm_port_bytes_per_clock * clock)
-    # Each item's pipeline starts empty; a persistent CTA's store drains under its next item, a CTA of
-    # its own pays for the drain, its start and its exit.
-    item_s = steps * max(mma_s, copy_s) + edge_s + facts.memory_latency_s
+    # A persistent CTA's store drains under its next item; a CTA of its own pays for the drain, its start
+    # and its exit. With a producer warpgroup one pipeline spans all of a persistent CTA's items, so only
+    # the CTA's first item waits for its tiles and the consumers' own cost is the output tile's write to
+    # shared memory; one warpgroup starts each item's pipeline empty.
+    chained = config.warp_specialized and config.persistent
+    tile_write_s = t.tile_p * t.cta_q * out_bytes / (facts.smem_bytes_per_clock * clock)
+    item_s = steps * max(mma_s, copy_s) + edge_s + (tile_write_s if chained else facts.memory_latency_s)
     if not config.persistent:
         item_s += store_s + CTA_ITEM_S
     touched = cost.uniform_routing(problem).experts
@@ -219,6 +232,8 @@ def estimate(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprin
     empty_items = (problem.g - touched) * t.tiles_per_expert
     waves = math.ceil(items / device.core_count) if config.persistent else items / device.core_count
     compute_s = waves * item_s + empty_items * (store_s + facts.memory_latency_s) / device.core_count
+    if chained:
+        compute_s += facts.memory_latency_s
     out_traffic = problem.g * problem.k * problem.n * out_bytes
     hbm_rate = hardware.hbm_bytes_per_s(device.device_kind, device.compute_capability)
     hbm_s = (operand_traffic(problem, config, device) + out_traffic) / hbm_rate
@@ -238,15 +253,20 @@ def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
 
 @functools.lru_cache(maxsize=512)
 def ranking(problem: Problem, device: DeviceFingerprint) -> tuple[tuple[MosaicGpuConfig, Estimate], ...]:
-    """Every admitted config of the space with its estimate, best first (ties: the deeper pipeline, then
-    the larger tile)."""
+    """Every admitted config of the space with its estimate, best first. Estimates within TIE of each
+    other count as equal, the model being no finer than that: among them the larger output tile wins (a
+    tile is fewer items, each with its fixed costs the model leaves out, and fewer operand bytes per
+    FLOP), then the deeper pipeline."""
     if isinstance(arch_facts(device), str):
         return ()
     search = SearchSpace(MosaicGpuConfig, dict(DOMAINS), CONSTRAINTS)
     configs, _ = search.enumerate(problem, device)
     rows = [(config, estimate(problem, config, device)) for config in configs]
     size = lambda c: c.block_k * c.block_n * c.consumers  # noqa: E731
-    rows.sort(key=lambda r: (round(r[1].seconds, 9), -size(r[0]), -r[0].max_concurrent_steps))
+    rows.sort(key=lambda r: r[1].seconds)
+    best = rows[0][1].seconds if rows else 1.0
+    bucket = lambda e: math.floor(math.log(e.seconds / best) / math.log1p(TIE))  # noqa: E731
+    rows.sort(key=lambda r: (bucket(r[1]), -size(r[0]), -r[0].max_concurrent_steps, r[1].seconds))
     return tuple(rows)
 
 

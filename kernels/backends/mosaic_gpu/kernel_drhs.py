@@ -18,12 +18,14 @@ operands trade places (out[g]^T = dout^T @ lhs), so both layouts are the same ke
 Config fields keep their meaning where they can: block_m counts token rows (here the contraction step),
 block_n the output tile's N columns, block_k its K rows; wg_split "n" gives two consumer warpgroups one
 half of the tile's Q side each (each zeroes its own half of the dout tile, so no two warpgroups write one
-buffer), fed by a producer warpgroup (warp_specialized); "none" is one warpgroup doing both. Experts are
-walked one after another; within one, grid_minor_dim "m" or "n" and grid_tile_width lay its [P, Q] tiles
-in strips of that many tiles along P or Q, so that the CTAs at work at once share operand tiles in L2
-(with "m" and width 1 every P tile streams the expert's whole dout: at Mixtral's 28672 columns that is
-the expert's 58 MB of dout again for each of K's tiles). The epilogue chunks, split-K, pad_lhs and the
-tile schedule play no part and stay at their defaults.
+buffer), "none" gives one consumer the whole tile. With warp_specialized a producer warpgroup feeds
+them and runs one pipeline over all of the CTA's items, so an expert of a few steps (100-200 rows) pays no
+pipeline fill per output tile; without it one warpgroup issues copies and wgmmas, its pipeline started
+afresh per item. Experts are walked one after another; within one, grid_minor_dim "m" or "n" and
+grid_tile_width lay its [P, Q] tiles in strips of that many tiles along P or Q, so that the CTAs at work
+at once share operand tiles in L2 (with "m" and width 1 every P tile streams the expert's whole dout: at
+Mixtral's 28672 columns that is the expert's 58 MB of dout again for each of K's tiles). The epilogue
+chunks, split-K, pad_lhs and the tile schedule play no part and stay at their defaults.
 """
 
 from __future__ import annotations
@@ -102,6 +104,16 @@ def _rows(s: _Static, bounds_ref: Any, g: jax.Array) -> tuple[jax.Array, jax.Arr
     return start, end, first, steps
 
 
+def _chained_rows(s: _Static, bounds_ref: Any, g: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(start, end, first row of the first step, steps) of expert g when its steps start at its first
+    row rounded down to a multiple of 8 (a copy's row offset into a swizzled tile must be whole 8-row
+    tiles), not of block_m: an expert of r rows spans about r / block_m + 1/2 steps, not + 1."""
+    start = jnp.minimum(bounds_ref[g], s.m)
+    end = jnp.minimum(bounds_ref[g + 1], s.m)
+    row0 = pl.multiple_of(start // 8 * 8, 8)
+    return start, end, row0, jnp.where(end > start, (end - row0 + s.step - 1) // s.step, 0)
+
+
 def _zero_foreign_rows(b_smem: Any, row0: jax.Array, start: jax.Array, end: jax.Array, s: _Static) -> None:
     """Rows of the dout tile (first global row `row0`) outside [start, end) set to zero, in place."""
     shape = (s.step, s.tile_q)
@@ -133,6 +145,24 @@ def _store(acc: jax.Array | None, out_ref: Any, smem: Any, g: Any, p0: Any, q0: 
     plgpu.copy_smem_to_gmem(smem, out_ref.at[g, pl.ds(p0, s.tile_p), pl.ds(q0, s.tile_q)])
 
 
+def _tile_out(s: _Static, steps: jax.Array, accumulate: Any, out_ref: Any, smem: Any, g, p0, q0) -> None:
+    """One output tile: accumulated by `accumulate(acc_ref)` over the expert's steps and stored, or
+    zeros stored where the expert has no rows."""
+
+    @pl.when(steps > 0)
+    def _compute():
+        def acc_scope(acc_ref):
+            accumulate(acc_ref)
+            return acc_ref[...]
+
+        acc = pl.run_scoped(acc_scope, plgpu.ACC((s.tile_p, s.tile_q), jnp.float32))
+        _store(acc, out_ref, smem, g, p0, q0, s)
+
+    @pl.when(steps == 0)
+    def _zeros():
+        _store(None, out_ref, smem, g, p0, q0, s)
+
+
 def _item(index: jax.Array, s: _Static) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Work item -> (expert, p tile, q tile): one expert's tiles after another, each expert's in strips
     of `tile_width` tiles along P ("m") or Q ("n"), snaking (plgpu.planar_snake)."""
@@ -161,94 +191,127 @@ def _plain_kernel(bounds_ref, a_ref, b_ref, out_ref, *, s: _Static) -> None:
             start, end, first, steps = _rows(s, bounds_ref, g)
             p0, q0 = pt * s.tile_p, qt * s.tile_q
 
-            @pl.when(steps > 0)
-            def _compute():
-                def acc_scope(acc_ref):
-                    def body(kk, a_smem, b_smem):
-                        _step(s, kk, a_smem, b_smem, acc_ref, first, start, end, steps)
-                        plgpu.wgmma_wait(delay)  # step i-1's slot is refilled after step i
+            def accumulate(acc_ref):
+                def body(kk, a_smem, b_smem):
+                    _step(s, kk, a_smem, b_smem, acc_ref, first, start, end, steps)
+                    plgpu.wgmma_wait(delay)  # step i-1's slot is refilled after step i
 
-                    plgpu.emit_pipeline(
-                        body,
-                        grid=(steps,),
-                        in_specs=_in_specs(s, first, pt, qt, delay),
-                        max_concurrent_steps=s.stages,
-                    )(a_ref, b_ref)
-                    plgpu.wgmma_wait(0)
-                    return acc_ref[...]
+                plgpu.emit_pipeline(
+                    body,
+                    grid=(steps,),
+                    in_specs=_in_specs(s, first, pt, qt, delay),
+                    max_concurrent_steps=s.stages,
+                )(a_ref, b_ref)
+                plgpu.wgmma_wait(0)
 
-                acc = pl.run_scoped(acc_scope, plgpu.ACC((s.tile_p, s.tile_q), jnp.float32))
-                _store(acc, out_ref, smem, g, p0, q0, s)
-
-            @pl.when(steps == 0)
-            def _zeros():
-                _store(None, out_ref, smem, g, p0, q0, s)
+            _tile_out(s, steps, accumulate, out_ref, smem, g, p0, q0)
 
         plgpu.wait_smem_to_gmem(0)
 
     pl.run_scoped(with_out_smem, _out_smem(s, 1))
 
 
+def _consumer_registers(consumers: int) -> int:
+    """Registers per thread of a consumer warpgroup: the SM's 512 per thread of one warpgroup, less the
+    producer's, shared by the consumers, at most 256, a multiple of 8 (setmaxnreg's step)."""
+    return min(256, (512 - PRODUCER_REGISTERS) // consumers) // 8 * 8
+
+
 def _warp_specialized_kernel(bounds_ref, a_ref, b_ref, out_ref, *, s: _Static) -> None:
-    """A producer warpgroup streams the tiles; each consumer multiplies one half of the N tile."""
+    """A producer warpgroup streams the a and b tiles of every contraction step of the CTA's items, one
+    item after another, through a ring of `stages` slots; each consumer multiplies one half of the Q
+    side. One pipeline spans all of a CTA's items: the next item's tiles arrive while this one's last
+    steps multiply and its output tile is stored, so an item of two or three steps (an expert of 100-200
+    rows) pays no pipeline fill. Slot use c (counted over all items) waits for `full[c % stages]`, whose
+    two copies arrive with their bytes, and is given back on `empty[c % stages]` by every consumer."""
     wg = lax.axis_index(WARPGROUP_AXIS)
-
-    def pipeline(steps, first, pt, qt, body, context):
-        return plgpu.emit_pipeline_warp_specialized(
-            body,
-            grid=(steps,),
-            memory_registers=PRODUCER_REGISTERS,
-            in_specs=_in_specs(s, first, pt, qt, 0),
-            wg_axis=WARPGROUP_AXIS,
-            num_compute_wgs=s.consumers,
-            max_concurrent_steps=s.stages,
-            compute_context=context,
-        )
-
-    # Allocated once, outside the tile loop: a scoped allocation per tile would synchronise warpgroups.
-    zero = jnp.int32(0)
-    unused = lambda *_, **__: None  # noqa: E731 - the allocations do not depend on the body
-    allocations = pipeline(zero + 1, zero, zero, zero, unused, unused).get_allocations(a_ref, b_ref)
+    a_spec = plgpu.SMEM(
+        (s.stages, s.step, s.tile_p), s.in_dtype, transforms=_transforms(s.tile_p, s.in_dtype)
+    )
+    b_spec = plgpu.SMEM((s.stages, s.step, s.cta_q), s.in_dtype, transforms=_transforms(s.tile_q, s.in_dtype))
 
     @functools.partial(
         pl.run_scoped,
-        pipeline_allocs=allocations,
+        a_smem=a_spec,
+        b_smem=b_spec,
         o_smem=_out_smem(s, s.consumers),
+        full=plgpu.Barrier(num_arrivals=2, num_barriers=s.stages),
+        empty=plgpu.Barrier(num_arrivals=s.consumers, num_barriers=s.stages),
         collective_axes=WARPGROUP_AXIS,
     )
-    def _scope(pipeline_allocs, o_smem):
-        smem = o_smem.at[wg]
+    def _scope(a_smem, b_smem, o_smem, full, empty):
+        def producer():
+            plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
 
-        @plgpu.nd_loop((s.items,), collective_axes=CTA_AXIS)
-        def _tile(info):
-            g, pt, qt = _item(info.index[0], s)
-            start, end, first, steps = _rows(s, bounds_ref, g)
-            p0, q0 = pt * s.tile_p, qt * s.cta_q + wg * s.tile_q
+            @plgpu.nd_loop((s.items,), collective_axes=CTA_AXIS, init_carry=jnp.int32(0))
+            def uses(info, carry):
+                g, pt, qt = _item(info.index[0], s)
+                _, _, row0, steps = _chained_rows(s, bounds_ref, g)
 
-            @pl.when(steps > 0)
-            def _compute():
-                def mma(kk, a_smem, b_smem, acc_refs):
-                    half = b_smem.at[:, pl.ds(wg * s.tile_q, s.tile_q)]
-                    _step(s, kk, a_smem, half, acc_refs, first, start, end, steps)
-                    plgpu.wgmma_wait(0)  # the slot is released when the body returns
-                    return acc_refs
+                @pl.loop(0, steps)
+                def _fetch(kk):
+                    use = carry + kk
+                    slot = lax.rem(use, s.stages)
 
-                def context(run_pipeline):
-                    def _acc(acc_ref):
-                        run_pipeline(acc_ref)
-                        _store(acc_ref[...], out_ref, smem, g, p0, q0, s)
+                    @pl.when(use >= s.stages)
+                    def _wait_free():
+                        plgpu.barrier_wait(empty.at[slot])
 
-                    pl.run_scoped(_acc, plgpu.ACC((s.tile_p, s.tile_q), jnp.float32))
+                    rows = pl.ds(pl.multiple_of(row0 + kk * s.step, 8), s.step)
+                    plgpu.copy_gmem_to_smem(
+                        a_ref.at[rows, pl.ds(pt * s.tile_p, s.tile_p)], a_smem.at[slot], full.at[slot]
+                    )
+                    plgpu.copy_gmem_to_smem(
+                        b_ref.at[rows, pl.ds(qt * s.cta_q, s.cta_q)], b_smem.at[slot], full.at[slot]
+                    )
 
-                pipeline(steps, first, pt, qt, mma, context)(a_ref, b_ref, allocations=pipeline_allocs)
+                return carry + steps
 
-            @pl.when((steps == 0) & (wg < s.consumers))
-            def _zeros():
-                _store(None, out_ref, smem, g, p0, q0, s)
+            # Every release is observed before the barriers go away (the last `stages` are not yet).
+            @pl.loop(jnp.maximum(uses - s.stages, 0), uses)
+            def _drain(use):
+                plgpu.barrier_wait(empty.at[lax.rem(use, s.stages)])
 
-        @pl.when(wg < s.consumers)
-        def _drain():
+        def consumer():
+            plgpu.set_max_registers(_consumer_registers(s.consumers), action="increase")
+            smem = o_smem.at[wg]
+
+            @plgpu.nd_loop((s.items,), collective_axes=CTA_AXIS, init_carry=jnp.int32(0))
+            def _tile(info, carry):
+                g, pt, qt = _item(info.index[0], s)
+                start, end, row0, steps = _chained_rows(s, bounds_ref, g)
+                p0, q0 = pt * s.tile_p, qt * s.cta_q + wg * s.tile_q
+                slot_of = lambda kk: lax.rem(carry + kk, s.stages)  # noqa: E731
+
+                def accumulate(acc_ref):
+                    # One wgmma group stays in flight: step kk's slot is given back after step kk+1 is
+                    # issued.
+                    @pl.loop(0, steps)
+                    def _multiply(kk):
+                        slot = slot_of(kk)
+                        plgpu.barrier_wait(full.at[slot])
+                        half = b_smem.at[slot].at[:, pl.ds(wg * s.tile_q, s.tile_q)]
+
+                        @pl.when((kk == 0) | (kk == steps - 1))
+                        def _edge():
+                            _zero_foreign_rows(half, row0 + kk * s.step, start, end, s)
+
+                        plgpu.wgmma(acc_ref, a_smem.at[slot].T, half)
+                        plgpu.wgmma_wait(1)
+
+                        @pl.when(kk > 0)
+                        def _release():
+                            plgpu.barrier_arrive(empty.at[slot_of(kk - 1)])
+
+                    plgpu.wgmma_wait(0)
+                    plgpu.barrier_arrive(empty.at[slot_of(steps - 1)])
+
+                _tile_out(s, steps, accumulate, out_ref, smem, g, p0, q0)
+                return carry + steps
+
             plgpu.wait_smem_to_gmem(0)
+
+        lax.cond(wg == s.consumers, producer, consumer)
 
 
 def kernel_name(config: MosaicGpuConfig) -> str:

@@ -65,6 +65,24 @@ def test_each_expert_gets_its_own_rows_and_an_empty_expert_exactly_zero(config):
     assert not out[1].any()
 
 
+@pytest.mark.parametrize("config", [SPLIT_N, ONE_CONSUMER], ids=["split_n", "one_consumer"])
+def test_one_pipeline_carries_a_cta_through_all_its_items(config):
+    # One CTA walks every output tile of every expert: the slot ring wraps many times, item after item,
+    # experts start off the 8-row grid, span one to three steps or none, and the rows past the groups
+    # hold large values that must not reach any expert.
+    sizes = [5, 131, 0, 61, 1, 66]
+    lhs, dout = _operands(300, 128, 128, seed=4)
+    lhs = lhs.at[264:].set(1e4)
+    dout = dout.at[264:].set(1e4)
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
+        out = kernel_drhs.grouped_matmul_drhs(
+            lhs, dout, group_sizes, config=config, num_sms=1, out_dtype=jnp.float32
+        )
+    np.testing.assert_allclose(np.asarray(out), _expected(lhs, dout, sizes), rtol=1e-5, atol=1e-3)
+    assert not np.asarray(out)[2].any()
+
+
 def test_rows_past_the_groups_are_never_multiplied_in():
     # A half-full buffer: the rows past sum(group_sizes) hold large values, which must not reach any expert.
     sizes = [40, 57]
@@ -176,6 +194,18 @@ def test_the_cost_model_prefers_a_shorter_step_for_few_rows_per_expert():
     estimate = lambda p, c: space.estimate(p, c, H200).seconds  # noqa: E731
     p = Problem("grouped_matmul_drhs", 4096, 2048, 1536, 128)
     assert estimate(p, few) < estimate(p, C(block_m=128, block_n=128, block_k=128, wg_split="n"))
+
+
+@pytest.mark.parametrize(
+    "m, k, n, g", [(8192, 4096, 28672, 8), (32768, 1024, 2048, 64), (2048, 512, 768, 16)]
+)
+def test_among_estimates_within_the_model_s_resolution_the_largest_tile_ranks_first(m, k, n, g):
+    ranked = space.ranking(Problem("grouped_matmul_drhs", m, k, n, g), H200)
+    best = min(e.seconds for _, e in ranked)
+    size = lambda c: c.block_k * c.block_n * c.consumers  # noqa: E731
+    near = [c for c, e in ranked if e.seconds <= best * (1 + space.TIE)]
+    first = ranked[0][0]
+    assert ranked[0][1].seconds <= best * (1 + space.TIE) and size(first) == max(map(size, near))
 
 
 def test_problems_the_kernel_cannot_tile_are_declined():
