@@ -251,6 +251,19 @@ def layer_entries(run: dict) -> list[dict]:
     return entries
 
 
+def _fingerprint_versions(device: dict, versions: dict, **more: str | None) -> dict[str, str]:
+    """The versions of a run that records moetune's device fingerprint and its own versions."""
+    return _known(
+        jax=versions.get("jax"),
+        jaxlib=versions.get("jaxlib"),
+        cuda=cuda_version(device.get("runtime", "")),
+        driver=device.get("driver"),
+        python=versions.get("python"),
+        moetune=versions.get("moetune"),
+        **more,
+    )
+
+
 def model_entries(run: dict) -> list[dict]:
     """A bench_model.py --out file: the moetune path's prefill, decode and MoE-layer times in seconds per
     sample, the other paths as peers; params.tokens is what one sample processes (tokens/s = tokens / s)."""
@@ -262,14 +275,7 @@ def model_entries(run: dict) -> list[dict]:
         "suite": "bench_model",
         "date": run["date"],
         "gpu": device["device_kind"],
-        "versions": _known(
-            jax=versions.get("jax"),
-            jaxlib=versions.get("jaxlib"),
-            cuda=cuda_version(device.get("runtime", "")),
-            driver=device.get("driver"),
-            python=versions.get("python"),
-            moetune=versions.get("moetune"),
-        ),
+        "versions": _fingerprint_versions(device, versions),
         "command": portable_command(run["command"]),
         "unit": "s",
     }
@@ -332,4 +338,59 @@ def tuner_entry(runs: list[dict], *, date: str, versions: dict[str, str], comman
         **measurement(mine, 1),
         "params": params,
         "peers": {peer: measurement(rates, 1) for peer, rates in theirs.items()},
+    }
+
+
+# The TrainConfig fields that define an example run's measurement: its name and params. The learning
+# rate, weight decay and seed change the losses, not the work of a step; log_every changes neither.
+EXAMPLE_SHAPE = ("layers", "dim", "heads", "experts", "top_k", "ffn", "vocab")
+
+
+def example_entry(runs: list[dict]) -> dict:
+    """Two `examples/train_moe.py --json` outputs of one config, one with `--backend auto` and one with
+    `--backend xla` (in either order): moetune's step times (every step after the compiling first one,
+    in seconds) with the XLA run's as the peer `xla`; params.tokens is what one step trains on (tokens/s
+    = tokens / median), and both runs' final losses and their largest difference over all steps say
+    whether the two paths trained alike."""
+    by_backend = {run["backend"]: run for run in runs}
+    if len(runs) != 2 or set(by_backend) != {"auto", "xla"}:
+        backends = ", ".join(str(run["backend"]) for run in runs)
+        raise ValueError(f"needs one --backend auto and one --backend xla run, not: {backends}")
+    mine, xla = by_backend["auto"], by_backend["xla"]
+    differ = sorted(
+        key
+        for key in mine["config"].keys() | xla["config"].keys()
+        if key != "log_every" and mine["config"].get(key) != xla["config"].get(key)
+    )
+    if differ:
+        pairs = ", ".join(f"{k}={mine['config'].get(k)!r} vs {xla['config'].get(k)!r}" for k in differ)
+        raise ValueError(f"the auto and xla runs are of different configs: {pairs}")
+    if mine["device"]["device_kind"] != xla["device"]["device_kind"]:
+        raise ValueError(
+            f"the auto run ran on {mine['device']['device_kind']!r}, the xla run on "
+            f"{xla['device']['device_kind']!r}"
+        )
+    for run in (mine, xla):
+        if not run["step_times_s"]:
+            raise ValueError(f"the {run['backend']} run of --steps 1 has no step after the compiling one")
+    config = mine["config"]
+    shape = ",".join(f"{key}={config[key]}" for key in EXAMPLE_SHAPE)
+    params = {key: config[key] for key in ("batch", "seq", "steps", *EXAMPLE_SHAPE)}
+    params["moe_dtype"] = config["moe_dtype"]
+    params["tokens"] = config["batch"] * config["seq"]
+    params |= {"final_loss": mine["losses"][-1], "xla_final_loss": xla["losses"][-1]}
+    params["max_abs_loss_diff"] = max(abs(a - b) for a, b in zip(mine["losses"], xla["losses"], strict=True))
+    return {
+        "name": f"train_example/{shape}/batch={config['batch']},seq={config['seq']},{params['moe_dtype']}",
+        "suite": "train_example",
+        "date": mine["date"],
+        "gpu": mine["device"]["device_kind"],
+        "versions": _fingerprint_versions(
+            mine["device"], mine["versions"], optax=mine["versions"].get("optax")
+        ),
+        "command": " && ".join(portable_command(run["command"]) for run in (mine, xla)),
+        "unit": "s",
+        **measurement(mine["step_times_s"], 9),
+        "params": params,
+        "peers": {"xla": measurement(xla["step_times_s"], 9)},
     }

@@ -6,6 +6,8 @@ built from the benchmark scripts' own output files, and the tables the documenta
     python3 benchmarks/baselines.py add-backward drhs.json            # bench_backward.py --out file
     python3 benchmarks/baselines.py add-layer layer.json              # bench_layer_grad.py --out file
     python3 benchmarks/baselines.py add-model model.json              # bench_model.py --out file
+    python3 benchmarks/baselines.py add-example auto.json xla.json    # examples/train_moe.py --json
+        # one run of --backend auto and one of --backend xla, same config: train_example/<config>
     python3 benchmarks/baselines.py add-tuner run.json ... --gpu "NVIDIA H200" --date 2026-11-30 \\
         --versions jax=0.11.2,jaxlib=0.11.2 --command "bash benchmarks/device_multi_gpu.sh"
         # `moetune bench tuner --out` or compare_clusters.py --out files, which record no environment
@@ -46,7 +48,7 @@ SCHEMA_VERSION = 1
 ROOT = Path(__file__).resolve().parents[1]
 BASELINES = ROOT / "benchmarks" / "baselines"
 PAGES = (ROOT / "README.md", ROOT / "docs" / "performance.md")
-SUITES = ("bench_gemm", "finegrained", "backward", "layer_grad", "bench_model", "tuner")
+SUITES = ("bench_gemm", "finegrained", "backward", "layer_grad", "bench_model", "tuner", "train_example")
 UNITS = ("ms", "s", "trials/min", "variants/min")
 REQUIRED = ("name", "suite", "date", "gpu", "versions", "command", "unit", "samples", "median", "params")
 OPTIONAL = ("title", "peers", "bounds", "config", "from_pack")
@@ -58,6 +60,7 @@ SUITE_PARAMS = {
     "layer_grad": ("model", "tokens"),
     "bench_model": ("model", "phase", "tokens"),
     "tuner": (),
+    "train_example": (),
 }
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?)?")
 
@@ -171,12 +174,14 @@ def load_all(folder: Path = BASELINES) -> dict[str, dict]:
 
 def dumps(data: dict) -> str:
     """The file's text. A value that fits in a line is written on one (a measurement, the versions), and
-    so is an object of scalars (a config); larger ones take one item a line. The file stays small, and a
+    so is an object of scalars (a config) and a list of numbers (the samples of a long run, such as the
+    training example's 299 step times); larger ones take one item a line. The file stays small, and a
     re-measured entry shows as a few changed lines."""
 
     def write(value: object, indent: str) -> str:
         flat = json.dumps(value, separators=(", ", ": "))
         scalars = isinstance(value, dict) and not any(isinstance(v, dict | list) for v in value.values())
+        scalars |= isinstance(value, list) and all(_is_number(v) for v in value)
         if len(indent) + len(flat) <= 180 or scalars or not isinstance(value, dict | list) or not value:
             return flat
         inner = indent + " "
@@ -235,9 +240,21 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for name in ("add-gemm", "add-finegrained", "add-backward", "add-layer", "add-model", "add-tuner"):
+    for name in (
+        "add-gemm",
+        "add-finegrained",
+        "add-backward",
+        "add-layer",
+        "add-model",
+        "add-tuner",
+        "add-example",
+    ):
         sub = commands.add_parser(name)
-        sub.add_argument("runs", type=Path, nargs="+", help="the benchmark's --out files")
+        if name == "add-example":
+            text = "examples/train_moe.py --json outputs: one of --backend auto, one of --backend xla"
+            sub.add_argument("runs", type=Path, nargs=2, help=text)
+        else:
+            sub.add_argument("runs", type=Path, nargs="+", help="the benchmark's --out files")
         sub.add_argument("--file", type=Path, help="the baselines file (default: the runs' GPU's)")
         if name == "add-tuner":
             sub.add_argument("--gpu", required=True, help="the GPU model as jax names it, e.g. 'NVIDIA H200'")
@@ -270,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
             entries = [e for run in runs for e in baseline_entries.layer_entries(run)]
         elif args.command == "add-model":
             entries = [e for run in runs for e in baseline_entries.model_entries(run)]
+        elif args.command == "add-example":
+            entries = [baseline_entries.example_entry(runs)]
         else:
             versions = dict(pair.split("=", 1) for pair in args.versions.split(","))
             info = {"date": args.date, "versions": versions, "command": args.run_command, "gpu": args.gpu}

@@ -2,11 +2,13 @@
 
     python examples/train_moe.py --backend auto --steps 300     # moetune dispatch (tuned winners)
     python examples/train_moe.py --backend xla --steps 300      # jax.lax.ragged_dot, XLA's own kernel
-    python examples/train_moe.py --steps 20 --json              # losses, step time, tokens/s as JSON
+    python examples/train_moe.py --steps 20 --json              # losses, step times, tokens/s as JSON
+    python examples/train_moe.py --dim 512 --heads 8 --ffn 1024 --batch 64 --seq 512 --moe-dtype bfloat16
 
 The model: token and position embeddings, `layers` pre-norm blocks of causal multi-head attention and
 a routed MoE MLP (top-k of `experts` SwiGLU experts), a final RMSNorm and tied output logits; next-token
-cross-entropy, optax's adamw. Parameters are float32. The data are random token sequences that follow a
+cross-entropy, optax's adamw. Parameters are float32; the experts' GEMMs run in `--moe-dtype` (float32,
+or bfloat16, which moetune's Hopper kernels serve). The data are random token sequences that follow a
 fixed random successor table (token t+1 = table[token t], from a random first token), so the loss has
 something to learn and falls from log(vocab) towards zero.
 
@@ -15,27 +17,38 @@ where the backend serves it) and down GEMMs, and in the backward each GEMM's dlh
 up at trace time (tune them with `moetune tune --model M --with-backward`). With `--backend xla` the same
 layer runs every GEMM as jax.lax.ragged_dot and differentiates it with jax's own rule. Both paths route
 with XLA's ops (routing_mode="xla": a routing kernel has no gradient), start from the same parameters
-and see the same batches, so their loss curves agree up to float32 rounding.
+and see the same batches, so their loss curves follow each other, apart by how each path rounds its
+GEMMs (on a GPU, XLA's float32 matmuls may run at TensorFloat-32; bfloat16 rounds each GEMM's output).
 
-The step time is the median over the steps after the first (which compiles); tokens/s is the batch's
-tokens over it.
+Each step is timed from its batch being ready to its new parameters, optimizer state and loss being
+ready. The first step compiles and is reported apart (first_step_s); step_times_s holds every later
+step's wall time, step_s their median and tokens_per_s the batch's tokens over that median. `--json`
+prints them with the losses of every step, the config, and where the run ran (date, command, device,
+versions): `python3 benchmarks/baselines.py add-example` records an `auto` and an `xla` run of one
+config as a measurement.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import functools
+import importlib.metadata
 import json
+import platform
+import shlex
 import statistics
+import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from moetune.kernels import moe_mlp
+from moetune.kernels.device import current_fingerprint
 from moetune.kernels.moe.layer import moe_mlp_using
 
 BACKENDS = ("xla", "auto")
@@ -57,6 +70,7 @@ class TrainConfig:
     steps: int = 300
     log_every: int = 25
     seed: int = 0
+    moe_dtype: str = "float32"
 
 
 def init_params(config: TrainConfig, key: jax.Array) -> dict[str, Any]:
@@ -107,12 +121,16 @@ def _ragged_dot(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.A
 def moe_block(x: jax.Array, layer: dict[str, Any], config: TrainConfig, backend: str) -> jax.Array:
     tokens = x.reshape(-1, x.shape[-1])
     logits = tokens @ layer["router"]
-    weights = (layer["w_gate_up"], layer["w_down"])
+    # The experts' GEMMs run in moe_dtype (their gradients flow back to the float32 parameters through
+    # the casts); the router stays float32.
+    dtype = jnp.dtype(config.moe_dtype)
+    weights = (layer["w_gate_up"].astype(dtype), layer["w_down"].astype(dtype))
+    tokens = tokens.astype(dtype)
     if backend == "auto":
         out = moe_mlp(tokens, logits, *weights, top_k=config.top_k, routing_mode="xla")
     else:
         out = moe_mlp_using(_ragged_dot, tokens, logits, *weights, top_k=config.top_k, routing_mode="xla")
-    return out.reshape(x.shape)
+    return out.astype(x.dtype).reshape(x.shape)
 
 
 def loss_fn(params: dict[str, Any], batch: jax.Array, config: TrainConfig, backend: str) -> jax.Array:
@@ -143,8 +161,9 @@ def batches(config: TrainConfig):
         yield sequences(jax.random.randint(draw, (config.batch,), 0, config.vocab))
 
 
-def train(config: TrainConfig, backend: str) -> dict[str, Any]:
-    """Train for config.steps; the losses of every step, the median step time and tokens/s."""
+def train(config: TrainConfig, backend: str, *, log: TextIO | None = None) -> dict[str, Any]:
+    """Train for config.steps: the losses of every step, the wall time of each step after the first
+    (which compiles), their median and tokens/s. Loss lines go to `log` (None: stdout)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     optimizer = optax.adamw(config.lr, weight_decay=config.weight_decay)
@@ -160,42 +179,96 @@ def train(config: TrainConfig, backend: str) -> dict[str, Any]:
     losses, times = [], []
     data = batches(config)
     for index in range(config.steps):
-        batch = next(data)
+        # The batch is drawn on the device too: wait for it, so that its draw is not timed as the step's.
+        batch = jax.block_until_ready(next(data))
         started = time.perf_counter()
-        params, state, loss = step(params, state, batch)
-        losses.append(float(loss))  # waits for the step
+        params, state, loss = jax.block_until_ready(step(params, state, batch))
         times.append(time.perf_counter() - started)
+        losses.append(float(loss))
         if config.log_every and (index % config.log_every == 0 or index == config.steps - 1):
-            print(f"[{backend}] step {index:4d}  loss {losses[-1]:.4f}", flush=True)
-    step_s = statistics.median(times[1:]) if len(times) > 1 else times[0]
+            print(f"[{backend}] step {index:4d}  loss {losses[-1]:.4f}", file=log, flush=True)
+    step_times = times[1:]
+    # A one-step run has only the compiling step; its step_s is that step's (and step_times_s is empty).
+    step_s = statistics.median(step_times) if step_times else times[0]
     return {
         "backend": backend,
         "config": dataclasses.asdict(config),
         "losses": losses,
         "first_step_s": times[0],
+        "step_times_s": step_times,
         "step_s": step_s,
         "tokens_per_s": config.batch * config.seq / step_s,
     }
 
 
+def environment(argv: list[str]) -> dict[str, Any]:
+    """Where a run ran, as benchmarks/bench_model.py records it: date, command, device, versions."""
+
+    def version(package: str) -> str:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": shlex.join(["python3", "examples/train_moe.py", *argv]),
+        "device": current_fingerprint().to_dict(),
+        "versions": {
+            "python": platform.python_version(),
+            "jax": jax.__version__,
+            "jaxlib": version("jaxlib"),
+            "optax": version("optax"),
+            "moetune": version("moetune"),
+        },
+    }
+
+
+# The flags that set TrainConfig fields, with their help; each defaults to the field's default.
+FLAGS = {
+    "steps": "steps to train; the first compiles and is not among step_times_s",
+    "log_every": "print the loss every N steps (0: never)",
+    "batch": "sequences per step",
+    "seq": "tokens per sequence",
+    "dim": "model width",
+    "heads": "attention heads (a divisor of --dim)",
+    "layers": "transformer blocks",
+    "experts": "experts per MoE MLP",
+    "top_k": "experts each token is routed to",
+    "ffn": "each expert's hidden width",
+    "seed": "parameters' and data's seed",
+}
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: moetune dispatch")
-    parser.add_argument("--steps", type=int, default=TrainConfig.steps)
-    parser.add_argument("--log-every", type=int, default=TrainConfig.log_every, help="0: no loss lines")
-    parser.add_argument("--batch", type=int, default=TrainConfig.batch)
-    parser.add_argument("--seq", type=int, default=TrainConfig.seq)
-    parser.add_argument("--seed", type=int, default=TrainConfig.seed)
-    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error("--steps must be at least 1")
-    config = TrainConfig(
-        steps=args.steps, log_every=args.log_every, batch=args.batch, seq=args.seq, seed=args.seed
+    for field, text in FLAGS.items():
+        default = getattr(TrainConfig, field)
+        parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=default, help=text)
+    parser.add_argument(
+        "--moe-dtype",
+        choices=("float32", "bfloat16"),
+        default=TrainConfig.moe_dtype,
+        help="dtype of the experts' GEMMs (moetune's Hopper kernels serve bfloat16)",
     )
-    result = train(config, args.backend)
+    parser.add_argument(
+        "--json", action="store_true", help="print the result as one JSON object (loss lines to stderr)"
+    )
+    args = parser.parse_args(argv)
+    for field in FLAGS:
+        least = {"seed": None, "log_every": 0}.get(field, 1)
+        if least is not None and getattr(args, field) < least:
+            parser.error(f"--{field.replace('_', '-')} must be at least {least}")
+    if args.dim % args.heads:
+        parser.error(f"--dim {args.dim} is not a multiple of --heads {args.heads}")
+    if args.top_k > args.experts:
+        parser.error(f"--top-k {args.top_k} is more than --experts {args.experts}")
+    config = TrainConfig(**{field: getattr(args, field) for field in FLAGS}, moe_dtype=args.moe_dtype)
+    result = train(config, args.backend, log=sys.stderr if args.json else sys.stdout)
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(result | environment(argv)))
     else:
         print(
             f"[{args.backend}] final loss {result['losses'][-1]:.4f}; step {result['step_s'] * 1e3:.1f} ms "

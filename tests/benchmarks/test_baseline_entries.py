@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.benchmarks.scripts import load_script
@@ -234,3 +236,97 @@ def test_a_layer_run_keeps_the_moetune_step_and_the_peers_that_ran():
     assert made["command"] == "python3 benchmarks/bench_layer_grad.py --out $OUT/layer.json"
     file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
     assert baselines.problems_of(file) == []
+
+
+def example_run(backend: str, step_times: list[float], losses: list[float]) -> dict:
+    """An examples/train_moe.py --json output."""
+    config = {"vocab": 256, "dim": 512, "heads": 8, "layers": 2, "experts": 8, "top_k": 2, "ffn": 1024}
+    config |= {"seq": 512, "batch": 64, "lr": 3e-3, "weight_decay": 0.01, "steps": len(losses)}
+    config |= {"log_every": 50, "seed": 0, "moe_dtype": "bfloat16"}
+    return {
+        "backend": backend,
+        "config": config,
+        "losses": losses,
+        "first_step_s": 12.5,
+        "step_times_s": step_times,
+        "step_s": sorted(step_times)[len(step_times) // 2] if step_times else 12.5,
+        "tokens_per_s": 1.0,
+        "date": "2026-01-02T03:04:05Z",
+        "command": f"python3 examples/train_moe.py --backend {backend} --steps 4 --json",
+        "device": {"device_kind": "Test GPU", "driver": "580.1", "runtime": "cuda 13000"},
+        "versions": {
+            "python": "3.12.3",
+            "jax": "0.11.2",
+            "jaxlib": "0.11.2",
+            "optax": "0.2.8",
+            "moetune": "0.1",
+        },
+    }
+
+
+def example_pair(**xla_config) -> list[dict]:
+    auto = example_run("auto", [0.0201234561, 0.0199, 0.0203], [5.5, 4.0, 2.25, 1.0])
+    xla = example_run("xla", [0.031, 0.0305, 0.0312], [5.5, 4.0625, 2.125, 1.03125])
+    xla["config"] |= xla_config
+    return [xla, auto]  # in either order
+
+
+def test_an_example_pair_becomes_one_entry_with_moetunes_step_times_and_xlas_as_the_peer():
+    made = entries.example_entry(example_pair(log_every=10))  # log_every changes no measurement
+    assert made["name"] == (
+        "train_example/layers=2,dim=512,heads=8,experts=8,top_k=2,ffn=1024,vocab=256/batch=64,seq=512,bfloat16"
+    )
+    assert (made["suite"], made["unit"], made["gpu"], made["date"]) == (
+        "train_example", "s", "Test GPU", "2026-01-02T03:04:05Z"
+    )  # fmt: skip
+    assert made["samples"] == [0.020123456, 0.0199, 0.0203] and made["median"] == 0.020123456
+    assert made["peers"] == {"xla": {"samples": [0.031, 0.0305, 0.0312], "median": 0.031}}
+    assert made["params"] == {
+        "batch": 64, "seq": 512, "steps": 4, "layers": 2, "dim": 512, "heads": 8, "experts": 8, "top_k": 2,
+        "ffn": 1024, "vocab": 256, "moe_dtype": "bfloat16", "tokens": 64 * 512, "final_loss": 1.0,
+        "xla_final_loss": 1.03125,
+        "max_abs_loss_diff": 0.125,  # step 2: 2.25 against 2.125; the last step differs by 0.03125
+    }  # fmt: skip
+    assert made["versions"] == {
+        "jax": "0.11.2", "jaxlib": "0.11.2", "cuda": "13.0", "driver": "580.1", "python": "3.12.3",
+        "moetune": "0.1", "optax": "0.2.8",
+    }  # fmt: skip
+    assert made["command"] == (
+        "python3 examples/train_moe.py --backend auto --steps 4 --json"
+        " && python3 examples/train_moe.py --backend xla --steps 4 --json"
+    )
+    file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
+    assert baselines.problems_of(file) == []
+
+
+def test_an_example_pair_must_be_one_auto_and_one_xla_run_of_one_config_with_timed_steps():
+    xla, auto = example_pair()
+    with pytest.raises(
+        ValueError, match="needs one --backend auto and one --backend xla run, not: auto, auto"
+    ):
+        entries.example_entry([auto, auto])
+    with pytest.raises(ValueError, match="different configs: batch=64 vs 32, seed=0 vs 1"):
+        entries.example_entry(example_pair(batch=32, seed=1))
+    other_gpu = xla | {"device": xla["device"] | {"device_kind": "Other GPU"}}
+    with pytest.raises(ValueError, match="the xla run on 'Other GPU'"):
+        entries.example_entry([auto, other_gpu])
+    one_step = [example_run(b, [], [5.5]) for b in ("auto", "xla")]
+    with pytest.raises(ValueError, match="the auto run of --steps 1 has no step after the compiling one"):
+        entries.example_entry(one_step)
+
+
+def test_add_example_upserts_the_entry_into_a_baselines_file(tmp_path, capsys):
+    paths = []
+    for run in example_pair():
+        paths.append(tmp_path / f"train_{run['backend']}.json")
+        paths[-1].write_text(json.dumps(run))
+    target = tmp_path / "test_gpu.json"
+    for _ in range(2):  # the second time replaces the entry
+        assert baselines.main(["add-example", *map(str, paths), "--file", str(target)]) == 0
+    written = json.loads(target.read_text())
+    assert baselines.problems_of(written) == []
+    (added,) = written["entries"]
+    assert added["suite"] == "train_example" and added["peers"]["xla"]["median"] == 0.031
+    capsys.readouterr()
+    assert baselines.main(["add-example", str(paths[0]), str(paths[0]), "--file", str(target)]) == 2
+    assert capsys.readouterr().err.startswith("error: add-example: needs one --backend auto")

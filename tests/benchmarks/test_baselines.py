@@ -136,6 +136,11 @@ def test_the_file_text_keeps_each_measurement_on_one_line_and_round_trips():
     assert '"samples": [0.1, 0.101, 0.102' in text
     assert '"torch_grouped_mm": {"samples": [0.4, 0.5, 0.6], "median": 0.5}' in text
     assert '"config": {"block_m": 64, "block_n": 128' in text
+    # A long run's samples (the training example's 299 step times) stay on one line too.
+    long = data(entry(samples=tuple(round(0.020001 + i / 10**6, 6) for i in range(299))))
+    text = baselines.dumps(long)
+    assert json.loads(text) == long
+    assert '   "samples": [0.020001, 0.020002, ' in text and len(text.splitlines()) < 40
 
 
 PAGE = """# Page

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import statistics
+
 import numpy as np
 import pytest
 
 from examples.train_moe import TrainConfig, main, train
+from tests.benchmarks.scripts import load_script
 
 SMALL = TrainConfig(
     vocab=64, dim=32, heads=2, layers=1, experts=4, top_k=2, ffn=32, seq=16, batch=4, steps=5, log_every=0
 )
+# SMALL's model on the command line (its vocab is the example's own, 256).
+SMALL_FLAGS = ["--dim", "32", "--heads", "2", "--layers", "1", "--experts", "4", "--ffn", "32"]
+SMALL_FLAGS += ["--seq", "16", "--batch", "4", "--steps", "5"]
 
 
 def test_moetune_and_xla_paths_train_alike():
@@ -25,8 +32,35 @@ def test_moetune_and_xla_paths_train_alike():
         assert result["tokens_per_s"] == pytest.approx(SMALL.batch * SMALL.seq / result["step_s"])
 
 
-def test_bad_arguments_exit_2():
-    for argv in (["--steps", "0"], ["--backend", "mosaic"]):
-        with pytest.raises(SystemExit) as exited:
-            main(argv)
-        assert exited.value.code == 2
+def test_json_holds_every_timed_step_and_where_it_ran_and_makes_a_baselines_entry(capsys):
+    runs = []
+    for backend in ("auto", "xla"):
+        main([*SMALL_FLAGS, "--backend", backend, "--log-every", "2", "--json"])
+        out, err = capsys.readouterr()
+        assert "loss" in err  # the loss lines go to stderr: stdout is the JSON object alone
+        runs.append(json.loads(out))
+    for run in runs:
+        times = run["step_times_s"]
+        assert len(times) == SMALL.steps - 1 and all(t > 0 for t in times)  # the compiling step apart
+        assert run["first_step_s"] > 0 and run["step_s"] == statistics.median(times)
+        assert run["tokens_per_s"] == pytest.approx(SMALL.batch * SMALL.seq / run["step_s"])
+        assert len(run["losses"]) == SMALL.steps and run["config"]["dim"] == SMALL.dim
+        assert run["device"]["device_kind"] == "cpu" and {"jax", "jaxlib", "optax"} <= set(run["versions"])
+        assert run["command"].startswith("python3 examples/train_moe.py --dim 32 ")
+    # The two runs are what benchmarks/baselines.py add-example records.
+    made = load_script("baseline_entries").example_entry(runs)
+    assert made["samples"] == [round(t, 9) for t in runs[0]["step_times_s"]]
+    assert made["params"]["max_abs_loss_diff"] < 1e-3
+    file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "cpu", "entries": [made]}
+    assert load_script("baselines").problems_of(file) == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--steps", "0"], ["--backend", "mosaic"], ["--dim", "30", "--heads", "4"], ["--top-k", "9"]],
+    ids=["no-steps", "unknown-backend", "heads-not-dividing-dim", "top-k-over-experts"],
+)
+def test_bad_arguments_exit_2(argv):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
