@@ -165,6 +165,20 @@ def finegrained_entries(run: dict) -> list[dict]:
     return entries
 
 
+def _backward_cases(run: dict):
+    """(methods, heuristic, params) of each case of a bench_backward.py --out file whose heuristic was
+    timed."""
+    for case in run["cases"]:
+        methods = case.get("methods", {})
+        heuristic = methods.get("moetune_heuristic", {})
+        if "samples_ms" not in heuristic:
+            continue
+        model, gemm, tokens = case["case"].split("/")  # dev_shapes.Case.name: model/gemm/T<tokens>
+        params = {"model": model, "gemm": gemm, "tokens": int(tokens.removeprefix("T"))}
+        params |= {"op": "grouped_matmul_drhs"} | {key: case[key] for key in ("m", "k", "n", "g")}
+        yield methods, heuristic, params
+
+
 def backward_entries(run: dict) -> list[dict]:
     """One entry per weight-gradient case of a bench_backward.py --out file whose heuristic config was
     timed. Peers: XLA's ragged_dot_general and torch._grouped_mm (where they ran), the fastest of the cost
@@ -172,11 +186,8 @@ def backward_entries(run: dict) -> list[dict]:
     exactly those rows and in one twice as tall)."""
     env = run["environment"]
     entries = []
-    for case in run["cases"]:
-        methods = case.get("methods", {})
-        heuristic = methods.get("moetune_heuristic", {})
-        if "samples_ms" not in heuristic:
-            continue
+    for methods, heuristic, params in _backward_cases(run):
+        model, gemm = params["model"], params["gemm"]
         timed = {n: m for n, m in methods.items() if "samples_ms" in m and not n.startswith("moetune_")}
         others = [m for n, m in methods.items() if n.startswith("moetune_ranked") and "samples_ms" in m]
         if others:
@@ -185,14 +196,6 @@ def backward_entries(run: dict) -> list[dict]:
         for side in ("exact", "buffer_2x"):
             if "samples_ms" in half.get(side, {}):
                 timed[f"moetune_half_tokens_{side}"] = half[side]
-        model, gemm, tokens = case["case"].split("/")  # dev_shapes.Case.name: model/gemm/T<tokens>
-        params = {
-            "model": model,
-            "gemm": gemm,
-            "tokens": int(tokens.removeprefix("T")),
-            "op": "grouped_matmul_drhs",
-        }
-        params |= {key: case[key] for key in ("m", "k", "n", "g")}
         peers = {name: measurement(m["samples_ms"], 6) for name, m in sorted(timed.items())}
         entries.append(
             _timed_entry(
@@ -215,10 +218,36 @@ def backward_entries(run: dict) -> list[dict]:
                     f"backward/dlhs/{model}/{gemm}/T={params['tokens']}",
                     "backward",
                     dlhs["dlhs"]["samples_ms"],
-                    params=params | {"op": "grouped_matmul", "k": case["n"], "n": case["k"]},
+                    params=params | {"op": "grouped_matmul", "k": params["n"], "n": params["k"]},
                     peers={"moetune_forward": measurement(dlhs["forward"]["samples_ms"], 6)},
                     config=dlhs["dlhs"]["config"],
                 )  # fmt: skip
+            )
+    return entries
+
+
+def backward_config_entries(run: dict) -> list[dict]:
+    """One entry per config a bench_backward.py --config run timed beside the heuristic, named by the
+    fields it changed (backward/drhs_config/<model>/<gemm>/T=<t>/<field=value,...>), with that run's
+    heuristic and torch._grouped_mm as peers: what a tile or pipeline change does, kept apart from the
+    heuristic's own entries."""
+    env = run["environment"]
+    entries = []
+    for methods, heuristic, params in _backward_cases(run):
+        model, gemm = params["model"], params["gemm"]
+        peers = {"moetune_heuristic": measurement(heuristic["samples_ms"], 6)}
+        if "samples_ms" in methods.get("torch_grouped_mm", {}):
+            peers["torch_grouped_mm"] = measurement(methods["torch_grouped_mm"]["samples_ms"], 6)
+        for label, method in sorted(methods.items()):
+            if not label.startswith("moetune_config") or "samples_ms" not in method:
+                continue
+            config = method["config"]
+            changed = ",".join(f"{k}={v}" for k, v in config.items() if heuristic["config"].get(k) != v)
+            name = f"backward/drhs_config/{model}/{gemm}/T={params['tokens']}/{changed}"
+            entries.append(
+                _timed_entry(
+                    env, name, "backward", method["samples_ms"], params=params, peers=peers, config=config
+                )
             )
     return entries
 

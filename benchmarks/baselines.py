@@ -4,6 +4,7 @@ built from the benchmark scripts' own output files, and the tables the documenta
     python3 benchmarks/baselines.py add-gemm gate_up.json down.json   # bench_gemm.py --out files
     python3 benchmarks/baselines.py add-finegrained dev.json          # bench_gemm.py --models --out files
     python3 benchmarks/baselines.py add-backward drhs.json            # bench_backward.py --out file
+    python3 benchmarks/baselines.py add-backward --configs probe.json # each --config it timed
     python3 benchmarks/baselines.py add-layer layer.json              # bench_layer_grad.py --out file
     python3 benchmarks/baselines.py add-model model.json              # bench_model.py --out file
     python3 benchmarks/baselines.py add-example auto.json xla.json    # examples/train_moe.py --json
@@ -256,6 +257,9 @@ def _parser() -> argparse.ArgumentParser:
         else:
             sub.add_argument("runs", type=Path, nargs="+", help="the benchmark's --out files")
         sub.add_argument("--file", type=Path, help="the baselines file (default: the runs' GPU's)")
+        if name == "add-backward":
+            text = "a bench_backward.py --config run: record each given config, not the heuristic"
+            sub.add_argument("--configs", action="store_true", help=text)
         if name == "add-tuner":
             sub.add_argument("--gpu", required=True, help="the GPU model as jax names it, e.g. 'NVIDIA H200'")
             sub.add_argument("--date", required=True, help="when the runs ran, e.g. 2026-11-30")
@@ -282,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "add-finegrained":
             entries = [e for run in runs for e in baseline_entries.finegrained_entries(run)]
         elif args.command == "add-backward":
-            entries = [e for run in runs for e in baseline_entries.backward_entries(run)]
+            backward = baseline_entries.backward_config_entries if args.configs else None
+            entries = [e for run in runs for e in (backward or baseline_entries.backward_entries)(run)]
         elif args.command == "add-layer":
             entries = [e for run in runs for e in baseline_entries.layer_entries(run)]
         elif args.command == "add-model":

@@ -220,6 +220,21 @@ def test_a_backward_run_with_dlhs_keeps_the_input_gradient_beside_the_forward_op
     assert baselines.problems_of(file) == []
 
 
+def test_a_backward_config_run_keeps_each_given_config_named_by_what_it_changed():
+    run = backward_run()
+    methods = run["cases"][0]["methods"]
+    methods["moetune_config1"] = {"samples_ms": [2.0, 2.2, 2.1], "config": {"block_m": 64, "block_n": 256}}
+    methods["moetune_config2"] = {"error": "ResourceExceeded: smem_fits"}  # a config that could not run
+    (made,) = entries.backward_config_entries(run)
+    assert made["name"] == "backward/drhs_config/mixtral-8x7b/down/T=4096/block_n=256"
+    assert made["median"] == 2.1 and made["config"] == {"block_m": 64, "block_n": 256}
+    assert sorted(made["peers"]) == ["moetune_heuristic", "torch_grouped_mm"]
+    assert made["peers"]["moetune_heuristic"]["median"] == 1.45
+    file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
+    assert baselines.problems_of(file) == []
+    assert entries.backward_config_entries(backward_run()) == []  # a run of the heuristic alone
+
+
 def test_a_layer_run_keeps_the_moetune_step_and_the_peers_that_ran():
     def timed(ms):
         return {"samples_ms": [ms, ms * 1.02, ms * 0.98], "median_ms": ms}

@@ -6,6 +6,7 @@ cancelled running job stops its sweep."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -24,7 +25,8 @@ from moetune.tuner.tasks import canonical
 pytestmark = pytest.mark.slow
 
 PROBLEM = "m=16,k=64,n=256,g=4,dtype=bf16"
-BUDGET = 4  # trials of the job's one problem (the xla grid for PROBLEM has 10)
+BUDGET = 4  # trials of the job's one problem
+GRID = 10  # the xla grid for PROBLEM
 CLI = [sys.executable, "-c", "from moetune.tuner.cli import main; main()"]
 # One finalist re-timed once: the sweep's end costs little.
 SPEC = SweepSpec(
@@ -32,9 +34,9 @@ SPEC = SweepSpec(
 )
 
 
-def _submit(db_url: str, **options) -> int:
+def _submit(db_url: str, spec: SweepSpec = SPEC, **options) -> int:
     with open_store(db_url) as store:  # created here, so that polling never races a worker's migration
-        return store.submit_job(queue_spec.stored(SPEC), **options)
+        return store.submit_job(queue_spec.stored(spec), **options)
 
 
 def _env(db_url: str) -> dict[str, str]:
@@ -159,7 +161,10 @@ def test_sigterm_puts_the_running_job_back_and_a_restarted_worker_loses_nothing(
 
 
 def test_cancelling_a_running_job_stops_its_sweep_and_the_worker_goes_on(sqlite_url, tmp_path):
-    job_id = _submit(sqlite_url)
+    # The whole grid: the worker sees the cancel at its next heartbeat, and BUDGET's few trials of a
+    # tiny problem can all end before that.
+    whole = dataclasses.replace(SPEC, budget=GRID)
+    job_id = _submit(sqlite_url, whole)
     log_path = tmp_path / "worker.log"
     with open(log_path, "w") as log:
         worker = _worker(sqlite_url, log, "--once")
@@ -177,4 +182,4 @@ def test_cancelling_a_running_job_stops_its_sweep_and_the_worker_goes_on(sqlite_
         job = store.get_job(job_id)
         assert job.state == "cancelled"
         assert store.get_sweep(job.sweep_id).status == "interrupted"
-    assert len(_trials(sqlite_url)) < BUDGET
+    assert len(_trials(sqlite_url)) < GRID
