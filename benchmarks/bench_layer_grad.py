@@ -5,7 +5,9 @@ weight-gradient form included), timed in one process.
 A step is the loss mean(out^2) of the routed SwiGLU MoE MLP and its gradients with respect to the tokens,
 the router and both expert weights; bf16 parameters, uniform random routing from random logits. The time
 is the CUPTI kernel time of a whole step (every kernel: routing, permutation, the GEMMs, the combine).
-moetune's and XLA's gradients are compared before timing.
+moetune's and XLA's gradients are compared before timing. moetune runs twice: with the SwiGLU fused into
+the gate_up GEMM (its backward recomputes the product h) and with `fuse=False` (h kept for the backward,
+one GEMM fewer, [T*k, 2F] more activation memory: what the torch layer does).
 
     python3 benchmarks/bench_layer_grad.py --models mixtral-8x7b qwen3-30b-a3b --tokens 4096 --out layer.json
 """
@@ -42,7 +44,9 @@ def parameters(model: dev_shapes.Model, tokens: int, seed: int = 0):
 
 
 def jax_step(model: dev_shapes.Model, path: str):
-    """jit(value_and_grad) of the layer's loss on moetune's moe_mlp or on jax.lax.ragged_dot."""
+    """jit(value_and_grad) of the layer's loss on moetune's moe_mlp ("moetune": the SwiGLU fused into the
+    gate_up GEMM, its product recomputed in the backward; "moetune_unfused": fuse=False, the product kept,
+    as the torch layer keeps it) or on jax.lax.ragged_dot ("xla")."""
     import jax
     import jax.numpy as jnp
 
@@ -50,8 +54,9 @@ def jax_step(model: dev_shapes.Model, path: str):
 
     def layer(x, router, w_gate_up, w_down):
         logits = x @ router
-        if path == "moetune":
-            return moe_mlp(x, logits, w_gate_up, w_down, top_k=model.top_k, routing_mode="xla")
+        if path.startswith("moetune"):
+            fuse = path == "moetune"  # moetune_unfused: h = x @ w_gate_up kept for the backward
+            return moe_mlp(x, logits, w_gate_up, w_down, top_k=model.top_k, routing_mode="xla", fuse=fuse)
         ragged = lambda a, b, s: jax.lax.ragged_dot(a, b, s, preferred_element_type=a.dtype)  # noqa: E731
         return moe_mlp_using(ragged, x, logits, w_gate_up, w_down, top_k=model.top_k, routing_mode="xla")
 
@@ -93,7 +98,7 @@ def run_case(model: dev_shapes.Model, tokens: int, runs: int) -> dict:
     flops = 3 * 2 * 3 * tokens * model.top_k * model.hidden * model.ffn  # fwd + 2x bwd, three GEMMs
     record: dict = {"model": model.name, "tokens": tokens, "gemm_flops": flops, "methods": {}}
     grads = {}
-    for path in ("moetune", "xla"):
+    for path in ("moetune", "moetune_unfused", "xla"):
         try:
             step = jax_step(model, path).lower(*params).compile()
             loss, grads[path] = jax.block_until_ready(step(*params))
@@ -101,10 +106,13 @@ def run_case(model: dev_shapes.Model, tokens: int, runs: int) -> dict:
             record["methods"][path] = summary(samples, loss=float(loss))
         except Exception as e:  # noqa: BLE001 - a path that fails is reported, not fatal
             record["methods"][path] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-    if len(grads) == 2:
-        names = ("x", "router", "w_gate_up", "w_down")
-        pairs = zip(names, grads["moetune"], grads["xla"], strict=True)
-        record["grad_rel_err"] = {n: rel_err(a, b) for n, a, b in pairs}
+    names = ("x", "router", "w_gate_up", "w_down")
+    for path in ("moetune", "moetune_unfused"):
+        if path in grads and "xla" in grads:
+            pairs = zip(names, grads[path], grads["xla"], strict=True)
+            record["grad_rel_err" if path == "moetune" else f"{path}_grad_rel_err"] = {
+                n: rel_err(a, b) for n, a, b in pairs
+            }
     try:
         step = torch_step(model, params)
         samples, how = torch_timing.time_torch(step, runs=runs)
