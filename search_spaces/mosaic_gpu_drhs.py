@@ -15,7 +15,9 @@ step's foreign rows and the pipeline's fill (once per CTA where a producer warpg
 CTA's items into one pipeline, once per item otherwise; a CTA per item also pays its start, exit and store
 drain);
 items spread over the persistent CTAs in waves; the whole bounded below by the HBM traffic of the [G, K, N]
-output and of the operands, which the tile order decides (`operand_traffic`).
+output and of the operands, which the tile order decides (`operand_traffic`). A chained item is also
+bounded by its shared-memory traffic (`smem_bytes_per_item`), and with two stages its copies are not
+overlapped with its wgmmas.
 """
 
 from __future__ import annotations
@@ -206,6 +208,22 @@ def operand_traffic(problem: Problem, config: MosaicGpuConfig, device: DeviceFin
     return per_expert * routing.experts
 
 
+def smem_bytes_per_item(problem: Problem, config: MosaicGpuConfig) -> float:
+    """Bytes an item of the chained pipeline moves through its SM's shared memory: the operand copies in,
+    the wgmmas' operand reads (each consumer reads the a tile once and its half of the b tile once per
+    64-row slice of its accumulator), the zeroing of the edge steps' b tile (read and written back), and
+    the output tile written and read out by the store. At 100-200 rows per expert this port, not the
+    tensor cores, bounds the item (DeepSeek-V3's weight gradient at T=4096 on the H200: 616 KB an item,
+    3.2 us at 128 bytes a clock, against 3.1 us measured)."""
+    t = tiling.drhs_tiles(problem.k, problem.n, problem.transpose_rhs, config)
+    in_bytes, out_bytes = tiling.itemsize(problem.lhs_dtype), tiling.itemsize(problem.out_dtype)
+    steps, step = expected_steps(problem, config), config.block_m
+    copies = step * (t.tile_p + t.cta_q)
+    reads = t.consumers * step * (t.tile_p + t.tile_p // 64 * t.tile_q)
+    zeroing = min(2.0, steps) * 2 * step * t.cta_q
+    return (steps * (copies + reads) + zeroing) * in_bytes + 2 * t.tile_p * t.cta_q * out_bytes
+
+
 def estimate(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> Estimate:
     """The cost model of the module docstring (uniform routing)."""
     facts = hardware.facts(device.compute_capability)
@@ -225,6 +243,12 @@ def estimate(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprin
     chained = config.warp_specialized and config.persistent
     tile_write_s = t.tile_p * t.cta_q * out_bytes / (facts.smem_bytes_per_clock * clock)
     item_s = steps * max(mma_s, copy_s) + edge_s + (tile_write_s if chained else facts.memory_latency_s)
+    if chained:
+        # The consumers hold two slots (the wgmma in flight and the one being issued): with two stages the
+        # producer has none to fill ahead, and each step's copy runs after the step before it.
+        if config.max_concurrent_steps <= 2:
+            item_s += steps * copy_s
+        item_s = max(item_s, smem_bytes_per_item(problem, config) / (facts.smem_bytes_per_clock * clock))
     if not config.persistent:
         item_s += store_s + CTA_ITEM_S
     touched = cost.uniform_routing(problem).experts

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
 
-from moetune.kernels.backends.mosaic_gpu import BACKEND, kernel_drhs, tiling  # noqa: E402
+from moetune.kernels.backends.mosaic_gpu import BACKEND, hardware, kernel_drhs, tiling  # noqa: E402
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C  # noqa: E402
 from moetune.kernels.errors import Unsupported  # noqa: E402
 from moetune.kernels.ops.grouped_matmul_drhs import reference  # noqa: E402
@@ -206,6 +207,22 @@ def test_among_estimates_within_the_model_s_resolution_the_largest_tile_ranks_fi
     near = [c for c, e in ranked if e.seconds <= best * (1 + space.TIE)]
     first = ranked[0][0]
     assert ranked[0][1].seconds <= best * (1 + space.TIE) and size(first) == max(map(size, near))
+
+
+def test_a_chained_item_is_bound_by_its_shared_memory_traffic_and_two_stages_leave_no_lookahead():
+    # 256 experts of 128 rows each: two or three steps an item, where the tensor cores are not the bound.
+    problem = Problem("grouped_matmul_drhs", 32768, 7168, 4096, 256)
+    three = C(block_m=64, block_n=128, block_k=128, max_concurrent_steps=3, wg_split="n")
+    two = dataclasses.replace(three, max_concurrent_steps=2)
+    assert space.estimate(problem, two, H200).seconds > space.estimate(problem, three, H200).seconds
+    # The a tile read once per consumer, the b tile once per 64-row slice: [64, 128] and [64, 2 x 128].
+    per_step = 64 * (128 + 256) + 2 * 64 * (128 + 2 * 128)
+    assert space.smem_bytes_per_item(problem, three) > space.expected_steps(problem, three) * per_step * 2
+    facts = hardware.facts(H200.compute_capability)
+    port = facts.smem_bytes_per_clock * facts.sustained_clock_hz
+    bound = space.smem_bytes_per_item(problem, three) / port
+    waves = math.ceil(space.estimate(problem, three, H200).items / H200.core_count)
+    assert space.estimate(problem, three, H200).compute_s >= waves * bound
 
 
 def test_problems_the_kernel_cannot_tile_are_declined():
