@@ -406,6 +406,9 @@ def example_entry(runs: list[dict]) -> dict:
     shape = ",".join(f"{key}={config[key]}" for key in EXAMPLE_SHAPE)
     params = {key: config[key] for key in ("batch", "seq", "steps", *EXAMPLE_SHAPE)}
     params["moe_dtype"] = config["moe_dtype"]
+    # Where moetune's GEMMs ran (the backends its dispatch chose), when the run recorded them.
+    if mine.get("kernels"):
+        params["moetune_backends"] = ",".join(sorted({kernel["backend"] for kernel in mine["kernels"]}))
     params["tokens"] = config["batch"] * config["seq"]
     params |= {"final_loss": mine["losses"][-1], "xla_final_loss": xla["losses"][-1]}
     params["max_abs_loss_diff"] = max(abs(a - b) for a, b in zip(mine["losses"], xla["losses"], strict=True))

@@ -57,5 +57,7 @@ for path in sys.argv[1:]:
     run = json.load(open(path))
     print(f"{run['backend']}: median step {run['step_s'] * 1e3:.2f} ms over {len(run['step_times_s'])} steps, "
           f"{run['tokens_per_s']:.0f} tokens/s, first step {run['first_step_s']:.1f} s, final loss {run['losses'][-1]:.4f}")
+    for kernel in run.get("kernels", []):
+        print(f"  {kernel['backend']:10s} {kernel['source']:12s} {kernel['problem']}")
 EOF
 fi

@@ -22,7 +22,9 @@ GEMMs (on a GPU, XLA's float32 matmuls may run at TensorFloat-32; bfloat16 round
 
 Each step is timed from its batch being ready to its new parameters, optimizer state and loss being
 ready. The first step compiles and is reported apart (first_step_s); step_times_s holds every later
-step's wall time, step_s their median and tokens_per_s the batch's tokens over that median. `--json`
+step's wall time, step_s their median and tokens_per_s the batch's tokens over that median; kernels
+lists each GEMM moetune dispatched (problem key, backend, where its config came from; none with
+`--backend xla`). `--json`
 prints them with the losses of every step, the config, and where the run ran (date, command, device,
 versions): `python3 benchmarks/baselines.py add-example` records an `auto` and an `xla` run of one
 config as a measurement.
@@ -31,6 +33,7 @@ config as a measurement.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -47,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from moetune.kernels import moe_mlp
+from moetune.kernels import moe_mlp, recording
 from moetune.kernels.device import current_fingerprint
 from moetune.kernels.moe.layer import moe_mlp_using
 
@@ -182,8 +185,12 @@ def train(config: TrainConfig, backend: str, *, log: TextIO | None = None) -> di
         # The batch is drawn on the device too: wait for it, so that its draw is not timed as the step's.
         batch = jax.block_until_ready(next(data))
         started = time.perf_counter()
-        params, state, loss = jax.block_until_ready(step(params, state, batch))
+        # The first step traces the model: what moetune dispatched is recorded then.
+        with recording() if index == 0 else contextlib.nullcontext([]) as calls:
+            params, state, loss = jax.block_until_ready(step(params, state, batch))
         times.append(time.perf_counter() - started)
+        if index == 0:
+            kernels = list({(c.problem.key, c.backend, c.source): None for c in calls})
         losses.append(float(loss))
         if config.log_every and (index % config.log_every == 0 or index == config.steps - 1):
             print(f"[{backend}] step {index:4d}  loss {losses[-1]:.4f}", file=log, flush=True)
@@ -198,6 +205,7 @@ def train(config: TrainConfig, backend: str, *, log: TextIO | None = None) -> di
         "step_times_s": step_times,
         "step_s": step_s,
         "tokens_per_s": config.batch * config.seq / step_s,
+        "kernels": [{"problem": key, "backend": name, "source": source} for key, name, source in kernels],
     }
 
 

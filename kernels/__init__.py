@@ -18,6 +18,7 @@ from moetune.kernels.api import (
     grouped_matmul_swiglu,
     grouped_matmul_swiglu_fp8,
     problem_of,
+    recording,
 )
 from moetune.kernels.lookup import LOOKUP, Resolution, Winner
 from moetune.kernels.moe import moe_mlp
@@ -38,4 +39,5 @@ __all__ = [
     "moe_mlp",
     "moe_mlp_reference",
     "problem_of",
+    "recording",
 ]

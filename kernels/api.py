@@ -20,10 +20,13 @@ with (new winners reach it after the trace is redone, e.g. in a new process).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import os
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -379,7 +382,34 @@ def _use(
     )
     LOOKUP.note_use(problem, explanation.resolution, device)
     log.debug("%s -> %s %s (%s)", problem.key, explanation.backend, explanation.config, explanation.source)
+    with _RECORDING_LOCK:
+        for calls in _RECORDINGS:
+            calls.append(explanation)
     return explanation, kernel
+
+
+_RECORDINGS: list[list[Explanation]] = []
+_RECORDING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[Explanation]]:
+    """The dispatch decisions made while the block runs, in order, as Explanations: what a model ran.
+    Dispatch happens when a call is traced, so record the first call of a jitted function (a later call
+    of the same compiled function dispatches nothing). Recordings nest; each sees every decision.
+
+        with moetune.kernels.recording() as calls:
+            jax.block_until_ready(step(params, batch))
+        print({(c.problem.op, c.backend) for c in calls})
+    """
+    calls: list[Explanation] = []
+    with _RECORDING_LOCK:
+        _RECORDINGS.append(calls)
+    try:
+        yield calls
+    finally:
+        with _RECORDING_LOCK:
+            _RECORDINGS.remove(calls)
 
 
 def _differentiable(kernel: KernelFn, problem: Problem, backend: str | None, fallback: bool | None):

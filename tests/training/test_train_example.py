@@ -47,10 +47,15 @@ def test_json_holds_every_timed_step_and_where_it_ran_and_makes_a_baselines_entr
         assert len(run["losses"]) == SMALL.steps and run["config"]["dim"] == SMALL.dim
         assert run["device"]["device_kind"] == "cpu" and {"jax", "jaxlib", "optax"} <= set(run["versions"])
         assert run["command"].startswith("python3 examples/train_moe.py --dim 32 ")
+    # What moetune dispatched when the first step traced the model: every GEMM of the forward and the
+    # backward, on this CPU's xla backend; the ragged_dot path dispatches nothing of moetune's.
+    ops = {kernel["problem"].split("/")[0] for kernel in runs[0]["kernels"]}
+    assert {"grouped_matmul_drhs", "grouped_matmul"} <= ops and runs[1]["kernels"] == []
+    assert {kernel["backend"] for kernel in runs[0]["kernels"]} == {"xla"}
     # The two runs are what benchmarks/baselines.py add-example records.
     made = load_script("baseline_entries").example_entry(runs)
     assert made["samples"] == [round(t, 9) for t in runs[0]["step_times_s"]]
-    assert made["params"]["max_abs_loss_diff"] < 1e-3
+    assert made["params"]["max_abs_loss_diff"] < 1e-3 and made["params"]["moetune_backends"] == "xla"
     file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "cpu", "entries": [made]}
     assert load_script("baselines").problems_of(file) == []
 
