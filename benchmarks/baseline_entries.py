@@ -337,8 +337,9 @@ def model_entries(run: dict) -> list[dict]:
 
 def tuner_entry(runs: list[dict], *, date: str, versions: dict[str, str], command: str, gpu: str) -> dict:
     """Runs of one tuner measurement, each sample one run's rate: `moetune bench tuner --out` files (Ray
-    against one by one, same candidates) or compare_clusters.py --out files (two GPUs against one).
-    Neither file records its environment, so the caller names it."""
+    against one by one, same candidates), compare_clusters.py --out files (two GPUs against one) or
+    sweep_timeline.py --json files (one sweep's trials per minute, no peer). None of them records its
+    environment, so the caller names it."""
     if runs and all("ray" in r and "sequential" in r for r in runs):
         mine = [r["ray"]["per_minute"] for r in runs]
         theirs = {"sequential": [r["sequential"]["per_minute"] for r in runs]}
@@ -351,9 +352,19 @@ def tuner_entry(runs: list[dict], *, date: str, versions: dict[str, str], comman
         params = {"problems": len(runs[0]["problems"]), "winners_agree": [r["winners_agree"] for r in runs]}
         name, unit = "tuner/two_gpus_vs_one", "trials/min"
         title = "two GPUs of one host against one, same candidates"
+    elif runs and all("per_minute" in r and "span_s" in r for r in runs):
+        mine, theirs = [r["per_minute"] for r in runs], {}
+        params = {key: runs[0][key] for key in ("problems", "workers")}
+        params["trials"], params["span_s"] = [r["trials"] for r in runs], [r["span_s"] for r in runs]
+        name, unit = f"tuner/sweep/{params['problems']}_problems", "trials/min"
+        title = (
+            f"one sweep of {params['problems']} problems, {params['workers']} workers on one GPU "
+            "(first trial's start to last result)"
+        )
     else:
         raise ValueError(
-            "each file must be a `moetune bench tuner --out` or a compare_clusters.py --out file"
+            "each file must be a `moetune bench tuner --out`, a compare_clusters.py --out or a "
+            "sweep_timeline.py --json file"
         )
     return {
         "name": name,

@@ -254,6 +254,10 @@ def tuner_full(data: dict) -> list[str]:
     lines += [f"Measured {_days(entries)} on {data['gpu']}: {_versions(entries)}.", ""] + _commands(entries)
     rows = []
     for e in entries:
+        if not e["peers"]:  # a rate of its own (a sweep's trials per minute)
+            rows.append(
+                [e.get("title", e["name"]), e["unit"], f"{e['median']:.1f}", "-", str(len(e["samples"])), "-"]
+            )
         for peer, theirs in e["peers"].items():
             rows.append(
                 [

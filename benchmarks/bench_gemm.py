@@ -446,6 +446,7 @@ def print_table(cases: list[dict]) -> None:
 # through DLPack, so every method multiplies the same data.
 
 DEV_ALTERNATIVES = 2
+XLA_EXPANSION_MAX_BYTES = 4 << 30  # jax.lax.ragged_dot's [G, M, K] (see _xla_expansion_bytes)
 # Compiling is host work: a pool compiles the next cases between this case's timings, never during one
 # (XLA's autotuner and tokamax's launch kernels while they compile; a CUPTI window would count them).
 DEV_COMPILE_WORKERS = 8
@@ -520,6 +521,12 @@ def _reference(lhs, rhs, sizes: list[int], *, swiglu: bool):
     return (product, _swiglu(product)) if swiglu else (product, product)
 
 
+def _xla_expansion_bytes(problem) -> int:
+    """XLA's ragged_dot on a GPU is one dense dot of lhs expanded to [G, M, K] (jax's ragged_dot lowering
+    outside TPUs): past XLA_EXPANSION_MAX_BYTES it runs out of memory or for seconds, and it is no peer."""
+    return problem.g * problem.m * problem.k * 2
+
+
 def _xla_ragged_dot(lhs, rhs, group_sizes):
     import jax
 
@@ -578,7 +585,7 @@ class DevRunner:
                 jax.ShapeDtypeStruct(p.rhs_shape, jnp.bfloat16),
                 jax.ShapeDtypeStruct((p.g,), jnp.int32),
             )
-            jobs = {("xla",): _xla_ragged_dot}
+            jobs = {("xla",): _xla_ragged_dot if _xla_expansion_bytes(p) <= XLA_EXPANSION_MAX_BYTES else None}
             for name, config in self.configs(case).items():
                 try:
                     jobs[("moetune", name)] = self.backend.build(p, config)
@@ -589,7 +596,12 @@ class DevRunner:
             except ImportError as e:  # the bundle lacks tokamax: its column says so
                 jobs[("tokamax",)] = e
             for key, fn in jobs.items():
-                if isinstance(fn, Exception):
+                if fn is None:
+                    expanded = _xla_expansion_bytes(p) / 2**30
+                    self.futures[(case, *key)] = RuntimeError(
+                        f"skipped: XLA's ragged_dot would expand lhs to {expanded:.0f} GiB"
+                    )
+                elif isinstance(fn, Exception):
                     self.futures[(case, *key)] = fn
                 else:
                     self.futures[(case, *key)] = self.pool.submit(_compile, self.gate, fn, args)

@@ -23,6 +23,12 @@ from moetune.kernels.problem import Problem, dtype_name
 # kernels or the XLA baseline being timed. Ignored where there is nothing to autotune (CPU).
 UNTUNED_COMPILE = {"xla_gpu_autotune_level": 0}
 _HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# jax.lax.ragged_dot outside TPUs is one dense dot of lhs expanded to [G, M, K] (jax's
+# _ragged_dot_general_impl): G times the bytes and FLOPs of the grouped GEMM, 256 GiB for Qwen3-Next's 512
+# experts at 16384 tokens. Past this expansion the reference walks row chunks instead (a loop of small
+# GEMMs, each chunk by its own experts' weights).
+DENSE_EXPANSION_MAX_BYTES = 2 << 30
+CHUNK_ROWS = 128
 
 _TRANSPOSED = lax.RaggedDotDimensionNumbers(
     dot_dimension_numbers=(((1,), (2,)), ((), ())),
@@ -47,11 +53,64 @@ def reference_grouped_matmul(
         lhs, rhs = jnp.asarray(lhs, jnp.float32), jnp.asarray(rhs, jnp.float32)
     precision = lax.Precision.DEFAULT if same_half else lax.Precision.HIGHEST
     sizes = jnp.asarray(group_sizes, jnp.int32)
+    if _expanded_bytes(lhs, rhs) > DENSE_EXPANSION_MAX_BYTES:
+        return chunked_grouped_matmul(lhs, rhs, sizes, transpose_rhs=transpose_rhs, precision=precision)
     if transpose_rhs:
         return lax.ragged_dot_general(
             lhs, rhs, sizes, _TRANSPOSED, precision=precision, preferred_element_type=jnp.float32
         )
     return lax.ragged_dot(lhs, rhs, sizes, precision=precision, preferred_element_type=jnp.float32)
+
+
+def _expanded_bytes(lhs: jax.Array, rhs: jax.Array) -> int:
+    return rhs.shape[0] * lhs.shape[0] * lhs.shape[1] * jnp.dtype(lhs.dtype).itemsize
+
+
+def chunked_grouped_matmul(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    transpose_rhs: bool = False,
+    precision: lax.Precision = lax.Precision.DEFAULT,
+    chunk_rows: int = CHUNK_ROWS,
+) -> jax.Array:
+    """The float32 grouped GEMM as a loop over (row chunk, group) pairs, in bytes and FLOPs of the rows'
+    own experts: group g's rows are contiguous, so chunk c of `chunk_rows` rows meets the groups from the
+    one holding its first row to the one holding its last, and the pairs number at most chunks + G. Each
+    pair multiplies the chunk by rhs[g] and keeps g's rows; rows past sum(group_sizes) stay zero."""
+    m, k = lhs.shape
+    g = rhs.shape[0]
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    chunks = max(1, -(-m // chunk_rows))
+    padded = jnp.zeros((chunks * chunk_rows, k), lhs.dtype).at[:m].set(lhs)
+    ends = jnp.cumsum(group_sizes)
+    starts = ends - group_sizes
+    total = jnp.minimum(ends[-1], m)
+    first_row = jnp.arange(chunks, dtype=jnp.int32) * chunk_rows
+    last_row = jnp.minimum(first_row + chunk_rows, jnp.maximum(total, 1)) - 1
+    # The group holding row r: how many groups end at or before it (empty groups end where the last did).
+    first_group = jnp.searchsorted(ends, first_row, side="right").astype(jnp.int32)
+    last_group = jnp.maximum(jnp.searchsorted(ends, last_row, side="right").astype(jnp.int32), first_group)
+    pairs = last_group - first_group + 1
+    pair_ends = jnp.cumsum(pairs)
+    contract = ((1,), (1,)) if transpose_rhs else ((1,), (0,))
+
+    def pair(p, out):
+        chunk = jnp.minimum(jnp.searchsorted(pair_ends, p, side="right"), chunks - 1).astype(jnp.int32)
+        group = jnp.minimum(first_group[chunk] + p - (pair_ends[chunk] - pairs[chunk]), g - 1)
+        row0 = chunk * chunk_rows
+        rows = lax.dynamic_slice(padded, (row0, 0), (chunk_rows, k))
+        product = lax.dot_general(
+            rows, rhs[group], (contract, ((), ())), precision=precision, preferred_element_type=jnp.float32
+        )
+        index = row0 + jnp.arange(chunk_rows)
+        mine = (index >= starts[group]) & (index < jnp.minimum(ends[group], total)) & (p < pair_ends[-1])
+        held = lax.dynamic_slice(out, (row0, 0), (chunk_rows, n))
+        return lax.dynamic_update_slice(out, jnp.where(mine[:, None], product, held), (row0, 0))
+
+    out = lax.fori_loop(0, chunks + g, pair, jnp.zeros((chunks * chunk_rows, n), jnp.float32))
+    return out[:m]
 
 
 @functools.partial(jax.jit, static_argnames=("op", "transpose_rhs"), compiler_options=UNTUNED_COMPILE)

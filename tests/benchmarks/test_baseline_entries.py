@@ -123,6 +123,15 @@ def test_tuner_runs_of_either_kind_become_one_entry_with_a_sample_per_run():
     assert made["params"] == {"problems": 2, "winners_agree": [29, 30]}
     with pytest.raises(ValueError, match="moetune bench tuner --out"):
         entries.tuner_entry([bench, runs[0]], **info)
+    timeline = {"trials": 480, "span_s": 111.7, "per_minute": 257.8, "workers": 14, "problems": 30}
+    made = entries.tuner_entry([timeline], **info)
+    assert (made["name"], made["unit"], made["samples"], made["peers"]) == (
+        "tuner/sweep/30_problems",
+        "trials/min",
+        [257.8],
+        {},
+    )
+    assert made["params"] == {"problems": 30, "workers": 14, "trials": [480], "span_s": [111.7]}
 
 
 def finegrained_run() -> dict:
