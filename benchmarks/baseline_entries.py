@@ -125,7 +125,8 @@ def _timed_entry(env: dict, name: str, suite: str, samples_ms: list[float], **fi
 
 def finegrained_entries(run: dict) -> list[dict]:
     """One entry per development-shape case of a bench_gemm.py --models file whose heuristic config was
-    timed: what a user gets with no tuning. The fastest of the cost model's alternatives and every peer
+    timed: what a user gets with no tuning. The fastest of the cost model's alternatives, the tuned
+    pack's winner (where the run had one: `moetune_tuned`, its config in params) and every other method
     are peers, the HBM roofline of the touched experts' weights a bound, the heuristic's config the
     config."""
     env = run["environment"]
@@ -135,19 +136,23 @@ def finegrained_entries(run: dict) -> list[dict]:
         if "samples_ms" not in heuristic:
             continue  # failed, or cut by the run's budget
         timed = {name: m for name, m in case["methods"].items() if "samples_ms" in m}
-        # Of the cost model's alternatives only the fastest: the file stays small.
-        others = [
-            m for name, m in timed.items() if name.startswith("moetune_") and name != "moetune_heuristic"
-        ]
+        # Of the cost model's alternatives only the fastest: the file stays small. The pack's winner (the
+        # tuned config) is a peer of its own: the heuristic's distance to it is the out-of-the-box target.
+        tuned = timed.get(case.get("tuned_method") or "moetune_pack")
+        others = [m for name, m in timed.items() if name.startswith("moetune_alt") and m is not tuned]
         timed = {name: m for name, m in timed.items() if not name.startswith("moetune_")}
         if others:
             timed["moetune_alternative"] = min(others, key=lambda m: m["median_ms"])
+        if tuned is not None:
+            timed["moetune_tuned"] = tuned
         peers = {name: measurement(m["samples_ms"], 6) for name, m in sorted(timed.items())}
         problem = case["problem"]
         params = {"model": case["model"], "gemm": case["gemm"], "tokens": case["tokens"], "op": problem["op"]}
         params |= {key: problem[key] for key in ("m", "k", "n", "g")}
         params |= {"touched_experts": case["touched_experts"], "routings": case["routings"]}
         params |= {"read_GBps": round(run["bandwidth"]["read_GBps"], 1)}
+        if tuned is not None:
+            params["tuned_config"] = tuned["config"]
         name = f"finegrained/{case['model']}/{case['gemm']}/T={case['tokens']}"
         bounds = {"hbm_roofline": round(case["hbm_roofline_ms"], 6)}
         entries.append(

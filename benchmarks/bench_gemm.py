@@ -573,6 +573,13 @@ class DevRunner:
             named["pack"] = pack
         return named
 
+    def tuned_method(self, case) -> str | None:
+        """The method that runs the pack's winner for the case: `moetune_pack`, or the heuristic or
+        alternative whose config it is."""
+        pack = self.tuned.get(case.problem.key)
+        named = [name for name, config in self.configs(case).items() if config == pack]
+        return f"moetune_{named[0]}" if pack is not None and named else None
+
     def submit_all(self) -> None:
         """Queue every case's compiles in case order (the timing loop takes them in the same order)."""
         import jax
@@ -657,6 +664,7 @@ class DevRunner:
             "routings": len(routings),
             "group_sizes": routings[0],
             "touched_experts": touched,
+            "tuned_method": self.tuned_method(case),
             "flops": p.flops,
             "hbm_roofline_ms": touched * p.k * p.n * 2 / (self.bandwidth["read_GBps"] * 1e9) * 1e3,
             "methods": {},

@@ -147,7 +147,9 @@ def finegrained_run() -> dict:
             "moetune_heuristic": timed(0.024, config={"block_m": 8}),
             "moetune_alt1": timed(0.030),
             "moetune_alt2": timed(0.022),
+            "moetune_pack": timed(0.020, config={"block_m": 16}),
             "torch_grouped_mm": timed(0.028),
+            "cublas_torch": timed(0.005),
             "tokamax_mosaic": {"error": "ValueError: no config"},
         },
     }
@@ -161,15 +163,27 @@ def test_a_finegrained_run_keeps_the_heuristic_the_fastest_alternative_and_the_p
     (made,) = entries.finegrained_entries(finegrained_run())  # the case without a heuristic time is left out
     assert made["name"] == "finegrained/qwen3-30b-a3b/gate_up/T=1"
     assert made["median"] == 0.024 and made["config"] == {"block_m": 8}
-    assert sorted(made["peers"]) == ["moetune_alternative", "torch_grouped_mm"]
+    assert sorted(made["peers"]) == [
+        "cublas_torch",
+        "moetune_alternative",
+        "moetune_tuned",
+        "torch_grouped_mm",
+    ]
     assert made["peers"]["moetune_alternative"]["median"] == 0.022  # alt2, the faster alternative
+    assert made["peers"]["moetune_tuned"]["median"] == 0.020 and made["params"]["tuned_config"] == {
+        "block_m": 16
+    }
     assert made["params"] | {"g": 128, "m": 8, "op": "grouped_matmul_swiglu"} == made["params"]
     assert made["command"] == "python3 benchmarks/bench_gemm.py --models qwen3-30b-a3b --out $OUT/dev.json"
     file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
     assert baselines.problems_of(file) == []
     text = load_script("baseline_tables").render_full(file)
-    # The faster peer (torch, 0.028) over the heuristic (0.024); the roofline over the best (0.022).
-    assert "| qwen3-30b-a3b | gate_up | 1 | 128 | 0.024 | 0.022 | 0.028 | - | - | 1.17x | 50% |" in text
+    # The heuristic over the tuned winner (0.024 / 0.020); the faster peer (torch, 0.028) over the best
+    # (the tuned 0.020) and over the heuristic; cuBLAS (0.005) and the roofline (0.011) over the best.
+    row = (
+        "| qwen3-30b-a3b | gate_up | 1 | 128 | 0.024 | 0.020 | 0.020 | 0.028 | - | - | 0.005 | 1.20x | 1.40x"
+    )
+    assert row + " | 1.17x | 25% | 55% |" in text
 
 
 def backward_run() -> dict:
