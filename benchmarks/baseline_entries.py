@@ -285,6 +285,39 @@ def layer_entries(run: dict) -> list[dict]:
     return entries
 
 
+def block_entries(run: dict) -> list[dict]:
+    """One entry per case of a bench_block.py --out file whose moetune block was timed: the forward MoE
+    block, with the same block on tokamax's and XLA's grouped GEMMs and in PyTorch (where they ran) as
+    peers, and each stage of moetune's block (median ms) in params."""
+    env = run["environment"]
+    entries = []
+    for case in run["cases"]:
+        methods = case.get("methods", {})
+        if "samples_ms" not in methods.get("moetune", {}):
+            continue
+        peers = {
+            name: measurement(m["samples_ms"], 6)
+            for name, m in sorted(methods.items())
+            if name != "moetune" and "samples_ms" in m
+        }
+        params = {
+            key: case[key] for key in ("model", "tokens", "experts", "top_k", "hidden", "ffn", "rotations")
+        }
+        stages = case.get("stages", {})
+        params["stages_ms"] = {n: round(st["median_ms"], 6) for n, st in stages.items() if "median_ms" in st}
+        entries.append(
+            _timed_entry(
+                env,
+                f"moe_block/{case['model']}/T={case['tokens']}",
+                "moe_block",
+                methods["moetune"]["samples_ms"],
+                params=params,
+                peers=peers,
+            )  # fmt: skip
+        )
+    return entries
+
+
 def _fingerprint_versions(device: dict, versions: dict, **more: str | None) -> dict[str, str]:
     """The versions of a run that records moetune's device fingerprint and its own versions."""
     return _known(

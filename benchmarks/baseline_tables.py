@@ -190,6 +190,46 @@ def finegrained_summary(data: dict) -> list[str]:
     return lines + _commands(entries) + _table(FINEGRAINED_HEAD, _finegrained_rows(entries)) + [""]
 
 
+# --- the MoE block --------------------------------------------------------------------------------------
+
+BLOCK_PEERS = ("tokamax", "torch_grouped_mm", "xla")
+BLOCK_LABELS = {
+    "tokamax": "on tokamax ragged_dot",
+    "torch_grouped_mm": "PyTorch, torch._grouped_mm",
+    "xla": "on XLA ragged_dot",
+}
+BLOCK_STAGES = ("route", "permute", "gate_up", "down", "combine")
+
+
+def block_full(data: dict) -> list[str]:
+    entries = _suite(data, "moe_block")
+    if not entries:
+        return []
+    lines = ["#### The MoE block: `benchmarks/bench_block.py`", ""]
+    lines += [f"Measured {_days(entries)} on {data['gpu']}: {_versions(entries)}.", ""] + _commands(entries)
+    lines += [
+        "moetune's `moe_mlp` (route, sort, permute, gate_up with SwiGLU fused, down, combine) against the "
+        "same block on another grouped GEMM (`moe_mlp_using`: identical routing, permutation and combine) "
+        "and a PyTorch block of torch._grouped_mm with the same routing; bf16, the block's inputs are the "
+        "tokens and router logits; CUPTI time of every kernel the block launches, median of the samples, "
+        "token sets rotated so that no run finds the last one's experts in L2. The stages are moetune's "
+        "block cut where moe_mlp composes it, each timed alone. A ratio above 1 means moetune is faster.",
+        "",
+    ]
+    rows = []
+    for e in sorted(entries, key=lambda e: (e["params"]["model"], e["params"]["tokens"])):
+        p, peers = e["params"], {name: peer["median"] for name, peer in e["peers"].items()}
+        rivals = [peers[n] for n in BLOCK_PEERS[:2] if n in peers]
+        cells = [p["model"], str(p["tokens"]), str(p["experts"]), f"{e['median']:.3f}"]
+        cells += [f"{peers[n]:.3f}" if n in peers else "-" for n in BLOCK_PEERS]
+        cells += [f"{min(rivals) / e['median']:.2f}x" if rivals else "-"]
+        cells += [f"{p['stages_ms'][n]:.3f}" if n in p["stages_ms"] else "-" for n in BLOCK_STAGES]
+        rows.append(cells)
+    head = ["model", "T", "E", "moetune", *(BLOCK_LABELS[n] for n in BLOCK_PEERS), "faster peer / moetune"]
+    head += [f"stage: {n}" for n in BLOCK_STAGES]
+    return lines + _table(head, rows) + [""]
+
+
 # --- the model benchmark ---------------------------------------------------------------------------------
 
 
@@ -228,29 +268,42 @@ def model_table(entries: list[dict]) -> list[str]:
     return _table(head, rows)
 
 
+def _by_model(entries: list[dict]) -> dict[str, list[dict]]:
+    """The model benchmark's entries per model, in the order the file first names each."""
+    out: dict[str, list[dict]] = {}
+    for e in entries:
+        out.setdefault(e["params"]["model"], []).append(e)
+    return out
+
+
 def model_full(data: dict) -> list[str]:
-    entries = _suite(data, "bench_model")
-    if not entries:
+    all_entries = _suite(data, "bench_model")
+    if not all_entries:
         return []
-    p = entries[0]["params"]
     lines = ["#### The model benchmark: `benchmarks/bench_model.py`", ""]
-    lines += [f"Measured {_days(entries)} on {data['gpu']}: {_versions(entries)}.", ""] + _commands(entries)
-    lines += [
-        f"{p['model']}, {p['layers']} layers, batch {p['batch']}, a prompt of {p['prompt']} tokens and "
-        f"{p['gen']} generated; host wall time, median of the samples; the MoE layer alone at each T.",
-        "",
-    ]
-    lines += model_table(entries)
-    values, layers = _model_values(entries), _layer_tokens(entries)
-    if layers and {"ragged", "dense"} <= set(values):
-        t = f"T={layers[0]}"
-        ragged, dense = (values[path][t] / values["moetune"][t] for path in ("ragged", "dense"))
+    lines += [f"Measured {_days(all_entries)} on {data['gpu']}: {_versions(all_entries)}.", ""]
+    lines += _commands(all_entries)
+    for entries in _by_model(all_entries).values():
+        p = entries[0]["params"]
         lines += [
+            f"{p['model']}, {p['layers']} layers, batch {p['batch']}, a prompt of {p['prompt']} tokens and "
+            f"{p['gen']} generated; host wall time, median of the samples; the MoE layer alone at each T.",
             "",
-            f"At {t} moetune's MoE layer runs {ragged:.2f}x as fast as XLA ragged_dot's and {dense:.2f}x as "
-            "fast as the dense one.",
         ]
-    return lines + [""]
+        lines += model_table(entries)
+        values, layers = _model_values(entries), _layer_tokens(entries)
+        t = f"T={layers[0]}" if layers else None
+        if t and "ragged" in values and "moetune" in values:
+            ratios = [f"{values['ragged'][t] / values['moetune'][t]:.2f}x as fast as XLA ragged_dot's"]
+            if "dense" in values:
+                ratios.append(f"{values['dense'][t] / values['moetune'][t]:.2f}x as fast as the dense one")
+            decode = values["moetune"]["decode"] / values["ragged"]["decode"]
+            lines += [
+                "",
+                f"At {t} moetune's MoE layer runs {' and '.join(ratios)}; decode {decode:.2f}x XLA's.",
+            ]
+        lines += [""]
+    return lines
 
 
 # --- the tuner ---------------------------------------------------------------------------------------------
@@ -286,7 +339,8 @@ def tuner_full(data: dict) -> list[str]:
 
 
 def render_full(data: dict) -> str:
-    lines = [f"### {data['gpu']}", ""] + gemm_full(data) + finegrained_full(data) + model_full(data)
+    lines = [f"### {data['gpu']}", ""] + gemm_full(data) + finegrained_full(data) + block_full(data)
+    lines += model_full(data)
     lines += tuner_full(data)
     return "\n".join(lines).rstrip("\n") + "\n"
 
@@ -294,9 +348,9 @@ def render_full(data: dict) -> str:
 def render_summary(data: dict) -> str:
     lines = gemm_summary(data) + finegrained_summary(data)
     model = _suite(data, "bench_model")
-    if model:
-        lines += [f"The whole model ({model[0]['params']['model']}, {_days(model)}):", ""] + _commands(model)
-        lines += model_table(model) + [""]
+    for entries in _by_model(model).values():
+        lines += [f"The whole model ({entries[0]['params']['model']}, {_days(entries)}):", ""]
+        lines += _commands(entries) + model_table(entries) + [""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -6,6 +6,7 @@ built from the benchmark scripts' own output files, and the tables the documenta
     python3 benchmarks/baselines.py add-backward drhs.json            # bench_backward.py --out file
     python3 benchmarks/baselines.py add-backward --configs probe.json # each --config it timed
     python3 benchmarks/baselines.py add-layer layer.json              # bench_layer_grad.py --out file
+    python3 benchmarks/baselines.py add-block block.json              # bench_block.py --out file
     python3 benchmarks/baselines.py add-model model.json              # bench_model.py --out file
     python3 benchmarks/baselines.py add-example auto.json xla.json    # examples/train_moe.py --json
         # one run of --backend auto and one of --backend xla, same config: train_example/<config>
@@ -49,7 +50,10 @@ SCHEMA_VERSION = 1
 ROOT = Path(__file__).resolve().parents[1]
 BASELINES = ROOT / "benchmarks" / "baselines"
 PAGES = (ROOT / "README.md", ROOT / "docs" / "performance.md")
-SUITES = ("bench_gemm", "finegrained", "backward", "layer_grad", "bench_model", "tuner", "train_example")
+SUITES = (
+    "bench_gemm", "finegrained", "moe_block", "backward", "layer_grad", "bench_model", "tuner",
+    "train_example",
+)  # fmt: skip
 UNITS = ("ms", "s", "trials/min", "variants/min")
 REQUIRED = ("name", "suite", "date", "gpu", "versions", "command", "unit", "samples", "median", "params")
 OPTIONAL = ("title", "peers", "bounds", "config", "from_pack")
@@ -246,6 +250,7 @@ def _parser() -> argparse.ArgumentParser:
         "add-finegrained",
         "add-backward",
         "add-layer",
+        "add-block",
         "add-model",
         "add-tuner",
         "add-example",
@@ -290,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
             entries = [e for run in runs for e in (backward or baseline_entries.backward_entries)(run)]
         elif args.command == "add-layer":
             entries = [e for run in runs for e in baseline_entries.layer_entries(run)]
+        elif args.command == "add-block":
+            entries = [e for run in runs for e in baseline_entries.block_entries(run)]
         elif args.command == "add-model":
             entries = [e for run in runs for e in baseline_entries.model_entries(run)]
         elif args.command == "add-example":

@@ -368,3 +368,28 @@ def test_add_example_upserts_the_entry_into_a_baselines_file(tmp_path, capsys):
     capsys.readouterr()
     assert baselines.main(["add-example", str(paths[0]), str(paths[0]), "--file", str(target)]) == 2
     assert capsys.readouterr().err.startswith("error: add-example: needs one --backend auto")
+
+
+def test_a_block_run_keeps_the_peers_that_ran_and_the_stages():
+    def timed(ms):
+        return {"samples_ms": [ms, ms * 1.02, ms * 0.98], "median_ms": ms}
+
+    shape = {"model": "qwen3-30b-a3b", "experts": 128, "top_k": 8, "hidden": 2048, "ffn": 768, "rotations": 2}
+    stages = {
+        name: timed(ms)
+        for name, ms in zip(("route", "permute", "gate_up", "down", "combine"), (1, 2, 3, 4, 5), strict=True)
+    }
+    good = shape | {"tokens": 1, "stages": stages, "methods": {"moetune": timed(0.05), "tokamax": timed(0.06),
+                    "torch_grouped_mm": timed(0.1), "xla": {"error": "skipped"}}}  # fmt: skip
+    cut = shape | {"tokens": 128, "skipped": "budget spent"}
+    env = {"date": "2026-01-02T03:04:05Z", "device_kind": "Test GPU", "jax": "0.11.2", "jaxlib": "0.11.2"}
+    env["command"] = "python3 bench_block.py --out /data/block.json"
+    (made,) = entries.block_entries({"environment": env, "cases": [good, cut]})
+    assert made["name"] == "moe_block/qwen3-30b-a3b/T=1" and made["median"] == 0.05
+    assert sorted(made["peers"]) == ["tokamax", "torch_grouped_mm"]
+    assert made["params"]["stages_ms"] == {"route": 1, "permute": 2, "gate_up": 3, "down": 4, "combine": 5}
+    file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
+    assert baselines.problems_of(file) == []
+    text = load_script("baseline_tables").render_full(file)
+    row = "| qwen3-30b-a3b | 1 | 128 | 0.050 | 0.060 | 0.100 | - | 1.20x |"
+    assert row + " 1.000 | 2.000 | 3.000 | 4.000 | 5.000 |" in text

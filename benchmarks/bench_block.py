@@ -1,0 +1,365 @@
+"""The forward MoE block on one GPU, moetune's beside tokamax's, XLA's and PyTorch's, and stage by stage.
+
+moetune's `moe_mlp` is timed against the same block on tokamax's and XLA's grouped GEMMs and in PyTorch on
+`torch._grouped_mm`, and each stage of moetune's block on its own, in one process, on the development
+shapes of benchmarks/dev_shapes.py.
+
+The block is route (top-k of the router logits, renormalised over the chosen k), sort by expert, permute
+(the row gather), the gate_up GEMM with SwiGLU, the down GEMM and the weighted combine: [T, H] tokens and
+[T, E] logits in, [T, H] out, bf16 tokens and weights (bench_layer_grad.parameters). The logits, the
+block's input, are computed once per case from a bf16 router in float32, so that no two experts tie and
+every method routes each token to the same experts. Methods:
+  * moetune: `moe_mlp` as a model calls it (routing_mode "auto", the SwiGLU fused into the gate_up GEMM
+    where the backend serves that op);
+  * tokamax: `moe_mlp_using` on tokamax.ragged_dot(implementation="mosaic"), the surroundings identical;
+  * xla: `moe_mlp_using` on jax.lax.ragged_dot, skipped past a ~40 GB [G, M, K] expansion;
+  * torch_grouped_mm: the block in PyTorch (no autograd) on DLPack views of the same arrays.
+Each peer's output is compared with moetune's before it is timed; one off by more than PARITY_MAX_REL_ERR
+is an error record. The stages are moetune's own functions (kernels/moe/layer.py), each jitted on the
+materialised outputs of the stage before, so that their sum can be read beside the whole block. Times
+are CUPTI kernel time (every kernel of a call), the median over --runs calls.
+
+    python3 benchmarks/bench_block.py --models qwen3-30b-a3b deepseek-v3 --tokens 1 128 4096 --out block.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import dev_shapes  # noqa: E402
+import moe_shapes  # noqa: E402
+import torch_timing  # noqa: E402
+from bench_backward import rel_err, time_jax  # noqa: E402
+from bench_layer_grad import parameters  # noqa: E402
+
+DEFAULT_MODELS = ("qwen3-30b-a3b", "deepseek-v3", "deepseek-v3-ep8", "qwen3-next-80b-a3b")
+DEFAULT_TOKENS = (1, 128, 4096)
+METHODS = ("moetune", "tokamax", "xla", "torch_grouped_mm")
+STAGES = ("route", "permute", "gate_up", "down", "combine")
+PEERS_OF_INTEREST = ("tokamax", "torch_grouped_mm")  # the fast peers; xla is the slow baseline
+# bf16 blocks: the paths round the gate_up product and sum the GEMMs in different places and orders.
+PARITY_MAX_REL_ERR = 2e-2
+# jax.lax.ragged_dot on a GPU expands the rows over every expert ([G, M, K]) before one dense dot.
+XLA_MAX_EXPANSION_BYTES = 40 * 10**9
+
+
+# --- planning and records (no GPU needed) --------------------------------------------------------------
+
+
+def xla_expansion_bytes(model: dev_shapes.Model, tokens: int) -> int:
+    return tokens * model.top_k * model.experts * model.hidden * 2
+
+
+def xla_skip_reason(model: dev_shapes.Model, tokens: int) -> str | None:
+    expansion = xla_expansion_bytes(model, tokens)
+    if expansion <= XLA_MAX_EXPANSION_BYTES:
+        return None
+    return f"ragged_dot would expand the rows to ~{expansion / 1e9:.0f} GB"
+
+
+def ratios(ms: dict[str, float]) -> dict:
+    """Each peer's time over moetune's (above 1: moetune is faster), and the faster of tokamax and torch
+    over moetune's; empty without a moetune time."""
+    if "moetune" not in ms:
+        return {}
+    out: dict = {"speedup": {peer: t / ms["moetune"] for peer, t in ms.items() if peer != "moetune"}}
+    fast_peers = [ms[p] for p in PEERS_OF_INTEREST if p in ms]
+    if fast_peers:
+        out["peer_vs_moetune"] = min(fast_peers) / ms["moetune"]
+    return out
+
+
+def error_record(e: BaseException) -> dict:
+    return {"error": f"{type(e).__name__}: {e}"[:300]}
+
+
+def timed_ms(entries: dict[str, dict]) -> dict[str, float]:
+    return {name: entry["median_ms"] for name, entry in entries.items() if "median_ms" in entry}
+
+
+def case_record(model: dev_shapes.Model, tokens: int, methods: dict, stages: dict) -> dict:
+    """One case of the JSON: the shape, every method's and stage's entry, the stages' sum (where every
+    stage was timed) and the ratios to moetune."""
+    record = {"model": model.name, "tokens": tokens, "top_k": model.top_k, "experts": model.experts,
+              "hidden": model.hidden, "ffn": model.ffn, "methods": methods, "stages": stages}  # fmt: skip
+    stage_ms = timed_ms(stages)
+    if set(stage_ms) == set(STAGES):
+        record["stage_sum_ms"] = sum(stage_ms.values())
+    return record | ratios(timed_ms(methods))
+
+
+def skipped_record(model: dev_shapes.Model, tokens: int, reason: str) -> dict:
+    return {"model": model.name, "tokens": tokens, "skipped": reason}
+
+
+def case_line(record: dict) -> str:
+    head = f"{record['model']} T={record['tokens']}:"
+    if "methods" not in record:
+        return f"{head} {record.get('skipped') or record.get('error')}"
+    cells = []
+    for name, entry in record["methods"].items():
+        cell = (
+            f"{entry['median_ms']:.3f} ms" if "median_ms" in entry else entry.get("skipped") or entry["error"]
+        )
+        cells.append(f"{name} {cell}")
+    stage_sum, peer = record.get("stage_sum_ms"), record.get("peer_vs_moetune")
+    cells.append("stages " + (f"{stage_sum:.3f} ms" if stage_sum is not None else "incomplete"))
+    cells.append("peer/moetune " + (f"{peer:.3f}" if peer is not None else "-"))
+    return f"{head} " + "; ".join(cells)
+
+
+# --- the blocks and the stages -------------------------------------------------------------------------
+
+
+def peer_gemm(method: str):
+    """The grouped GEMM `moe_mlp_using` runs for a peer, returning the lhs's dtype as moetune's does."""
+    import jax
+
+    if method == "tokamax":
+        import tokamax  # here, so that a missing tokamax is this method's error record
+
+        # bench_gemm.py's calling convention (_tokamax_call).
+        return lambda a, b, s: tokamax.ragged_dot(a, b, s, implementation="mosaic").astype(a.dtype)
+    return lambda a, b, s: jax.lax.ragged_dot(a, b, s, preferred_element_type=a.dtype)
+
+
+def jax_block(model: dev_shapes.Model, method: str):
+    """jit of the block (x, logits, w_gate_up, w_down) -> [T, H] for a JAX method."""
+    import jax
+
+    from moetune.kernels.moe.layer import moe_mlp, moe_mlp_using
+
+    if method == "moetune":
+        return jax.jit(functools.partial(moe_mlp, top_k=model.top_k))
+    return jax.jit(functools.partial(moe_mlp_using, peer_gemm(method), top_k=model.top_k))
+
+
+def fused_gate_up(permuted, rows, w_gate_up):
+    """moetune's gate_up with SwiGLU as moe_mlp_sorted dispatches it: the fused op where the backend
+    serves it, else the plain GEMM then the activation."""
+    import jax
+
+    from moetune.kernels import ops
+    from moetune.kernels.api import call_op, grouped_matmul
+    from moetune.kernels.moe.layer import _gate_up, serves
+
+    m = rows.row_token.shape[0]
+    fused_op, fused = ops.fusing("swiglu"), None
+    lhs = jax.ShapeDtypeStruct((m, permuted.shape[1]), permuted.dtype)
+    if fused_op is not None and serves(fused_op.name, lhs, w_gate_up):
+        fused = functools.partial(call_op, fused_op.name, rows=m)
+    gemm = functools.partial(grouped_matmul, rows=m)
+    return _gate_up(gemm, permuted, rows, w_gate_up, "swiglu", fused)
+
+
+def stage_fns(model: dev_shapes.Model) -> dict:
+    """moetune's block cut at its stages, each jitted on what the stage before it produced."""
+    import jax
+
+    from moetune.kernels.api import grouped_matmul
+    from moetune.kernels.moe.layer import _down_and_combine, _permute, route_rows
+
+    def identity_gemm(h, w, s):  # the down output is given: _down_and_combine then only combines
+        return h
+
+    return {
+        "route": jax.jit(lambda logits: route_rows(logits, model.top_k, renormalize=True)),
+        "permute": jax.jit(_permute),
+        "gate_up": jax.jit(fused_gate_up),
+        "down": jax.jit(grouped_matmul),
+        "combine": jax.jit(
+            lambda down, rows, routing: _down_and_combine(identity_gemm, down, rows, None, routing)
+        ),
+    }
+
+
+def stage_inputs(fns: dict, x, logits, w_gate_up, w_down) -> tuple[dict, object]:
+    """Each stage's arguments, materialised by running the stages before it, and the last stage's output
+    (the block's)."""
+    routing, rows = fns["route"](logits)
+    permuted = fns["permute"](x, rows)
+    hidden = fns["gate_up"](permuted, rows, w_gate_up)
+    down = fns["down"](hidden, w_down, rows.group_sizes)
+    args = {
+        "route": (logits,),
+        "permute": (x, rows),
+        "gate_up": (permuted, rows, w_gate_up),
+        "down": (hidden, w_down, rows.group_sizes),
+        "combine": (down, rows, routing),
+    }
+    return args, fns["combine"](down, rows, routing)
+
+
+def torch_block(model: dev_shapes.Model):
+    """The block in PyTorch, forward only: softmax over the experts in float32, top-k renormalised over
+    the chosen k (moe_mlp's renormalize=True), a stable sort by expert, torch._grouped_mm twice, and the
+    weighted index_add combine in float32, as moe_mlp sums."""
+    import torch
+
+    f, k = model.ffn, model.top_k
+
+    def block(x, logits, w_gate_up, w_down):
+        weights, experts = torch.topk(torch.softmax(logits.float(), dim=-1), k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        flat = experts.flatten()
+        order = torch.argsort(flat, stable=True)
+        token = order // k
+        offs = torch.cumsum(torch.bincount(flat, minlength=model.experts), 0).to(torch.int32)
+        gate_up = torch._grouped_mm(x[token], w_gate_up, offs=offs)
+        hidden = torch.nn.functional.silu(gate_up[:, :f]) * gate_up[:, f:]
+        rows = torch._grouped_mm(hidden, w_down, offs=offs).float() * weights.flatten()[order][:, None]
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        return out.index_add_(0, token, rows).to(x.dtype)
+
+    return block
+
+
+# --- measuring -----------------------------------------------------------------------------------------
+
+
+def parity(out, reference) -> dict:
+    """{"rel_err": ...} of a peer's block output against moetune's (nothing without a reference); raises
+    past PARITY_MAX_REL_ERR, so that a wrong block is an error record and is not timed."""
+    if reference is None:
+        return {}
+    err = rel_err(out, reference)
+    if not err < PARITY_MAX_REL_ERR:
+        raise RuntimeError(f"relative error {err:.3e} against moetune's block")
+    return {"rel_err": err}
+
+
+def measure_jax(model, method, args, runs, reference, timer) -> tuple[dict, object]:
+    """A JAX method's entry and its output: compiled, checked against `reference`, timed."""
+    import jax
+
+    fn = jax_block(model, method).lower(*args).compile()
+    out = jax.block_until_ready(fn(*args))
+    checked = parity(out, reference)
+    return torch_timing.summary(timer(fn, args, runs)) | checked, out
+
+
+def measure_torch(model, args, runs, reference) -> dict:
+    """The PyTorch block's entry, on DLPack views of the JAX arrays."""
+    import jax
+    import torch
+
+    tensors = [torch.from_dlpack(a) for a in args]
+    block = torch_block(model)
+    out = jax.dlpack.from_dlpack(block(*tensors).contiguous())
+    checked = parity(out, reference)
+    samples, how = torch_timing.time_torch(lambda: block(*tensors), runs=runs)
+    return torch_timing.summary(samples) | checked | {"timing": how}
+
+
+def measure_methods(model, tokens, args, runs, methods, timer) -> dict:
+    """Every method's entry; moetune first, its output the reference the others are checked against."""
+    entries, reference = {}, None
+    for method in [m for m in METHODS if m in methods]:
+        if method == "xla" and (reason := xla_skip_reason(model, tokens)):
+            entries[method] = {"skipped": reason}
+            continue
+        try:
+            if method == "torch_grouped_mm":
+                entries[method] = measure_torch(model, args, runs, reference)
+                continue
+            entries[method], out = measure_jax(model, method, args, runs, reference, timer)
+            if method == "moetune":
+                reference = out
+        except Exception as e:  # noqa: BLE001 - a method that fails is a record, not the end of the run
+            entries[method] = error_record(e)
+    return entries
+
+
+def measure_stages(model, args, runs, timer) -> dict:
+    """Every stage's entry, each compiled and timed on materialised inputs."""
+    try:
+        fns = stage_fns(model)
+        inputs, _ = stage_inputs(fns, *args)
+    except Exception as e:  # noqa: BLE001 - the stages failing leaves the whole blocks' times
+        return {stage: error_record(e) for stage in STAGES}
+    entries = {}
+    for stage in STAGES:
+        try:
+            fn = fns[stage].lower(*inputs[stage]).compile()
+            entries[stage] = torch_timing.summary(timer(fn, inputs[stage], runs))
+        except Exception as e:  # noqa: BLE001
+            entries[stage] = error_record(e)
+    return entries
+
+
+def block_inputs(params, tokens: int) -> tuple:
+    """(x, logits, w_gate_up, w_down) of the first `tokens` tokens; float32 logits: bf16 ones tie often
+    among hundreds of experts, and torch.topk need not break ties as lax.top_k does."""
+    import jax
+    import jax.numpy as jnp
+
+    x_all, router, w_gate_up, w_down = params
+    x = x_all[:tokens]
+    logits = jnp.dot(x, router, preferred_element_type=jnp.float32)
+    return jax.block_until_ready((x, logits, w_gate_up, w_down))
+
+
+def run_case(model, tokens: int, params, runs: int, methods, timer=time_jax) -> dict:
+    """One (model, T) case's record; `timer(fn, args, runs)` gives the seconds of each call."""
+    args = block_inputs(params, tokens)
+    entries = measure_methods(model, tokens, args, runs, methods, timer)
+    return case_record(model, tokens, entries, measure_stages(model, args, runs, timer))
+
+
+# --- the command line ----------------------------------------------------------------------------------
+
+
+def model_records(model, tokens_list: list[int], args, deadline: float):
+    """The model's case records, one at a time, on one draw of its weights (for the largest T; a smaller T
+    takes its first rows), freed before the next model's: DeepSeek-V3's gate_up alone is 15 GB."""
+    if time.monotonic() > deadline:
+        yield from (skipped_record(model, t, "budget spent") for t in tokens_list)
+        return
+    try:
+        params = parameters(model, max(tokens_list))
+    except Exception as e:  # noqa: BLE001 - a model that does not fit leaves the others
+        yield from ({"model": model.name, "tokens": t} | error_record(e) for t in tokens_list)
+        return
+    for tokens in tokens_list:
+        if time.monotonic() > deadline:
+            yield skipped_record(model, tokens, "budget spent")
+            continue
+        try:
+            yield run_case(model, tokens, params, args.runs, args.methods)
+        except Exception as e:  # noqa: BLE001 - one case's failure (memory) leaves the others
+            yield {"model": model.name, "tokens": tokens} | error_record(e)
+    del params
+    gc.collect()  # a traceback's frames may still hold the weights
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--models", nargs="+", default=list(DEFAULT_MODELS), choices=sorted(dev_shapes.MODELS)
+    )
+    parser.add_argument("--tokens", nargs="+", type=int, default=list(DEFAULT_TOKENS))
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--budget-s", type=float, default=400.0, help="start no case past this many seconds")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    deadline = time.monotonic() + args.budget_s
+    payload = {"environment": moe_shapes.environment(), "cases": []}
+    for name in args.models:
+        for record in model_records(dev_shapes.MODELS[name], args.tokens, args, deadline):
+            payload["cases"].append(record)
+            args.out.write_text(json.dumps(payload, indent=1))
+            print(case_line(record), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
