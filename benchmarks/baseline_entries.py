@@ -257,12 +257,9 @@ def backward_config_entries(run: dict) -> list[dict]:
     return entries
 
 
-def layer_entries(run: dict) -> list[dict]:
-    """One entry per case of a bench_layer_grad.py --out file whose moetune step was timed: the MoE layer's
-    forward and backward step, with the XLA ragged_dot layer and the torch._grouped_mm layer (where they
-    ran) as peers."""
-    env = run["environment"]
-    entries = []
+def _moetune_cases(run: dict):
+    """(case, moetune's samples, every other method that was timed as a peer) of each case of a layer or
+    block benchmark's --out file whose `moetune` method was timed."""
     for case in run["cases"]:
         methods = case.get("methods", {})
         if "samples_ms" not in methods.get("moetune", {}):
@@ -272,48 +269,40 @@ def layer_entries(run: dict) -> list[dict]:
             for name, m in sorted(methods.items())
             if name != "moetune" and "samples_ms" in m
         }
-        entries.append(
-            _timed_entry(
-                env,
-                f"layer_grad/{case['model']}/T={case['tokens']}",
-                "layer_grad",
-                methods["moetune"]["samples_ms"],
-                params={"model": case["model"], "tokens": case["tokens"], "gemm_flops": case["gemm_flops"]},
-                peers=peers,
-            )  # fmt: skip
-        )
-    return entries
+        yield case, methods["moetune"]["samples_ms"], peers
+
+
+def layer_entries(run: dict) -> list[dict]:
+    """One entry per case of a bench_layer_grad.py --out file whose moetune step was timed: the MoE layer's
+    forward and backward step, with the XLA ragged_dot layer and the torch._grouped_mm layer (where they
+    ran) as peers."""
+    return [
+        _timed_entry(
+            run["environment"],
+            f"layer_grad/{case['model']}/T={case['tokens']}",
+            "layer_grad",
+            samples,
+            params={"model": case["model"], "tokens": case["tokens"], "gemm_flops": case["gemm_flops"]},
+            peers=peers,
+        )  # fmt: skip
+        for case, samples, peers in _moetune_cases(run)
+    ]
 
 
 def block_entries(run: dict) -> list[dict]:
     """One entry per case of a bench_block.py --out file whose moetune block was timed: the forward MoE
     block, with the same block on tokamax's and XLA's grouped GEMMs and in PyTorch (where they ran) as
     peers, and each stage of moetune's block (median ms) in params."""
-    env = run["environment"]
     entries = []
-    for case in run["cases"]:
-        methods = case.get("methods", {})
-        if "samples_ms" not in methods.get("moetune", {}):
-            continue
-        peers = {
-            name: measurement(m["samples_ms"], 6)
-            for name, m in sorted(methods.items())
-            if name != "moetune" and "samples_ms" in m
-        }
+    for case, samples, peers in _moetune_cases(run):
         params = {
             key: case[key] for key in ("model", "tokens", "experts", "top_k", "hidden", "ffn", "rotations")
         }
         stages = case.get("stages", {})
         params["stages_ms"] = {n: round(st["median_ms"], 6) for n, st in stages.items() if "median_ms" in st}
+        name = f"moe_block/{case['model']}/T={case['tokens']}"
         entries.append(
-            _timed_entry(
-                env,
-                f"moe_block/{case['model']}/T={case['tokens']}",
-                "moe_block",
-                methods["moetune"]["samples_ms"],
-                params=params,
-                peers=peers,
-            )  # fmt: skip
+            _timed_entry(run["environment"], name, "moe_block", samples, params=params, peers=peers)
         )
     return entries
 
