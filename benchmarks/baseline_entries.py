@@ -339,15 +339,18 @@ def model_entries(run: dict) -> list[dict]:
     others = [path for path in sorted(results) if path != "moetune"]
     entries = []
     for phase, tokens in (("prefill", run["batch"] * run["prompt"]), ("decode", run["batch"] * run["gen"])):
-        entries.append(
-            {
-                "name": f"bench_model/{model}/{phase}",
-                **common,
-                **measurement(results["moetune"][phase]["samples_s"], 9),
-                "params": shape | {"phase": phase, "tokens": tokens},
-                "peers": {path: measurement(results[path][phase]["samples_s"], 9) for path in others},
-            }
-        )
+        entry = {
+            "name": f"bench_model/{model}/{phase}",
+            **common,
+            **measurement(results["moetune"][phase]["samples_s"], 9),
+            "params": shape | {"phase": phase, "tokens": tokens},
+            "peers": {path: measurement(results[path][phase]["samples_s"], 9) for path in others},
+        }
+        roofline = results["moetune"][phase].get("roofline_tokens_per_s")
+        if roofline:  # a run that measured its read bandwidth: the decode step's HBM roofline, tokens/s
+            entry["bounds"] = {"hbm_roofline_tokens_per_s": round(roofline, 3)}
+            entry["params"]["read_GBps"] = round(run["read_GBps"], 1)
+        entries.append(entry)
     for index, layer in enumerate(results["moetune"]["moe"]):
         peers = {path: measurement(results[path]["moe"][index]["samples_s"], 9) for path in others}
         entries.append(

@@ -253,18 +253,17 @@ def _layer_tokens(entries: list[dict]) -> list[int]:
 
 def model_table(entries: list[dict]) -> list[str]:
     values, layers = _model_values(entries), _layer_tokens(entries)
-    head = ["MoE path", "prefill tokens/s", "decode tokens/s", *(f"MoE layer T={t}, ms" for t in layers)]
+    decode = next(e for e in entries if e["params"]["phase"] == "decode")
+    roofline = decode.get("bounds", {}).get("hbm_roofline_tokens_per_s")
+    head = ["MoE path", "prefill tokens/s", "decode tokens/s"]
+    head += ["decode, share of the HBM roofline"] if roofline else []
+    head += [f"MoE layer T={t}, ms" for t in layers]
     rows = []
     for path in [p for p in MODEL_PATHS if p in values]:
         v = values[path]
-        rows.append(
-            [
-                LABELS[path],
-                f"{v['prefill']:.0f}",
-                f"{v['decode']:.1f}",
-                *(f"{v[f'T={t}']:.3f}" for t in layers),
-            ]
-        )
+        cells = [LABELS[path], f"{v['prefill']:.0f}", f"{v['decode']:.1f}"]
+        cells += [f"{v['decode'] / roofline:.0%}"] if roofline else []
+        rows.append(cells + [f"{v[f'T={t}']:.3f}" for t in layers])
     return _table(head, rows)
 
 

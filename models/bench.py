@@ -56,6 +56,7 @@ SCHEMA_VERSION = 1
 # The slowest path last: a run cut short by a time limit still has the reference and the tuned path.
 DEFAULT_PATHS = ("dense", "moetune", "ragged")
 DEFAULT_MOE_TOKENS = (4096, 1)
+READ_BANDWIDTH_BYTES = 4 << 30  # far past the L2, as the decode step's weights are
 REFERENCE_PATH = "dense"
 # Relative L2 errors against the dense path. One MoE block in bf16: the paths differ only in accumulation
 # order, measured <= 2e-4 on CPU, while bf16 itself is 4e-3 from a float32 reference; a wrong routing,
@@ -127,9 +128,10 @@ def compiled(jitted: Any, *args: Any, **static: Any) -> tuple[Any, float]:
 
 
 def _bench_model_path(
-    plan: BenchPlan, params: ModelParams, prompt_tokens: Any, path: str, progress: Progress
+    plan: BenchPlan, params: ModelParams, prompt_tokens: Any, path: str, progress: Progress, read_GBps: float
 ) -> tuple[dict[str, Any], np.ndarray]:
-    """Prefill and decode timings of one path, and its last-position prefill logits [B, V]."""
+    """Prefill and decode timings of one path (decode with its share of the HBM roofline at `read_GBps`),
+    and its last-position prefill logits [B, V]."""
     static = {"config": plan.config, "moe_path": path, "choices": plan.choices}
     cache = mixtral.KVCache.empty(plan.config, plan.batch, plan.prompt + plan.gen)
     prefill, prefill_compile_s = compiled(mixtral.prefill, params, prompt_tokens, cache, **static)
@@ -159,7 +161,26 @@ def _bench_model_path(
     prefill_stats["tokens_per_s"] = plan.batch * plan.prompt / prefill_stats["median_s"]
     decode_stats["tokens_per_s"] = plan.batch * plan.gen / decode_stats["median_s"]
     decode_stats["first_tokens"] = np.asarray(tokens)[0, :16].tolist()
+    # The HBM roofline of a step at the mean context of the generated tokens, and this path's share.
+    step_bytes = plan.config.decode_step_bytes(plan.batch, plan.prompt + plan.gen // 2)
+    roofline = read_GBps * 1e9 / step_bytes * plan.batch
+    decode_stats |= {
+        "roofline_tokens_per_s": roofline,
+        "roofline_share": decode_stats["tokens_per_s"] / roofline,
+    }
     return {"prefill": prefill_stats, "decode": decode_stats}, np.asarray(logits, np.float32)
+
+
+def read_bandwidth(runs: int = 5) -> float:
+    """GB/s of one reduction over READ_BANDWIDTH_BYTES of bf16 on a GPU (a 64 MiB stand-in elsewhere),
+    the best of `runs` (host wall time of a jitted sum: the decode steps it bounds are timed the same
+    way)."""
+    nbytes = READ_BANDWIDTH_BYTES if jax.default_backend() == "gpu" else 64 << 20
+    x = jnp.ones((nbytes // 2,), jnp.bfloat16)
+    total = jax.jit(lambda v: jnp.sum(v, dtype=jnp.float32))
+    jax.block_until_ready(total(x))
+    best = min(timed(lambda: total(x), runs)[0])
+    return nbytes / best / 1e9
 
 
 @functools.partial(jax.jit, static_argnames=("config", "path", "choices"))
@@ -385,6 +406,7 @@ def _run(plan: BenchPlan, result: dict[str, Any], out: Path | None, progress: Pr
     start = time.perf_counter()
     params = jax.block_until_ready(init_params(plan.config, seed))
     result["init_weights_s"] = time.perf_counter() - start
+    result["read_GBps"] = read_bandwidth()
     progress(
         f"{plan.config.name} x{plan.config.layers} layers: weights ready in {result['init_weights_s']:.1f} s "
         f"(experts {plan.config.expert_weight_bytes / 1e9:.1f} GB)"
@@ -404,11 +426,14 @@ def _run(plan: BenchPlan, result: dict[str, Any], out: Path | None, progress: Pr
         result["results"][path] = entry
         # The one place failures are recorded, not raised: one broken path must not lose the others.
         try:
-            model_stats, logits[path] = _bench_model_path(plan, params, prompt_tokens, path, progress)
+            model_stats, logits[path] = _bench_model_path(
+                plan, params, prompt_tokens, path, progress, result["read_GBps"]
+            )
             entry.update(model_stats)
             progress(
                 f"{path}: prefill {entry['prefill']['tokens_per_s']:.1f} tok/s, "
-                f"decode {entry['decode']['tokens_per_s']:.1f} tok/s"
+                f"decode {entry['decode']['tokens_per_s']:.1f} tok/s "
+                f"({entry['decode']['roofline_share']:.0%} of the HBM roofline)"
             )
             entry["moe"] = []
             for tokens in plan.layer_tokens:

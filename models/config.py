@@ -68,6 +68,19 @@ class ModelConfig:
     def with_layers(self, layers: int | None) -> ModelConfig:
         return self if layers is None else dataclasses.replace(self, layers=layers)
 
+    def decode_step_bytes(self, batch: int, context: int) -> int:
+        """The least a decode step of `batch` tokens reads from memory: every weight but the embedding
+        table (one row per token) and the experts no token routes to (at most batch * top_k of them per
+        layer have rows), and the KV cache of `context` positions."""
+        itemsize = 4 if self.dtype == "float32" else 2
+        h, d = self.hidden, self.head_dim
+        attention = h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h
+        shared = 3 * h * self.shared_experts * self.shared_intermediate
+        touched = min(self.experts, batch * self.top_k) * 3 * h * self.intermediate
+        per_layer = attention + shared + touched + h * self.experts  # the router
+        kv_cache = 2 * self.kv_heads * d * context * batch
+        return (self.layers * (per_layer + kv_cache) + h * self.vocab) * itemsize
+
     @property
     def expert_weight_bytes(self) -> int:
         """Bytes of the routed experts' weights, all layers (the shared experts' are not counted)."""

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.lookup import LOOKUP
 from moetune.models.bench import SCHEMA, run_model_bench
+from moetune.models.config import model_config
 from moetune.tuner.cli.bench_model import bench_model, bench_model_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,6 +52,10 @@ def test_bench_model_writes_the_json_the_lead_publishes(tmp_path, monkeypatch):
             assert stats["tokens_per_s"] == pytest.approx(tokens / stats["median_s"])
         assert [m["tokens"] for m in entry["moe"]] == [16, 8, 1]
         assert all(_positive(m["median_s"]) for m in entry["moe"])
+        # The decode step's bytes over the read bandwidth measured in the run, and the path's share of it.
+        roofline = written["read_GBps"] * 1e9 / model_config("tiny", 1).decode_step_bytes(1, 8 + 2 // 2)
+        assert entry["decode"]["roofline_tokens_per_s"] == pytest.approx(roofline)
+        assert entry["decode"]["roofline_share"] == pytest.approx(entry["decode"]["tokens_per_s"] / roofline)
         # Each timed block's rows per expert: T * top_k rows (the tiny model's top_k is 2) in every block.
         for m in entry["moe"]:
             assert len(m["rows_per_expert"]) == m["reps"]
@@ -65,6 +70,17 @@ def test_bench_model_writes_the_json_the_lead_publishes(tmp_path, monkeypatch):
     # What grouped_matmul picked for each GEMM of the moetune path: gate_up and down per token count.
     dispatch = written["moetune_dispatch"]
     assert len(dispatch) == 6 and {d["backend"] for d in dispatch} == {"xla"}
+
+
+def test_a_decode_step_reads_every_weight_but_the_embedding_and_the_untouched_experts():
+    tiny = model_config("tiny")  # H 64, F 96, 2 layers, 4 heads and 2 KV heads of 16, 8 experts top-2, V 256
+    attention = 64 * (4 + 2 * 2) * 16 + 4 * 16 * 64
+    expert, router, kv = 3 * 64 * 96, 64 * 8, 2 * 2 * 16 * 10
+    one_token = 2 * (2 * (attention + 2 * expert + router + kv) + 64 * 256)
+    assert tiny.decode_step_bytes(1, 10) == one_token
+    # A batch of 8 routes to all 8 experts at most, and reads 8 KV caches.
+    batch = 2 * (2 * (attention + 8 * expert + router + 8 * kv) + 64 * 256)
+    assert tiny.decode_step_bytes(8, 10) == tiny.decode_step_bytes(16, 10) - 2 * 2 * 8 * kv == batch
 
 
 def test_bad_arguments_fail_before_any_work():
