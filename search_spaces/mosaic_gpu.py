@@ -14,6 +14,10 @@ weight tiles per step into two accumulators, so its shared-memory and register n
 same config; its output has F = N / 2 columns to tile, and it cannot split K (`linear_in_k`: the
 activation is not linear in partial sums).
 
+The FP8 ops ("grouped_matmul_fp8", "grouped_matmul_swiglu_fp8") share the space: their K steps are
+counted in elements of one byte (128 or 256, the bytes of 16-bit steps of 64 or 128), and under block
+scales a K step is the scale block (128) and a consumer's columns lie inside one 128-column block.
+
 The domains depend on the problem's regime, so that a sweep of a fine-grained model (dozens of problems)
 enumerates a small space per problem: with few rows per expert (memory-bound) the token tile narrows to
 8-64 rows (swap_ab) and the 128-row tiles, the epilogue's row split and the expert order (which equals
@@ -24,6 +28,7 @@ mosaic_gpu_cost.py and takes the best that the space holds.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from moetune.kernels.backends.mosaic_gpu import hardware, tiling
@@ -161,6 +166,18 @@ def pad_lhs_only_small_m(problem: Problem, config: MosaicGpuConfig, device: Devi
     return None
 
 
+def block_scale_steps(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    # One K step per scale block, and one weight scale per step for a consumer's columns.
+    if problem.scale_layout != tiling.BLOCK_SCALE_LAYOUT:
+        return None
+    if config.block_k != tiling.SCALE_BLOCK or config.block_n > tiling.SCALE_BLOCK:
+        return (
+            f"block scales need block_k={tiling.SCALE_BLOCK} and block_n <= {tiling.SCALE_BLOCK}, "
+            f"not block_k={config.block_k}, block_n={config.block_n}"
+        )
+    return None
+
+
 def swap_ab_output_16bit(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
     # The transposed store into shared memory lowers for 16-bit values only (jax 0.11.2).
     if config.swap_ab and tiling.itemsize(problem.out_dtype) != 2:
@@ -194,6 +211,7 @@ VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (
     split_k_linear,
     tma_box_fits,
     epilogue_rows_aligned,
+    block_scale_steps,
     swap_ab_output_16bit,
     accumulator_fits_registers,
     smem_fits,
@@ -213,7 +231,9 @@ RESOURCE_CONSTRAINTS: frozenset[Constraint] = frozenset({accumulator_fits_regist
 def check_problem(problem: Problem) -> None:
     """Raise Unsupported when no config of this backend can compute `problem` of an op it serves (the
     backend's check declines the other ops first)."""
-    if problem.lhs_dtype != problem.rhs_dtype or problem.lhs_dtype not in ("bfloat16", "float16"):
+    if problem.scale_layout != "none":
+        _check_fp8(problem)
+    elif problem.lhs_dtype != problem.rhs_dtype or problem.lhs_dtype not in ("bfloat16", "float16"):
         raise Unsupported(
             f"mosaic_gpu needs bfloat16 or float16 operands of one dtype, not "
             f"lhs={problem.lhs_dtype} rhs={problem.rhs_dtype}"
@@ -222,6 +242,32 @@ def check_problem(problem: Problem) -> None:
         raise Unsupported(f"K={problem.k} is not a multiple of 32 (the smallest block_k)")
     if problem.out_n % 64:
         raise Unsupported(f"{_out_columns(problem)} is not a multiple of 64 (the smallest block_n)")
+
+
+FP8_OPERANDS = ("float8_e4m3fn", "float8_e5m2")
+
+
+def _check_fp8(problem: Problem) -> None:
+    if problem.lhs_dtype not in FP8_OPERANDS or problem.rhs_dtype not in FP8_OPERANDS:
+        raise Unsupported(
+            f"mosaic_gpu's FP8 wgmma takes {' or '.join(FP8_OPERANDS)}, not "
+            f"lhs={problem.lhs_dtype} rhs={problem.rhs_dtype}"
+        )
+    if not problem.transpose_rhs:
+        raise Unsupported(
+            "mosaic_gpu's 8-bit wgmma reads both operands K-major: FP8 weights must be [G, N, K] "
+            "(transpose_rhs=True, as checkpoints store them)"
+        )
+    if problem.scale_layout not in tiling.SCALE_LAYOUTS:
+        raise Unsupported(f"mosaic_gpu serves scale layouts {', '.join(tiling.SCALE_LAYOUTS)}")
+    if problem.k % tiling.SCALE_BLOCK:
+        raise Unsupported(f"K={problem.k} is not a multiple of {tiling.SCALE_BLOCK} (an FP8 K step)")
+    gated = problem.spec.rhs_columns_per_out_column == 2
+    if gated and problem.scale_layout == tiling.BLOCK_SCALE_LAYOUT and problem.out_n % tiling.SCALE_BLOCK:
+        raise Unsupported(
+            f"F={problem.out_n} is not a multiple of {tiling.SCALE_BLOCK}: the up columns' scale blocks "
+            f"would start inside a block"
+        )
 
 
 def split_k_pays(problem: Problem, device: DeviceFingerprint) -> bool:
@@ -245,7 +291,12 @@ def domains(problem: Problem, device: DeviceFingerprint) -> dict[str, tuple]:
     out = dict(DOMAINS)
     if cost.uniform_routing(problem).rows <= cost.FEW_ROWS:
         out.update(FEW_ROWS_DOMAINS)
-    if problem.k % 64 == 0:
+    if tiling.itemsize(problem.lhs_dtype) == 1:
+        block_scaled = problem.scale_layout == tiling.BLOCK_SCALE_LAYOUT
+        out["block_k"] = (tiling.SCALE_BLOCK,) if block_scaled else (128, 256)
+        if block_scaled:
+            out["block_n"] = tuple(n for n in out["block_n"] if n <= tiling.SCALE_BLOCK)
+    elif problem.k % 64 == 0:
         out["block_k"] = tuple(b for b in out["block_k"] if b >= 64)
     if not split_k_pays(problem, device):
         out["split_k"] = (1,)
@@ -315,4 +366,7 @@ def preferred(problem: Problem, device: DeviceFingerprint) -> list[MosaicGpuConf
 def heuristic(problem: Problem, device: DeviceFingerprint) -> MosaicGpuConfig:
     """A good config without tuning: the cost model's best, ranked over a family of a few hundred configs
     rather than the whole space (dispatch calls this)."""
-    return next(iter(preferred(problem, device)), _ALWAYS_VALID)
+    fallback = _ALWAYS_VALID
+    if problem.scale_layout != "none":  # FP8 K steps are whole 128-byte rows (check_problem: K % 128)
+        fallback = dataclasses.replace(_ALWAYS_VALID, block_k=tiling.SCALE_BLOCK)
+    return next(iter(preferred(problem, device)), fallback)

@@ -51,7 +51,10 @@ WALK_S_PER_GROUP = 4e-9  # one group of the walk: a few scalar ops after its loa
 EPILOGUE_S = 0.4e-6  # an item's store: barrier, TMA issue and the wait for the slot
 CTA_S = 0.3e-6  # a CTA's start and exit in a grid of one CTA per item
 WGMMA_ISSUE_CYCLES = 2
-PLAIN_MMA_EFFICIENCY = 0.85  # one warpgroup issuing copies and wgmmas keeps the tensor cores less busy
+PLAIN_MMA_EFFICIENCY = 0.85
+# Under FP8 block scales a consumer waits for each K step's wgmmas and promotes them (a multiply-add per
+# accumulator value): first guess, one fifth of the tensor cores' time.
+BLOCK_PROMOTION = 0.8  # one warpgroup issuing copies and wgmmas keeps the tensor cores less busy
 # lhs rows past its end that TMA zero-fills, against rows it copies from L2 (H200: without pad_lhs the T=1
 # weight stream fell from 91% to 79% of the read bandwidth).
 ZERO_FILL_COST = 1.5
@@ -100,6 +103,15 @@ def mma_efficiency(config: MosaicGpuConfig, facts: hardware.ArchFacts) -> float:
     return efficiency * (1.0 if config.warp_specialized else PLAIN_MMA_EFFICIENCY)
 
 
+def mma_rate_factor(problem: Problem) -> float:
+    """The tensor cores' rate on the problem's operands against 16-bit ones: FP8 wgmma (m64nNk32) does
+    twice the FLOPs per clock from the same shared-memory bytes; under block scales each K step's wait
+    and float32 promotion take part of it back (BLOCK_PROMOTION)."""
+    if tiling.itemsize(problem.lhs_dtype) != 1:
+        return 1.0
+    return 2.0 * (BLOCK_PROMOTION if problem.scale_layout == tiling.BLOCK_SCALE_LAYOUT else 1.0)
+
+
 def resident_ctas(problem: Problem, config: MosaicGpuConfig, facts: hardware.ArchFacts) -> int:
     """CTAs one SM holds at once. Persistent grids run one per SM. Warp-specialized kernels take the
     register file (setmaxnreg), so one; a plain warpgroup's share is its accumulator plus the rest."""
@@ -135,7 +147,7 @@ def estimate(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprin
     bandwidth = hardware.hbm_bytes_per_s(device.device_kind, device.compute_capability)
     clock = facts.sustained_clock_hz
     geo = tiling.geometry(problem, config)
-    weight_tiles = tiling.accumulators(problem)
+    weight_tiles = tiling.weight_tiles(problem)
     in_bytes = tiling.itemsize(problem.lhs_dtype)
     route = uniform_routing(problem)
 
@@ -160,7 +172,7 @@ def estimate(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprin
 
     # One item's multiplies: whole windows of rows (the tokens exactly under swap_ab).
     flops = 2 * geo.cta_m * geo.cta_n * k_len * weight_tiles
-    mma_rate = facts.mma_flops_per_clock * clock * mma_efficiency(config, facts)
+    mma_rate = facts.mma_flops_per_clock * mma_rate_factor(problem) * clock * mma_efficiency(config, facts)
     # Bandwidths and the tensor cores are shared: two near their limit at once cost more than either.
     throughput = _smooth_max(
         hbm / bandwidth, items * item_bytes / facts.l2_bytes_per_s, per_sm * flops / mma_rate
@@ -244,7 +256,7 @@ def _orders(problem: Problem, route: Routing) -> tuple[tuple[str, int], ...]:
     SWIGLU_EXPERT_ORDER_MAX_ROWS rows per expert."""
     if route.rows <= FEW_ROWS:
         return (("m", 1),)
-    if tiling.accumulators(problem) == 2 and problem.m / problem.g > SWIGLU_EXPERT_ORDER_MAX_ROWS:
+    if tiling.weight_tiles(problem) == 2 and problem.m / problem.g > SWIGLU_EXPERT_ORDER_MAX_ROWS:
         return (("m", 8), ("expert", 8))
     return (("expert", 8), ("m", 8))
 
@@ -277,6 +289,14 @@ def _shapes(route: Routing) -> list[dict]:
     return normal + swapped
 
 
+def _block_ks(problem: Problem) -> tuple[int, ...]:
+    """K steps to rank: 128 and 64 elements of 16-bit operands; of FP8 ones the same bytes and twice
+    them (256, 128), and only the scale block's 128 under block scales."""
+    if tiling.itemsize(problem.lhs_dtype) != 1:
+        return (128, 64)
+    return (128,) if problem.scale_layout == tiling.BLOCK_SCALE_LAYOUT else (256, 128)
+
+
 def family(problem: Problem, device: DeviceFingerprint, schedules: tuple[str, ...]) -> list[MosaicGpuConfig]:
     """Configs the heuristic ranks, in order of measured preference, before any constraint: tile shapes,
     block_k, grid kind, split-K at small M (not under swap_ab), tile orders, the tile schedules given,
@@ -287,7 +307,7 @@ def family(problem: Problem, device: DeviceFingerprint, schedules: tuple[str, ..
     pads = (False, True) if problem.m <= tiling.TMA_BOX_MAX else (False,)
     out: list[MosaicGpuConfig] = []
     for shape, block_k, persistent, split_k, schedule, pad in itertools.product(
-        _shapes(route), (128, 64), (True, False), splits, schedules, pads
+        _shapes(route), _block_ks(problem), (True, False), splits, schedules, pads
     ):
         swapped = shape["block_m"] < WGMMA_M
         if (split_k > 1 and swapped) or (pad and problem.m > shape["block_m"]):

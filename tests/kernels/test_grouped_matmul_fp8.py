@@ -143,8 +143,18 @@ def test_wrong_scales_and_operands_raise_at_trace_time_naming_them():
 
 def test_backends_without_a_kernel_for_a_layout_decline_and_the_call_falls_through(probe_backends):
     problem = fp8_problem(layout="row_channel")
-    with pytest.raises(Unsupported, match="mosaic_gpu serves op=.*not op='grouped_matmul_fp8'"):
-        registry.get("mosaic_gpu").check(problem)
+    mosaic = registry.get("mosaic_gpu")
+    # Hopper's 8-bit wgmma reads both operands K-major: weights [G, K, N] fall through, [G, N, K] are served.
+    with pytest.raises(Unsupported, match=r"FP8 weights must be \[G, N, K\] \(transpose_rhs=True"):
+        mosaic.check(problem)
+    for layout in ("tensor", "row_channel", "block_1x128_128x128"):
+        mosaic.check(fp8_problem(layout=layout, transpose_rhs=True))
+        mosaic.check(fp8_problem(op="grouped_matmul_swiglu_fp8", layout=layout, transpose_rhs=True))
+    with pytest.raises(Unsupported, match="takes float8_e4m3fn or float8_e5m2, not lhs=float8_e4m3fnuz"):
+        mosaic.check(fp8_problem(dtype="float8_e4m3fnuz", transpose_rhs=True))
+    # Block-scaled SwiGLU whose F = 192 is not whole scale blocks: the up columns start inside one.
+    with pytest.raises(Unsupported, match="F=192 is not a multiple of 128"):
+        mosaic.check(fp8_problem("grouped_matmul_swiglu_fp8", "block_1x128_128x128", True, n=384))
     flydsl = registry.get("flydsl")
     with pytest.raises(
         Unsupported, match="no per-row or block scales, only per-tensor: not scale_layout=row_channel"

@@ -1,6 +1,6 @@
 """The `mosaic_gpu` backend: the Pallas Mosaic GPU grouped GEMM on Hopper (plain, or with the fused
-SwiGLU epilogue) and its weight gradient (a ragged contraction, its own kernel and search space), timed
-with CUPTI."""
+SwiGLU epilogue; 16-bit, or FP8 with scales) and its weight gradient (a ragged contraction, its own
+kernel and search space), timed with CUPTI."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ class MosaicGpuBackend(Backend):
         "grouped_matmul": "grouped_matmul",
         "grouped_matmul_swiglu": "grouped_matmul_swiglu",
         "grouped_matmul_drhs": "kernel_drhs:grouped_matmul_drhs",
+        "grouped_matmul_fp8": "grouped_matmul_fp8",
+        "grouped_matmul_swiglu_fp8": "grouped_matmul_swiglu_fp8",
     }
     kernel_module = "moetune.kernels.backends.mosaic_gpu.kernel_sm90"
     # The weight-gradient kernel walks the local slice's rows from `row_start`; the forward kernels do not.
@@ -81,6 +83,7 @@ class MosaicGpuBackend(Backend):
                 raise error(f"{constraint.__name__}: {reason}")
         # rows=m: an lhs with rows past m (the backend contract) is used as it is; pad_lhs configs then
         # need no copy of a decode-sized lhs that its producer padded (kernel_sm90).
+        scaled = {} if problem.scale_layout == "none" else {"scale_layout": problem.scale_layout}
         return functools.partial(
             self.kernel_for(problem.op),
             config=config,
@@ -88,6 +91,7 @@ class MosaicGpuBackend(Backend):
             transpose_rhs=problem.transpose_rhs,
             out_dtype=jnp.dtype(problem.out_dtype),
             rows=problem.m,
+            **scaled,
         )
 
     def timer(self) -> Timer:

@@ -24,6 +24,16 @@ The SwiGLU epilogue (op "grouped_matmul_swiglu", rhs [G, K, 2F]) gives each CTA 
 step, gate columns [c, c + cta_n) and the matching up columns F + c onwards, multiplied into two float32
 accumulators; the epilogue writes silu(gate) * up, so the [M, 2F] product never reaches memory. Output
 column tiles then cover F, not 2F.
+
+The FP8 ops ("grouped_matmul_fp8", "grouped_matmul_swiglu_fp8") run the same pipelines on float8 operands
+(wgmma e4m3/e5m2, float32 accumulators). Hopper's 8-bit wgmma takes both operands K-major, so the
+weights must be [G, N, K] (`transpose_rhs`, as checkpoints store them). Scales constant along K
+(`tensor`, `row_channel`) multiply the float32 sum in the epilogue, before the SwiGLU: one scalar per
+expert, or each row's token scale times each column's channel scale, read from global memory straight
+into the accumulator's row and column layouts. DeepSeek's block scales (`block_1x128_128x128`) change
+every 128 along K, so each 128-wide K step's wgmmas add into an accumulator of their own, which is then
+scaled by the step's token scales and its weight block's scale, added to the float32 total and reset
+(as DeepGEMM promotes): twice the accumulator registers, and one wgmma wait per step.
 """
 
 from __future__ import annotations
@@ -41,7 +51,12 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from moetune.kernels.backends.mosaic_gpu import schedule, tiling
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
 from moetune.kernels.backends.mosaic_gpu.schedule import ROW_ALIGN
+from moetune.kernels.backends.mosaic_gpu.tiling import BLOCK_SCALE_LAYOUT, SCALE_BLOCK, SCALE_LAYOUTS
 from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, problem_of
+
+GROUPED_MATMUL_FP8 = "grouped_matmul_fp8"
+GROUPED_MATMUL_SWIGLU_FP8 = "grouped_matmul_swiglu_fp8"
+FP8_OPERAND_DTYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2)
 
 # Registers per thread left to the producer warpgroup; the consumers share the rest (the value JAX's
 # Hopper matmul uses).
@@ -84,6 +99,11 @@ class _Static:
     table: bool = False  # tile_schedule "table": the kernel's first operand is the row-tile table
     persistent: bool = True
     swap_ab: bool = False
+    scale_layout: str = "none"  # an FP8 op's: the kernel's operands after rhs are lhs_scale, rhs_scale
+
+    @property
+    def block_scaled(self) -> bool:
+        return self.scale_layout == BLOCK_SCALE_LAYOUT
 
     @property
     def tiles(self) -> int:
@@ -156,10 +176,27 @@ def _rhs_operands(s: _Static, rhs_ref: Any) -> tuple:
 
 
 def _accumulators(s: _Static, shape: tuple[int, int]) -> tuple:
-    """float32 accumulators of a [rows, cols] output tile: [cols, rows] (transposed) under swap_ab."""
+    """float32 accumulators of a [rows, cols] output tile: [cols, rows] (transposed) under swap_ab. One
+    per weight tile; under block scales the totals first, then as many for one K step's products."""
     if s.swap_ab:
         shape = shape[::-1]
-    return tuple(plgpu.ACC(shape, jnp.float32) for _ in range(2 if s.swiglu else 1))
+    count = (2 if s.swiglu else 1) * (2 if s.block_scaled else 1)
+    return tuple(plgpu.ACC(shape, jnp.float32) for _ in range(count))
+
+
+def _mma_targets(s: _Static, acc_refs: tuple) -> tuple:
+    """The accumulators the wgmmas add into: the step's own under block scales."""
+    return acc_refs[len(acc_refs) // 2 :] if s.block_scaled else acc_refs
+
+
+def _promote(s: _Static, acc_refs: tuple, factors: list) -> None:
+    """Block scales, after a K step's wgmmas are done: add its products times their scales (`factors`,
+    _Scales.block_factors) to the totals and start the next step's accumulators from zero."""
+    half = len(acc_refs) // 2
+    for total, partial, factor in zip(acc_refs[:half], acc_refs[half:], factors, strict=True):
+        product = partial[...]
+        total[...] = total[...] + (product * factor[None, :] if s.swap_ab else product * factor[:, None])
+        partial[...] = jnp.zeros(partial.shape, jnp.float32)
 
 
 def _swapped_operands(s: _Static, a_smem: Any, b_smem: Any, wg: Any = None) -> tuple[Any, Any]:
@@ -173,12 +210,75 @@ def _swapped_operands(s: _Static, a_smem: Any, b_smem: Any, wg: Any = None) -> t
     return a, a_smem.T
 
 
-def _epilogue(s: _Static, acc_refs: tuple) -> jax.Array:
-    """The float32 [rows, cols] result to store: the product, or silu(gate) * up."""
+def _epilogue(s: _Static, acc_refs: tuple, scale: Any = None) -> jax.Array:
+    """The float32 [rows, cols] result to store: the product, or silu(gate) * up. `scale(values, col0)`
+    multiplies an FP8 op's accumulator of the columns from `col0` on by its scales (_Scales)."""
+    if s.block_scaled:
+        values = [ref[...] for ref in acc_refs[: len(acc_refs) // 2]]  # the totals, already scaled
+    elif scale is None:
+        values = [ref[...] for ref in acc_refs]
+    else:
+        # The up tile's columns start F = up_col_offset column tiles after the gate's.
+        offsets = (0, s.up_col_offset * s.cta_n)
+        values = [scale(ref[...], offset) for ref, offset in zip(acc_refs, offsets, strict=False)]
     if s.swiglu:
-        gate, up = acc_refs[0][...], acc_refs[1][...]
+        gate, up = values
         return jax.nn.silu(gate) * up
-    return acc_refs[0][...]
+    return values[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scales:
+    """An FP8 tile's scales, applied to its float32 accumulator [rows, cols] ([cols, rows] under swap_ab)
+    whose first row is `row0` and first column `col0`, of expert `group`.
+
+    tensor: lhs_scale [1] and rhs_scale [G], one scalar per expert. row_channel: lhs_scale [rows past
+    every window] per token and rhs_scale [G, N] per output channel, loaded from global memory into the
+    accumulator's row and column layouts (a tile reads rows + cols floats, against K times as many
+    operand bytes). block_1x128_128x128 (`block`, per K step): lhs_scale [K / 128, rows past every
+    window], transposed so that a step's token scales are contiguous, and rhs_scale [G, N / 128, K / 128],
+    one scalar per step for a tile within one 128-column block."""
+
+    s: _Static
+    refs: tuple
+    group: Any
+    row0: Any
+    col0: Any
+    rows: int
+    cols: int
+
+    def __call__(self, values: jax.Array, col_offset: int = 0) -> jax.Array:
+        lhs_scale, rhs_scale = self.refs
+        if self.s.scale_layout == "tensor":
+            return values * (lhs_scale[0] * rhs_scale[self.group])
+        # WGMMA.reduce(1) is a vector along an accumulator's rows, reduce(0) along its columns.
+        along_rows, along_cols = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
+        if self.s.swap_ab:
+            along_rows, along_cols = along_cols, along_rows
+        token = plgpu.load(lhs_scale.at[pl.ds(self.row0, self.rows)], layout=along_rows, optimized=False)
+        channel = plgpu.load(
+            rhs_scale.at[self.group, pl.ds(self.col0 + col_offset, self.cols)],
+            layout=along_cols,
+            optimized=False,
+        )
+        if self.s.swap_ab:
+            return values * channel[:, None] * token[None, :]
+        return values * token[:, None] * channel[None, :]
+
+    def block_factors(self, k_block: Any) -> list[jax.Array]:
+        """Per weight tile, K step `k_block`'s token scales times its weight block's scale, a vector
+        along the token rows. Loaded before the step's wgmmas are issued, so that the loads' latency
+        passes while the tensor cores work rather than after the wait."""
+        lhs_scale, rhs_scale = self.refs
+        along_rows = plgpu.Layout.WGMMA.reduce(0 if self.s.swap_ab else 1)
+        token_ref = lhs_scale.at[k_block, pl.ds(self.row0, self.rows)]
+        token = plgpu.load(token_ref, layout=along_rows, optimized=False)
+        offsets = (0, self.s.up_col_offset * self.s.cta_n)[: 2 if self.s.swiglu else 1]
+        return [token * rhs_scale[self.group, (self.col0 + off) // SCALE_BLOCK, k_block] for off in offsets]
+
+
+def _scales(s: _Static, refs: tuple, **tile: Any) -> _Scales | None:
+    return _Scales(s, refs, **tile) if s.scale_layout != "none" else None
 
 
 def _store_rows(
@@ -233,10 +333,12 @@ def _store_rows(
                 chunk += 1
 
 
-def _plain_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -> None:
+def _plain_kernel(gs_ref, lhs_ref, rhs_ref, *refs, s: _Static) -> None:
     """One warpgroup per CTA: it issues the copies and the wgmmas, one wgmma group left in flight.
 
-    `gs_ref` is group_sizes under the walk and the row-tile table under the table (schedule.py)."""
+    `gs_ref` is group_sizes under the walk and the row-tile table under the table (schedule.py); `refs`
+    are an FP8 op's scales, then the output."""
+    *scale_refs, out_ref = refs
     delay = 1 if s.stages > 1 else 0
 
     def with_out_smem(o_smem):
@@ -253,23 +355,34 @@ def _plain_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -> None:
             @pl.when(has_rows & (rows.group < s.g))
             def _compute():
                 def acc_scope(*acc_refs):
-                    def step(_, a_smem, *b_smems):
-                        for acc_ref, b_smem in zip(acc_refs, b_smems, strict=True):
+                    scale = _scales(
+                        s, scale_refs, group=rows.group, row0=row0, col0=col0, rows=s.cta_m, cols=s.cta_n
+                    )
+                    k0 = t.split * s.k_steps
+
+                    def step(idx, a_smem, *b_smems):
+                        factors = scale.block_factors(k0 + idx[0]) if s.block_scaled else None
+                        targets = _mma_targets(s, acc_refs)
+                        for acc_ref, b_smem in zip(targets, b_smems, strict=True):
                             if s.swap_ab:
                                 plgpu.wgmma(acc_ref, *_swapped_operands(s, a_smem, b_smem))
                             else:
                                 plgpu.wgmma(acc_ref, a_smem, b_smem.T if s.transpose_rhs else b_smem)
-                        # The slot of step i-1 is refilled after step i: its wgmmas (one group each)
-                        # must be done.
-                        plgpu.wgmma_wait(delay * len(acc_refs))
+                        if s.block_scaled:
+                            plgpu.wgmma_wait(0)
+                            _promote(s, acc_refs, factors)
+                        else:
+                            # The slot of step i-1 is refilled after step i: its wgmmas (one group
+                            # each) must be done.
+                            plgpu.wgmma_wait(delay * len(targets))
 
                     plgpu.emit_pipeline(
                         step,
                         grid=(s.k_steps,),
-                        in_specs=_in_specs(s, rows.row0, t.col, t.split * s.k_steps, delay),
+                        in_specs=_in_specs(s, rows.row0, t.col, k0, delay),
                         max_concurrent_steps=s.stages,
                     )(lhs_ref, *_rhs_operands(s, rhs_ref.at[rows.group]))
-                    return _epilogue(s, acc_refs)
+                    return _epilogue(s, acc_refs, scale)
 
                 acc = pl.run_scoped(acc_scope, *_accumulators(s, (s.cta_m, s.cta_n)))
                 _store_rows(acc, out_view, smem, row0=row0, lo=rows.lo, hi=rows.hi, col0=col0, s=s)
@@ -283,8 +396,9 @@ def _plain_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -> None:
     pl.run_scoped(with_out_smem, _out_smem(s, 1))
 
 
-def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -> None:
+def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, *refs, s: _Static) -> None:
     """A producer warpgroup streams operands; `s.consumers` warpgroups multiply and write back."""
+    *scale_refs, out_ref = refs
     wg = lax.axis_index(WARPGROUP_AXIS)
 
     def pipeline(row0, col, k0, body, context, state=None):
@@ -333,13 +447,19 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
 
             @pl.when(has_rows & (rows.group < s.g))
             def _compute():
-                def mma(_, a_smem, *b_smems_and_accs):
+                scale = _scales(
+                    s, scale_refs, group=rows.group, row0=row0, col0=col0, rows=s.block_m, cols=s.block_n
+                )
+
+                def mma(idx, a_smem, *b_smems_and_accs):
                     *b_smems, acc_refs = b_smems_and_accs
+                    k_block = t.split * s.k_steps + idx[0]
+                    factors = scale.block_factors(k_block) if s.block_scaled else None
                     if s.wg_split == "m":
                         a_smem = a_smem.at[pl.ds(wg * s.block_m, s.block_m)]
 
                     def issue():
-                        for acc_ref, b_smem in zip(acc_refs, b_smems, strict=True):
+                        for acc_ref, b_smem in zip(_mma_targets(s, acc_refs), b_smems, strict=True):
                             if s.swap_ab:
                                 split_wg = wg if s.wg_split == "n" else None
                                 plgpu.wgmma(acc_ref, *_swapped_operands(s, a_smem, b_smem, split_wg))
@@ -360,13 +480,15 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, out_ref, *, s: _Static) -
                         issue()
                     # The slot is released when the body returns, so its wgmmas must be done by then.
                     plgpu.wgmma_wait(0)
+                    if s.block_scaled:
+                        _promote(s, acc_refs, factors)
                     return acc_refs
 
                 def context(run_pipeline):
                     def _acc(*acc_refs):
                         run_pipeline(acc_refs)
                         _store_rows(
-                            _epilogue(s, acc_refs),
+                            _epilogue(s, acc_refs, scale),
                             out_view,
                             smem,
                             row0=row0,
@@ -415,7 +537,12 @@ def chains(problem: Problem, config: MosaicGpuConfig) -> bool:
     return config.warp_specialized and config.persistent and geo.k_steps % geo.stages == 0
 
 
-_NAME_PREFIX = {GROUPED_MATMUL: "moetune_gmm_", GROUPED_MATMUL_SWIGLU: "moetune_gmm_swiglu_"}
+_NAME_PREFIX = {
+    GROUPED_MATMUL: "moetune_gmm_",
+    GROUPED_MATMUL_SWIGLU: "moetune_gmm_swiglu_",
+    GROUPED_MATMUL_FP8: "moetune_gmm_fp8_",
+    GROUPED_MATMUL_SWIGLU_FP8: "moetune_gmm_swiglu_fp8_",
+}
 
 
 def kernel_name(config: MosaicGpuConfig, op: str = GROUPED_MATMUL) -> str:
@@ -474,6 +601,78 @@ def grouped_matmul_swiglu(
     )
 
 
+def grouped_matmul_fp8(
+    lhs: jax.Array,
+    lhs_scale: jax.Array,
+    rhs: jax.Array,
+    rhs_scale: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    config: MosaicGpuConfig,
+    num_sms: int,
+    scale_layout: str,
+    transpose_rhs: bool = True,
+    out_dtype: Any = None,
+    rows: int | None = None,
+) -> jax.Array:
+    """The FP8 grouped GEMM: dequant(lhs) [M, K] @ dequant(rhs) [G, N, K] per group -> [M, N], bf16
+    unless `out_dtype` says otherwise, for the scale layouts of tiling.SCALE_LAYOUTS (scale shapes as
+    kernels/ops/fp8_scales.py gives them). Weights must be K-major (`transpose_rhs`)."""
+    return _grouped(
+        GROUPED_MATMUL_FP8, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype, rows,
+        scales=(lhs_scale, rhs_scale), scale_layout=scale_layout,
+    )  # fmt: skip
+
+
+def grouped_matmul_swiglu_fp8(
+    lhs: jax.Array,
+    lhs_scale: jax.Array,
+    rhs: jax.Array,
+    rhs_scale: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    config: MosaicGpuConfig,
+    num_sms: int,
+    scale_layout: str,
+    transpose_rhs: bool = True,
+    out_dtype: Any = None,
+    rows: int | None = None,
+) -> jax.Array:
+    """silu(gate) * up of the FP8 grouped GEMM into rhs [G, 2F, K], gate and up each scaled first."""
+    return _grouped(
+        GROUPED_MATMUL_SWIGLU_FP8, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype, rows,
+        scales=(lhs_scale, rhs_scale), scale_layout=scale_layout,
+    )  # fmt: skip
+
+
+def _check_operands(lhs: jax.Array, rhs: jax.Array, transpose_rhs: bool, scale_layout: str) -> None:
+    if scale_layout == "none":
+        if lhs.dtype != rhs.dtype or lhs.dtype not in (jnp.bfloat16, jnp.float16):
+            raise ValueError(f"lhs and rhs must both be bfloat16 or float16; got {lhs.dtype}, {rhs.dtype}")
+        return
+    if lhs.dtype not in FP8_OPERAND_DTYPES or rhs.dtype not in FP8_OPERAND_DTYPES:
+        raise ValueError(f"lhs and rhs must be float8_e4m3fn or float8_e5m2; got {lhs.dtype}, {rhs.dtype}")
+    if not transpose_rhs:
+        raise ValueError("8-bit wgmma takes K-major weights only: pass rhs as [G, N, K] with transpose_rhs")
+    if scale_layout not in SCALE_LAYOUTS:
+        raise ValueError(f"scale_layout={scale_layout!r} is not one of {SCALE_LAYOUTS}")
+
+
+def _kernel_scales(scale_layout: str, lhs_scale: jax.Array, rhs_scale: jax.Array, lhs_rows: int, cta_m: int):
+    """The scales as the kernel reads them (_Scales): one scalar and one per expert (tensor); the token
+    scales [rows] padded past the last window's end (a window may start at row M - 1 and is cta_m rows
+    tall) and the channel scales [G, N] (row_channel); the token scales transposed, [K / 128, rows]
+    padded likewise, and the weight blocks' as they are (block)."""
+    g = rhs_scale.shape[0]
+    lhs_scale, rhs_scale = lhs_scale.astype(jnp.float32), rhs_scale.astype(jnp.float32)
+    if scale_layout == "tensor":
+        return lhs_scale.reshape(1), rhs_scale.reshape(g)
+    if scale_layout == BLOCK_SCALE_LAYOUT:
+        return jnp.pad(lhs_scale.T, ((0, 0), (0, lhs_rows + cta_m - lhs_scale.shape[0]))), rhs_scale
+    token = lhs_scale.reshape(-1)
+    return jnp.pad(token, (0, lhs_rows + cta_m - token.shape[0])), rhs_scale.reshape(g, -1)
+
+
 def _grouped(
     op: str,
     lhs: jax.Array,
@@ -484,22 +683,26 @@ def _grouped(
     transpose_rhs: bool,
     out_dtype: Any,
     rows: int | None,
+    scales: tuple[jax.Array, jax.Array] | None = None,
+    scale_layout: str = "none",
 ) -> jax.Array:
-    out_dtype = jnp.dtype(out_dtype if out_dtype is not None else lhs.dtype)
+    if out_dtype is None:
+        out_dtype = lhs.dtype if scale_layout == "none" else jnp.bfloat16
+    out_dtype = jnp.dtype(out_dtype)
     rows = lhs.shape[0] if rows is None else rows
     if not 0 < rows <= lhs.shape[0]:
         raise ValueError(f"rows={rows} must be between 1 and lhs's {lhs.shape[0]} rows")
+    _check_operands(lhs, rhs, transpose_rhs, scale_layout)
     m_rows = jax.ShapeDtypeStruct((rows, lhs.shape[1]), lhs.dtype)
     problem = problem_of(
-        m_rows, rhs, group_sizes, transpose_rhs=transpose_rhs, preferred_element_type=out_dtype, op=op
-    )
-    swiglu = op == GROUPED_MATMUL_SWIGLU
+        m_rows, rhs, group_sizes, transpose_rhs=transpose_rhs, preferred_element_type=out_dtype, op=op,
+        scale_layout=scale_layout,
+    )  # fmt: skip
+    swiglu = problem.spec.rhs_columns_per_out_column == 2
     if swiglu and (config.split_k > 1 or problem.out_n % config.cta_n):
         raise ValueError(
             f"{op} needs split_k=1 and F={problem.out_n} a multiple of cta_n={config.cta_n}; got {config}"
         )
-    if lhs.dtype != rhs.dtype or lhs.dtype not in (jnp.bfloat16, jnp.float16):
-        raise ValueError(f"lhs and rhs must both be bfloat16 or both float16; got {lhs.dtype}, {rhs.dtype}")
     geo = tiling.geometry(problem, config)
     s = _Static(
         m=problem.m,
@@ -530,6 +733,7 @@ def _grouped(
         table=config.tile_schedule == "table",
         persistent=config.persistent,
         swap_ab=config.swap_ab,
+        scale_layout=scale_layout,
     )
     if config.split_k > 1:
         out_type = jax.ShapeDtypeStruct((config.split_k, problem.m, problem.out_n), jnp.float32)
@@ -562,7 +766,8 @@ def _grouped(
     sizes = group_sizes.astype(jnp.int32)
     if s.table:
         sizes = schedule.build_table(sizes, m=problem.m, cta_m=geo.cta_m, rows=geo.row_tiles)
-    out = kernel(sizes, lhs, rhs)
+    scale_args = () if scales is None else _kernel_scales(scale_layout, *scales, lhs.shape[0], geo.cta_m)
+    out = kernel(sizes, lhs, rhs, *scale_args)
     if config.split_k > 1:
         out = out.sum(axis=0).astype(out_dtype)
     return out

@@ -24,6 +24,12 @@ SMEM_OVERHEAD_BYTES = 1024
 TMA_BOX_MAX = 256
 # Registers a consumer thread needs beside its accumulator (addresses, epilogue values); empirical.
 NON_ACCUMULATOR_REGISTERS = 40
+# FP8 scale layouts the kernel serves: scales constant along K multiply the float32 sum in the epilogue;
+# block scales change every SCALE_BLOCK along K and are applied per K step (kernel_sm90).
+EPILOGUE_SCALE_LAYOUTS = ("tensor", "row_channel")
+BLOCK_SCALE_LAYOUT = "block_1x128_128x128"
+SCALE_LAYOUTS = (*EPILOGUE_SCALE_LAYOUTS, BLOCK_SCALE_LAYOUT)
+SCALE_BLOCK = 128
 
 
 def cdiv(a: int, b: int) -> int:
@@ -87,10 +93,16 @@ def geometry(problem: Problem, config: MosaicGpuConfig) -> TileGeometry:
     )
 
 
-def accumulators(problem: Problem) -> int:
-    """float32 accumulators (and weight tiles per pipeline stage) of one CTA: the op's rhs columns per
-    output column, two under the SwiGLU epilogue (gate and up), else one."""
+def weight_tiles(problem: Problem) -> int:
+    """Weight tiles per pipeline stage: the op's rhs columns per output column, two under the SwiGLU
+    epilogue (gate and up), else one."""
     return problem.spec.rhs_columns_per_out_column
+
+
+def accumulators(problem: Problem) -> int:
+    """float32 accumulators of one consumer: one per weight tile, twice that under FP8 block scales
+    (each K step's products apart from the scaled totals; kernel_sm90)."""
+    return weight_tiles(problem) * (2 if problem.scale_layout == BLOCK_SCALE_LAYOUT else 1)
 
 
 def epilogue_rows(config: MosaicGpuConfig) -> int:
@@ -102,7 +114,7 @@ def epilogue_rows(config: MosaicGpuConfig) -> int:
 def stage_bytes(problem: Problem, config: MosaicGpuConfig) -> int:
     """Shared memory of one pipeline stage: the lhs tile and the weight tiles of one K step."""
     return (
-        (config.cta_m + accumulators(problem) * config.cta_n) * config.block_k * itemsize(problem.lhs_dtype)
+        (config.cta_m + weight_tiles(problem) * config.cta_n) * config.block_k * itemsize(problem.lhs_dtype)
     )
 
 

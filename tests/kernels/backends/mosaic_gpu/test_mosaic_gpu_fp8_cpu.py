@@ -1,0 +1,152 @@
+"""The Hopper FP8 kernel on a CPU: Pallas's GPU interpreter for the scales applied in the epilogue,
+lowering to Mosaic GPU for every layout, and the search space's FP8 rules.
+
+The interpreter runs the kernel's jaxpr (TMA copies, wgmma on e4m3 operands, the scale loads) on the CPU.
+It cannot run the block-scaled path, whose per-step accumulators are stored to (jax 0.11.2's interpreter
+fails on stores into a wgmma accumulator); that path is lowered here through jax.export for the cuda
+platform (Mosaic GPU's layout inference and checks, short of PTX) and checked numerically on the H200
+by tests/gpu/test_mosaic_gpu_fp8.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
+
+from moetune.kernels import ops  # noqa: E402
+from moetune.kernels.backends.mosaic_gpu import kernel_sm90  # noqa: E402
+from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C  # noqa: E402
+from moetune.kernels.device import DeviceFingerprint  # noqa: E402
+from moetune.kernels.ops import fp8_scales  # noqa: E402
+from moetune.kernels.problem import Problem  # noqa: E402
+from moetune.kernels.reference import relative_error  # noqa: E402
+from moetune.search_spaces import mosaic_gpu as space  # noqa: E402
+from moetune.search_spaces import mosaic_gpu_cost as cost  # noqa: E402
+
+HOPPER = DeviceFingerprint("NVIDIA H200", "gpu", 132, 0, "9.0", "", "", "", "")
+FP8 = "float8_e4m3fn"
+WS = C(block_m=64, block_n=64, block_k=128, max_concurrent_steps=2, wg_split="n")
+PLAIN = C(
+    block_m=64, block_n=64, block_k=128, max_concurrent_steps=2, warp_specialized=False, wg_split="none"
+)
+SWAB = C(block_m=16, block_n=64, block_k=128, max_concurrent_steps=2, wg_split="n")
+# Experts starting at rows 0, 13, 14, 64 and 64; 16 rows past the groups.
+SIZES = [13, 1, 50, 0]
+
+
+def _problem(op: str, layout: str, m: int = 80, k: int = 256, n: int = 256, g: int = len(SIZES)) -> Problem:
+    return Problem(op, m, k, n, g, FP8, FP8, "bfloat16", transpose_rhs=True, scale_layout=layout)
+
+
+def _kernel(problem: Problem, config: C, num_sms: int):
+    fn = kernel_sm90.grouped_matmul_swiglu_fp8 if problem.spec.epilogue else kernel_sm90.grouped_matmul_fp8
+    return functools.partial(fn, config=config, num_sms=num_sms, scale_layout=problem.scale_layout)
+
+
+def _inputs(problem: Problem):
+    spec = ops.get(problem.op)
+    key_l, key_r = jax.random.split(jax.random.key(problem.m + problem.n))
+    lhs, lhs_scale = spec.draw(problem, "lhs", key_l)
+    rhs, rhs_scale = spec.draw(problem, "rhs", key_r)
+    return lhs, lhs_scale, rhs, rhs_scale, jnp.asarray(SIZES, jnp.int32)
+
+
+@pytest.mark.parametrize(
+    "op, layout, config",
+    [
+        ("grouped_matmul_fp8", "row_channel", WS),
+        ("grouped_matmul_swiglu_fp8", "row_channel", SWAB),
+        ("grouped_matmul_swiglu_fp8", "tensor", PLAIN),
+    ],
+    ids=["row_channel-ws", "row_channel-swiglu-swap_ab", "tensor-swiglu-plain"],
+)
+def test_interpreted_scales_in_the_epilogue_match_the_dequantized_reference(op, layout, config):
+    problem = _problem(op, layout)
+    args = _inputs(problem)
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
+        out = _kernel(problem, config, num_sms=3)(*args)
+    out = np.asarray(out.astype(jnp.float32))
+    ref = np.asarray(ops.get(op).reference(*args, transpose_rhs=True))
+    assert relative_error(out, ref) < ops.get(op).tolerance["bfloat16"]
+    assert not out[sum(SIZES) :].any()
+    # A wrong channel scale is far outside the tolerance: the check can fail.
+    lhs, lhs_scale, rhs, rhs_scale, sizes = args
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
+        wrong = _kernel(problem, config, num_sms=3)(lhs, lhs_scale, rhs, rhs_scale[::-1], sizes)
+    assert relative_error(np.asarray(wrong.astype(jnp.float32)), ref) > 0.1
+
+
+@pytest.mark.parametrize("config", [WS, PLAIN, SWAB], ids=["ws", "plain", "swap_ab"])
+@pytest.mark.parametrize("op", ["grouped_matmul_fp8", "grouped_matmul_swiglu_fp8"])
+def test_block_scales_lower_for_hopper(op, config):
+    problem = _problem(op, "block_1x128_128x128", m=300, k=512, n=512)
+    args = [
+        jax.ShapeDtypeStruct((problem.m, problem.k), jnp.float8_e4m3fn),
+        jax.ShapeDtypeStruct(fp8_scales.scale_shape(problem, "lhs"), jnp.float32),
+        jax.ShapeDtypeStruct(problem.rhs_shape, jnp.float8_e4m3fn),
+        jax.ShapeDtypeStruct(fp8_scales.scale_shape(problem, "rhs"), jnp.float32),
+        jax.ShapeDtypeStruct((problem.g,), jnp.int32),
+    ]
+    exported = jax.export.export(jax.jit(_kernel(problem, config, 132)), platforms=["cuda"])(*args)
+    assert "moetune_gmm_" in exported.mlir_module()
+
+
+def test_fp8_operands_must_be_k_major_and_ocp():
+    problem = _problem("grouped_matmul_fp8", "row_channel")
+    lhs, lhs_scale, rhs, rhs_scale, sizes = _inputs(problem)
+    fn = functools.partial(kernel_sm90.grouped_matmul_fp8, config=WS, num_sms=3, scale_layout="row_channel")
+    with pytest.raises(ValueError, match="8-bit wgmma takes K-major weights only"):
+        fn(lhs, lhs_scale, jnp.swapaxes(rhs, 1, 2), rhs_scale, sizes, transpose_rhs=False)
+    with pytest.raises(ValueError, match="must be float8_e4m3fn or float8_e5m2"):
+        fn(lhs.astype(jnp.float8_e4m3fnuz), lhs_scale, rhs, rhs_scale, sizes)
+
+
+def test_block_scales_need_one_scale_block_per_k_step():
+    problem = _problem("grouped_matmul_fp8", "block_1x128_128x128", k=1024, n=1024)
+    assert space.block_scale_steps(problem, dataclasses.replace(WS, block_k=256), HOPPER)
+    assert space.block_scale_steps(problem, dataclasses.replace(WS, block_n=256), HOPPER)
+    assert space.block_scale_steps(problem, WS, HOPPER) is None
+    assert space.block_scale_steps(_problem("grouped_matmul_fp8", "row_channel"), WS, HOPPER) is None
+    domains = space.domains(problem, HOPPER)
+    assert domains["block_k"] == (128,) and max(domains["block_n"]) == 128
+
+
+def test_block_scales_count_a_second_accumulator_against_the_registers():
+    wide = C(block_m=128, block_n=128, block_k=128, max_concurrent_steps=2, wg_split="n")
+    assert (
+        space.accumulator_fits_registers(_problem("grouped_matmul_fp8", "row_channel"), wide, HOPPER) is None
+    )
+    block = _problem("grouped_matmul_fp8", "block_1x128_128x128")
+    assert "2 128x128 accumulator(s) need ~296 registers" in space.accumulator_fits_registers(
+        block, wide, HOPPER
+    )
+
+
+@pytest.mark.parametrize("layout", ["tensor", "row_channel", "block_1x128_128x128"])
+def test_the_heuristic_picks_a_config_its_space_admits_at_deepseek_v3_shapes(layout):
+    for op, k, n in (("grouped_matmul_swiglu_fp8", 7168, 4096), ("grouped_matmul_fp8", 2048, 7168)):
+        for m in (8, 1024, 32768):
+            problem = _problem(op, layout, m=m, k=k, n=n, g=256)
+            config = space.heuristic(problem, HOPPER)
+            assert space.space(problem, HOPPER).violation(problem, config, HOPPER) is None, (problem, config)
+            assert config.block_k in ((128,) if layout.startswith("block") else (128, 256))
+
+
+def test_the_cost_model_plans_fp8_at_twice_the_tensor_rate():
+    # A compute-bound shape (Mixtral's gate_up at 4096 tokens): FP8 moves half the bytes and runs the
+    # tensor cores at twice the rate, so the same tiles take about half as long; block scales pay for
+    # their per-step promotion.
+    config = C(block_m=128, block_n=128, block_k=128, max_concurrent_steps=3, wg_split="n")
+    bf16 = Problem("grouped_matmul", 8192, 4096, 28672, 8)
+    fp8 = _problem("grouped_matmul_fp8", "row_channel", m=8192, k=4096, n=28672, g=8)
+    ratio = cost.estimate(fp8, config, HOPPER).seconds / cost.estimate(bf16, config, HOPPER).seconds
+    assert 0.45 < ratio < 0.6
+    block = dataclasses.replace(fp8, scale_layout="block_1x128_128x128")
+    assert cost.estimate(block, config, HOPPER).seconds > cost.estimate(fp8, config, HOPPER).seconds
