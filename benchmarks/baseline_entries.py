@@ -170,6 +170,45 @@ def finegrained_entries(run: dict) -> list[dict]:
     return entries
 
 
+def fp8_entries(run: dict) -> list[dict]:
+    """One entry per case and scale layout of a bench_fp8.py --out file whose heuristic FP8 config was
+    timed (what a user gets with no tuning): the fastest of the cost model's alternatives is the peer
+    `moetune_alternative`, torch's FP8 and bf16 grouped GEMMs, moetune's bf16 op and cuBLAS's dense FP8
+    GEMM of the same FLOPs the other peers, the HBM roofline of the touched FP8 weights a bound."""
+    env = run["environment"]
+    entries = []
+    for case in run["cases"]:
+        methods = case["methods"]
+        shared = {n: m for n, m in methods.items() if not n.startswith("moetune_fp8_") and "samples_ms" in m}
+        for layout in run["layouts"]:
+            prefix = f"moetune_fp8_{layout}_"
+            heuristic = methods.get(prefix + "heuristic", {})
+            if "samples_ms" not in heuristic:
+                continue  # failed, or cut by the run's budget
+            others = [m for n, m in methods.items() if n.startswith(prefix + "alt") and "samples_ms" in m]
+            timed = dict(shared)
+            if others:
+                timed["moetune_alternative"] = min(others, key=lambda m: m["median_ms"])
+            params = {key: case[key] for key in ("model", "gemm", "tokens", "flops", "touched_experts")}
+            params |= {"layout": layout, "routings": case["routings"]}
+            params |= {"read_GBps": round(run["bandwidth"]["read_GBps"], 1)}
+            if others:
+                params["alternative_config"] = timed["moetune_alternative"]["config"]
+            entries.append(
+                _timed_entry(
+                    env,
+                    f"fp8/{case['model']}/{case['gemm']}/T={case['tokens']}/{layout}",
+                    "fp8_gemm",
+                    heuristic["samples_ms"],
+                    params=params,
+                    peers={n: measurement(m["samples_ms"], 6) for n, m in sorted(timed.items())},
+                    bounds={"hbm_roofline": round(case["hbm_roofline_fp8_ms"], 6)},
+                    config=heuristic["config"],
+                )  # fmt: skip
+            )
+    return entries
+
+
 def _backward_cases(run: dict):
     """(methods, heuristic, params) of each case of a bench_backward.py --out file whose heuristic was
     timed."""

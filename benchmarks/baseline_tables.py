@@ -230,6 +230,53 @@ def block_full(data: dict) -> list[str]:
     return lines + _table(head, rows) + [""]
 
 
+# --- FP8 grouped GEMMs ----------------------------------------------------------------------------------
+
+FP8_PEERS = ("torch_scaled_grouped_mm", "moetune_bf16", "torch_grouped_mm", "cublas_fp8")
+FP8_LABELS = {
+    "torch_scaled_grouped_mm": "torch._scaled_grouped_mm FP8 rowwise",
+    "moetune_bf16": "moetune bf16",
+    "torch_grouped_mm": "torch._grouped_mm bf16",
+    "cublas_fp8": "cuBLAS FP8, same FLOPs",
+}
+
+
+def fp8_full(data: dict) -> list[str]:
+    entries = _suite(data, "fp8_gemm")
+    if not entries:
+        return []
+    lines = ["#### FP8 grouped GEMMs: `benchmarks/bench_fp8.py`", ""]
+    lines += [f"Measured {_days(entries)} on {data['gpu']}: {_versions(entries)}.", ""] + _commands(entries)
+    lines += [
+        "moetune's mosaic_gpu FP8 op (e4m3 operands, float32 scales in the layout named, SwiGLU fused for "
+        "gate_up, weights [G, N, K]) with the heuristic's config and, at T >= 1024, the best of the cost "
+        "model's next two tile shapes (`best`); torch's FP8 rowwise grouped GEMM on the row_channel data "
+        "and the bf16 grouped GEMMs on the weights before quantization (torch's give the [M, N] product "
+        "without the activation). CUPTI time, median of the samples, ms; a ratio above 1 means moetune's "
+        "best is faster. The roofline share is the touched FP8 weights' bytes at the measured read "
+        "bandwidth over moetune's best time.",
+        "",
+    ]
+    rows = []
+    order = lambda e: (
+        e["params"]["model"],
+        e["params"]["gemm"],
+        e["params"]["tokens"],
+        e["params"]["layout"],
+    )  # noqa: E731
+    for e in sorted(entries, key=order):
+        p, peers = e["params"], {name: peer["median"] for name, peer in e["peers"].items()}
+        best = min(e["median"], peers.get("moetune_alternative", e["median"]))
+        cells = [p["model"], p["gemm"], str(p["tokens"]), p["layout"], f"{e['median']:.4f}", f"{best:.4f}"]
+        cells += [f"{p['flops'] / best / 1e9:.0f}"]
+        cells += [f"{peers[n] / best:.2f}x" if n in peers else "-" for n in FP8_PEERS]
+        cells += [f"{e['bounds']['hbm_roofline'] / best:.0%}"]
+        rows.append(cells)
+    head = ["model", "GEMM", "T", "scales", "heuristic", "best", "TF/s"]
+    head += [f"{FP8_LABELS[n]} / moetune" for n in FP8_PEERS] + ["HBM roofline share"]
+    return lines + _table(head, rows) + [""]
+
+
 # --- the model benchmark ---------------------------------------------------------------------------------
 
 
@@ -339,6 +386,7 @@ def tuner_full(data: dict) -> list[str]:
 
 def render_full(data: dict) -> str:
     lines = [f"### {data['gpu']}", ""] + gemm_full(data) + finegrained_full(data) + block_full(data)
+    lines += fp8_full(data)
     lines += model_full(data)
     lines += tuner_full(data)
     return "\n".join(lines).rstrip("\n") + "\n"

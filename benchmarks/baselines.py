@@ -7,6 +7,7 @@ built from the benchmark scripts' own output files, and the tables the documenta
     python3 benchmarks/baselines.py add-backward --configs probe.json # each --config it timed
     python3 benchmarks/baselines.py add-layer layer.json              # bench_layer_grad.py --out file
     python3 benchmarks/baselines.py add-block block.json              # bench_block.py --out file
+    python3 benchmarks/baselines.py add-fp8 fp8.json                  # bench_fp8.py --out file
     python3 benchmarks/baselines.py add-model model.json              # bench_model.py --out file
     python3 benchmarks/baselines.py add-example auto.json xla.json    # examples/train_moe.py --json
         # one run of --backend auto and one of --backend xla, same config: train_example/<config>
@@ -51,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BASELINES = ROOT / "benchmarks" / "baselines"
 PAGES = (ROOT / "README.md", ROOT / "docs" / "performance.md")
 SUITES = (
-    "bench_gemm", "finegrained", "moe_block", "backward", "layer_grad", "bench_model", "tuner",
+    "bench_gemm", "finegrained", "moe_block", "fp8_gemm", "backward", "layer_grad", "bench_model", "tuner",
     "train_example",
 )  # fmt: skip
 UNITS = ("ms", "s", "trials/min", "variants/min")
@@ -61,6 +62,7 @@ OPTIONAL = ("title", "peers", "bounds", "config", "from_pack")
 SUITE_PARAMS = {
     "bench_gemm": ("proj", "tokens", "m", "k", "n", "g", "routing"),
     "finegrained": ("model", "gemm", "tokens", "m", "k", "n", "g"),
+    "fp8_gemm": ("model", "gemm", "tokens", "layout", "flops"),
     "backward": ("model", "gemm", "tokens", "m", "k", "n", "g"),
     "layer_grad": ("model", "tokens"),
     "bench_model": ("model", "phase", "tokens"),
@@ -251,6 +253,7 @@ def _parser() -> argparse.ArgumentParser:
         "add-backward",
         "add-layer",
         "add-block",
+        "add-fp8",
         "add-model",
         "add-tuner",
         "add-example",
@@ -297,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             entries = [e for run in runs for e in baseline_entries.layer_entries(run)]
         elif args.command == "add-block":
             entries = [e for run in runs for e in baseline_entries.block_entries(run)]
+        elif args.command == "add-fp8":
+            entries = [e for run in runs for e in baseline_entries.fp8_entries(run)]
         elif args.command == "add-model":
             entries = [e for run in runs for e in baseline_entries.model_entries(run)]
         elif args.command == "add-example":

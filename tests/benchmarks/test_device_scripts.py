@@ -15,6 +15,7 @@ from tests.benchmarks.scripts import BENCHMARKS, ROOT
 GPU_SCRIPTS = [
     "benchmarks/bench_backward.py",
     "benchmarks/bench_block.py",
+    "benchmarks/bench_fp8.py",
     "benchmarks/bench_gemm.py",
     "benchmarks/bench_layer_grad.py",
     "benchmarks/bench_model.py",
