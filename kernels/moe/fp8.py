@@ -11,6 +11,10 @@ and writes the permuted copy; no FP8 copy of x is written to memory and read bac
 program of its own. x is quantized before the gather, not after: a token's k copies share its scale, and
 the permuted copy moves one byte per value instead of two. The layout is one of the FP8 op layouts
 (kernels/ops/fp8_scales.py); the weights' scales come with them, the activations' are computed here.
+
+With `transpose_weights` the weights are K-major, w_gate_up [E, 2F, H] and w_down [E, H, F] (each
+expert's nn.Linear [out, in], as FP8 checkpoints store them): the layout Hopper's 8-bit wgmma reads, so
+mosaic_gpu serves those GEMMs; [E, H, 2F] weights fall through to xla there.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from moetune.kernels.api import call_scaled_op, explain
@@ -45,19 +50,22 @@ def moe_mlp_fp8(
     backend: str | None = None,
     fuse: bool = True,
     routing_mode: str = "auto",
+    transpose_weights: bool = False,
 ) -> Array:
-    """Routed MoE MLP as `moe_mlp`, with w_gate_up [E, H, 2F] and w_down [E, F, H] in FP8 and their
-    float32 scales in `scale_layout`; x and the hidden rows are quantized to the weights' FP8 dtype in
-    the same layout on the fly. Returns [T, H] in x's dtype. ConfigInvalid names a scale whose shape or
-    dtype does not fit, or weights that are not FP8."""
+    """Routed MoE MLP as `moe_mlp`, with w_gate_up [E, H, 2F] and w_down [E, F, H] in FP8 ([E, 2F, H]
+    and [E, H, F] with `transpose_weights`) and their float32 scales in `scale_layout`; x and the hidden
+    rows are quantized to the weights' FP8 dtype in the same layout on the fly. Returns [T, H] in x's
+    dtype. ConfigInvalid names a scale whose shape or dtype does not fit, or weights that are not FP8."""
     from moetune.kernels.moe.layer import _down_and_combine, route_rows
 
-    check_moe_args(x, router_logits, w_gate_up, w_down, top_k=top_k, activation=activation)
+    # Checked as the [E, K, N] weights they are the transposes of.
+    weights = [_as_kn(w) if transpose_weights else w for w in (w_gate_up, w_down)]
+    check_moe_args(x, router_logits, *weights, top_k=top_k, activation=activation)
     dtype = _fp8_dtype(w_gate_up, w_down)
     tokens, hidden = x.shape
     m = tokens * top_k
-    gate_up = _problem(m, w_gate_up, dtype, scale_layout, "grouped_matmul_fp8")
-    down = _problem(m, w_down, dtype, scale_layout, "grouped_matmul_fp8")
+    gate_up = _problem(m, w_gate_up, dtype, scale_layout, "grouped_matmul_fp8", transpose_weights)
+    down = _problem(m, w_down, dtype, scale_layout, "grouped_matmul_fp8", transpose_weights)
     fp8_scales.check_scale(gate_up, "rhs", w_gate_up_scale, "w_gate_up_scale")
     fp8_scales.check_scale(down, "rhs", w_down_scale, "w_down_scale")
 
@@ -67,7 +75,7 @@ def moe_mlp_fp8(
     permuted = jnp.take(qx, rows.row_token, axis=0, mode="clip")
     if x_scale.shape[0] == tokens:
         x_scale = jnp.take(x_scale, rows.row_token, axis=0, mode="clip")
-    scales = {"scale_layout": scale_layout, "backend": backend}
+    scales = {"scale_layout": scale_layout, "backend": backend, "transpose_rhs": transpose_weights}
 
     fused_op = FUSED_OP.get(activation) if fuse else None
     if fused_op is not None and _serves(fused_op, gate_up, backend):
@@ -93,12 +101,25 @@ def moe_mlp_fp8(
     return _down_and_combine(down_gemm, hidden_rows, rows, w_down, routing)
 
 
-def quantize_weights(w: Array, scale_layout: str, dtype: str = "float8_e4m3fn") -> tuple[Array, Array]:
+def quantize_weights(
+    w: Array, scale_layout: str, dtype: str = "float8_e4m3fn", *, transpose: bool = False
+) -> tuple[Array, Array]:
     """Expert weights [E, K, N] (w_gate_up [E, H, 2F] or w_down [E, F, H]) as (FP8 values, float32
-    scales) in `scale_layout`: each block's largest magnitude maps to the dtype's largest value."""
+    scales) in `scale_layout`: each block's largest magnitude maps to the dtype's largest value. With
+    `transpose`, K-major: values [E, N, K] and their scales in that layout (`transpose_weights`)."""
     g, k, n = w.shape
-    problem = Problem("grouped_matmul_fp8", 1, k, n, g, dtype, dtype, "bfloat16", scale_layout=scale_layout)
-    return fp8_scales.quantize(w, fp8_scales.block_shape(problem, "rhs"), dtype)
+    problem = Problem(
+        "grouped_matmul_fp8", 1, k, n, g, dtype, dtype, "bfloat16", transpose_rhs=transpose,
+        scale_layout=scale_layout,
+    )  # fmt: skip
+    values = jnp.swapaxes(w, 1, 2) if transpose else w
+    return fp8_scales.quantize(values, fp8_scales.block_shape(problem, "rhs"), dtype)
+
+
+def _as_kn(w: Array) -> Any:
+    """The shape and dtype of K-major weights [E, N, K] read as [E, K, N] (no copy: a check needs no data)."""
+    shape = (*w.shape[:-2], w.shape[-1], w.shape[-2]) if w.ndim >= 2 else w.shape
+    return jax.ShapeDtypeStruct(shape, w.dtype)
 
 
 def _fp8_dtype(w_gate_up: Array, w_down: Array) -> str:
@@ -111,9 +132,9 @@ def _fp8_dtype(w_gate_up: Array, w_down: Array) -> str:
     return dtypes.pop()
 
 
-def _problem(m: int, w: Array, dtype: str, scale_layout: str, op: str) -> Problem:
-    g, k, n = w.shape
-    return Problem(op, m, k, n, g, dtype, dtype, "bfloat16", scale_layout=scale_layout)
+def _problem(m: int, w: Array, dtype: str, scale_layout: str, op: str, transpose: bool) -> Problem:
+    g, k, n = (w.shape[0], w.shape[2], w.shape[1]) if transpose else w.shape
+    return Problem(op, m, k, n, g, dtype, dtype, "bfloat16", transpose, scale_layout=scale_layout)
 
 
 def _lhs_block(problem: Problem, rows: int) -> tuple[int, int]:

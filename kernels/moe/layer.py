@@ -262,6 +262,7 @@ def moe_mlp(
     w_gate_up_scale: Array | None = None,
     w_down_scale: Array | None = None,
     scale_layout: str = "none",
+    transpose_weights: bool = False,
 ) -> Array:
     """Routed MoE MLP: out[t] = sum over t's top-k experts e of w[t, e] * down_e(act(gate_up_e(x[t]))).
 
@@ -280,6 +281,8 @@ def moe_mlp(
     Raises ConfigInvalid for bad shapes, top_k or routing_mode, Unsupported for an unknown activation.
     FP8 expert weights come with their float32 scales (`w_gate_up_scale`, `w_down_scale`) in
     `scale_layout`; the activations are then quantized on the fly in that layout (kernels/moe/fp8.py).
+    With `transpose_weights` FP8 weights are K-major, [E, 2F, H] and [E, H, F]: the layout the Hopper
+    FP8 kernel reads (quantize_weights(..., transpose=True) makes them).
     """
     if scale_layout != "none":
         if group_offset is not None:
@@ -289,8 +292,12 @@ def moe_mlp(
         return moe_mlp_fp8(
             x, router_logits, w_gate_up, w_gate_up_scale, w_down, w_down_scale, top_k=top_k,
             scale_layout=scale_layout, renormalize=renormalize, activation=activation, backend=backend,
-            fuse=fuse, routing_mode=routing_mode,
+            fuse=fuse, routing_mode=routing_mode, transpose_weights=transpose_weights,
         )  # fmt: skip
+    if transpose_weights:
+        raise ConfigInvalid(
+            "transpose_weights is for FP8 weights, with a scale_layout: 16-bit ones are [E, K, N]"
+        )
     # A local slice is checked as the whole layer's weights would be.
     whole = [w if group_offset is None else _all_experts(w, router_logits) for w in (w_gate_up, w_down)]
     check_moe_args(x, router_logits, *whole, top_k=top_k, activation=activation)

@@ -70,3 +70,32 @@ def test_fp8_layer_names_a_scale_or_weight_that_does_not_fit(layer_inputs):
         call(q_gate_up, s_gate_up, q_down, s_down[:, 0])
     with pytest.raises(ConfigInvalid, match="FP8 weights must share one dtype .* got w_gate_up bfloat16"):
         call(w_gate_up.astype(jnp.bfloat16), s_gate_up, q_down, s_down)
+
+
+@pytest.mark.parametrize("layout", ["row_channel", "block_1x128_128x128"])
+def test_k_major_fp8_weights_give_the_same_layer(layer_inputs, layout):
+    # [E, 2F, H] and [E, H, F]: the layout Hopper's FP8 kernel reads. Same values, same scales, so the
+    # same output as the [E, K, N] layer up to float32 summation order.
+    x, logits, w_gate_up, w_down, bf16 = layer_inputs
+    kn = [quantize_weights(w, layout) for w in (w_gate_up, w_down)]
+    nk = [quantize_weights(w, layout, transpose=True) for w in (w_gate_up, w_down)]
+    assert nk[0][0].shape == (E, 2 * F, H) and nk[1][0].shape == (E, H, F)
+    np.testing.assert_array_equal(
+        np.asarray(nk[0][0].astype(jnp.float32)), np.swapaxes(kn[0][0].astype(jnp.float32), 1, 2)
+    )
+
+    def layer(weights, transpose):
+        (gu, sgu), (d, sd) = weights
+        return moe_mlp(
+            x, logits, gu, d, w_gate_up_scale=sgu, w_down_scale=sd, top_k=TOP_K, scale_layout=layout,
+            transpose_weights=transpose,
+        )  # fmt: skip
+
+    out_kn, out_nk = layer(kn, False), layer(nk, True)
+    assert frobenius_error(out_nk, np.asarray(out_kn, np.float64)) < 1e-2
+    assert FLOOR < frobenius_error(out_nk, bf16) < BOUND
+    # [E, K, N] weights passed as K-major are refused by shape, as the transposes they are read as.
+    with pytest.raises(ConfigInvalid, match=r"w_down must be \[E=4, F=128, H=256\]; got \(4, 256, 128\)"):
+        layer(kn, True)
+    with pytest.raises(ConfigInvalid, match="transpose_weights is for FP8 weights"):
+        moe_mlp(x, logits, w_gate_up, w_down, top_k=TOP_K, transpose_weights=True)
