@@ -614,35 +614,19 @@ def grouped_matmul_fp8(
     transpose_rhs: bool = True,
     out_dtype: Any = None,
     rows: int | None = None,
+    op: str = GROUPED_MATMUL_FP8,
 ) -> jax.Array:
     """The FP8 grouped GEMM: dequant(lhs) [M, K] @ dequant(rhs) [G, N, K] per group -> [M, N], bf16
     unless `out_dtype` says otherwise, for the scale layouts of tiling.SCALE_LAYOUTS (scale shapes as
-    kernels/ops/fp8_scales.py gives them). Weights must be K-major (`transpose_rhs`)."""
+    kernels/ops/fp8_scales.py gives them). Weights must be K-major (`transpose_rhs`). `op` the SwiGLU
+    op: silu(gate) * up into rhs [G, 2F, K], gate and up each scaled first (grouped_matmul_swiglu_fp8)."""
     return _grouped(
-        GROUPED_MATMUL_FP8, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype, rows,
+        op, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype, rows,
         scales=(lhs_scale, rhs_scale), scale_layout=scale_layout,
     )  # fmt: skip
 
 
-def grouped_matmul_swiglu_fp8(
-    lhs: jax.Array,
-    lhs_scale: jax.Array,
-    rhs: jax.Array,
-    rhs_scale: jax.Array,
-    group_sizes: jax.Array,
-    *,
-    config: MosaicGpuConfig,
-    num_sms: int,
-    scale_layout: str,
-    transpose_rhs: bool = True,
-    out_dtype: Any = None,
-    rows: int | None = None,
-) -> jax.Array:
-    """silu(gate) * up of the FP8 grouped GEMM into rhs [G, 2F, K], gate and up each scaled first."""
-    return _grouped(
-        GROUPED_MATMUL_SWIGLU_FP8, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype, rows,
-        scales=(lhs_scale, rhs_scale), scale_layout=scale_layout,
-    )  # fmt: skip
+grouped_matmul_swiglu_fp8 = functools.partial(grouped_matmul_fp8, op=GROUPED_MATMUL_SWIGLU_FP8)
 
 
 def _check_operands(lhs: jax.Array, rhs: jax.Array, transpose_rhs: bool, scale_layout: str) -> None:
