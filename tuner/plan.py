@@ -20,6 +20,11 @@ dlhs, the grouped GEMM with the other rhs layout (k and n swapped), drhs, the we
 (grouped_matmul_drhs, [g, k, n]), and for a gated gate_up its float32 product, which the backward
 recomputes; each its own key, as the custom VJP dispatches them.
 
+FP8 experts (`as_fp8`, `moetune tune --fp8 LAYOUT`): each GEMM becomes its FP8 op on e4m3 operands with
+float32 scales in the scale layout given and K-major weights, the problems `moe_mlp(...,
+scale_layout=LAYOUT, transpose_weights=True)` dispatches (gate_up: grouped_matmul_swiglu_fp8; down:
+grouped_matmul_fp8).
+
 Sharded models are tuned per shard, the problems one GPU runs:
   * `tp: N` (tensor parallel) splits each expert's ffn N ways: gate_up N = 2 * ffn / tp, down K = ffn / tp.
     Every TP rank computes all of its tokens' rows, so M stays T * top_k.
@@ -337,15 +342,48 @@ def parse_problem(text: str) -> PlannedProblem:
 
 def for_backend(planned: PlannedProblem, backend: Any) -> PlannedProblem:
     """The problem as moe_mlp dispatches it on `backend`: a fused gate_up op the backend does not serve
-    becomes the plain GEMM of the same shape (the activation then runs in XLA)."""
+    becomes the plain GEMM of the same shape (the activation then runs in XLA; an FP8 layer's plain GEMM
+    writes its product in float32 for it, as kernels/moe/fp8.py calls it)."""
     problem = planned.problem
     if not problem.spec.epilogue:  # nothing fused, nothing to unfuse
         return planned
     try:
         backend.check(problem)
     except Unsupported:
-        return dataclasses.replace(planned, problem=dataclasses.replace(problem, op=OP))
+        if problem.scale_layout != "none":
+            plain = dataclasses.replace(problem, op=FP8_OPS[OP], out_dtype="float32")
+        else:
+            plain = dataclasses.replace(problem, op=OP)
+        return dataclasses.replace(planned, problem=plain)
     return planned
+
+
+# The FP8 op of each op a model's layer dispatches.
+FP8_OPS = {"grouped_matmul": "grouped_matmul_fp8", "grouped_matmul_swiglu": "grouped_matmul_swiglu_fp8"}
+FP8_EXPERT_DTYPE = "float8_e4m3fn"
+
+
+def as_fp8(planned: list[PlannedProblem], scale_layout: str) -> list[PlannedProblem]:
+    """The problems of a model on FP8 experts (module docstring): e4m3 operands, `scale_layout`, K-major
+    weights, a bf16 output. ConfigInvalid for an op without an FP8 form or a shape the layout cannot
+    cover (block scales need K and N in whole 128-blocks)."""
+    out = []
+    for item in planned:
+        p = item.problem
+        if p.op not in FP8_OPS:
+            raise ConfigInvalid(
+                f"{item.label}: op={p.op} has no FP8 form; FP8 experts run {', '.join(FP8_OPS.values())}"
+            )
+        fp8 = dataclasses.replace(
+            p, op=FP8_OPS[p.op], lhs_dtype=FP8_EXPERT_DTYPE, rhs_dtype=FP8_EXPERT_DTYPE, out_dtype="bfloat16",
+            transpose_rhs=True, scale_layout=scale_layout,
+        )  # fmt: skip
+        for check in fp8.spec.checks:
+            reason = check(fp8)
+            if reason is not None:
+                raise ConfigInvalid(f"{item.label}: {fp8.op} {reason}")
+        out.append(dataclasses.replace(item, problem=fp8, label=f"{item.label} fp8"))
+    return out
 
 
 def dispatched_on(planned: list[PlannedProblem], backend: Any) -> list[PlannedProblem]:

@@ -47,6 +47,8 @@ class SweepSpec:
     stale: bool = False  # winners whose fingerprint or kernel source no longer match
     # Also each model's and problem's backward: dlhs, drhs (and a gated op's product), for training.
     with_backward: bool = False
+    # The models' expert GEMMs on FP8 experts with scales in this layout (plan.as_fp8); "none": as they are.
+    fp8: str = "none"
     # How to search.
     strategy: str = "grid"
     budget: int | None = None  # trials per problem
@@ -108,6 +110,18 @@ class SweepSpec:
                 "with_backward adds the backward of the models' and problems' GEMMs: name a model or a "
                 "problem (missed and stale problems are tuned as they were recorded)"
             )
+        if self.fp8 != "none":
+            from moetune.kernels.ops import fp8_scales
+
+            if self.fp8 not in fp8_scales.BLOCKS:
+                raise ConfigInvalid(f"fp8={self.fp8!r} is not a scale layout: {', '.join(fp8_scales.BLOCKS)}")
+            if not self.models:
+                raise ConfigInvalid(
+                    "fp8 puts the models' expert GEMMs on FP8 experts: name a model (a single problem "
+                    "names its own dtype and s=LAYOUT)"
+                )
+            if self.with_backward:
+                raise ConfigInvalid("the FP8 ops have no backward: drop with_backward or fp8")
         if self.compile_only and self.strategy == "tpe":
             raise ConfigInvalid("a compile-only sweep has no times for tpe to learn from; use grid or random")
 

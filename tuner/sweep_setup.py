@@ -17,7 +17,14 @@ from moetune.kernels.device import DeviceFingerprint, compile_only_device
 from moetune.kernels.errors import ConfigInvalid, MoetuneError, Unsupported
 from moetune.tuner import resolved
 from moetune.tuner.executors import Executor, InlineExecutor, WorkerActivity
-from moetune.tuner.plan import PlannedProblem, dispatched_on, load_model, parse_problem, with_backward
+from moetune.tuner.plan import (
+    PlannedProblem,
+    as_fp8,
+    dispatched_on,
+    load_model,
+    parse_problem,
+    with_backward,
+)
 from moetune.tuner.spec import SweepSpec
 
 
@@ -29,6 +36,8 @@ def model_problems(spec: SweepSpec) -> list[PlannedProblem]:
         if spec.token_buckets:
             model = model.with_buckets(spec.token_buckets)
         planned += model.problems()
+    if spec.fp8 != "none":
+        planned = as_fp8(planned, spec.fp8)
     planned += [parse_problem(text) for text in spec.problems]
     return planned
 

@@ -212,6 +212,18 @@ cases(
     tune_flags("compile-only without a backend", "--compile-only"),
     tune_flags("compile-only on a backend without it", "--compile-only", "--backend", "xla"),
     tune_flags("compile-only with tpe", "--compile-only", "--strategy", "tpe", "--backend", "xla"),
+    tune_flags("fp8 experts in an unknown scale layout", "--fp8", "per_row"),
+    tune_flags("fp8 experts with a backward", "--fp8", "tensor", "--with-backward"),
+    c(
+        "fp8 experts of no model",
+        "tune",
+        "--problem",
+        "m=8,k=128,n=128,g=2",
+        "--fp8",
+        "tensor",
+        "--db",
+        "{db}",
+    ),
     c("backward of missed problems only", "tune", "--misses", "--with-backward", "--db", "{db}"),
     c(
         "backward of a gradient op",

@@ -10,6 +10,7 @@ from moetune.kernels.moe import moe_problems
 from moetune.tuner.plan import (
     DEFAULT_TOKEN_BUCKETS,
     ModelShapes,
+    as_fp8,
     dedupe,
     dispatched_on,
     for_backend,
@@ -224,8 +225,36 @@ def test_shipped_sweep_files_load():
         ({"models": "tiny"}, "models must be a list"),
         ({"routing": "zipf:1.2,skewed"}, "routing 'skewed'"),
         ({"routing": ["balanced", "balanced"]}, "same routing twice"),
+        ({"models": ["tiny"], "fp8": "per_row"}, "fp8='per_row' is not a scale layout: tensor, row_channel"),
+        ({"problems": ["m=8,k=128,n=128,g=2"], "fp8": "tensor"}, "fp8 puts the models' expert GEMMs"),
+        ({"models": ["tiny"], "fp8": "tensor", "with_backward": True}, "the FP8 ops have no backward"),
     ],
 )
 def test_bad_sweep_settings(data, message):
     with pytest.raises(ConfigInvalid, match=message):
         SweepSpec.from_dict(data)
+
+
+def test_fp8_experts_tune_the_fp8_ops_moe_mlp_dispatches_on_k_major_weights():
+    planned = load_model("deepseek-v3").with_buckets((4096,)).problems()
+    gate_up, down = as_fp8(planned, "block_1x128_128x128")
+    assert gate_up.problem.key == (
+        "grouped_matmul_swiglu_fp8/m=32768,k=7168,n=4096,g=256,lhs=float8_e4m3fn,rhs=float8_e4m3fn,"
+        "out=bfloat16,t=1,s=block_1x128_128x128/v2"
+    )
+    assert down.problem.op == "grouped_matmul_fp8" and down.problem.transpose_rhs
+    assert gate_up.label.endswith(" fp8")
+    # A backend without the fused FP8 op runs the plain FP8 GEMM, its product in float32 for the activation.
+    unfused = for_backend(gate_up, registry.get("flydsl"))
+    assert (unfused.problem.op, unfused.problem.out_dtype) == ("grouped_matmul_fp8", "float32")
+    assert for_backend(gate_up, registry.get("xla")) == gate_up
+    # Block scales need whole 128-blocks along K and N; an op with no FP8 form is named.
+    odd = ModelShapes.from_dict({"name": "odd", "experts": 4, "top_k": 2, "hidden": 200, "ffn": 256})
+    with pytest.raises(ConfigInvalid, match="needs k and n multiples of 128"):
+        as_fp8(odd.with_buckets((1,)).problems(), "block_1x128_128x128")
+    assert len(as_fp8(odd.with_buckets((1,)).problems(), "row_channel")) == 2
+    geglu = ModelShapes.from_dict(
+        {"name": "g", "experts": 4, "top_k": 2, "hidden": 256, "ffn": 256, "activation": "geglu"}
+    )
+    with pytest.raises(ConfigInvalid, match="op=grouped_matmul_geglu has no FP8 form"):
+        as_fp8(geglu.with_buckets((1,)).problems(), "tensor")

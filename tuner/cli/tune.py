@@ -220,6 +220,15 @@ def tune(
             help="Also tune each problem's backward GEMMs (dlhs, drhs; a gated op's product), for training.",
         ),
     ] = False,
+    fp8: Annotated[
+        str | None,
+        typer.Option(
+            "--fp8",
+            metavar="LAYOUT",
+            help="The models' experts in FP8 with scales in LAYOUT (tensor, row_channel, "
+            "block_1x128_128x128), K-major weights: the FP8 ops moe_mlp then dispatches.",
+        ),
+    ] = None,
 ) -> None:
     """Tune kernels: compile candidates in parallel, verify each, time each exclusively, keep the winners.
 
@@ -294,6 +303,7 @@ def sweep_flags(params: dict[str, Any]) -> dict[str, Any]:
         misses=params["misses"] or None,
         stale=params["stale"] or None,
         with_backward=params["with_backward"] or None,
+        fp8=params["fp8"],
         baseline=False if params["no_baseline"] else None,
         compile_only=params["compile_only"] or None,
         arch=params["arch"],
