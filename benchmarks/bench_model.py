@@ -58,6 +58,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="token counts at which one MoE layer is timed alone",
     )
     parser.add_argument("--runs", type=int, default=3, help="timed runs per measurement")
+    parser.add_argument(
+        "--fp8",
+        default="none",
+        metavar="LAYOUT",
+        help="also run the model with FP8 experts, scales in LAYOUT (tensor, row_channel, "
+        "block_1x128_128x128), on the moetune path",
+    )
     parser.add_argument("--no-db", action="store_true", help="winners from config packs only, no database")
     # The kernel choices, as `moetune bench model` takes them.
     for name in MODE_FIELDS:
@@ -87,6 +94,7 @@ def main(argv: list[str]) -> int:
             runs=args.runs,
             use_db=not args.no_db,
             choices=choices,
+            fp8=args.fp8,
             command="python3 benchmarks/bench_model.py " + " ".join(argv),
         )
     except MoetuneError as e:

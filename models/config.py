@@ -16,6 +16,11 @@ class ModelConfig:
     beside the routed ones and add to their output (DeepSeek, Qwen2-MoE, Qwen3-Next; their sum is one
     dense MLP of shared_experts * shared_intermediate, as DeepSeek's code builds it; Qwen's sigmoid gate
     on that output is left out).
+
+    `experts_scale_layout` puts the routed experts in FP8 (e4m3, K-major: w_gate_up [E, 2F, H], w_down
+    [E, H, F], with float32 scales in that layout; kernels/ops/fp8_scales.py), quantized from the same
+    random draw as the `dtype` experts, so the two models differ only by quantization; "none": the
+    experts in `dtype`. Everything else stays in `dtype`.
     """
 
     name: str
@@ -34,6 +39,7 @@ class ModelConfig:
     qk_norm: bool = False
     shared_experts: int = 0
     shared_intermediate: int = 0  # per shared expert
+    experts_scale_layout: str = "none"
 
     def __post_init__(self) -> None:
         for field in (
@@ -64,6 +70,20 @@ class ModelConfig:
             raise ConfigInvalid(f"head_dim={self.head_dim} must be even for RoPE")
         if not 1 <= self.top_k <= self.experts:
             raise ConfigInvalid(f"top_k={self.top_k} must be in [1, experts={self.experts}]")
+        if self.experts_scale_layout != "none":
+            from moetune.kernels.ops import fp8_scales
+
+            if self.experts_scale_layout not in fp8_scales.BLOCKS:
+                raise ConfigInvalid(
+                    f"experts_scale_layout={self.experts_scale_layout!r} is not one of "
+                    f"none, {', '.join(fp8_scales.BLOCKS)}"
+                )
+            blocked = self.experts_scale_layout.startswith("block")
+            if blocked and (self.hidden % fp8_scales.BLOCK or self.intermediate % fp8_scales.BLOCK):
+                raise ConfigInvalid(
+                    f"experts_scale_layout={self.experts_scale_layout} needs hidden and intermediate "
+                    f"multiples of {fp8_scales.BLOCK}; got {self.hidden}, {self.intermediate}"
+                )
 
     def with_layers(self, layers: int | None) -> ModelConfig:
         return self if layers is None else dataclasses.replace(self, layers=layers)
@@ -72,20 +92,29 @@ class ModelConfig:
         """The least a decode step of `batch` tokens reads from memory: every weight but the embedding
         table (one row per token) and the experts no token routes to (at most batch * top_k of them per
         layer have rows), and the KV cache of `context` positions."""
-        itemsize = 4 if self.dtype == "float32" else 2
+        itemsize = self.itemsize
         h, d = self.hidden, self.head_dim
         attention = h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h
         shared = 3 * h * self.shared_experts * self.shared_intermediate
-        touched = min(self.experts, batch * self.top_k) * 3 * h * self.intermediate
-        per_layer = attention + shared + touched + h * self.experts  # the router
-        kv_cache = 2 * self.kv_heads * d * context * batch
-        return (self.layers * (per_layer + kv_cache) + h * self.vocab) * itemsize
+        touched = min(self.experts, batch * self.top_k) * 3 * h * self.intermediate * self.expert_itemsize
+        per_layer = (attention + shared + h * self.experts) * itemsize + touched  # with the router
+        kv_cache = 2 * self.kv_heads * d * context * batch * itemsize
+        return self.layers * (per_layer + kv_cache) + h * self.vocab * itemsize
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self.dtype == "float32" else 2
+
+    @property
+    def expert_itemsize(self) -> int:
+        """Bytes of one expert weight: 1 in FP8 (its scales, one float per 128 x 128 block or per
+        channel, add well under 1%), else the model's dtype's."""
+        return 1 if self.experts_scale_layout != "none" else self.itemsize
 
     @property
     def expert_weight_bytes(self) -> int:
         """Bytes of the routed experts' weights, all layers (the shared experts' are not counted)."""
-        itemsize = 4 if self.dtype == "float32" else 2
-        return self.layers * self.experts * 3 * self.hidden * self.intermediate * itemsize
+        return self.layers * self.experts * 3 * self.hidden * self.intermediate * self.expert_itemsize
 
 
 MODELS: dict[str, ModelConfig] = {

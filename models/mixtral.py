@@ -34,6 +34,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.moe import layer as moe
 from moetune.kernels.moe import pallas_mode
 from moetune.kernels.moe.reference import gated_activation
@@ -241,19 +242,46 @@ def _shared_moe(moe_path: str) -> Any:
 
 
 @functools.cache
+def _shared_fp8_moe(scale_layout: str) -> Any:
+    """moe_mlp on FP8 experts (K-major, scales in `scale_layout`) jitted once for every layer, as
+    _shared_moe."""
+    fp8 = functools.partial(moe.moe_mlp, scale_layout=scale_layout, transpose_weights=True)
+    return jax.jit(fp8, static_argnames=("top_k", "routing_mode"))
+
+
+def routed_experts(
+    config: ModelConfig, p: LayerParams, h: Array, router_logits: Array, moe_path: str, routing_mode: str
+) -> Array:
+    """The routed experts' output [T, H] for the normed rows h [T, H]: the path's MoE MLP, or on FP8
+    experts (config.experts_scale_layout) moe_mlp with their scales, which only the moetune path runs."""
+    layout = config.experts_scale_layout
+    if layout == "none":
+        return _shared_moe(moe_path)(
+            h, router_logits, p.w_gate_up, p.w_down, top_k=config.top_k, routing_mode=routing_mode
+        )
+    if moe_path != "moetune":
+        raise ConfigInvalid(f"FP8 experts run on the moetune path only, not {moe_path!r}")
+    return _shared_fp8_moe(layout)(
+        h, router_logits, p.w_gate_up, p.w_down, top_k=config.top_k, routing_mode=routing_mode,
+        w_gate_up_scale=p.w_gate_up_scale, w_down_scale=p.w_down_scale,
+    )  # fmt: skip
+
+
+@functools.cache
 def _shared_sorted_moe(moe_path: str) -> Any:
     """SORTED_MOE_PATHS[moe_path] jitted once for every layer, as _shared_moe."""
     return jax.jit(SORTED_MOE_PATHS[moe_path])
 
 
 def _moe_block(config: ModelConfig, p: LayerParams, x: Array, moe_path: str, choices: KernelChoices) -> Array:
-    """The MoE block's output [B, S, H] in the weights' dtype (x may be a float32 residual stream): the
+    """The MoE block's output [B, S, H] in the model's dtype (x may be a float32 residual stream): the
     routed experts' and, with config.shared_experts, the shared experts' outputs added."""
     batch, seq, hidden = x.shape
     x_rows = x.reshape(batch * seq, hidden)
     tokens, top_k = batch * seq, config.top_k
     if (
         moe_path in SORTED_MOE_PATHS
+        and config.experts_scale_layout == "none"  # the sorted layer takes 16-bit experts
         and (mode := choices.mode("norm_route_gather")) != "xla"
         and norm_router.fits_gather(tokens, config.experts, top_k)
     ):
@@ -282,9 +310,7 @@ def _moe_block(config: ModelConfig, p: LayerParams, x: Array, moe_path: str, cho
     else:
         h = rms_norm(x_rows, p.moe_norm, config.norm_eps)
         router_logits = jnp.dot(h, p.router, preferred_element_type=jnp.float32)
-    out = _shared_moe(moe_path)(
-        h, router_logits, p.w_gate_up, p.w_down, top_k=config.top_k, routing_mode=choices.routing
-    )
+    out = routed_experts(config, p, h, router_logits, moe_path, choices.routing)
     if config.shared_experts:
         out = out + shared_experts(p, h)
     return out.reshape(batch, seq, hidden)

@@ -39,6 +39,10 @@ class LayerParams:
     # [H, 2S] (gate columns, then up columns) and [S, H].
     w_shared_gate_up: Array | None = None
     w_shared_down: Array | None = None
+    # Only with config.experts_scale_layout: the FP8 experts' float32 scales; w_gate_up and w_down are
+    # then FP8 and K-major, [E, 2F, H] and [E, H, F].
+    w_gate_up_scale: Array | None = None
+    w_down_scale: Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -70,14 +74,25 @@ def _init_layer(key: Array, config: ModelConfig) -> LayerParams:
         shared = c.shared_experts * c.shared_intermediate
         optional["w_shared_gate_up"] = _uniform(up_key, (c.hidden, 2 * shared), c.hidden, dtype)
         optional["w_shared_down"] = _uniform(down_key, (shared, c.hidden), shared, dtype)
+    experts = {
+        "w_gate_up": _uniform(keys[3], (c.experts, c.hidden, 2 * c.intermediate), c.hidden, dtype),
+        "w_down": _uniform(keys[4], (c.experts, c.intermediate, c.hidden), c.intermediate, dtype),
+    }
+    if c.experts_scale_layout != "none":
+        from moetune.kernels.moe.fp8 import quantize_weights
+
+        # The same draw as the `dtype` model's experts, quantized (K-major, as the FP8 kernel reads them).
+        for name in ("w_gate_up", "w_down"):
+            experts[name], experts[f"{name}_scale"] = quantize_weights(
+                experts[name], c.experts_scale_layout, transpose=True
+            )
     return LayerParams(
         attn_norm=jnp.ones((c.hidden,), dtype),
         wqkv=_uniform(keys[0], (c.hidden, q_width + 2 * kv_width), c.hidden, dtype),
         wo=_uniform(keys[1], (q_width, c.hidden), q_width, dtype),
         moe_norm=jnp.ones((c.hidden,), dtype),
         router=_uniform(keys[2], (c.hidden, c.experts), c.hidden, dtype),
-        w_gate_up=_uniform(keys[3], (c.experts, c.hidden, 2 * c.intermediate), c.hidden, dtype),
-        w_down=_uniform(keys[4], (c.experts, c.intermediate, c.hidden), c.intermediate, dtype),
+        **experts,
         **optional,
     )
 

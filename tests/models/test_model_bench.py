@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -32,7 +33,7 @@ def _positive(value) -> bool:
     return isinstance(value, float) and math.isfinite(value) and value > 0
 
 
-def test_bench_model_writes_the_json_the_lead_publishes(tmp_path, monkeypatch):
+def test_bench_model_writes_its_result_as_json(tmp_path, monkeypatch):
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)  # bench_model sets it; undone after
     out = tmp_path / "results" / "model.json"
     result = bench_model("tiny", 1, 8, 2, ["dense", "moetune"], 1, out, moe_tokens=(16,), runs=1)
@@ -88,6 +89,45 @@ def test_bad_arguments_fail_before_any_work():
         run_model_bench("tiny", 1, 8, 2, ["fused"])
     with pytest.raises(ConfigInvalid, match="batch=0 must be a positive integer"):
         run_model_bench("tiny", 0, 8, 2)
+    with pytest.raises(ConfigInvalid, match="experts_scale_layout='per_row' is not one of none, tensor"):
+        run_model_bench("tiny", 1, 8, 2, fp8="per_row")
+    # The tiny model's hidden 64 is no whole 128-block.
+    with pytest.raises(ConfigInvalid, match="needs hidden and intermediate multiples of 128; got 64, 96"):
+        run_model_bench("tiny", 1, 8, 2, fp8="block_1x128_128x128")
+
+
+def test_the_fp8_model_runs_after_the_others_on_its_quantized_experts_and_stays_close(tmp_path):
+    result = run_model_bench("tiny", 1, 8, 2, ["dense"], 1, moe_tokens=(16,), runs=1, fp8="row_channel")
+    assert result["ok"] and result["paths"] == ["dense", "moetune_fp8"]
+    entry = result["results"]["moetune_fp8"]
+    # One layer of the tiny model: 8 experts x 3 x 64 x 96 weights, one byte each.
+    assert entry["experts_GB"] == pytest.approx(8 * 3 * 64 * 96 / 1e9)
+    fp8 = dataclasses.replace(model_config("tiny", 1), experts_scale_layout="row_channel")
+    roofline = result["read_GBps"] * 1e9 / fp8.decode_step_bytes(1, 8 + 2 // 2)
+    assert entry["decode"]["roofline_tokens_per_s"] == pytest.approx(roofline)
+    parity = result["parity"]["moetune_fp8"]
+    # Quantization shows (the 16-bit paths agree to 1e-2), within the FP8 bounds.
+    assert 1e-2 < parity["logits"]["rel_l2"] < parity["logits"]["tolerance"] == 0.15
+    assert all(1e-2 < c["rel_l2"] < c["tolerance"] == 0.1 for c in parity["moe_layer"].values())
+
+
+def test_fp8_experts_are_k_major_quantized_from_the_same_draw_and_only_moetune_runs_them():
+    import jax.numpy as jnp
+
+    from moetune.kernels.moe import fp8 as moe_fp8
+    from moetune.models import mixtral
+    from moetune.models.weights import init_params
+
+    bf16 = model_config("tiny", 1)
+    fp8 = dataclasses.replace(bf16, experts_scale_layout="tensor")
+    dense, quantized = init_params(bf16).layers[0], init_params(fp8).layers[0]
+    assert quantized.w_gate_up.dtype == jnp.float8_e4m3fn and quantized.w_gate_up.shape == (8, 192, 64)
+    assert quantized.w_down.shape == (8, 64, 96) and quantized.w_down_scale.shape == (8, 1, 1)
+    expected, _ = moe_fp8.quantize_weights(dense.w_gate_up, "tensor", transpose=True)
+    assert (quantized.w_gate_up.astype(jnp.float32) == expected.astype(jnp.float32)).all()
+    h = jnp.ones((4, 64), jnp.bfloat16)
+    with pytest.raises(ConfigInvalid, match="FP8 experts run on the moetune path only, not 'ragged'"):
+        mixtral.routed_experts(fp8, quantized, h, jnp.zeros((4, 8)), "ragged", "xla")
 
 
 def _app() -> typer.Typer:

@@ -33,6 +33,7 @@ def bench_model(
     runs: int = 3,
     use_db: bool = True,
     choices: KernelChoices = DEFAULT_CHOICES,
+    fp8: str = "none",
 ) -> dict[str, Any]:
     """Run the benchmark (moetune.models.bench), print its summary, and return the result."""
     # Before jax's GPU backend starts: its default 75% of memory leaves too little beside Mixtral-8x7B's
@@ -52,6 +53,7 @@ def bench_model(
         runs=runs,
         use_db=use_db,
         choices=choices,
+        fp8=fp8,
         command="moetune bench model " + " ".join(_argv_tail()),
     )
     for line in summary_lines(result):
@@ -104,6 +106,14 @@ def bench_model_command(
     decode_residual: Annotated[
         Residual, typer.Option(help=HELP["decode_residual"])
     ] = DEFAULT_CHOICES.decode_residual,
+    fp8: Annotated[
+        str,
+        typer.Option(
+            metavar="LAYOUT",
+            help="Also run the model with FP8 experts, scales in LAYOUT (tensor, row_channel, "
+            "block_1x128_128x128), on the moetune path; compared with the dense path.",
+        ),
+    ] = "none",
 ) -> None:
     """Prefill and decode tokens/s and the MoE time per layer for the dense, ragged and moetune paths.
 
@@ -135,6 +145,7 @@ def bench_model_command(
             runs=runs,
             use_db=not no_db,
             choices=choices,
+            fp8=fp8,
         )
     except MoetuneError as e:
         fail(str(e))
