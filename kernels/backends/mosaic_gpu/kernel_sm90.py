@@ -189,6 +189,12 @@ def _mma_targets(s: _Static, acc_refs: tuple) -> tuple:
     return acc_refs[len(acc_refs) // 2 :] if s.block_scaled else acc_refs
 
 
+def _next_k_block(s: _Static, k0: Any, step: Any) -> Any:
+    """The K block of the step after `step` of a tile whose steps start at block k0 (the last step's own:
+    its prefetch is never used, but must read inside the scales)."""
+    return k0 + jnp.minimum(step + 1, s.k_steps - 1)
+
+
 def _promote(s: _Static, acc_refs: tuple, factors: list) -> None:
     """Block scales, after a K step's wgmmas are done: add its products times their scales (`factors`,
     _Scales.block_factors) to the totals and start the next step's accumulators from zero."""
@@ -267,8 +273,8 @@ class _Scales:
 
     def block_factors(self, k_block: Any) -> list[jax.Array]:
         """Per weight tile, K step `k_block`'s token scales times its weight block's scale, a vector
-        along the token rows. Loaded before the step's wgmmas are issued, so that the loads' latency
-        passes while the tensor cores work rather than after the wait."""
+        along the token rows. The pipelines load a step's factors during the step before (a load from
+        global memory takes longer than one step's wgmmas), so that no wait follows the wgmmas' own."""
         lhs_scale, rhs_scale = self.refs
         along_rows = plgpu.Layout.WGMMA.reduce(0 if self.s.swap_ab else 1)
         token_ref = lhs_scale.at[k_block, pl.ds(self.row0, self.rows)]
@@ -360,8 +366,10 @@ def _plain_kernel(gs_ref, lhs_ref, rhs_ref, *refs, s: _Static) -> None:
                     )
                     k0 = t.split * s.k_steps
 
-                    def step(idx, a_smem, *b_smems):
-                        factors = scale.block_factors(k0 + idx[0]) if s.block_scaled else None
+                    def step(idx, a_smem, *b_smems_and_carry):
+                        # Under block scales the carry is this step's scale factors, loaded a step ahead.
+                        carried = b_smems_and_carry if s.block_scaled else (*b_smems_and_carry, None)
+                        *b_smems, factors = carried
                         targets = _mma_targets(s, acc_refs)
                         for acc_ref, b_smem in zip(targets, b_smems, strict=True):
                             if s.swap_ab:
@@ -369,18 +377,21 @@ def _plain_kernel(gs_ref, lhs_ref, rhs_ref, *refs, s: _Static) -> None:
                             else:
                                 plgpu.wgmma(acc_ref, a_smem, b_smem.T if s.transpose_rhs else b_smem)
                         if s.block_scaled:
+                            following = scale.block_factors(_next_k_block(s, k0, idx[0]))
                             plgpu.wgmma_wait(0)
                             _promote(s, acc_refs, factors)
-                        else:
-                            # The slot of step i-1 is refilled after step i: its wgmmas (one group
-                            # each) must be done.
-                            plgpu.wgmma_wait(delay * len(targets))
+                            return following
+                        # The slot of step i-1 is refilled after step i: its wgmmas (one group each)
+                        # must be done.
+                        plgpu.wgmma_wait(delay * len(targets))
+                        return None
 
                     plgpu.emit_pipeline(
                         step,
                         grid=(s.k_steps,),
                         in_specs=_in_specs(s, rows.row0, t.col, k0, delay),
                         max_concurrent_steps=s.stages,
+                        init_carry=scale.block_factors(k0) if s.block_scaled else None,
                     )(lhs_ref, *_rhs_operands(s, rhs_ref.at[rows.group]))
                     return _epilogue(s, acc_refs, scale)
 
@@ -451,10 +462,11 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, *refs, s: _Static) -> Non
                     s, scale_refs, group=rows.group, row0=row0, col0=col0, rows=s.block_m, cols=s.block_n
                 )
 
-                def mma(idx, a_smem, *b_smems_and_accs):
-                    *b_smems, acc_refs = b_smems_and_accs
-                    k_block = t.split * s.k_steps + idx[0]
-                    factors = scale.block_factors(k_block) if s.block_scaled else None
+                def mma(idx, a_smem, *b_smems_and_carry):
+                    # The carry: the accumulators, and under block scales this step's scale factors,
+                    # loaded a step ahead so that their latency passes during the previous step.
+                    *b_smems, carry = b_smems_and_carry
+                    acc_refs, factors = carry if s.block_scaled else (carry, None)
                     if s.wg_split == "m":
                         a_smem = a_smem.at[pl.ds(wg * s.block_m, s.block_m)]
 
@@ -478,15 +490,22 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, *refs, s: _Static) -> Non
                         pl.when(row0 < rows.hi)(issue)
                     else:
                         issue()
+                    following = None
+                    if s.block_scaled:
+                        following = scale.block_factors(_next_k_block(s, t.split * s.k_steps, idx[0]))
                     # The slot is released when the body returns, so its wgmmas must be done by then.
                     plgpu.wgmma_wait(0)
                     if s.block_scaled:
                         _promote(s, acc_refs, factors)
+                        return acc_refs, following
                     return acc_refs
 
                 def context(run_pipeline):
                     def _acc(*acc_refs):
-                        run_pipeline(acc_refs)
+                        if s.block_scaled:
+                            run_pipeline((acc_refs, scale.block_factors(t.split * s.k_steps)))
+                        else:
+                            run_pipeline(acc_refs)
                         _store_rows(
                             _epilogue(s, acc_refs, scale),
                             out_view,
