@@ -227,6 +227,7 @@ def tune(
             metavar="LAYOUT",
             help="The models' experts in FP8 with scales in LAYOUT (tensor, row_channel, "
             "block_1x128_128x128), K-major weights: the FP8 ops moe_mlp then dispatches.",
+            show_default="none: the model's dtype",
         ),
     ] = None,
 ) -> None:
