@@ -30,6 +30,7 @@ import traceback
 import dev_shapes
 import moe_shapes
 import torch_timing
+from bench_gemm import _summary
 
 LAYOUTS = ("row_channel", "block_1x128_128x128")
 ALTERNATIVES_MIN_TOKENS = 1024
@@ -45,10 +46,6 @@ def fp8_problem(case, layout: str):
         bf16, op=op, lhs_dtype="float8_e4m3fn", rhs_dtype="float8_e4m3fn", transpose_rhs=True,
         scale_layout=layout,
     )  # fmt: skip
-
-
-def _summary(samples, **extra) -> dict:
-    return {**torch_timing.summary(samples), **extra}
 
 
 class Runner:

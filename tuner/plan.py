@@ -374,14 +374,13 @@ def as_fp8(planned: list[PlannedProblem], scale_layout: str) -> list[PlannedProb
             raise ConfigInvalid(
                 f"{item.label}: op={p.op} has no FP8 form; FP8 experts run {', '.join(FP8_OPS.values())}"
             )
-        fp8 = dataclasses.replace(
-            p, op=FP8_OPS[p.op], lhs_dtype=FP8_EXPERT_DTYPE, rhs_dtype=FP8_EXPERT_DTYPE, out_dtype="bfloat16",
-            transpose_rhs=True, scale_layout=scale_layout,
-        )  # fmt: skip
-        for check in fp8.spec.checks:
-            reason = check(fp8)
-            if reason is not None:
-                raise ConfigInvalid(f"{item.label}: {fp8.op} {reason}")
+        try:  # a Problem checks itself against its op's rules
+            fp8 = dataclasses.replace(
+                p, op=FP8_OPS[p.op], lhs_dtype=FP8_EXPERT_DTYPE, rhs_dtype=FP8_EXPERT_DTYPE,
+                out_dtype="bfloat16", transpose_rhs=True, scale_layout=scale_layout,
+            )  # fmt: skip
+        except ConfigInvalid as e:
+            raise ConfigInvalid(f"{item.label}: {e}") from None
         out.append(dataclasses.replace(item, problem=fp8, label=f"{item.label} fp8"))
     return out
 
