@@ -127,7 +127,7 @@ def accumulator_fits_registers(
     if isinstance(facts, str):
         return facts
     budget = tiling.consumer_register_budget(config, facts.registers_per_sm)
-    count = tiling.accumulators(problem)
+    count = tiling.accumulators(problem, config)
     need = tiling.accumulator_registers(config, count) + tiling.NON_ACCUMULATOR_REGISTERS
     if need > budget:
         tiles = f"{count} {config.block_m}x{config.block_n} accumulator(s)"
@@ -167,12 +167,12 @@ def pad_lhs_only_small_m(problem: Problem, config: MosaicGpuConfig, device: Devi
 
 
 def block_scale_steps(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
-    # One K step per scale block, and one weight scale per step for a consumer's columns.
+    # A K step is one or two whole scale blocks, and a consumer's columns lie in one weight block.
     if problem.scale_layout != tiling.BLOCK_SCALE_LAYOUT:
         return None
-    if config.block_k != tiling.SCALE_BLOCK or config.block_n > tiling.SCALE_BLOCK:
+    if config.block_k not in tiling.BLOCK_SCALED_KS or config.block_n > tiling.SCALE_BLOCK:
         return (
-            f"block scales need block_k={tiling.SCALE_BLOCK} and block_n <= {tiling.SCALE_BLOCK}, "
+            f"block scales need block_k in {tiling.BLOCK_SCALED_KS} and block_n <= {tiling.SCALE_BLOCK}, "
             f"not block_k={config.block_k}, block_n={config.block_n}"
         )
     return None
@@ -293,7 +293,7 @@ def domains(problem: Problem, device: DeviceFingerprint) -> dict[str, tuple]:
         out.update(FEW_ROWS_DOMAINS)
     if tiling.itemsize(problem.lhs_dtype) == 1:
         block_scaled = problem.scale_layout == tiling.BLOCK_SCALE_LAYOUT
-        out["block_k"] = (tiling.SCALE_BLOCK,) if block_scaled else (128, 256)
+        out["block_k"] = (128, 256)
         if block_scaled:
             out["block_n"] = tuple(n for n in out["block_n"] if n <= tiling.SCALE_BLOCK)
     elif problem.k % 64 == 0:

@@ -52,9 +52,10 @@ EPILOGUE_S = 0.4e-6  # an item's store: barrier, TMA issue and the wait for the 
 CTA_S = 0.3e-6  # a CTA's start and exit in a grid of one CTA per item
 WGMMA_ISSUE_CYCLES = 2
 PLAIN_MMA_EFFICIENCY = 0.85
-# Under FP8 block scales a consumer waits for each K step's wgmmas and promotes them (a multiply-add per
-# accumulator value): first guess, one fifth of the tensor cores' time.
-BLOCK_PROMOTION = 0.8  # one warpgroup issuing copies and wgmmas keeps the tensor cores less busy
+# Under FP8 block scales a consumer waits for a K step's wgmmas and promotes each scale block (a
+# multiply-add per accumulator value): first guess, one fifth of the tensor cores' time when the wait and
+# promotion follow every block; a step of two blocks promotes its first under the second's wgmmas.
+BLOCK_PROMOTION = 0.8
 # lhs rows past its end that TMA zero-fills, against rows it copies from L2 (H200: without pad_lhs the T=1
 # weight stream fell from 91% to 79% of the read bandwidth).
 ZERO_FILL_COST = 1.5
@@ -103,13 +104,15 @@ def mma_efficiency(config: MosaicGpuConfig, facts: hardware.ArchFacts) -> float:
     return efficiency * (1.0 if config.warp_specialized else PLAIN_MMA_EFFICIENCY)
 
 
-def mma_rate_factor(problem: Problem) -> float:
+def mma_rate_factor(problem: Problem, config: MosaicGpuConfig) -> float:
     """The tensor cores' rate on the problem's operands against 16-bit ones: FP8 wgmma (m64nNk32) does
     twice the FLOPs per clock from the same shared-memory bytes; under block scales each K step's wait
-    and float32 promotion take part of it back (BLOCK_PROMOTION)."""
+    and float32 promotion take part of it back (BLOCK_PROMOTION), the exposed part once per step."""
     if tiling.itemsize(problem.lhs_dtype) != 1:
         return 1.0
-    return 2.0 * (BLOCK_PROMOTION if problem.scale_layout == tiling.BLOCK_SCALE_LAYOUT else 1.0)
+    if problem.scale_layout != tiling.BLOCK_SCALE_LAYOUT:
+        return 2.0
+    return 2.0 * (1.0 - (1.0 - BLOCK_PROMOTION) / tiling.scale_blocks(problem, config))
 
 
 def resident_ctas(problem: Problem, config: MosaicGpuConfig, facts: hardware.ArchFacts) -> int:
@@ -118,7 +121,7 @@ def resident_ctas(problem: Problem, config: MosaicGpuConfig, facts: hardware.Arc
     if config.persistent or config.warp_specialized:
         return 1
     by_smem = facts.smem_per_sm // tiling.smem_bytes(problem, config)
-    registers = 128 * (tiling.accumulator_registers(config, tiling.accumulators(problem)) + 40)
+    registers = 128 * (tiling.accumulator_registers(config, tiling.accumulators(problem, config)) + 40)
     return max(1, min(by_smem, facts.registers_per_sm // registers))
 
 
@@ -172,7 +175,9 @@ def estimate(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprin
 
     # One item's multiplies: whole windows of rows (the tokens exactly under swap_ab).
     flops = 2 * geo.cta_m * geo.cta_n * k_len * weight_tiles
-    mma_rate = facts.mma_flops_per_clock * mma_rate_factor(problem) * clock * mma_efficiency(config, facts)
+    mma_rate = (
+        facts.mma_flops_per_clock * mma_rate_factor(problem, config) * clock * mma_efficiency(config, facts)
+    )
     # Bandwidths and the tensor cores are shared: two near their limit at once cost more than either.
     throughput = _smooth_max(
         hbm / bandwidth, items * item_bytes / facts.l2_bytes_per_s, per_sm * flops / mma_rate
@@ -291,10 +296,10 @@ def _shapes(route: Routing) -> list[dict]:
 
 def _block_ks(problem: Problem) -> tuple[int, ...]:
     """K steps to rank: 128 and 64 elements of 16-bit operands; of FP8 ones the same bytes and twice
-    them (256, 128), and only the scale block's 128 under block scales."""
+    them (256, 128: one or two scale blocks under block scales)."""
     if tiling.itemsize(problem.lhs_dtype) != 1:
         return (128, 64)
-    return (128,) if problem.scale_layout == tiling.BLOCK_SCALE_LAYOUT else (256, 128)
+    return (256, 128)
 
 
 def family(problem: Problem, device: DeviceFingerprint, schedules: tuple[str, ...]) -> list[MosaicGpuConfig]:

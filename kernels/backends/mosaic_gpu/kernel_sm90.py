@@ -31,9 +31,10 @@ weights must be [G, N, K] (`transpose_rhs`, as checkpoints store them). Scales c
 (`tensor`, `row_channel`) multiply the float32 sum in the epilogue, before the SwiGLU: one scalar per
 expert, or each row's token scale times each column's channel scale, read from global memory straight
 into the accumulator's row and column layouts. DeepSeek's block scales (`block_1x128_128x128`) change
-every 128 along K, so each 128-wide K step's wgmmas add into an accumulator of their own, which is then
-scaled by the step's token scales and its weight block's scale, added to the float32 total and reset
-(as DeepGEMM promotes): twice the accumulator registers, and one wgmma wait per step.
+every 128 along K, so each 128-wide scale block's wgmmas add into an accumulator of their own, which is
+then scaled by the block's token scales and its weight block's scale, added to the float32 total and
+reset (as DeepGEMM promotes). A 256-wide K step holds two scale blocks in two such accumulator sets,
+so that one wgmma wait serves both blocks' promotions.
 """
 
 from __future__ import annotations
@@ -104,6 +105,11 @@ class _Static:
     @property
     def block_scaled(self) -> bool:
         return self.scale_layout == BLOCK_SCALE_LAYOUT
+
+    @property
+    def scale_blocks(self) -> int:
+        """Scale blocks per K step under block scales (block_k / 128), one accumulator set each."""
+        return self.block_k // SCALE_BLOCK if self.block_scaled else 1
 
     @property
     def tiles(self) -> int:
@@ -177,32 +183,58 @@ def _rhs_operands(s: _Static, rhs_ref: Any) -> tuple:
 
 def _accumulators(s: _Static, shape: tuple[int, int]) -> tuple:
     """float32 accumulators of a [rows, cols] output tile: [cols, rows] (transposed) under swap_ab. One
-    per weight tile; under block scales the totals first, then as many for one K step's products."""
+    per weight tile; under block scales the totals first, then as many again per scale block of a K
+    step for its products."""
     if s.swap_ab:
         shape = shape[::-1]
-    count = (2 if s.swiglu else 1) * (2 if s.block_scaled else 1)
+    count = (2 if s.swiglu else 1) * (1 + s.scale_blocks if s.block_scaled else 1)
     return tuple(plgpu.ACC(shape, jnp.float32) for _ in range(count))
 
 
-def _mma_targets(s: _Static, acc_refs: tuple) -> tuple:
-    """The accumulators the wgmmas add into: the step's own under block scales."""
-    return acc_refs[len(acc_refs) // 2 :] if s.block_scaled else acc_refs
+def _weight_tiles(s: _Static) -> int:
+    return 2 if s.swiglu else 1
 
 
-def _next_k_block(s: _Static, k0: Any, step: Any) -> Any:
-    """The K block of the step after `step` of a tile whose steps start at block k0 (the last step's own:
-    its prefetch is never used, but must read inside the scales)."""
+def _mma_targets(s: _Static, acc_refs: tuple, block: int = 0) -> tuple:
+    """The accumulators the wgmmas add into: under block scales, those of the step's scale block `block`."""
+    if not s.block_scaled:
+        return acc_refs
+    n = _weight_tiles(s)
+    return acc_refs[n * (1 + block) : n * (2 + block)]
+
+
+def _k_slice(s: _Static, ref: Any, block: int) -> Any:
+    """Scale block `block` of a K step's [rows, block_k] shared-memory tile (the whole tile otherwise)."""
+    if s.scale_blocks == 1:
+        return ref
+    return ref.at[:, pl.ds(block * SCALE_BLOCK, SCALE_BLOCK)]
+
+
+def _next_step(s: _Static, k0: Any, step: Any) -> Any:
+    """The K step after `step` of a tile whose steps start at k0 (the last step's own: its prefetch is
+    never used, but must read inside the scales)."""
     return k0 + jnp.minimum(step + 1, s.k_steps - 1)
 
 
-def _promote(s: _Static, acc_refs: tuple, factors: list) -> None:
-    """Block scales, after a K step's wgmmas are done: add its products times their scales (`factors`,
-    _Scales.block_factors) to the totals and start the next step's accumulators from zero."""
-    half = len(acc_refs) // 2
-    for total, partial, factor in zip(acc_refs[:half], acc_refs[half:], factors, strict=True):
+def _promote(s: _Static, acc_refs: tuple, factors: list, block: int) -> None:
+    """Block scales, after scale block `block`'s wgmmas are done: add its products times their scales
+    (`factors`, one per weight tile: _Scales.step_factors) to the totals and start its accumulators
+    again from zero."""
+    n = _weight_tiles(s)
+    partials = _mma_targets(s, acc_refs, block)
+    for total, partial, factor in zip(acc_refs[:n], partials, factors, strict=True):
         product = partial[...]
         total[...] = total[...] + (product * factor[None, :] if s.swap_ab else product * factor[:, None])
         partial[...] = jnp.zeros(partial.shape, jnp.float32)
+
+
+def _promote_step(s: _Static, acc_refs: tuple, factors: list) -> None:
+    """After a K step's wgmmas: promote each of its scale blocks. Every block's wgmmas are waited for
+    first: an accumulator read while others are still being written (promoting one block under the
+    next one's wgmmas) measured slower on the H200 (docs/fp8.md)."""
+    plgpu.wgmma_wait(0)
+    for block in range(s.scale_blocks):
+        _promote(s, acc_refs, factors[block], block)
 
 
 def _swapped_operands(s: _Static, a_smem: Any, b_smem: Any, wg: Any = None) -> tuple[Any, Any]:
@@ -220,7 +252,7 @@ def _epilogue(s: _Static, acc_refs: tuple, scale: Any = None) -> jax.Array:
     """The float32 [rows, cols] result to store: the product, or silu(gate) * up. `scale(values, col0)`
     multiplies an FP8 op's accumulator of the columns from `col0` on by its scales (_Scales)."""
     if s.block_scaled:
-        values = [ref[...] for ref in acc_refs[: len(acc_refs) // 2]]  # the totals, already scaled
+        values = [ref[...] for ref in acc_refs[: _weight_tiles(s)]]  # the totals, already scaled
     elif scale is None:
         values = [ref[...] for ref in acc_refs]
     else:
@@ -271,16 +303,23 @@ class _Scales:
             return values * channel[:, None] * token[None, :]
         return values * token[:, None] * channel[None, :]
 
-    def block_factors(self, k_block: Any) -> list[jax.Array]:
-        """Per weight tile, K step `k_block`'s token scales times its weight block's scale, a vector
-        along the token rows. The pipelines load a step's factors during the step before (a load from
-        global memory takes longer than one step's wgmmas), so that no wait follows the wgmmas' own."""
+    def step_factors(self, step: Any) -> list[list[jax.Array]]:
+        """Per scale block of K step `step`, per weight tile: the block's token scales times its weight
+        block's scale, a vector along the token rows. The pipelines load a step's factors during the
+        step before (a load from global memory takes longer than one step's wgmmas), so that no wait
+        follows the wgmmas' own."""
         lhs_scale, rhs_scale = self.refs
         along_rows = plgpu.Layout.WGMMA.reduce(0 if self.s.swap_ab else 1)
-        token_ref = lhs_scale.at[k_block, pl.ds(self.row0, self.rows)]
-        token = plgpu.load(token_ref, layout=along_rows, optimized=False)
-        offsets = (0, self.s.up_col_offset * self.s.cta_n)[: 2 if self.s.swiglu else 1]
-        return [token * rhs_scale[self.group, (self.col0 + off) // SCALE_BLOCK, k_block] for off in offsets]
+        offsets = (0, self.s.up_col_offset * self.s.cta_n)[: _weight_tiles(self.s)]
+        factors = []
+        for block in range(self.s.scale_blocks):
+            k_block = step * self.s.scale_blocks + block
+            token_ref = lhs_scale.at[k_block, pl.ds(self.row0, self.rows)]
+            token = plgpu.load(token_ref, layout=along_rows, optimized=False)
+            factors.append(
+                [token * rhs_scale[self.group, (self.col0 + off) // SCALE_BLOCK, k_block] for off in offsets]
+            )
+        return factors
 
 
 def _scales(s: _Static, refs: tuple, **tile: Any) -> _Scales | None:
@@ -370,20 +409,22 @@ def _plain_kernel(gs_ref, lhs_ref, rhs_ref, *refs, s: _Static) -> None:
                         # Under block scales the carry is this step's scale factors, loaded a step ahead.
                         carried = b_smems_and_carry if s.block_scaled else (*b_smems_and_carry, None)
                         *b_smems, factors = carried
-                        targets = _mma_targets(s, acc_refs)
-                        for acc_ref, b_smem in zip(targets, b_smems, strict=True):
-                            if s.swap_ab:
-                                plgpu.wgmma(acc_ref, *_swapped_operands(s, a_smem, b_smem))
-                            else:
-                                plgpu.wgmma(acc_ref, a_smem, b_smem.T if s.transpose_rhs else b_smem)
+                        for block in range(s.scale_blocks):
+                            a_block = _k_slice(s, a_smem, block)
+                            targets = _mma_targets(s, acc_refs, block)
+                            for acc_ref, b_smem in zip(targets, b_smems, strict=True):
+                                b_block = _k_slice(s, b_smem, block)
+                                if s.swap_ab:
+                                    plgpu.wgmma(acc_ref, *_swapped_operands(s, a_block, b_block))
+                                else:
+                                    plgpu.wgmma(acc_ref, a_block, b_block.T if s.transpose_rhs else b_block)
                         if s.block_scaled:
-                            following = scale.block_factors(_next_k_block(s, k0, idx[0]))
-                            plgpu.wgmma_wait(0)
-                            _promote(s, acc_refs, factors)
+                            following = scale.step_factors(_next_step(s, k0, idx[0]))
+                            _promote_step(s, acc_refs, factors)
                             return following
                         # The slot of step i-1 is refilled after step i: its wgmmas (one group each)
                         # must be done.
-                        plgpu.wgmma_wait(delay * len(targets))
+                        plgpu.wgmma_wait(delay * len(b_smems))
                         return None
 
                     plgpu.emit_pipeline(
@@ -391,7 +432,7 @@ def _plain_kernel(gs_ref, lhs_ref, rhs_ref, *refs, s: _Static) -> None:
                         grid=(s.k_steps,),
                         in_specs=_in_specs(s, rows.row0, t.col, k0, delay),
                         max_concurrent_steps=s.stages,
-                        init_carry=scale.block_factors(k0) if s.block_scaled else None,
+                        init_carry=scale.step_factors(k0) if s.block_scaled else None,
                     )(lhs_ref, *_rhs_operands(s, rhs_ref.at[rows.group]))
                     return _epilogue(s, acc_refs, scale)
 
@@ -470,11 +511,14 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, *refs, s: _Static) -> Non
                     if s.wg_split == "m":
                         a_smem = a_smem.at[pl.ds(wg * s.block_m, s.block_m)]
 
-                    def issue():
-                        for acc_ref, b_smem in zip(_mma_targets(s, acc_refs), b_smems, strict=True):
+                    def issue(block):
+                        a_block = _k_slice(s, a_smem, block)
+                        targets = _mma_targets(s, acc_refs, block)
+                        for acc_ref, b_smem in zip(targets, b_smems, strict=True):
+                            b_smem = _k_slice(s, b_smem, block)
                             if s.swap_ab:
                                 split_wg = wg if s.wg_split == "n" else None
-                                plgpu.wgmma(acc_ref, *_swapped_operands(s, a_smem, b_smem, split_wg))
+                                plgpu.wgmma(acc_ref, *_swapped_operands(s, a_block, b_smem, split_wg))
                                 continue
                             if s.transpose_rhs:
                                 if s.wg_split == "n":
@@ -482,28 +526,30 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, *refs, s: _Static) -> Non
                                 b_smem = b_smem.T
                             elif s.wg_split == "n":
                                 b_smem = b_smem.at[:, pl.ds(wg * s.block_n, s.block_n)]
-                            plgpu.wgmma(acc_ref, a_smem, b_smem)
+                            plgpu.wgmma(acc_ref, a_block, b_smem)
+
+                    def issue_blocks():
+                        for block in range(s.scale_blocks):
+                            issue(block)
 
                     if s.wg_split == "m":
                         # An expert's last window is often part empty: a consumer whose half holds none
                         # of its rows multiplies nothing (its stores skip those rows anyway).
-                        pl.when(row0 < rows.hi)(issue)
+                        pl.when(row0 < rows.hi)(issue_blocks)
                     else:
-                        issue()
-                    following = None
+                        issue_blocks()
                     if s.block_scaled:
-                        following = scale.block_factors(_next_k_block(s, t.split * s.k_steps, idx[0]))
+                        following = scale.step_factors(_next_step(s, t.split * s.k_steps, idx[0]))
+                        _promote_step(s, acc_refs, factors)
+                        return acc_refs, following
                     # The slot is released when the body returns, so its wgmmas must be done by then.
                     plgpu.wgmma_wait(0)
-                    if s.block_scaled:
-                        _promote(s, acc_refs, factors)
-                        return acc_refs, following
                     return acc_refs
 
                 def context(run_pipeline):
                     def _acc(*acc_refs):
                         if s.block_scaled:
-                            run_pipeline((acc_refs, scale.block_factors(t.split * s.k_steps)))
+                            run_pipeline((acc_refs, scale.step_factors(t.split * s.k_steps)))
                         else:
                             run_pipeline(acc_refs)
                         _store_rows(

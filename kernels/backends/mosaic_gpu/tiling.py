@@ -30,6 +30,7 @@ EPILOGUE_SCALE_LAYOUTS = ("tensor", "row_channel")
 BLOCK_SCALE_LAYOUT = "block_1x128_128x128"
 SCALE_LAYOUTS = (*EPILOGUE_SCALE_LAYOUTS, BLOCK_SCALE_LAYOUT)
 SCALE_BLOCK = 128
+BLOCK_SCALED_KS = (SCALE_BLOCK, 2 * SCALE_BLOCK)  # K steps of one or two scale blocks
 
 
 def cdiv(a: int, b: int) -> int:
@@ -99,10 +100,17 @@ def weight_tiles(problem: Problem) -> int:
     return problem.spec.rhs_columns_per_out_column
 
 
-def accumulators(problem: Problem) -> int:
-    """float32 accumulators of one consumer: one per weight tile, twice that under FP8 block scales
-    (each K step's products apart from the scaled totals; kernel_sm90)."""
-    return weight_tiles(problem) * (2 if problem.scale_layout == BLOCK_SCALE_LAYOUT else 1)
+def scale_blocks(problem: Problem, config: MosaicGpuConfig) -> int:
+    """FP8 block scales' scale blocks per K step (block_k / SCALE_BLOCK); 1 for every other op."""
+    return config.block_k // SCALE_BLOCK if problem.scale_layout == BLOCK_SCALE_LAYOUT else 1
+
+
+def accumulators(problem: Problem, config: MosaicGpuConfig) -> int:
+    """float32 accumulators of one consumer: one per weight tile; under FP8 block scales as many again
+    per scale block of a K step (each block's products apart from the scaled totals; kernel_sm90)."""
+    if problem.scale_layout != BLOCK_SCALE_LAYOUT:
+        return weight_tiles(problem)
+    return weight_tiles(problem) * (1 + scale_blocks(problem, config))
 
 
 def epilogue_rows(config: MosaicGpuConfig) -> int:

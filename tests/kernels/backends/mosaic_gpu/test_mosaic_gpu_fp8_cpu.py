@@ -37,6 +37,13 @@ PLAIN = C(
     block_m=64, block_n=64, block_k=128, max_concurrent_steps=2, warp_specialized=False, wg_split="none"
 )
 SWAB = C(block_m=16, block_n=64, block_k=128, max_concurrent_steps=2, wg_split="n")
+# Two scale blocks per K step (block scales promote the first while the second multiplies).
+TWO_BLOCKS = {
+    "ws-k256": dataclasses.replace(WS, block_k=256),
+    "ws_m-k256": C(block_m=64, block_n=64, block_k=256, max_concurrent_steps=2, wg_split="m"),
+    "plain-k256": dataclasses.replace(PLAIN, block_k=256),
+    "swap_ab-k256": dataclasses.replace(SWAB, block_k=256),
+}
 # Experts starting at rows 0, 13, 14, 64 and 64; 16 rows past the groups.
 SIZES = [13, 1, 50, 0]
 
@@ -83,7 +90,9 @@ def test_interpreted_scales_in_the_epilogue_match_the_dequantized_reference(op, 
     assert relative_error(np.asarray(wrong.astype(jnp.float32)), ref) > 0.1
 
 
-@pytest.mark.parametrize("config", [WS, PLAIN, SWAB], ids=["ws", "plain", "swap_ab"])
+@pytest.mark.parametrize(
+    "config", [WS, PLAIN, SWAB, *TWO_BLOCKS.values()], ids=["ws", "plain", "swap_ab", *TWO_BLOCKS]
+)
 @pytest.mark.parametrize("op", ["grouped_matmul_fp8", "grouped_matmul_swiglu_fp8"])
 def test_block_scales_lower_for_hopper(op, config):
     problem = _problem(op, "block_1x128_128x128", m=300, k=512, n=512)
@@ -108,14 +117,15 @@ def test_fp8_operands_must_be_k_major_and_ocp():
         fn(lhs.astype(jnp.float8_e4m3fnuz), lhs_scale, rhs, rhs_scale, sizes)
 
 
-def test_block_scales_need_one_scale_block_per_k_step():
+def test_block_scales_need_whole_scale_blocks_per_k_step():
     problem = _problem("grouped_matmul_fp8", "block_1x128_128x128", k=1024, n=1024)
-    assert space.block_scale_steps(problem, dataclasses.replace(WS, block_k=256), HOPPER)
+    assert space.block_scale_steps(problem, dataclasses.replace(WS, block_k=64), HOPPER)
     assert space.block_scale_steps(problem, dataclasses.replace(WS, block_n=256), HOPPER)
     assert space.block_scale_steps(problem, WS, HOPPER) is None
+    assert space.block_scale_steps(problem, dataclasses.replace(WS, block_k=256), HOPPER) is None
     assert space.block_scale_steps(_problem("grouped_matmul_fp8", "row_channel"), WS, HOPPER) is None
     domains = space.domains(problem, HOPPER)
-    assert domains["block_k"] == (128,) and max(domains["block_n"]) == 128
+    assert domains["block_k"] == (128, 256) and max(domains["block_n"]) == 128
 
 
 def test_block_scales_count_a_second_accumulator_against_the_registers():
@@ -127,6 +137,12 @@ def test_block_scales_count_a_second_accumulator_against_the_registers():
     assert "2 128x128 accumulator(s) need ~296 registers" in space.accumulator_fits_registers(
         block, wide, HOPPER
     )
+    # Two scale blocks per step: a set of step accumulators each. A gated 64x64 tile still fits.
+    two = C(block_m=64, block_n=128, block_k=256, max_concurrent_steps=2, wg_split="n")
+    assert space.accumulator_fits_registers(block, two, HOPPER) is None
+    gated = _problem("grouped_matmul_swiglu_fp8", "block_1x128_128x128")
+    assert "6 64x128 accumulator(s)" in space.accumulator_fits_registers(gated, two, HOPPER)
+    assert space.accumulator_fits_registers(gated, dataclasses.replace(two, block_n=64), HOPPER) is None
 
 
 @pytest.mark.parametrize("layout", ["tensor", "row_channel", "block_1x128_128x128"])
@@ -136,7 +152,7 @@ def test_the_heuristic_picks_a_config_its_space_admits_at_deepseek_v3_shapes(lay
             problem = _problem(op, layout, m=m, k=k, n=n, g=256)
             config = space.heuristic(problem, HOPPER)
             assert space.space(problem, HOPPER).violation(problem, config, HOPPER) is None, (problem, config)
-            assert config.block_k in ((128,) if layout.startswith("block") else (128, 256))
+            assert config.block_k in (128, 256)
 
 
 def test_the_cost_model_plans_fp8_at_twice_the_tensor_rate():
@@ -150,3 +166,6 @@ def test_the_cost_model_plans_fp8_at_twice_the_tensor_rate():
     assert 0.45 < ratio < 0.6
     block = dataclasses.replace(fp8, scale_layout="block_1x128_128x128")
     assert cost.estimate(block, config, HOPPER).seconds > cost.estimate(fp8, config, HOPPER).seconds
+    # Two scale blocks per step hide half the promotion.
+    two = dataclasses.replace(config, block_k=256, max_concurrent_steps=2)
+    assert cost.estimate(block, two, HOPPER).seconds < cost.estimate(block, config, HOPPER).seconds
