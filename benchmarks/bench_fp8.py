@@ -4,7 +4,8 @@ peers, per scale layout.
 Per case (model, GEMM, T; dev_shapes.py) and scale layout it times, with CUPTI device time (median of
 10, inputs rotating over routings that touch more than twice the L2 of weights):
   moetune_fp8_<layout>    the mosaic_gpu FP8 op (SwiGLU fused for gate_up) with the heuristic's config,
-                          and at T >= 1024 the cost model's next two tile shapes; the best is `moetune_fp8`
+                          and at T >= 1024 the cost model's next two tile shapes; under block scales
+                          also the heuristic's tiles at one scale block per K step; the best counts
   torch_scaled_grouped_mm torch._scaled_grouped_mm, FP8 rowwise (per-token x per-channel scales), on the
                           row_channel layout's data: the [M, N] product (no fused activation)
   moetune_bf16            moetune's bf16 op as a user gets it (the shipped pack, else the heuristic)
@@ -21,6 +22,7 @@ spec's tolerance, 8e-3). FP8 weights are the bf16 weights quantized in each layo
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import sys
@@ -150,6 +152,12 @@ class Runner:
         if tokens >= ALTERNATIVES_MIN_TOKENS:
             for i, config in enumerate(space.preferred(problem, self.device)[1:3]):
                 named[f"alt{i + 1}"] = config
+        one_block = one_block_steps(problem, named["heuristic"])
+        if (
+            one_block is not None
+            and space.space(problem, self.device).violation(problem, one_block, self.device) is None
+        ):
+            named["one_block_steps"] = one_block
         return named
 
     def moetune(self, problem, config, sets) -> dict:
@@ -178,33 +186,81 @@ class Runner:
         return _summary(samples, path=mk.explain(case.problem).backend)
 
 
+def one_block_steps(problem, config):
+    """Under block scales, the heuristic's tiles with K steps of one scale block (twice the stages, the
+    same shared memory): what promoting each block under the next one's wgmmas is worth."""
+    import dataclasses
+
+    from moetune.kernels.backends.mosaic_gpu import tiling
+
+    if tiling.scale_blocks(problem, config) != 2:
+        return None
+    return dataclasses.replace(
+        config, block_k=tiling.SCALE_BLOCK, max_concurrent_steps=2 * config.max_concurrent_steps
+    )
+
+
 def check(problem, out, lhs_q, lhs_scale, w_q, w_scale, group_sizes) -> float:
     """Relative error of `out` on up to CHECK_EXPERTS experts with rows (spread over the experts)
-    against the float32 product of their dequantized rows and weights."""
-    import jax
-    import jax.numpy as jnp
+    against the float32 product of their dequantized rows and weights. One compiled program serves every
+    expert: each reads a window of the largest picked expert's row count, its foreign rows masked."""
     import numpy as np
-
-    from moetune.kernels.ops import fp8_scales
 
     sizes = np.asarray(group_sizes)
     ends = np.cumsum(sizes)
     live = [int(e) for e in np.flatnonzero(sizes)]
     picks = live[:: max(1, len(live) // CHECK_EXPERTS)][:CHECK_EXPERTS]
+    window = int(max((sizes[e] for e in picks), default=0))
+    if not window:
+        return 0.0
+    gated = problem.spec.rhs_columns_per_out_column == 2
     num = den = 0.0
     for e in picks:
-        r0, r1 = int(ends[e] - sizes[e]), int(ends[e])
-        rows_scale = lhs_scale if lhs_scale.shape[0] == 1 else lhs_scale[r0:r1]
-        a = fp8_scales.dequantize(lhs_q[r0:r1], rows_scale)
-        b = fp8_scales.dequantize(w_q[e : e + 1], w_scale[e : e + 1])[0]
-        ref = jnp.dot(a, b.T, precision=jax.lax.Precision.HIGHEST)
-        if problem.spec.rhs_columns_per_out_column == 2:
+        start = min(int(ends[e] - sizes[e]), out.shape[0] - window)
+        lo = int(ends[e] - sizes[e]) - start
+        parts = _expert_error(
+            out, lhs_q, lhs_scale, w_q, w_scale, start, e, lo, lo + int(sizes[e]), window, gated
+        )
+        num, den = num + float(parts[0]), den + float(parts[1])
+    return (num / den) ** 0.5 if den else 0.0
+
+
+def _expert_error(out, lhs_q, lhs_scale, w_q, w_scale, start, expert, lo, hi, window, gated):
+    """(squared error, squared reference) of expert `expert`'s rows [start + lo, start + hi)."""
+    import jax.numpy as jnp
+
+    bounds = jnp.asarray([lo, hi])
+    return _expert_parts()(out, lhs_q, lhs_scale, w_q, w_scale, start, expert, bounds, window, gated)
+
+
+@functools.cache
+def _expert_parts():
+    import jax
+    import jax.numpy as jnp
+
+    from moetune.kernels.ops import fp8_scales
+
+    @functools.partial(jax.jit, static_argnums=(8, 9))
+    def parts(out, lhs_q, lhs_scale, w_q, w_scale, start, expert, bounds, window, gated):
+        per_row = lhs_scale.shape[0] != 1
+        a = fp8_scales.dequantize(
+            jax.lax.dynamic_slice_in_dim(lhs_q, start, window),
+            jax.lax.dynamic_slice_in_dim(lhs_scale, start, window) if per_row else lhs_scale,
+        )
+        w = fp8_scales.dequantize(
+            jax.lax.dynamic_index_in_dim(w_q, expert, keepdims=False),
+            jax.lax.dynamic_index_in_dim(w_scale, expert, keepdims=False),
+        )
+        ref = jnp.dot(a, w.T, precision=jax.lax.Precision.HIGHEST)
+        if gated:
             gate, up = jnp.split(ref, 2, axis=-1)
             ref = jax.nn.silu(gate) * up
-        got = out[r0:r1].astype(jnp.float32)
-        num += float(jnp.sum((got - ref) ** 2))
-        den += float(jnp.sum(ref**2))
-    return (num / den) ** 0.5 if den else 0.0
+        got = jax.lax.dynamic_slice_in_dim(out, start, window).astype(jnp.float32)
+        row = jnp.arange(window)[:, None]
+        mine = (row >= bounds[0]) & (row < bounds[1])
+        return jnp.sum(jnp.where(mine, got - ref, 0) ** 2), jnp.sum(jnp.where(mine, ref, 0) ** 2)
+
+    return parts
 
 
 def _offsets(routings):

@@ -10,6 +10,7 @@
 #   4. the pack export of every winner, each sweep's timeline (benchmarks/sweep_timeline.py);
 #   5. with FGS_BENCH_S > 0: benchmarks/bench_gemm.py --models FGS_BENCH_MODELS on the shipped pack merged
 #      with the new one (heuristic, cost-model seeds and the tuned winner beside the peers).
+# With FGS_FP8=LAYOUT every sweep tunes the models' FP8 ops instead (`moetune tune --fp8 LAYOUT`).
 # Each sweep is time-boxed (FGS_*_S seconds of --minutes, killed 40 s after); a failed step does not stop
 # the next. $OUT gets at most 8 files: run.log, pack.json, sweep.db, timeline.txt, finegrained.json, logs.tgz.
 #
@@ -30,6 +31,7 @@ left() { echo $(( DEADLINE - $(date +%s) )); }
 BACKEND=${FGS_BACKEND:-mosaic_gpu}
 GPU_KIND=${FGS_GPU:-NVIDIA H200}
 common=(--backend "$BACKEND" --strategy tpe --budget "${FGS_BUDGET:-16}" --routing zipf:0 --no-baseline --json)
+[ -n "${FGS_FP8:-}" ] && common+=(--fp8 "$FGS_FP8")  # every sweep on FP8 experts with scales in FGS_FP8
 
 # tune NAME SECONDS WORKERS ARGS...: a sweep with --minutes of SECONDS, killed 40 s after, into $WORK/NAME.*
 tune() {
