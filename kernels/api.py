@@ -308,7 +308,7 @@ def grouped_matmul_fp8(
     (`backend`, `config`, `fallback` as there). No gradient (an inference op).
     """
     return call_scaled_op(
-        "grouped_matmul_fp8", lhs, lhs_scale, rhs, rhs_scale, group_sizes, scale_layout=scale_layout,
+        ops.GROUPED_MATMUL_FP8, lhs, lhs_scale, rhs, rhs_scale, group_sizes, scale_layout=scale_layout,
         transpose_rhs=transpose_rhs, preferred_element_type=preferred_element_type, backend=backend,
         config=config, fallback=fallback,
     )  # fmt: skip
@@ -327,10 +327,10 @@ def grouped_matmul_swiglu_fp8(
     """out[M, F] = silu(h[:, :F]) * h[:, F:] with h the float32 product of `grouped_matmul_fp8` into
     rhs [G, K, 2F]; the keyword `options` (transpose_rhs, preferred_element_type, backend, config,
     fallback) as there."""
-    op = "grouped_matmul_swiglu_fp8"
     return call_scaled_op(
-        op, lhs, lhs_scale, rhs, rhs_scale, group_sizes, scale_layout=scale_layout, **options
-    )
+        ops.GROUPED_MATMUL_SWIGLU_FP8, lhs, lhs_scale, rhs, rhs_scale, group_sizes,
+        scale_layout=scale_layout, **options,
+    )  # fmt: skip
 
 
 def call_scaled_op(

@@ -359,7 +359,7 @@ def for_backend(planned: PlannedProblem, backend: Any) -> PlannedProblem:
 
 
 # The FP8 op of each op a model's layer dispatches.
-FP8_OPS = {"grouped_matmul": "grouped_matmul_fp8", "grouped_matmul_swiglu": "grouped_matmul_swiglu_fp8"}
+FP8_OPS = {GROUPED_MATMUL: ops.GROUPED_MATMUL_FP8, ops.GROUPED_MATMUL_SWIGLU: ops.GROUPED_MATMUL_SWIGLU_FP8}
 FP8_EXPERT_DTYPE = "float8_e4m3fn"
 
 

@@ -28,11 +28,11 @@ import jax.numpy as jnp
 from moetune.kernels.api import call_scaled_op, explain
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.moe.reference import check_moe_args, gated_activation
-from moetune.kernels.ops import fp8_scales
+from moetune.kernels.ops import GROUPED_MATMUL_FP8, GROUPED_MATMUL_SWIGLU_FP8, fp8_scales
 from moetune.kernels.problem import FP8_DTYPES, Problem
 
 Array = Any
-FUSED_OP = {"swiglu": "grouped_matmul_swiglu_fp8"}  # the FP8 ops fusing an activation
+FUSED_OP = {"swiglu": GROUPED_MATMUL_SWIGLU_FP8}  # the FP8 ops fusing an activation
 
 
 def moe_mlp_fp8(
@@ -64,8 +64,8 @@ def moe_mlp_fp8(
     dtype = _fp8_dtype(w_gate_up, w_down)
     tokens, hidden = x.shape
     m = tokens * top_k
-    gate_up = _problem(m, w_gate_up, dtype, scale_layout, "grouped_matmul_fp8", transpose_weights)
-    down = _problem(m, w_down, dtype, scale_layout, "grouped_matmul_fp8", transpose_weights)
+    gate_up = _problem(m, w_gate_up, dtype, scale_layout, GROUPED_MATMUL_FP8, transpose_weights)
+    down = _problem(m, w_down, dtype, scale_layout, GROUPED_MATMUL_FP8, transpose_weights)
     fp8_scales.check_scale(gate_up, "rhs", w_gate_up_scale, "w_gate_up_scale")
     fp8_scales.check_scale(down, "rhs", w_down_scale, "w_down_scale")
 
@@ -86,7 +86,7 @@ def moe_mlp_fp8(
         )  # fmt: skip
     else:
         product = call_scaled_op(
-            "grouped_matmul_fp8", permuted, x_scale, w_gate_up, w_gate_up_scale, rows.group_sizes,
+            GROUPED_MATMUL_FP8, permuted, x_scale, w_gate_up, w_gate_up_scale, rows.group_sizes,
             preferred_element_type=jnp.float32, **scales,
         )  # fmt: skip
         hidden_rows = gated_activation(activation, product).astype(x.dtype)
@@ -94,7 +94,7 @@ def moe_mlp_fp8(
     def down_gemm(h: Array, w: Array, group_sizes: Array) -> Array:
         qh, h_scale = fp8_scales.quantize(h, _lhs_block(down, m), dtype)
         return call_scaled_op(
-            "grouped_matmul_fp8", qh, h_scale, w, w_down_scale, group_sizes,
+            GROUPED_MATMUL_FP8, qh, h_scale, w, w_down_scale, group_sizes,
             preferred_element_type=x.dtype, **scales,
         )  # fmt: skip
 
@@ -109,7 +109,7 @@ def quantize_weights(
     `transpose`, K-major: values [E, N, K] and their scales in that layout (`transpose_weights`)."""
     g, k, n = w.shape
     problem = Problem(
-        "grouped_matmul_fp8", 1, k, n, g, dtype, dtype, "bfloat16", transpose_rhs=transpose,
+        GROUPED_MATMUL_FP8, 1, k, n, g, dtype, dtype, "bfloat16", transpose_rhs=transpose,
         scale_layout=scale_layout,
     )  # fmt: skip
     values = jnp.swapaxes(w, 1, 2) if transpose else w

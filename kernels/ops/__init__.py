@@ -17,6 +17,8 @@ from moetune.kernels.ops.spec import Operand, OpSpec, Vjp
 GROUPED_MATMUL = "grouped_matmul"
 GROUPED_MATMUL_SWIGLU = "grouped_matmul_swiglu"
 GROUPED_MATMUL_DRHS = "grouped_matmul_drhs"
+GROUPED_MATMUL_FP8 = "grouped_matmul_fp8"
+GROUPED_MATMUL_SWIGLU_FP8 = "grouped_matmul_swiglu_fp8"
 
 _NOT_OPS = frozenset({"spec", "fp8_scales"})
 _loaded: dict[str, OpSpec] = {}
@@ -50,7 +52,9 @@ def fusing(epilogue: str) -> OpSpec | None:
 __all__ = [
     "GROUPED_MATMUL",
     "GROUPED_MATMUL_DRHS",
+    "GROUPED_MATMUL_FP8",
     "GROUPED_MATMUL_SWIGLU",
+    "GROUPED_MATMUL_SWIGLU_FP8",
     "OpSpec",
     "Operand",
     "Vjp",

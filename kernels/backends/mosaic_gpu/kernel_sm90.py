@@ -53,10 +53,9 @@ from moetune.kernels.backends.mosaic_gpu import schedule, tiling
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
 from moetune.kernels.backends.mosaic_gpu.schedule import ROW_ALIGN
 from moetune.kernels.backends.mosaic_gpu.tiling import BLOCK_SCALE_LAYOUT, SCALE_BLOCK, SCALE_LAYOUTS
+from moetune.kernels.ops import GROUPED_MATMUL_FP8, GROUPED_MATMUL_SWIGLU_FP8
 from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU, Problem, problem_of
 
-GROUPED_MATMUL_FP8 = "grouped_matmul_fp8"
-GROUPED_MATMUL_SWIGLU_FP8 = "grouped_matmul_swiglu_fp8"
 FP8_OPERAND_DTYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2)
 
 # Registers per thread left to the producer warpgroup; the consumers share the rest (the value JAX's
@@ -248,6 +247,12 @@ def _swapped_operands(s: _Static, a_smem: Any, b_smem: Any, wg: Any = None) -> t
     return a, a_smem.T
 
 
+def _col_offsets(s: _Static) -> tuple[int, ...]:
+    """Per weight tile, its columns' offset from the gate tile's: under swiglu the up tile starts F =
+    up_col_offset column tiles after the gate's."""
+    return (0, s.up_col_offset * s.cta_n)[: _weight_tiles(s)]
+
+
 def _epilogue(s: _Static, acc_refs: tuple, scale: Any = None) -> jax.Array:
     """The float32 [rows, cols] result to store: the product, or silu(gate) * up. `scale(values, col0)`
     multiplies an FP8 op's accumulator of the columns from `col0` on by its scales (_Scales)."""
@@ -256,9 +261,7 @@ def _epilogue(s: _Static, acc_refs: tuple, scale: Any = None) -> jax.Array:
     elif scale is None:
         values = [ref[...] for ref in acc_refs]
     else:
-        # The up tile's columns start F = up_col_offset column tiles after the gate's.
-        offsets = (0, s.up_col_offset * s.cta_n)
-        values = [scale(ref[...], offset) for ref, offset in zip(acc_refs, offsets, strict=False)]
+        values = [scale(ref[...], offset) for ref, offset in zip(acc_refs, _col_offsets(s), strict=True)]
     if s.swiglu:
         gate, up = values
         return jax.nn.silu(gate) * up
@@ -310,7 +313,7 @@ class _Scales:
         follows the wgmmas' own."""
         lhs_scale, rhs_scale = self.refs
         along_rows = plgpu.Layout.WGMMA.reduce(0 if self.s.swap_ab else 1)
-        offsets = (0, self.s.up_col_offset * self.s.cta_n)[: _weight_tiles(self.s)]
+        offsets = _col_offsets(self.s)
         factors = []
         for block in range(self.s.scale_blocks):
             k_block = step * self.s.scale_blocks + block
