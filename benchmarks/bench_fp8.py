@@ -188,7 +188,7 @@ class Runner:
 
 def one_block_steps(problem, config):
     """Under block scales, the heuristic's tiles with K steps of one scale block (twice the stages, the
-    same shared memory): what promoting each block under the next one's wgmmas is worth."""
+    same shared memory): what one wgmma wait per two blocks is worth."""
     import dataclasses
 
     from moetune.kernels.backends.mosaic_gpu import tiling
@@ -216,25 +216,18 @@ def check(problem, out, lhs_q, lhs_scale, w_q, w_scale, group_sizes) -> float:
     gated = problem.spec.rhs_columns_per_out_column == 2
     num = den = 0.0
     for e in picks:
-        start = min(int(ends[e] - sizes[e]), out.shape[0] - window)
-        lo = int(ends[e] - sizes[e]) - start
-        parts = _expert_error(
-            out, lhs_q, lhs_scale, w_q, w_scale, start, e, lo, lo + int(sizes[e]), window, gated
-        )
-        num, den = num + float(parts[0]), den + float(parts[1])
+        first = int(ends[e] - sizes[e])
+        start = min(first, out.shape[0] - window)
+        bounds = np.asarray([first - start, first - start + int(sizes[e])], np.int32)
+        err, ref = _expert_parts()(out, lhs_q, lhs_scale, w_q, w_scale, start, e, bounds, window, gated)
+        num, den = num + float(err), den + float(ref)
     return (num / den) ** 0.5 if den else 0.0
-
-
-def _expert_error(out, lhs_q, lhs_scale, w_q, w_scale, start, expert, lo, hi, window, gated):
-    """(squared error, squared reference) of expert `expert`'s rows [start + lo, start + hi)."""
-    import jax.numpy as jnp
-
-    bounds = jnp.asarray([lo, hi])
-    return _expert_parts()(out, lhs_q, lhs_scale, w_q, w_scale, start, expert, bounds, window, gated)
 
 
 @functools.cache
 def _expert_parts():
+    """(squared error, squared reference) of an expert's rows [start + bounds[0], start + bounds[1]),
+    read through a window of `window` rows from `start`: one program for every expert of a case."""
     import jax
     import jax.numpy as jnp
 

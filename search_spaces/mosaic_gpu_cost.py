@@ -54,7 +54,7 @@ WGMMA_ISSUE_CYCLES = 2
 PLAIN_MMA_EFFICIENCY = 0.85
 # Under FP8 block scales a consumer waits for a K step's wgmmas and promotes each scale block (a
 # multiply-add per accumulator value): first guess, one fifth of the tensor cores' time when the wait and
-# promotion follow every block; a step of two blocks promotes its first under the second's wgmmas.
+# promotion follow every block; a step of two blocks waits once for both.
 BLOCK_PROMOTION = 0.8
 # lhs rows past its end that TMA zero-fills, against rows it copies from L2 (H200: without pad_lhs the T=1
 # weight stream fell from 91% to 79% of the read bandwidth).
