@@ -173,8 +173,9 @@ def finegrained_entries(run: dict) -> list[dict]:
 def fp8_entries(run: dict) -> list[dict]:
     """One entry per case and scale layout of a bench_fp8.py --out file whose heuristic FP8 config was
     timed (what a user gets with no tuning): the fastest of the cost model's alternatives is the peer
-    `moetune_alternative`, torch's FP8 and bf16 grouped GEMMs, moetune's bf16 op and cuBLAS's dense FP8
-    GEMM of the same FLOPs the other peers, the HBM roofline of the touched FP8 weights a bound."""
+    `moetune_alternative`, under block scales the heuristic's tiles at one scale block per K step
+    `moetune_one_block_steps`, torch's FP8 and bf16 grouped GEMMs, moetune's bf16 op and cuBLAS's dense
+    FP8 GEMM of the same FLOPs the other peers, the HBM roofline of the touched FP8 weights a bound."""
     env = run["environment"]
     entries = []
     for case in run["cases"]:
@@ -194,6 +195,10 @@ def fp8_entries(run: dict) -> list[dict]:
             params |= {"read_GBps": round(run["bandwidth"]["read_GBps"], 1)}
             if others:
                 params["alternative_config"] = timed["moetune_alternative"]["config"]
+            one_block = methods.get(prefix + "one_block_steps", {})
+            if "samples_ms" in one_block:
+                timed["moetune_one_block_steps"] = one_block
+                params["one_block_steps_config"] = one_block["config"]
             entries.append(
                 _timed_entry(
                     env,

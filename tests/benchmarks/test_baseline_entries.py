@@ -395,26 +395,32 @@ def test_a_block_run_keeps_the_peers_that_ran_and_the_stages():
     assert row + " 1.000 | 2.000 | 3.000 | 4.000 | 5.000 |" in text
 
 
-def test_an_fp8_run_keeps_the_heuristic_per_layout_the_fastest_alternative_and_the_peers():
-    def timed(ms, **extra):
-        return {"samples_ms": [ms, ms * 1.02, ms * 0.98], "median_ms": ms} | extra
+def _timed(ms, **extra):
+    return {"samples_ms": [ms, ms * 1.02, ms * 0.98], "median_ms": ms} | extra
 
-    config = {"block_m": 64, "block_n": 128}
-    methods = {
-        "moetune_fp8_row_channel_heuristic": timed(2.0, config=config),
-        "moetune_fp8_row_channel_alt1": timed(1.6, config=config | {"block_m": 128}),
-        "moetune_fp8_row_channel_alt2": timed(1.8, config=config),
-        "moetune_fp8_block_1x128_128x128_heuristic": {"error": "skipped: budget spent"},
-        "torch_scaled_grouped_mm": timed(3.2),
-        "moetune_bf16": timed(4.0),
-        "cublas_fp8": {"error": "RuntimeError: boom"},
-    }
+
+def _fp8_run(methods: dict) -> dict:
+    """A bench_fp8.py --out file of one DeepSeek-V3 gate_up case at T=4096 with these methods."""
     case = {"case": "deepseek-v3/gate_up/T4096", "model": "deepseek-v3", "gemm": "gate_up", "tokens": 4096,
             "routings": 1, "touched_experts": 256, "flops": 2.0e12, "hbm_roofline_fp8_ms": 0.8,
             "methods": methods}  # fmt: skip
     env = {"date": "2026-01-02T03:04:05Z", "device_kind": "Test GPU", "jax": "0.11.2", "jaxlib": "0.11.2"}
     env["command"] = "python3 bench_fp8.py --out /data/fp8.json"
-    run = {"environment": env, "bandwidth": {"read_GBps": 4700.0}, "cases": [case]}
+    return {"environment": env, "bandwidth": {"read_GBps": 4700.0}, "cases": [case]}
+
+
+def test_an_fp8_run_keeps_the_heuristic_per_layout_the_fastest_alternative_and_the_peers():
+    config = {"block_m": 64, "block_n": 128}
+    methods = {
+        "moetune_fp8_row_channel_heuristic": _timed(2.0, config=config),
+        "moetune_fp8_row_channel_alt1": _timed(1.6, config=config | {"block_m": 128}),
+        "moetune_fp8_row_channel_alt2": _timed(1.8, config=config),
+        "moetune_fp8_block_1x128_128x128_heuristic": {"error": "skipped: budget spent"},
+        "torch_scaled_grouped_mm": _timed(3.2),
+        "moetune_bf16": _timed(4.0),
+        "cublas_fp8": {"error": "RuntimeError: boom"},
+    }
+    run = _fp8_run(methods)
     (made,) = entries.fp8_entries(run | {"layouts": ["row_channel", "block_1x128_128x128"]})
     assert made["name"] == "fp8/deepseek-v3/gate_up/T=4096/row_channel" and made["median"] == 2.0
     assert sorted(made["peers"]) == ["moetune_alternative", "moetune_bf16", "torch_scaled_grouped_mm"]
@@ -426,3 +432,16 @@ def test_an_fp8_run_keeps_the_heuristic_per_layout_the_fastest_alternative_and_t
     # best 1.6 ms: 2e12 FLOP -> 1250 TF/s; torch FP8 3.2 / 1.6, bf16 4.0 / 1.6; roofline 0.8 / 1.6.
     row = "| deepseek-v3 | gate_up | 4096 | row_channel | 2.0000 | 1.6000 | 1250 | 2.00x | 2.50x | - | - |"
     assert row + " 50% |" in text
+
+
+def test_an_fp8_block_run_keeps_the_one_block_steps_variant_as_a_peer():
+    config = {"block_m": 64, "block_n": 64, "block_k": 256}
+    methods = {
+        "moetune_fp8_block_1x128_128x128_heuristic": _timed(8.8, config=config),
+        "moetune_fp8_block_1x128_128x128_one_block_steps": _timed(10.5, config=config | {"block_k": 128}),
+        "torch_grouped_mm": _timed(14.0),
+    }
+    (made,) = entries.fp8_entries(_fp8_run(methods) | {"layouts": ["block_1x128_128x128"]})
+    assert sorted(made["peers"]) == ["moetune_one_block_steps", "torch_grouped_mm"]
+    assert made["peers"]["moetune_one_block_steps"]["median"] == 10.5
+    assert made["params"]["one_block_steps_config"]["block_k"] == 128 and made["median"] == 8.8
