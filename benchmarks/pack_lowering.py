@@ -26,9 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from moetune.kernels import packs, registry
-from moetune.kernels.backends.mosaic_gpu import kernel_sm90
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
-from moetune.kernels.problem import GROUPED_MATMUL_SWIGLU
 
 
 def _strip_kernel_locations() -> None:
@@ -53,22 +51,19 @@ LOCATION = re.compile(r"loc\([^()]*(\([^()]*\)[^()]*)*\)")  # loc("file":line:co
 
 
 def module_hash(entry: packs.PackEntry, num_sms: int) -> str:
+    """The hash of `entry`'s kernel lowered for cuda, called as the backend builds it (its op's kernel
+    from the backend's table, the op spec's operand shapes in call order, scales' layout if it has one)."""
     p = entry.problem
-    fn = kernel_sm90.grouped_matmul_swiglu if p.op == GROUPED_MATMUL_SWIGLU else kernel_sm90.grouped_matmul
+    scaled = {} if p.scale_layout == "none" else {"scale_layout": p.scale_layout}
     kernel = functools.partial(
-        fn,
+        registry.get("mosaic_gpu").kernel_for(p.op),
         config=MosaicGpuConfig(**entry.config),
         num_sms=num_sms,
         transpose_rhs=p.transpose_rhs,
         out_dtype=jnp.dtype(p.out_dtype),
+        **scaled,
     )
-    rhs = (p.g, p.n, p.k) if p.transpose_rhs else (p.g, p.k, p.n)
-    args = (
-        jax.ShapeDtypeStruct((p.m, p.k), jnp.dtype(p.lhs_dtype)),
-        jax.ShapeDtypeStruct(rhs, jnp.dtype(p.rhs_dtype)),
-        jax.ShapeDtypeStruct((p.g,), jnp.int32),
-    )
-    text = jax.export.export(jax.jit(kernel), platforms=["cuda"])(*args).mlir_module()
+    text = jax.export.export(jax.jit(kernel), platforms=["cuda"])(*p.spec.shape_dtypes(p)).mlir_module()
     text = "\n".join(line for line in LOCATION.sub("", text).splitlines() if not line.startswith("#loc"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
