@@ -37,6 +37,7 @@ from bench_gemm import _summary
 LAYOUTS = ("row_channel", "block_1x128_128x128")
 ALTERNATIVES_MIN_TOKENS = 1024
 CHECK_EXPERTS = 8
+MAX_STEPS = 8  # the deepest pipeline the Mosaic GPU config accepts
 
 
 def fp8_problem(case, layout: str):
@@ -188,16 +189,15 @@ class Runner:
 
 def one_block_steps(problem, config):
     """Under block scales, the heuristic's tiles with K steps of one scale block (twice the stages, the
-    same shared memory): what one wgmma wait per two blocks is worth."""
+    same shared memory, up to the pipeline's deepest): what one wgmma wait per two blocks is worth."""
     import dataclasses
 
     from moetune.kernels.backends.mosaic_gpu import tiling
 
     if tiling.scale_blocks(problem, config) != 2:
         return None
-    return dataclasses.replace(
-        config, block_k=tiling.SCALE_BLOCK, max_concurrent_steps=2 * config.max_concurrent_steps
-    )
+    steps = min(2 * config.max_concurrent_steps, MAX_STEPS)
+    return dataclasses.replace(config, block_k=tiling.SCALE_BLOCK, max_concurrent_steps=steps)
 
 
 def check(problem, out, lhs_q, lhs_scale, w_q, w_scale, group_sizes) -> float:
