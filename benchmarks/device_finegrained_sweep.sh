@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fine-grained development models tuned on one GPU machine, in one device call (FGS_DEADLINE_S, 570 s):
 #   1. FGS_MODEL's whole model sweep (qwen3-30b-a3b: every token bucket 1..16384 or FGS_BUCKETS, both GEMMs;
-#      TPE, FGS_BUDGET trials per problem, FGS_WORKERS workers), its throughput from its database;
+#      TPE, FGS_BUDGET trials per problem, FGS_WORKERS workers; "" skips), its throughput from its database;
 #   2. configs/sweeps/finegrained.yaml for FGS_FILE_MODELS (deepseek-v3-ep8,qwen3-next-80b-a3b; "" skips)
 #      at its token counts or FGS_FILE_BUCKETS;
 #   3. the same file for FGS_BIG_MODELS (deepseek-v3; "" skips) on FGS_BIG_WORKERS (4) workers: a worker
@@ -49,7 +49,8 @@ tune() {
 
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv 2>&1
-  tune model "${FGS_MODEL_S:-210}" "${FGS_WORKERS:-14}" --model "${FGS_MODEL:-qwen3-30b-a3b}" \
+  model=${FGS_MODEL-qwen3-30b-a3b}
+  [ -n "$model" ] && tune model "${FGS_MODEL_S:-210}" "${FGS_WORKERS:-14}" --model "$model" \
     ${FGS_BUCKETS:+--buckets "$FGS_BUCKETS"}
   file_models=${FGS_FILE_MODELS-deepseek-v3-ep8,qwen3-next-80b-a3b}
   big_models=${FGS_BIG_MODELS-deepseek-v3}
