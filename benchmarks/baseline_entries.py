@@ -366,11 +366,18 @@ def _fingerprint_versions(device: dict, versions: dict, **more: str | None) -> d
 
 def model_entries(run: dict) -> list[dict]:
     """A bench_model.py --out file: the moetune path's prefill, decode and MoE-layer times in seconds per
-    sample, the other paths as peers; params.tokens is what one sample processes (tokens/s = tokens / s)."""
+    sample, the other paths as peers; params.tokens is what one sample processes (tokens/s = tokens / s).
+    A run with FP8 experts measures their path instead (params.path, params.fp8: its scale layout), the
+    bf16 paths its peers, under names of its own: it neither replaces nor mixes with the bf16 entries,
+    whose decode roofline is another one."""
     device, versions = run["device"], run["versions"]
     model = run["model"]["name"]
+    fp8 = run.get("fp8", "none")
+    mine = "moetune" if fp8 == "none" else "moetune_fp8"
+    prefix = f"bench_model/{model}" if fp8 == "none" else f"bench_model/{model}/fp8_{fp8}"
     shape = {"model": model, "layers": run["model"]["layers"], "batch": run["batch"]}
     shape |= {"prompt": run["prompt"], "gen": run["gen"]}
+    shape |= {} if fp8 == "none" else {"path": mine, "fp8": fp8}
     common = {
         "suite": "bench_model",
         "date": run["date"],
@@ -380,26 +387,26 @@ def model_entries(run: dict) -> list[dict]:
         "unit": "s",
     }
     results = run["results"]
-    others = [path for path in sorted(results) if path != "moetune"]
+    others = [path for path in sorted(results) if path != mine]
     entries = []
     for phase, tokens in (("prefill", run["batch"] * run["prompt"]), ("decode", run["batch"] * run["gen"])):
         entry = {
-            "name": f"bench_model/{model}/{phase}",
+            "name": f"{prefix}/{phase}",
             **common,
-            **measurement(results["moetune"][phase]["samples_s"], 9),
+            **measurement(results[mine][phase]["samples_s"], 9),
             "params": shape | {"phase": phase, "tokens": tokens},
             "peers": {path: measurement(results[path][phase]["samples_s"], 9) for path in others},
         }
-        roofline = results["moetune"][phase].get("roofline_tokens_per_s")
+        roofline = results[mine][phase].get("roofline_tokens_per_s")
         if roofline:  # a run that measured its read bandwidth: the decode step's HBM roofline, tokens/s
             entry["bounds"] = {"hbm_roofline_tokens_per_s": round(roofline, 3)}
             entry["params"]["read_GBps"] = round(run["read_GBps"], 1)
         entries.append(entry)
-    for index, layer in enumerate(results["moetune"]["moe"]):
+    for index, layer in enumerate(results[mine]["moe"]):
         peers = {path: measurement(results[path]["moe"][index]["samples_s"], 9) for path in others}
         entries.append(
             {
-                "name": f"bench_model/{model}/moe_layer/T={layer['tokens']}",
+                "name": f"{prefix}/moe_layer/T={layer['tokens']}",
                 **common,
                 **measurement(layer["samples_s"], 9),
                 "params": shape | {"phase": "moe_layer", "tokens": layer["tokens"], "reps": layer["reps"]},

@@ -15,6 +15,7 @@ import gemm_table
 BLOCK = re.compile(r"(<!-- baselines (\S+) (full|summary) -->\n)(.*?)(<!-- /baselines -->)", re.DOTALL)
 LABELS = {
     "moetune": "moetune",
+    "moetune_fp8": "moetune, FP8 experts",
     "torch_grouped_mm": "torch._grouped_mm",
     "tokamax_mosaic": "tokamax ragged_dot (mosaic)",
     "mgpu_best": "ragged_dot_mgpu (best of its sweep)",
@@ -26,7 +27,7 @@ LABELS = {
     "one_gpu": "one GPU",
 }
 VERSION_NAMES = {"cuda": "CUDA", "python": "Python"}
-MODEL_PATHS = ("moetune", "ragged", "dense")
+MODEL_PATHS = ("moetune_fp8", "moetune", "ragged", "dense")
 
 
 def _suite(data: dict, suite: str) -> list[dict]:
@@ -285,7 +286,9 @@ def _model_values(entries: list[dict]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for e in entries:
         p = e["params"]
-        seconds = {"moetune": e["median"]} | {path: peer["median"] for path, peer in e["peers"].items()}
+        seconds = {p.get("path", "moetune"): e["median"]} | {
+            path: peer["median"] for path, peer in e["peers"].items()
+        }
         for path, value in seconds.items():
             key = f"T={p['tokens']}" if p["phase"] == "moe_layer" else p["phase"]
             out.setdefault(path, {})[key] = value * 1000 if p["phase"] == "moe_layer" else p["tokens"] / value
@@ -305,20 +308,28 @@ def model_table(entries: list[dict]) -> list[str]:
     head = ["MoE path", "prefill tokens/s", "decode tokens/s"]
     head += ["decode, share of the HBM roofline"] if roofline else []
     head += [f"MoE layer T={t}, ms" for t in layers]
+    measured = decode["params"].get("path", "moetune")  # the roofline is its weights' (FP8 or bf16)
     rows = []
     for path in [p for p in MODEL_PATHS if p in values]:
         v = values[path]
         cells = [LABELS[path], f"{v['prefill']:.0f}", f"{v['decode']:.1f}"]
-        cells += [f"{v['decode'] / roofline:.0%}"] if roofline else []
+        if roofline:
+            cells += [f"{v['decode'] / roofline:.0%}" if path == measured else "-"]
         rows.append(cells + [f"{v[f'T={t}']:.3f}" for t in layers])
     return _table(head, rows)
 
 
+def _model_name(params: dict) -> str:
+    fp8 = params.get("fp8")
+    return params["model"] if fp8 is None else f"{params['model']} with FP8 experts ({fp8} scales)"
+
+
 def _by_model(entries: list[dict]) -> dict[str, list[dict]]:
-    """The model benchmark's entries per model, in the order the file first names each."""
+    """The model benchmark's entries per model (and per FP8 scale layout, a table of its own), in the order
+    the file first names each."""
     out: dict[str, list[dict]] = {}
     for e in entries:
-        out.setdefault(e["params"]["model"], []).append(e)
+        out.setdefault(f"{e['params']['model']}/{e['params'].get('fp8', 'none')}", []).append(e)
     return out
 
 
@@ -332,8 +343,9 @@ def model_full(data: dict) -> list[str]:
     for entries in _by_model(all_entries).values():
         p = entries[0]["params"]
         lines += [
-            f"{p['model']}, {p['layers']} layers, batch {p['batch']}, a prompt of {p['prompt']} tokens and "
-            f"{p['gen']} generated; host wall time, median of the samples; the MoE layer alone at each T.",
+            f"{_model_name(p)}, {p['layers']} layers, batch {p['batch']}, a prompt of {p['prompt']} tokens "
+            f"and {p['gen']} generated; host wall time, median of the samples; the MoE layer alone at "
+            "each T.",
             "",
         ]
         lines += model_table(entries)
@@ -396,7 +408,7 @@ def render_summary(data: dict) -> str:
     lines = gemm_summary(data) + finegrained_summary(data)
     model = _suite(data, "bench_model")
     for entries in _by_model(model).values():
-        lines += [f"The whole model ({entries[0]['params']['model']}, {_days(entries)}):", ""]
+        lines += [f"The whole model ({_model_name(entries[0]['params'])}, {_days(entries)}):", ""]
         lines += _commands(entries) + model_table(entries) + [""]
     return "\n".join(lines).rstrip("\n") + "\n"
 

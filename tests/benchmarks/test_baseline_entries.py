@@ -88,6 +88,27 @@ def test_a_model_run_becomes_prefill_decode_and_layer_entries_with_the_other_pat
     assert baselines.problems_of(file) == []
 
 
+def test_an_fp8_model_run_measures_its_fp8_path_under_names_of_its_own():
+    run = bench_model_run() | {"fp8": "row_channel"}
+    run["results"]["moetune_fp8"] = run["results"]["moetune"] | {"decode": {"samples_s": [0.01]}}
+    run["results"]["moetune_fp8"]["decode"]["roofline_tokens_per_s"] = 1000.0
+    run["read_GBps"] = 4400.04
+    made = entries.model_entries(run)
+    assert [e["name"] for e in made] == [
+        "bench_model/tiny/fp8_row_channel/prefill",
+        "bench_model/tiny/fp8_row_channel/decode",
+        "bench_model/tiny/fp8_row_channel/moe_layer/T=64",
+    ]
+    decode = made[1]
+    assert decode["median"] == 0.01 and sorted(decode["peers"]) == ["dense", "moetune", "ragged"]
+    assert decode["params"]["path"] == "moetune_fp8" and decode["params"]["fp8"] == "row_channel"
+    assert (
+        decode["bounds"] == {"hbm_roofline_tokens_per_s": 1000.0} and decode["params"]["read_GBps"] == 4400.0
+    )
+    bf16 = entries.model_entries(bench_model_run())  # the bf16 run's names are apart: nothing replaced
+    assert not {e["name"] for e in bf16} & {e["name"] for e in made}
+
+
 def test_tuner_runs_of_either_kind_become_one_entry_with_a_sample_per_run():
     info = {
         "date": "2026-01-02",

@@ -52,7 +52,7 @@ def test_the_committed_baselines_files_are_valid():
         loaded = json.loads(path.read_text())
         assert baselines.problems_of(loaded) == [], path
         assert path.stem == baselines.gpu_key(loaded["gpu"])
-        assert path.stat().st_size < 300_000  # small: raw samples of a hundred-odd measurements, not a sweep
+        assert path.stat().st_size < 400_000  # small: raw samples of some 150 measurements, not a sweep
 
 
 def test_the_committed_pages_are_what_render_makes_of_the_baselines():
@@ -218,6 +218,25 @@ def test_the_model_table_turns_seconds_into_tokens_per_second_and_milliseconds()
     assert "| XLA ragged_dot | 1000 | 50.0 | 8.000 |" in text
     assert "| dense all-experts einsum | 500 | 25.0 | 4.000 |" in text
     assert "At T=64 moetune's MoE layer runs 4.00x as fast as XLA ragged_dot's and 2.00x" in text
+
+
+def test_an_fp8_model_run_gets_a_table_of_its_own_with_the_roofline_of_its_weights():
+    bf16 = [model_entry("decode", 8, 0.08, 0.16, 0.32)]
+    fp8 = model_entry("decode", 8, 0.04, 0.16, 0.32)
+    fp8["name"] = "bench_model/tiny/fp8_row_channel/decode"
+    fp8["params"] |= {"path": "moetune_fp8", "fp8": "row_channel"}
+    fp8["peers"]["moetune"] = {"samples": [0.08], "median": 0.08}
+    fp8["bounds"] = {"hbm_roofline_tokens_per_s": 400.0}
+    prefill = model_entry("prefill", 64, 0.016, 0.064, 0.128)
+    prefill["name"] = "bench_model/tiny/fp8_row_channel/prefill"
+    prefill["params"] |= {"path": "moetune_fp8", "fp8": "row_channel"}
+    prefill["peers"]["moetune"] = {"samples": [0.032], "median": 0.032}
+    bf16.append(model_entry("prefill", 64, 0.032, 0.064, 0.128))
+    text = tables.render_full(data(*bf16, fp8, prefill))
+    assert "tiny with FP8 experts (row_channel scales), 2 layers" in text
+    assert "| moetune, FP8 experts | 4000 | 200.0 | 50% |" in text  # 8 / 0.04 against its own 400 tokens/s
+    assert "| moetune | 2000 | 100.0 | - |" in text  # the bf16 path has another roofline: no share
+    assert "| moetune | 2000 | 100.0 |\n" in text  # the bf16 run's own table, which has no roofline
 
 
 def test_the_tuner_table_gives_each_measurement_against_its_peer():
