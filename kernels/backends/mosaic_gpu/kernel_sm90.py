@@ -180,18 +180,18 @@ def _rhs_operands(s: _Static, rhs_ref: Any) -> tuple:
     return (rhs_ref, rhs_ref) if s.swiglu else (rhs_ref,)
 
 
+def _weight_tiles(s: _Static) -> int:
+    return 2 if s.swiglu else 1
+
+
 def _accumulators(s: _Static, shape: tuple[int, int]) -> tuple:
     """float32 accumulators of a [rows, cols] output tile: [cols, rows] (transposed) under swap_ab. One
     per weight tile; under block scales the totals first, then as many again per scale block of a K
     step for its products."""
     if s.swap_ab:
         shape = shape[::-1]
-    count = (2 if s.swiglu else 1) * (1 + s.scale_blocks if s.block_scaled else 1)
+    count = _weight_tiles(s) * (1 + s.scale_blocks if s.block_scaled else 1)
     return tuple(plgpu.ACC(shape, jnp.float32) for _ in range(count))
-
-
-def _weight_tiles(s: _Static) -> int:
-    return 2 if s.swiglu else 1
 
 
 def _mma_targets(s: _Static, acc_refs: tuple, block: int = 0) -> tuple:
@@ -514,33 +514,30 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, *refs, s: _Static) -> Non
                     if s.wg_split == "m":
                         a_smem = a_smem.at[pl.ds(wg * s.block_m, s.block_m)]
 
-                    def issue(block):
-                        a_block = _k_slice(s, a_smem, block)
-                        targets = _mma_targets(s, acc_refs, block)
-                        for acc_ref, b_smem in zip(targets, b_smems, strict=True):
-                            b_smem = _k_slice(s, b_smem, block)
-                            if s.swap_ab:
-                                split_wg = wg if s.wg_split == "n" else None
-                                plgpu.wgmma(acc_ref, *_swapped_operands(s, a_block, b_smem, split_wg))
-                                continue
-                            if s.transpose_rhs:
-                                if s.wg_split == "n":
-                                    b_smem = b_smem.at[pl.ds(wg * s.block_n, s.block_n)]
-                                b_smem = b_smem.T
-                            elif s.wg_split == "n":
-                                b_smem = b_smem.at[:, pl.ds(wg * s.block_n, s.block_n)]
-                            plgpu.wgmma(acc_ref, a_block, b_smem)
-
-                    def issue_blocks():
+                    def issue():
                         for block in range(s.scale_blocks):
-                            issue(block)
+                            a_block = _k_slice(s, a_smem, block)
+                            targets = _mma_targets(s, acc_refs, block)
+                            for acc_ref, b_smem in zip(targets, b_smems, strict=True):
+                                b_smem = _k_slice(s, b_smem, block)
+                                if s.swap_ab:
+                                    split_wg = wg if s.wg_split == "n" else None
+                                    plgpu.wgmma(acc_ref, *_swapped_operands(s, a_block, b_smem, split_wg))
+                                    continue
+                                if s.transpose_rhs:
+                                    if s.wg_split == "n":
+                                        b_smem = b_smem.at[pl.ds(wg * s.block_n, s.block_n)]
+                                    b_smem = b_smem.T
+                                elif s.wg_split == "n":
+                                    b_smem = b_smem.at[:, pl.ds(wg * s.block_n, s.block_n)]
+                                plgpu.wgmma(acc_ref, a_block, b_smem)
 
                     if s.wg_split == "m":
                         # An expert's last window is often part empty: a consumer whose half holds none
                         # of its rows multiplies nothing (its stores skip those rows anyway).
-                        pl.when(row0 < rows.hi)(issue_blocks)
+                        pl.when(row0 < rows.hi)(issue)
                     else:
-                        issue_blocks()
+                        issue()
                     if s.block_scaled:
                         following = scale.step_factors(_next_step(s, t.split * s.k_steps, idx[0]))
                         _promote_step(s, acc_refs, factors)
