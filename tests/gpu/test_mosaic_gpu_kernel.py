@@ -198,3 +198,26 @@ def test_cupti_timer_returns_ten_positive_samples():
     samples = _backend().timer().time(fn, [(lhs, rhs, sizes)], runs=10)
     assert len(samples) >= 10
     assert all(0 < s < 1 for s in samples)
+
+
+@pytest.mark.parametrize("name", ["ws_n", "ws_m", "plain", "ws_expert"])
+def test_a_local_slice_of_experts_from_row_start(name):
+    # Expert parallelism's local slice: the groups start at row_start, every other row is zero. Walk
+    # configs run on the row-tile table here (its leading zero group holds the rows before the slice).
+    m, k, n, sizes = 520, 256, 512, [0, 37, 0, 90, 5, 0]
+    problem = Problem("grouped_matmul", m=m, k=k, n=n, g=len(sizes))
+    fn = jax.jit(_backend().build(problem, CONFIGS[name]))
+    key_l, key_r = jax.random.split(jax.random.key(7))
+    lhs = jax.random.normal(key_l, (m, k), jnp.bfloat16)
+    rhs = (jax.random.normal(key_r, (len(sizes), k, n), jnp.bfloat16) * 0.1).astype(jnp.bfloat16)
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+    for start in (0, 13, 200, 500):  # 500: the slice is cut at M
+        _poison_allocator((m, n), jnp.bfloat16)
+        out = np.asarray(fn(lhs, rhs, group_sizes, row_start=jnp.int32(start)).astype(jnp.float32))
+        end = min(start + sum(sizes), m)
+        local = np.diff(np.minimum(np.cumsum([0, *sizes]), end - start))
+        ref = np.asarray(reference_grouped_matmul(lhs[start:end], rhs, jnp.asarray(local, jnp.int32)))
+        assert np.isfinite(out).all(), "NaN/inf in the output: some rows were not written"
+        err = relative_error(out[start:end], ref)
+        assert err < tolerance(jnp.bfloat16), f"relative error {err:.3e} for {name} row_start={start}"
+        assert not out[:start].any() and not out[end:].any(), "rows outside the slice must be zero"

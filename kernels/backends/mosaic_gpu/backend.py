@@ -33,8 +33,9 @@ class MosaicGpuBackend(Backend):
         "grouped_matmul_swiglu_fp8": "grouped_matmul_swiglu_fp8",
     }
     kernel_module = "moetune.kernels.backends.mosaic_gpu.kernel_sm90"
-    # The weight-gradient kernel walks the local slice's rows from `row_start`; the forward kernels do not.
-    serves_group_offset = frozenset({"grouped_matmul_drhs"})
+    # The 16-bit kernels take a local slice's `row_start` (the forward ones through the row-tile table);
+    # the FP8 ones do not yet.
+    serves_group_offset = frozenset({"grouped_matmul", "grouped_matmul_swiglu", "grouped_matmul_drhs"})
     prior_compile_s = 2.5  # 1.4-4 s per candidate on the H200's tuning workers (tuner/driver.py)
 
     def available(self, device: DeviceFingerprint) -> str | None:

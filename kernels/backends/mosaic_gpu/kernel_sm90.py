@@ -637,15 +637,22 @@ def grouped_matmul(
     transpose_rhs: bool = False,
     out_dtype: Any = None,
     rows: int | None = None,
+    row_start: jax.Array | None = None,
 ) -> jax.Array:
     """ragged_dot(lhs [M, K], rhs [G, K, N] or [G, N, K], group_sizes [G]) -> [M, N] on Hopper.
 
     `num_sms` sizes the persistent grid (from the device fingerprint). The config must satisfy the
     search space's constraints (the backend's build checks them); violations surface here as errors from
     Pallas. `rows` (M) when lhs carries rows past M that belong to no group, e.g. already padded by its
-    producer: their contents are never stored, and the result is [M, N].
+    producer: their contents are never stored, and the result is [M, N]. `row_start` (a traced int32
+    scalar; expert parallelism's local slice of experts): the first group starts at that row, and the
+    rows before it come out zero, as the rows past the groups do (the table schedule serves it, so a
+    "walk" config runs as "table").
     """
-    return _grouped(GROUPED_MATMUL, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype, rows)
+    return _grouped(
+        GROUPED_MATMUL, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype, rows,
+        row_start=row_start,
+    )  # fmt: skip
 
 
 def grouped_matmul_swiglu(
@@ -658,12 +665,15 @@ def grouped_matmul_swiglu(
     transpose_rhs: bool = False,
     out_dtype: Any = None,
     rows: int | None = None,
+    row_start: jax.Array | None = None,
 ) -> jax.Array:
     """silu(gate) * up of ragged_dot(lhs [M, K], rhs [G, K, 2F] or [G, 2F, K]) -> [M, F] on Hopper, from
-    the float32 accumulators. Needs split_k == 1 and F a multiple of the CTA tile's columns."""
+    the float32 accumulators. Needs split_k == 1 and F a multiple of the CTA tile's columns. `row_start`
+    as grouped_matmul's."""
     return _grouped(
-        GROUPED_MATMUL_SWIGLU, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype, rows
-    )
+        GROUPED_MATMUL_SWIGLU, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype, rows,
+        row_start=row_start,
+    )  # fmt: skip
 
 
 def grouped_matmul_fp8(
@@ -734,7 +744,12 @@ def _grouped(
     rows: int | None,
     scales: tuple[jax.Array, jax.Array] | None = None,
     scale_layout: str = "none",
+    row_start: jax.Array | None = None,
 ) -> jax.Array:
+    if row_start is not None and config.tile_schedule != "table":
+        # The rows before a local slice's first group are a group of the row-tile table (its leading
+        # zero group); the walk has no place for them, and the table serves every config the walk does.
+        config = dataclasses.replace(config, tile_schedule="table")
     if out_dtype is None:
         out_dtype = lhs.dtype if scale_layout == "none" else jnp.bfloat16
     out_dtype = jnp.dtype(out_dtype)
@@ -766,7 +781,10 @@ def _grouped(
         warp_specialized=config.warp_specialized,
         k_steps=geo.k_steps,
         stages=geo.stages,
-        row_tiles=geo.row_tiles,
+        # One more group under row_start: the rows before the slice (schedule.build_table).
+        row_tiles=geo.row_tiles
+        if row_start is None
+        else tiling.table_row_tiles(problem.m, problem.g + 1, geo.cta_m),
         col_tiles=geo.col_tiles,
         split_k=config.split_k,
         epi_m=tiling.epilogue_rows(config),
@@ -814,7 +832,9 @@ def _grouped(
         lhs = jnp.pad(lhs, ((0, max(0, window - lhs.shape[0])), (0, 0)))
     sizes = group_sizes.astype(jnp.int32)
     if s.table:
-        sizes = schedule.build_table(sizes, m=problem.m, cta_m=geo.cta_m, rows=geo.row_tiles)
+        sizes = schedule.build_table(
+            sizes, m=problem.m, cta_m=geo.cta_m, rows=s.row_tiles, row_start=row_start
+        )
     scale_args = () if scales is None else _kernel_scales(scale_layout, *scales, lhs.shape[0], geo.cta_m)
     out = kernel(sizes, lhs, rhs, *scale_args)
     if config.split_k > 1:

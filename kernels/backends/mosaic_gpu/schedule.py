@@ -145,11 +145,18 @@ def expert_order(lin: jax.Array, gs_ref: Any, s: Any) -> tuple[jax.Array, jax.Ar
     return jnp.where(live, base + row, jnp.int32(s.row_tiles)), col
 
 
-def build_table(group_sizes: jax.Array, *, m: int, cta_m: int, rows: int) -> jax.Array:
+def build_table(
+    group_sizes: jax.Array, *, m: int, cta_m: int, rows: int, row_start: jax.Array | None = None
+) -> jax.Array:
     """The row-tile table, int32 [rows, TABLE_FIELDS]: row t holds row tile t's (GROUP, ROW0, LO, HI) as
     `row_tile` would find them, the first tile and tile count of its group (BASE, COUNT, for the expert
     order), and the number of real row tiles (TOTAL, the same in every row). Rows past the real tiles
     are idle: group G + 1, no rows.
+
+    `row_start` (a traced int32 scalar: a local slice of experts, jax.lax.ragged_dot's group_offset):
+    the first group starts there, and the rows before it are a leading zero group (GROUP G, as the
+    rows past the groups are), so they come out zero. It takes up to one more row tile
+    (tiling.table_row_tiles over G + 1 groups bounds the sum).
 
     Example: group_sizes=[3, 0, 6], m=12, cta_m=4 (row_tile's): the groups' tile counts are 1, 0, 3 and 1
     (the zero group), so tile_end = [1, 1, 4, 5]; tile 2 is the first t with tile_end > 2 at group 2,
@@ -158,6 +165,9 @@ def build_table(group_sizes: jax.Array, *, m: int, cta_m: int, rows: int) -> jax
     i32 = jnp.int32
     g = group_sizes.shape[0]
     sizes = jnp.clip(group_sizes.astype(i32), 0, m)
+    if row_start is not None:
+        sizes = jnp.concatenate([jnp.clip(jnp.asarray(row_start, i32), 0, m).reshape(1), sizes])
+    n = sizes.shape[0]  # the groups in order: G experts (after the leading zero group under row_start)
     # min(cumsum, m) is row_tile's running min(start + size, m): both drop the rows past M.
     ends = jnp.concatenate([jnp.minimum(jnp.cumsum(sizes), m), jnp.full((1,), m, i32)])
     starts = jnp.concatenate([jnp.zeros((1,), i32), ends[:-1]])
@@ -166,13 +176,15 @@ def build_table(group_sizes: jax.Array, *, m: int, cta_m: int, rows: int) -> jax
     tile_end = jnp.cumsum(counts)
     tile_start = tile_end - counts
     t = jnp.arange(rows, dtype=i32)
-    group = jnp.sum(tile_end[None, :] <= t[:, None], axis=1, dtype=i32)  # g + 1 past the last tile
-    live = group <= g
-    gi = jnp.minimum(group, g)
+    group = jnp.sum(tile_end[None, :] <= t[:, None], axis=1, dtype=i32)  # n + 1 past the last tile
+    live = group <= n
+    gi = jnp.minimum(group, n)
     row0 = first[gi] + (t - tile_start[gi]) * cta_m
     lo = jnp.maximum(starts[gi], row0)
     hi = jnp.minimum(ends[gi], row0 + cta_m)
-    fields = [jnp.where(live, gi, g + 1)]
+    # Under row_start the order's first group is the leading zero group: expert i is the (i + 1)-th.
+    expert = gi if row_start is None else jnp.where(gi == 0, g, gi - 1)
+    fields = [jnp.where(live, expert, g + 1)]
     fields += [jnp.where(live, v, 0) for v in (row0, lo, hi, tile_start[gi], counts[gi])]
     fields += [jnp.broadcast_to(tile_end[-1], (rows,)), jnp.zeros((rows,), i32)]
     return jnp.stack(fields, axis=1)

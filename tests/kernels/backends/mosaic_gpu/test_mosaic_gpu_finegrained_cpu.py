@@ -1,6 +1,7 @@
 """The fine-grained paths of the Hopper kernel on a CPU: the row-tile table against the walk, the
 table's work items, Pallas's GPU interpreter on the table schedule and on swap-AB tiles (many experts,
-few or no rows each, rows past sum(group_sizes), both weight layouts, SwiGLU), and lowering to Mosaic GPU
+few or no rows each, rows past sum(group_sizes), a local slice of experts from `row_start`, both weight
+layouts, SwiGLU), and lowering to Mosaic GPU
 at the development models' expert counts, with a module whose size does not grow with G."""
 
 from __future__ import annotations
@@ -120,27 +121,35 @@ def test_table_work_items_visit_every_tile_once_and_the_real_ones_first(order, w
     assert live[:count].all() and not live[count:].any()
 
 
-def _interpret(config, m, k, n, sizes, *, op="grouped_matmul", transpose=False):
+def _interpret(config, m, k, n, sizes, *, op="grouped_matmul", transpose=False, row_start=None):
     """The interpreter against the float32 reference, with the weights of experts without rows NaN (a
     kernel that reads them into its products shows it), then lowering the same call for cuda (layout
-    inference, which the interpreter skips)."""
+    inference, which the interpreter skips). With `row_start` (a local slice of experts, as expert
+    parallelism calls the kernel) the groups start at that row, and every row outside them is zero."""
     g = len(sizes)
     problem = Problem(op, m=m, k=k, n=n, g=g, transpose_rhs=transpose)
-    key_l, key_r = jax.random.split(jax.random.key(m + n + g))
+    key_l, key_r = jax.random.split(jax.random.key(m + n + g + (row_start or 0)))
     lhs = jax.random.normal(key_l, (m, k), jnp.bfloat16)
     rhs = jax.random.normal(key_r, problem.rhs_shape, jnp.bfloat16)
     empty = jnp.asarray([s == 0 for s in sizes])[:, None, None]
     group_sizes = jnp.asarray(sizes, jnp.int32)
     fn = kernel_sm90.grouped_matmul_swiglu if op == "grouped_matmul_swiglu" else kernel_sm90.grouped_matmul
     kernel = functools.partial(fn, config=config, num_sms=3, transpose_rhs=transpose)
+    sliced = {} if row_start is None else {"row_start": jnp.int32(row_start)}
     with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
-        out = kernel(lhs, jnp.where(empty, jnp.nan, rhs).astype(jnp.bfloat16), group_sizes)
+        out = kernel(lhs, jnp.where(empty, jnp.nan, rhs).astype(jnp.bfloat16), group_sizes, **sliced)
     out = np.asarray(out.astype(jnp.float32))
-    ref = np.asarray(reference_of(problem)(lhs, rhs, group_sizes))
-    assert out.shape == ref.shape and np.isfinite(out).all()
-    assert relative_error(out, ref) < 1e-2
-    assert not out[min(sum(sizes), m) :].any()
-    assert "mosaic_gpu" in _lowered(config, problem)
+    start = row_start or 0
+    end = min(start + sum(sizes), m)
+    assert out.shape == (m, problem.out_n) and np.isfinite(out).all()
+    if end > start:  # the reference of the groups' own rows
+        local = dataclasses.replace(problem, m=end - start)
+        clipped = jnp.asarray(np.diff(np.minimum(np.cumsum([0, *sizes]), end - start)), jnp.int32)
+        ref = np.asarray(reference_of(local)(lhs[start:end], rhs, clipped))
+        assert relative_error(out[start:end], ref) < 1e-2
+    assert not out[:start].any() and not out[end:].any()
+    if row_start is None:
+        assert "mosaic_gpu" in _lowered(config, problem)
 
 
 # 64 experts, most empty, a few rows each, and a zero tail past sum(group_sizes) = 43 of M=48.
@@ -331,3 +340,95 @@ def test_smem_model_is_not_below_what_mosaic_allocates_for_swapped_tiles(monkeyp
         _lowered(config, problem)
     actual = int(str(info.value).split("smem_bytes=")[1].split()[0])
     assert actual <= tiling.smem_bytes(problem, config) <= actual + tiling.SMEM_OVERHEAD_BYTES
+
+
+# The local experts' rows: 31 in all, one expert empty (its weights must not be read).
+LOCAL = [0, 9, 3, 0, 17, 2]
+
+
+@pytest.mark.parametrize(
+    "config, op, transpose",
+    [
+        # a walk config: it runs on the table, whose leading zero group holds the rows before the slice
+        (C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, wg_split="n"), "grouped_matmul", True),
+        (
+            C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, tile_schedule="table", **PLAIN),
+            "grouped_matmul",
+            False,
+        ),
+        (
+            C(
+                block_m=16,
+                block_n=64,
+                block_k=64,
+                max_concurrent_steps=2,
+                wg_split="n",
+                tile_schedule="table",
+            ),
+            "grouped_matmul",
+            True,
+        ),
+        (
+            C(
+                block_m=64,
+                block_n=64,
+                block_k=64,
+                max_concurrent_steps=2,
+                wg_split="n",
+                grid_minor_dim="expert",
+                grid_tile_width=2,
+            ),
+            "grouped_matmul",
+            False,
+        ),
+        (
+            C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, epi_tile_n=32, split_k=2, **PLAIN),
+            "grouped_matmul",
+            False,
+        ),
+        (
+            C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, **PLAIN),
+            "grouped_matmul_swiglu",
+            True,
+        ),
+        (
+            C(block_m=8, block_n=64, block_k=64, max_concurrent_steps=2, wg_split="n", persistent=False),
+            "grouped_matmul_swiglu",
+            False,
+        ),
+    ],
+    ids=[
+        "walk-ws-t",
+        "table-plain",
+        "swap16-ws-t",
+        "expert-order",
+        "split-k",
+        "swiglu-plain-t",
+        "swiglu-swap8-np",
+    ],
+)
+def test_interpreted_a_local_slice_starts_at_row_start_and_the_rest_is_zero(config, op, transpose):
+    _interpret(config, 80, 128, 256, LOCAL, op=op, transpose=transpose, row_start=13)  # not a multiple of 8
+
+
+def test_interpreted_slices_at_row_zero_and_cut_at_m():
+    config = C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, wg_split="n")
+    _interpret(config, 80, 128, 128, LOCAL, row_start=0)
+    _interpret(
+        config, 80, 128, 128, LOCAL, row_start=64
+    )  # 64 + 31 rows: the slice's last experts cut at M = 80
+    _interpret(config, 48, 128, 128, [0, 0, 0], row_start=20)  # no local rows: all zero
+
+
+def test_the_table_puts_the_rows_before_the_slice_in_a_leading_zero_group():
+    # 3 rows before the slice, experts of 5, 0 and 6 rows, M = 16, 4-row tiles: the zero group holds rows
+    # 0-2, expert 0 rows 3-7 over windows 0-3 and 4-7, expert 2 rows 8-13, then the zero tail rows 14-15.
+    sizes, g = jnp.asarray([5, 0, 6], jnp.int32), 3
+    table = np.asarray(schedule.build_table(sizes, m=16, cta_m=4, rows=9, row_start=jnp.int32(3)))
+    fields = [schedule.GROUP, schedule.ROW0, schedule.LO, schedule.HI]
+    live = [tuple(int(v) for v in row[fields]) for row in table if row[schedule.HI] > row[schedule.LO]]
+    assert live == [(g, 0, 0, 3), (0, 0, 3, 4), (0, 4, 4, 8), (2, 8, 8, 12), (2, 12, 12, 14), (g, 12, 14, 16)]
+    total = int(table[0, schedule.TOTAL])
+    assert (table[total:, schedule.GROUP] == g + 1).all()  # idle past the real tiles
+    without = np.asarray(schedule.build_table(sizes, m=16, cta_m=4, rows=9))
+    assert tuple(int(v) for v in without[0, fields]) == (0, 0, 0, 4)  # no row_start: expert 0 from row 0
