@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from moetune.tuner.spec import SweepSpec
@@ -30,5 +32,7 @@ def test_the_one_by_one_run_can_take_the_first_candidates_only_and_each_mode_rep
     for mode in (result.ray, result.sequential):
         assert set(mode.best) == keys
         assert all(best["median_s"] > 0 and best["config"] for best in mode.best.values())
-    only_ray = measure(spec, model_problems(spec), sequential=False)
+    # Without the one-by-one run: one candidate per problem is enough to show that it was left out.
+    only_ray = measure(dataclasses.replace(spec, budget=1), model_problems(spec), sequential=False)
+    assert only_ray.ray.variants == 2
     assert only_ray.sequential.variants == 0 and only_ray.speedup == 0.0
