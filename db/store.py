@@ -420,10 +420,12 @@ class Store:
             lambda s: pack_io.export_pack(s, device_kind=device_kind, backend=backend), write=False
         )
 
-    def import_pack(self, pack: Pack, *, source: str = "<pack>") -> int:
+    def import_pack(self, pack: Pack, *, source: str = "<pack>", checked: bool = False) -> int:
         """Check the whole pack first (PackInvalid, nothing written), then import it a chunk of entries
-        per transaction, so that other writers get the lock in between (pack_io.import_pack)."""
-        checked = pack_io.check_pack(pack, source)
+        per transaction, so that other writers get the lock in between (pack_io.import_pack).
+        `checked`: `pack` is already pack_io.check_pack's result (a caller that checks before it opens
+        the database), so it is not checked twice (seconds for a pack of a few hundred entries)."""
+        checked = pack if checked else pack_io.check_pack(pack, source)
         return pack_io.import_pack(
             lambda fn: self._run(fn, write=True),
             checked,

@@ -247,7 +247,7 @@ def import_command(
     except MoetuneError as e:
         fail(str(e))
     with opened_store(db) as store:
-        imported = store.import_pack(pack, source=str(file))
+        imported = store.import_pack(pack, source=str(file), checked=True)
     line = (
         f"imported {imported} winners for {pack.device.device_kind} / {pack.backend} from {file} "
         f"({len(pack.entries) - imported} already current)"
