@@ -7,7 +7,7 @@ any list.
 
 from setuptools import find_packages, setup
 
-ROOTS = ("kernels", "search_spaces", "tuner", "db", "configs", "models", "service")
+ROOTS = ("kernels", "search_spaces", "tuner", "db", "configs", "models", "service", "integrations")
 
 packages = []
 for root in ROOTS:

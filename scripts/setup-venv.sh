@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates (or refreshes) .venv with Python 3.12 and moetune installed editable with its dev and postgres
+# Creates (or refreshes) .venv with Python 3.12 and moetune installed editable with its dev, postgres and maxtext
 # extras. Re-running is cheap: it reinstalls only when pyproject.toml or setup.py changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,6 @@ want=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "installing moetune and its dependencies into .venv (first run takes a few minutes)" >&2
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev,postgres]'
+  .venv/bin/python -m pip install -q -e '.[dev,postgres,maxtext]'
   echo "$want" > "$stamp"
 fi

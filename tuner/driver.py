@@ -188,9 +188,9 @@ class SweepDriver:
         if self.spec.space:  # a narrowed space means only those configs, warm starts included
             warm = [config for config in warm if search_space.contains(config)]
         strategy = strategies.get(self.spec.strategy)(space, seed=self.spec.seed, warm_start=warm)
-        timing = [r.group_sizes(problem.m, problem.g, seed=self.spec.seed) for r in self.routings]
+        timing = [r.group_sizes(planned.rows, problem.g, seed=self.spec.seed) for r in self.routings]
         draws = verification_draws(
-            self.routings, problem.m, problem.g, seed=self.spec.seed, count=self.spec.verify_draws
+            self.routings, planned.rows, problem.g, seed=self.spec.seed, count=self.spec.verify_draws
         )
         run = ProblemRun(
             planned,

@@ -38,6 +38,7 @@ class PlanRow:
     tokens: int | None = None  # T, where the problem came from a model (m = T x top_k)
     m: int = 0
     kng: str = ""  # "k,n,g"
+    filled_rows: int | None = None  # the rows routings fill when fewer than m (PlannedProblem.filled_rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +80,12 @@ def make_plan(
     costs = CostModel.from_store(store, registry.get(backend), device, spec.runs)
     rows = []
     tokens = {p.problem.key: p.tokens for p in planned}
+    filled = {p.problem.key: p.filled_rows for p in planned}
     for run in driver.prepare(planned, sweep_id=None):
         p = run.problem
-        shape = dict(op=p.op, tokens=tokens.get(p.key), m=p.m, kng=f"{p.k},{p.n},{p.g}")
+        shape = dict(
+            op=p.op, tokens=tokens.get(p.key), m=p.m, kng=f"{p.k},{p.n},{p.g}", filled_rows=filled.get(p.key)
+        )
         if run.phase == "skipped":
             rows.append(PlanRow(run.label, run.problem.key, 0, 0, 0, 0, run.skipped, **shape))
             continue

@@ -73,21 +73,41 @@ NAME_LENGTH = 64
 class PlannedProblem:
     """One Problem of a sweep and a label people can read ("mixtral-8x7b gate_up T=4096"); `tokens` is
     T, the tokens whose T * top_k rows are the problem's m, when a model planned it (None for a bare
-    --problem, whose m alone is known)."""
+    --problem, whose m alone is known). `filled_rows`: the rows the groups hold when fewer than m, as in
+    a receive buffer sized for the worst case or a batch padded to a kernel's tile (the sweep's routings
+    then spread that many rows and leave the rest past sum(group_sizes)); None: all m."""
 
     problem: Problem
     label: str
     tokens: int | None = None
+    filled_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        rows = self.filled_rows
+        if rows is not None and (
+            isinstance(rows, bool) or not isinstance(rows, int) or not 0 < rows <= self.problem.m
+        ):
+            raise ConfigInvalid(
+                f"{self.label}: filled_rows={rows!r} must be between 1 and m={self.problem.m}"
+            )
+
+    @property
+    def rows(self) -> int:
+        """The rows the sweep's routings spread over the groups."""
+        return self.problem.m if self.filled_rows is None else self.filled_rows
 
     def to_dict(self) -> dict[str, Any]:
         data = {"problem": self.problem.to_dict(), "label": self.label}
-        return data if self.tokens is None else data | {"tokens": self.tokens}
+        if self.tokens is not None:
+            data["tokens"] = self.tokens
+        return data if self.filled_rows is None else data | {"filled_rows": self.filled_rows}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PlannedProblem:
         tokens = data.get("tokens")  # sweeps stored before tokens were recorded have none
         known = isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0
-        return cls(Problem.from_dict(data["problem"]), str(data["label"]), tokens if known else None)
+        problem = Problem.from_dict(data["problem"])
+        return cls(problem, str(data["label"]), tokens if known else None, data.get("filled_rows"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,5 +431,8 @@ def with_backward(planned: list[PlannedProblem]) -> list[PlannedProblem]:
                 "it is tuned as it is without the flag"
             )
         expanded.append(item)
-        expanded += [PlannedProblem(p, f"{item.label} {part}", item.tokens) for part, p in parts]
+        # Every cotangent GEMM keeps the forward's rows (drhs's are its contracting dimension).
+        expanded += [
+            PlannedProblem(p, f"{item.label} {part}", item.tokens, item.filled_rows) for part, p in parts
+        ]
     return dedupe(expanded)

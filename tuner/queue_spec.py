@@ -20,7 +20,8 @@ def stored(spec: SweepSpec) -> dict[str, Any]:
 
 def from_request(data: Any, source: str) -> SweepSpec:
     """A sweep spec sent over the network as plain data (a sweep file's fields), checked like `moetune
-    submit`'s. It may name no file of the server: models are shipped ones, routings are not FILE.npy."""
+    submit`'s. It may name no file of the server: models are shipped ones, routings are not FILE.npy, no
+    MaxText config."""
     from moetune.tuner.plan import shipped_model_names
 
     if isinstance(data, dict):
@@ -37,6 +38,11 @@ def from_request(data: Any, source: str) -> SweepSpec:
             raise ConfigInvalid(
                 f"{source}: unknown models {', '.join(map(repr, unknown))}; a request names shipped models: "
                 f"{', '.join(shipped_model_names())}"
+            )
+        if data.get("maxtext") is not None:
+            raise ConfigInvalid(
+                f"{source}: a request cannot name a MaxText config file of the server; submit it with "
+                "`moetune submit --maxtext-config` where the file is"
             )
         routing = data.get("routing", "")
         parts = (

@@ -13,6 +13,7 @@ Example sweep file:
     budget: 64
     routing: [balanced, zipf:1.2]    # each candidate timed on both; its time is their mean
     space: {block_k: [64, 128]}      # optional: narrower domains for some parameters
+    maxtext: {config: base.yml, overrides: [model_name=qwen3-30b-a3b, ici_expert_parallelism=8]}
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class SweepSpec:
     with_backward: bool = False
     # The models' expert GEMMs on FP8 experts with scales in this layout (plan.as_fp8); "none": as they are.
     fp8: str = "none"
+    # The MoE GEMMs a MaxText config runs, traced from MaxText's own layer (moetune.integrations.maxtext:
+    # problems.Target's fields: config, overrides, devices, workloads).
+    maxtext: dict[str, Any] | None = None
     # How to search.
     strategy: str = "grid"
     budget: int | None = None  # trials per problem
@@ -122,6 +126,10 @@ class SweepSpec:
                 )
             if self.with_backward:
                 raise ConfigInvalid("the FP8 ops have no backward: drop with_backward or fp8")
+        if self.maxtext is not None:
+            from moetune.integrations.maxtext.problems import Target
+
+            Target.from_dict(self.maxtext, "maxtext")
         if self.compile_only and self.strategy == "tpe":
             raise ConfigInvalid("a compile-only sweep has no times for tpe to learn from; use grid or random")
 

@@ -42,6 +42,16 @@ def model_problems(spec: SweepSpec) -> list[PlannedProblem]:
     return planned
 
 
+def maxtext_problems(spec: SweepSpec) -> list[PlannedProblem]:
+    """The problems of the spec's MaxText config, backward included where its workloads train (so
+    `with_backward` does not apply to them); traced once per process."""
+    if spec.maxtext is None:
+        return []
+    from moetune.integrations.maxtext.problems import Target, planned_problems
+
+    return planned_problems(Target.from_dict(spec.maxtext, "maxtext"))
+
+
 def store_problems(
     spec: SweepSpec, store: Any, backend: Backend, device: DeviceFingerprint
 ) -> list[PlannedProblem]:
@@ -90,15 +100,17 @@ def resolve_problems(
     requested = dispatched_on(model_problems(spec), backend)
     if spec.with_backward:  # the backward of the GEMMs as the backend runs them (fused or not)
         requested = with_backward(requested)
+    requested += maxtext_problems(spec)
     planned = dispatched_on(requested + store_problems(spec, store, backend, device), backend)
-    if not planned and (spec.misses or spec.stale) and not (spec.models or spec.problems):
+    if not planned and (spec.misses or spec.stale) and not (spec.models or spec.problems or spec.maxtext):
         asked = " or ".join(name for name, on in (("missed", spec.misses), ("stale", spec.stale)) if on)
         raise NothingToTune(
             f"nothing {asked} on {device.device_kind} for backend {backend.name}: every winner is current"
         )
     if not planned:
         raise ConfigInvalid(
-            "nothing to tune: give --model, --problem, --misses or --stale (or a sweep file that names them)"
+            "nothing to tune: give --model, --problem, --maxtext-config, --misses or --stale (or a sweep "
+            "file that names them)"
         )
     return planned
 
@@ -111,12 +123,14 @@ def check_before_opening(spec: SweepSpec) -> None:
     if spec.compile_only:
         resolve_target(spec, None)  # a compile-only target needs no device
     requested = model_problems(spec)  # loads every model file
-    if not requested and not (spec.misses or spec.stale):
-        raise ConfigInvalid(
-            "nothing to tune: give --model, --problem, --misses or --stale (or a sweep file that names them)"
-        )
     if spec.with_backward:
         with_backward(requested)  # an op without a gradient is refused here
+    requested += maxtext_problems(spec)  # traces the MaxText config: MaxText's refusals surface here
+    if not requested and not (spec.misses or spec.stale):
+        raise ConfigInvalid(
+            "nothing to tune: give --model, --problem, --maxtext-config, --misses or --stale (or a sweep "
+            "file that names them)"
+        )
 
 
 def resolve_backend(name: str, device: DeviceFingerprint) -> Backend:

@@ -264,6 +264,31 @@ cases(
     tune_problem("odd n for swiglu", "op=grouped_matmul_swiglu,m=1,k=64,n=63,g=1"),
 )
 
+
+def tune_maxtext(name: str, *args: str, text: str = "base_config: base.yml\n") -> Case:
+    return c(name, "tune", "--maxtext-config", "{tmp}/m.yml", *args, "--db", "{db}", files={"m.yml": text})
+
+
+cases(
+    "tune: --maxtext-config",
+    c("config file missing", "tune", "--maxtext-config", "{tmp}/missing.yml", "--db", "{db}"),
+    c("overrides without a config", "tune", "num_experts=8", "--db", "{db}"),
+    c("devices without a config", "tune", "--model", "tiny", "--maxtext-devices", "8", "--db", "{db}"),
+    tune_maxtext("override not key=value", "num_experts"),
+    tune_maxtext("unknown workload", "--maxtext-workloads", "serve"),
+    tune_maxtext("zero devices", "--maxtext-devices", "0"),
+    tune_maxtext("a config with no routed experts", text="base_config: base.yml\nnum_experts: 1\n"),
+    tune_maxtext(
+        "MaxText's dense einsum",
+        "num_experts=4",
+        "num_experts_per_tok=2",
+        "base_moe_mlp_dim=7168",
+        "sparse_matmul=False",
+    ),
+    tune_sweep("maxtext not a mapping", "maxtext: base.yml\n"),
+    tune_sweep("maxtext with an unknown field", "maxtext: {config: base.yml, mesh: 8}\n"),
+)
+
 cases(
     "tune: sweep files",
     tune_sweep("a directory", Special.DIRECTORY),

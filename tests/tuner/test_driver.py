@@ -307,3 +307,20 @@ def test_the_baseline_borrows_the_sweep_backends_timer(store, sim):
     baselines = [t for t in tasks if t.backend == "xla"]
     assert len(baselines) == 1 and baselines[0].timer_backend == "sim"
     assert all(t.timer_backend == "" for t in tasks if t.backend == "sim")
+
+
+def test_a_problem_with_filled_rows_is_timed_and_verified_on_routings_of_those_rows(store, sim):
+    # A receive buffer of 8 rows of which 3 hold groups on average (expert parallelism's worst case).
+    planned = PlannedProblem(PROBLEM.problem, "buffer", tokens=3, filled_rows=3)
+    tasks = []
+
+    def noting(task):
+        if isinstance(task, CandidateTask) and task.backend == "sim":
+            tasks.append(task)
+        return sim_backend.simulate(task)
+
+    sweep(store, planned=[planned], runner=noting, routing="balanced,zipf:1.2", baseline=False)
+    assert tasks and all(sum(sizes) == 3 for task in tasks for sizes in task.timing_sizes)
+    assert all(sum(sizes) <= 3 for task in tasks for sizes in task.verify_sizes)
+    rows = sim_trials(store)
+    assert {sum(sizes) for r in rows for sizes in r.routing["group_sizes"]} == {3}

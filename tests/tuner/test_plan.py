@@ -10,12 +10,14 @@ from moetune.kernels.moe import moe_problems
 from moetune.tuner.plan import (
     DEFAULT_TOKEN_BUCKETS,
     ModelShapes,
+    PlannedProblem,
     as_fp8,
     dedupe,
     dispatched_on,
     for_backend,
     load_model,
     parse_problem,
+    with_backward,
 )
 from moetune.tuner.spec import SweepSpec, load_sweep_file, shipped_sweep_names
 
@@ -258,3 +260,18 @@ def test_fp8_experts_tune_the_fp8_ops_moe_mlp_dispatches_on_k_major_weights():
     )
     with pytest.raises(ConfigInvalid, match="op=grouped_matmul_geglu has no FP8 form"):
         as_fp8(geglu.with_buckets((1,)).problems(), "tensor")
+
+
+def test_filled_rows_round_trip_bound_by_m_and_carry_into_the_backward():
+    problem = parse_problem("m=512,k=64,n=96,g=8,dtype=bf16").problem
+    planned = PlannedProblem(problem, "buffer", tokens=64, filled_rows=128)
+    assert planned.rows == 128 and PlannedProblem.from_dict(planned.to_dict()) == planned
+    assert (
+        PlannedProblem(problem, "whole").rows == 512
+        and "filled_rows" not in PlannedProblem(problem, "x").to_dict()
+    )
+    for bad in (0, 513, True, 1.5):
+        with pytest.raises(ConfigInvalid, match="filled_rows"):
+            PlannedProblem(problem, "bad", filled_rows=bad)
+    backward = with_backward([planned])
+    assert [p.filled_rows for p in backward] == [128, 128, 128]

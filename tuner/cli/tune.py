@@ -60,6 +60,35 @@ def _hf_models(path: Path | None, tp: int, ep: int) -> tuple[str, ...]:
     return (hf_config.reference(path, tp, ep),)
 
 
+def _maxtext_target(params: dict[str, Any]) -> dict[str, Any] | None:
+    """--maxtext-config, its overrides and options as the spec's `maxtext` mapping (checked here, so a bad
+    one fails before anything is opened or written; the trace itself runs when the spec is checked)."""
+    path = params.get("maxtext_config")
+    extras = {
+        "arguments": params.get("overrides"),
+        "--maxtext-devices": params.get("maxtext_devices"),
+        "--maxtext-workloads": params.get("maxtext_workloads"),
+    }
+    if path is None:
+        given = [name for name, value in extras.items() if value]
+        if given:
+            fail(f"{' and '.join(given)} go with --maxtext-config")
+        return None
+    if not path.is_file():
+        fail(f"--maxtext-config {path}: not a file")
+    target: dict[str, Any] = {"config": str(path.resolve()), "overrides": list(params.get("overrides") or ())}
+    if params.get("maxtext_devices") is not None:
+        target["devices"] = params["maxtext_devices"]
+    if params.get("maxtext_workloads"):
+        target["workloads"] = [w.strip() for w in params["maxtext_workloads"].split(",") if w.strip()]
+    from moetune.integrations.maxtext.problems import Target
+
+    try:
+        return Target.from_dict(target, "--maxtext-config").to_dict()
+    except MoetuneError as e:
+        fail(str(e))
+
+
 def _spec_default(name: str) -> str:
     """What --help shows for a flag that defaults to the sweep file's value, else SweepSpec's."""
     default = SweepSpec.__dataclass_fields__[name].default
@@ -220,6 +249,37 @@ def tune(
             help="Also tune each problem's backward GEMMs (dlhs, drhs; a gated op's product), for training.",
         ),
     ] = False,
+    maxtext_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--maxtext-config",
+            help="A MaxText config YAML: tune the MoE GEMMs its model runs on one shard, traced from "
+            "MaxText's own layer; key=value overrides follow as arguments, as MaxText takes them.",
+            show_default="none",
+        ),
+    ] = None,
+    maxtext_devices: Annotated[
+        int | None,
+        typer.Option(
+            "--maxtext-devices",
+            help="Devices of the MaxText mesh (axes at -1 fill them).",
+            show_default="the product of the config's parallelisms",
+        ),
+    ] = None,
+    maxtext_workloads: Annotated[
+        str | None,
+        typer.Option(
+            "--maxtext-workloads",
+            help="MaxText steps to tune: train (forward and backward), prefill, decode; comma-separated.",
+            show_default="all three",
+        ),
+    ] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="KEY=VALUE", help="MaxText overrides (with --maxtext-config).", show_default=False
+        ),
+    ] = None,
     fp8: Annotated[
         str | None,
         typer.Option(
@@ -305,6 +365,7 @@ def sweep_flags(params: dict[str, Any]) -> dict[str, Any]:
         stale=params["stale"] or None,
         with_backward=params["with_backward"] or None,
         fp8=params["fp8"],
+        maxtext=_maxtext_target(params),
         baseline=False if params["no_baseline"] else None,
         compile_only=params["compile_only"] or None,
         arch=params["arch"],
@@ -535,7 +596,8 @@ def _dry_run(spec, planned, store, as_json: bool) -> None:
     for r in plan.rows:  # labels come from model files: cells, never markup
         per_candidate = f"{r.compile_s:.2g} + {r.device_s:.2g} ({r.basis})" if r.basis else ""
         T = problem_cells.UNKNOWN if r.tokens is None else r.tokens
-        shape = (r.op, T, r.m, r.kng) if with_tokens else (r.op, r.m, r.kng)
+        m = r.m if r.filled_rows is None else f"{r.m} ({r.filled_rows} filled)"
+        shape = (r.op, T, m, r.kng) if with_tokens else (r.op, m, r.kng)
         values = (r.label, *shape, r.valid, r.pruned, r.done, r.to_run, per_candidate, r.skipped)
         table.add_row(*map(cell, values))
     out = table_console()
