@@ -6,21 +6,22 @@ an implementation by config:
 
     megablox=True (MaxText's default)   maxtext.kernels.megablox.gmm, called through the module's name `mblx`
     use_tokamax_gmm=True, unquantized   tokamax.ragged_dot, called through the module's name `tokamax`
-    both False                          jax.lax.ragged_dot, inside a second nested function
+    both False (MaxText's GPU configs)  jax.lax.ragged_dot, called through the module's name `jax`
 
 A nested function cannot be replaced from outside, but the names it calls through can: the plug-in puts
-stand-ins for `mblx` and `tokamax` into MaxText's moe module, whose `gmm` and `ragged_dot` call
-moetune.kernels.grouped_matmul (every other attribute is the real module's, so MaxText's own uses of
-tokamax, such as RaggedDotGroupSizes, are untouched). The group sizes, the local slice of experts
-(`group_offset`) and a receive buffer's rows past sum(group_sizes) keep jax.lax.ragged_dot's meaning, so
-the layer's all-to-all, sharding and masks work as they do with MaxText's kernels; moetune's own custom
-VJP gives the backward (dlhs and the weight gradient, each its own tuned problem).
+stand-ins for `mblx`, `tokamax` and `jax` into MaxText's moe module, whose `gmm`, `ragged_dot` and
+`lax.ragged_dot` call moetune.kernels.grouped_matmul. Every other attribute is the real module's, so the
+rest of the module (jax.shard_map, jax.lax.ragged_all_to_all, tokamax's RaggedDotGroupSizes, ...) is
+untouched; jax.lax.ragged_dot is called nowhere else in that module. The group sizes, the local slice of
+experts (`group_offset`) and a receive buffer's rows past sum(group_sizes) keep jax.lax.ragged_dot's
+meaning, so the layer's all-to-all, sharding and masks work as they do with MaxText's kernels; moetune's
+own custom VJP gives the backward (dlhs and the weight gradient, each its own tuned problem).
 
 What cannot be served raises MaxTextConfigUnsupported, one line naming the setting, when the layer is
-traced, never a silent run of MaxText's own path: the third route above, MaxText's dense einsum
-(sparse_matmul=False), quantized experts, the gmm v2 kernels, embedding-chunked partial sums, the
-TransformerEngine MoE block, the vLLM fused MoE, and DeepSeek's batch-split schedule (its own MoE code,
-whose megablox calls get a refusing stand-in).
+traced, never a silent run of MaxText's own kernels: MaxText's dense einsum (sparse_matmul=False),
+quantized experts, the gmm v2 kernels, embedding-chunked partial sums, the TransformerEngine MoE block,
+the vLLM fused MoE, and DeepSeek's batch-split schedule (its own MoE code, whose megablox calls get a
+refusing stand-in).
 
 Recognition: install() compares megablox gmm's parameters and sparse_matmul's calls with the ones this
 module was written against (MaxText 0.2.5); any difference raises MaxTextNotRecognized naming it.
@@ -52,8 +53,7 @@ MEGABLOX_GMM_PARAMETERS = (
     "use_tokamax_backend", "weight_gather_axes", "lhs_vma_axes", "rhs_vma_axes", "qwix_rule",
     "use_manual_quantization", "use_gmm_v2", "use_gmm_v2_heuristic_tiling", "partial_sum",
 )  # fmt: skip
-# The calls sparse_matmul's gmm makes, one per route: each must be there, and the two served ones called
-# through the module names the plug-in replaces.
+# The calls sparse_matmul's gmm makes, one per route, each through a module name the plug-in replaces.
 SPARSE_MATMUL_CALLS = ("mblx.gmm(", "tokamax.ragged_dot(", "jax.lax.ragged_dot(")
 LAYER_CLASS = "RoutedMoE"
 
@@ -73,6 +73,7 @@ class _Patch:
     moe: Any
     mblx: Any
     tokamax: Any
+    jax: Any
     call: Callable[..., Any]
     own_moe: tuple[tuple[Any, str, Any], ...]  # (module, name, original) of OWN_MOE_MODULES
 
@@ -116,9 +117,10 @@ def install() -> None:
                 replaced = "gmm" if attr == "megablox" else "ragged_dot"
                 own.append((module, attr, getattr(module, attr)))
                 setattr(module, attr, _StandIn(getattr(module, attr), **{replaced: refusal}))
-    _patch = _Patch(moe, moe.mblx, moe.tokamax, layer.__call__, tuple(own))
+    _patch = _Patch(moe, moe.mblx, moe.tokamax, moe.jax, layer.__call__, tuple(own))
     moe.mblx = _StandIn(moe.mblx, gmm=_megablox_gmm)
     moe.tokamax = _StandIn(moe.tokamax, ragged_dot=_tokamax_ragged_dot)
+    moe.jax = _StandIn(moe.jax, lax=_StandIn(moe.jax.lax, ragged_dot=_lax_ragged_dot))
     layer.__call__ = _checked(layer.__call__)
 
 
@@ -129,7 +131,7 @@ def uninstall() -> None:
     if _patch is None:
         return
     patch, _patch = _patch, None
-    patch.moe.mblx, patch.moe.tokamax = patch.mblx, patch.tokamax
+    patch.moe.mblx, patch.moe.tokamax, patch.moe.jax = patch.mblx, patch.tokamax, patch.jax
     getattr(patch.moe, LAYER_CLASS).__call__ = patch.call
     for module, attr, original in patch.own_moe:
         setattr(module, attr, original)
@@ -166,10 +168,10 @@ def _recognise(moe: Any) -> Any:
             f"MaxText {version}: {what}; moetune's plug-in knows MaxText 0.2.5's MoE (docs/maxtext.md)"
         )
 
-    for name in ("mblx", "tokamax", LAYER_CLASS):
+    for name in ("mblx", "tokamax", "jax", LAYER_CLASS):
         if not hasattr(moe, name):
             raise unknown(f"{MOE_MODULE} has no {name}")
-    if isinstance(moe.mblx, _StandIn) or isinstance(moe.tokamax, _StandIn):
+    if any(isinstance(getattr(moe, name), _StandIn) for name in ("mblx", "tokamax", "jax")):
         raise unknown(f"{MOE_MODULE} is patched already (by another copy of the plug-in?)")
     gmm = getattr(moe.mblx, "gmm", None)
     if gmm is None or tuple(inspect.signature(gmm).parameters) != MEGABLOX_GMM_PARAMETERS:
@@ -182,6 +184,10 @@ def _recognise(moe: Any) -> Any:
     missing = [call for call in SPARSE_MATMUL_CALLS if call not in source]
     if missing:
         raise unknown(f"{LAYER_CLASS}.sparse_matmul makes no {', '.join(missing)} call")
+    # The `jax` stand-in changes jax.lax.ragged_dot for the whole module: only gmm's route may call it.
+    calls = inspect.getsource(moe).count("jax.lax.ragged_dot(")
+    if calls != 1:
+        raise unknown(f"{MOE_MODULE} calls jax.lax.ragged_dot in {calls} places, not only in gmm")
     return layer
 
 
@@ -212,11 +218,6 @@ def _unsupported(config: Any) -> str | None:
         return f"attention={get('attention')!r}: the vLLM fused MoE runs its own GEMMs"
     if not get("sparse_matmul", True):
         return "sparse_matmul=False: MaxText's dense einsum has no grouped GEMM; set sparse_matmul=True"
-    if not (get("megablox", True) or get("use_tokamax_gmm", False)):
-        return (
-            "megablox=False with use_tokamax_gmm=False: that route calls jax.lax.ragged_dot inside MaxText, "
-            "out of the plug-in's reach; set megablox=True (MaxText's default)"
-        )
     if get("use_gmm_v2", False):
         return "use_gmm_v2=True: the v2 kernels take tilings and partial sums of their own"
     if get("num_moe_emb_chunks", 0) > 0:
@@ -309,6 +310,19 @@ def _tokamax_ragged_dot(
         )
     sizes = getattr(group_sizes, "value", group_sizes)
     return _grouped_matmul(lhs, rhs, sizes, group_offset, preferred_element_type)
+
+
+def _lax_ragged_dot(
+    lhs: Any,
+    rhs: Any,
+    group_sizes: Any,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    group_offset: Any = None,
+) -> Any:
+    """jax.lax.ragged_dot's stand-in (jax 0.11.2's parameters), for MaxText's third route."""
+    del precision
+    return _grouped_matmul(lhs, rhs, group_sizes, group_offset, preferred_element_type)
 
 
 def _grouped_matmul(

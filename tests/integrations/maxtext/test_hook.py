@@ -27,15 +27,18 @@ def not_installed():
 
 
 def test_install_replaces_the_two_gemm_routes_and_uninstall_puts_maxtexts_back():
-    mblx, tokamax, call = moe.mblx, moe.tokamax, moe.RoutedMoE.__call__
+    mblx, tokamax, jax_module, call = moe.mblx, moe.tokamax, moe.jax, moe.RoutedMoE.__call__
     plugin.install()
     plugin.install()  # idempotent
     assert plugin.is_installed()
     assert moe.mblx.gmm is hook._megablox_gmm and moe.tokamax.ragged_dot is hook._tokamax_ragged_dot
-    assert moe.tokamax.RaggedDotGroupSizes is tokamax.RaggedDotGroupSizes  # the rest is tokamax's own
-    assert moe.RoutedMoE.__call__ is not call
+    assert moe.jax.lax.ragged_dot is hook._lax_ragged_dot
+    # Everything else the module reaches through those names is the real thing.
+    assert moe.tokamax.RaggedDotGroupSizes is tokamax.RaggedDotGroupSizes
+    assert moe.jax.lax.ragged_all_to_all is jax.lax.ragged_all_to_all and moe.jax.shard_map is jax.shard_map
+    assert moe.jax.numpy is jax.numpy and moe.RoutedMoE.__call__ is not call
     plugin.uninstall()
-    assert (moe.mblx, moe.tokamax, moe.RoutedMoE.__call__) == (mblx, tokamax, call)
+    assert (moe.mblx, moe.tokamax, moe.jax, moe.RoutedMoE.__call__) == (mblx, tokamax, jax_module, call)
     assert not plugin.is_installed()
 
 
@@ -93,7 +96,6 @@ def _config(**changes):
         (dict(te_moe_block=True), "te_moe_block=True"),
         (dict(attention="vllm_rpa"), "attention='vllm_rpa'"),
         (dict(sparse_matmul=False), "sparse_matmul=False"),
-        (dict(megablox=False), "megablox=False with use_tokamax_gmm=False"),
         (dict(use_gmm_v2=True), "use_gmm_v2=True"),
         (dict(num_moe_emb_chunks=2), "num_moe_emb_chunks=2"),
     ],
@@ -107,6 +109,17 @@ def test_each_setting_the_plugin_cannot_serve_is_refused_by_name(changes, named)
 def test_the_served_routes_pass_the_check():
     hook.check_config(_config())
     hook.check_config(_config(megablox=False, use_tokamax_gmm=True))
+    hook.check_config(_config(megablox=False))  # jax.lax.ragged_dot, MaxText's GPU configs'
+
+
+def test_a_module_calling_ragged_dot_outside_gmm_is_not_recognised(monkeypatch):
+    import inspect
+
+    read = inspect.getsource
+    source = read(moe) + "\nx = jax.lax.ragged_dot(a, b, c)\n"
+    monkeypatch.setattr(inspect, "getsource", lambda obj: source if obj is moe else read(obj))
+    with pytest.raises(plugin.MaxTextNotRecognized, match="jax.lax.ragged_dot in 2 places"):
+        hook._recognise(moe)
 
 
 def _operands(m=40, k=16, n=24, g=6, seed=0):
@@ -149,6 +162,14 @@ def test_the_megablox_stand_in_refuses_what_it_would_otherwise_drop(flag):
     value = jnp.zeros((40, 24)) if flag == "partial_sum" else (True if "use" in flag else jnp.int8)
     with pytest.raises(plugin.MaxTextConfigUnsupported, match=flag):
         hook._megablox_gmm(lhs, rhs, jnp.full((6,), 5, jnp.int32), **{flag: value})
+
+
+def test_the_lax_stand_in_is_ragged_dot():
+    lhs, rhs = _operands()
+    sizes = jnp.array([10, 0, 5, 5, 10, 2], jnp.int32)
+    out = hook._lax_ragged_dot(lhs=lhs, rhs=rhs, group_sizes=sizes, preferred_element_type=jnp.float32)
+    want = jax.lax.ragged_dot(lhs, rhs, sizes, preferred_element_type=jnp.float32)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
 def test_the_tokamax_stand_in_takes_tokamaxs_group_sizes():

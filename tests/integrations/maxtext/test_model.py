@@ -50,6 +50,12 @@ def test_tokamax_route_matches_maxtexts_megablox_route():
 
 
 @pytest.mark.slow
+def test_ragged_dot_route_of_maxtexts_gpu_configs_matches_maxtexts_own():
+    # megablox: false, as MaxText's GPU model configs set it: its gmm calls jax.lax.ragged_dot.
+    _check(tiny_model.compare({"megablox": False}), F32)
+
+
+@pytest.mark.slow
 def test_fused_gate_and_up_weights_are_one_gemm():
     result = tiny_model.compare({"prefuse_moe_weights": True})
     _check(result, F32)
