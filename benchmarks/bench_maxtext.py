@@ -1,0 +1,246 @@
+"""MaxText's MoE on moetune's plug-in against the same MoE on MaxText's own grouped GEMM, in one process.
+
+For a MaxText config (its YAML and key=value overrides, as MaxText's own commands take them), on the mesh
+of the devices there are:
+  * layer: the routed MoE layer (RoutedMoE, weights drawn at random) on one batch of a shard's decode step
+    (per_device_batch_size tokens), prefill (times max_prefill_predict_length) and training (times
+    max_target_length): the forward, and for training the forward and backward;
+  * step: the config's model (cut its layers with base_num_decoder_layers to fit one GPU): the loss and
+    its gradients for one batch of training tokens.
+Each runs with moetune's plug-in installed ("moetune") and without it ("maxtext": the route the config
+names; MaxText's GPU model configs set megablox: false, jax.lax.ragged_dot), each compiled on its own,
+outputs compared before anything is timed. Times are CUPTI kernel time (every kernel of a call), the
+median of --runs calls.
+
+    python3 benchmarks/bench_maxtext.py --out $OUT/maxtext.json -- .../maxtext/configs/base.yml \\
+        model_name=mixtral-8x7b megablox=false weight_dtype=bfloat16 per_device_batch_size=1 \\
+        max_target_length=4096 max_prefill_predict_length=2048 base_num_decoder_layers=4
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import moe_shapes  # noqa: E402
+from bench_backward import rel_err, time_jax  # noqa: E402
+
+WORKLOADS = ("decode", "prefill", "train")
+CASES = ("layer", "step")
+# Both paths sum the same float32 products in other orders, and round to the config's dtype.
+PARITY_MAX_REL_ERR = {"float32": 1e-4, "bfloat16": 2e-2}
+PATHS = ("moetune", "maxtext")
+
+
+def load_config(argv: list[str]) -> Any:
+    from maxtext.configs import pyconfig
+
+    given = {item.split("=", 1)[0] for item in argv[1:]}
+    defaults = [
+        f"{k}={v}"
+        for k, v in (("run_name", "bench-maxtext"), ("enable_checkpointing", "False"))
+        if k not in given
+    ]
+    return pyconfig.initialize([None, *argv, *defaults])
+
+
+def _compiled(fn: Callable[..., Any], args: tuple, *, moetune: bool) -> tuple[Any, list]:
+    """`fn` traced and compiled with the plug-in installed or not (the choice is made at trace time), and
+    the dispatches moetune made while it was traced (none without the plug-in)."""
+    import jax
+
+    from moetune.integrations import maxtext as plugin
+    from moetune.kernels import recording
+
+    with plugin.installed() if moetune else contextlib.nullcontext(), recording() as dispatched:
+        return jax.jit(fn).lower(*args).compile(), list(dispatched)
+
+
+def _tree_rel_err(out: Any, ref: Any) -> float:
+    import jax
+
+    return max(jax.tree.leaves(jax.tree.map(rel_err, out, ref)))
+
+
+def _layer(config: Any, mesh: Any) -> Any:
+    from flax import nnx
+    from maxtext.layers import moe
+    from maxtext.layers.initializers import nd_dense_init
+
+    return moe.RoutedMoE(
+        config=config,
+        num_experts=config.num_experts,
+        num_experts_per_tok=config.num_experts_per_tok,
+        mesh=mesh,
+        kernel_init=nd_dense_init(1.0, "fan_in", "truncated_normal"),
+        kernel_axes=("embed", None),
+        intermediate_dim=config.moe_mlp_dim,
+        dtype=config.dtype,
+        weight_dtype=config.weight_dtype,
+        rngs=nnx.Rngs(params=0),
+    )
+
+
+def layer_cases(config: Any, mesh: Any, workloads: tuple[str, ...], timer: Callable, runs: int) -> list[dict]:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    graphdef, params, rest = nnx.split(_layer(config, mesh), nnx.Param, ...)
+
+    def forward(params: Any, rest: Any, x: Any) -> Any:
+        return nnx.merge(graphdef, params, rest)(x)[0]
+
+    def forward_and_backward(params: Any, rest: Any, x: Any) -> Any:
+        loss = lambda p, x: jnp.sum(forward(p, rest, x).astype(jnp.float32))  # noqa: E731
+        return jax.grad(loss, argnums=(0, 1))(params, x)
+
+    records = []
+    batch = config.global_batch_size_to_train_on
+    for workload in workloads:
+        seq = {"decode": 1, "prefill": config.max_prefill_predict_length, "train": config.max_target_length}
+        x = jax.random.normal(jax.random.key(1), (batch, seq[workload], config.emb_dim), config.dtype)
+        fn = forward_and_backward if workload == "train" else forward
+        name = f"layer/{workload}/{'forward+backward' if workload == 'train' else 'forward'}"
+        records.append(
+            _compare(name, fn, (params, rest, x), config, timer, runs, tokens=batch * seq[workload])
+        )
+    return records
+
+
+def step_case(config: Any, mesh: Any, timer: Callable, runs: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from maxtext.utils import model_creation_utils
+
+    model = model_creation_utils.from_config(config, mesh=mesh, rngs=nnx.Rngs(params=0, dropout=1))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    batch, length = config.global_batch_size_to_train_on, config.max_target_length
+    tokens = jax.random.randint(jax.random.key(0), (batch, length), 0, config.vocab_size)
+    positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
+    segments = jnp.ones((batch, length), jnp.int32)
+
+    def loss_and_grads(params: Any, rest: Any, tokens: Any) -> Any:
+        def loss(params: Any) -> Any:
+            logits = nnx.merge(graphdef, params, rest)(
+                tokens, positions, decoder_segment_ids=segments, enable_dropout=False
+            )
+            targets = jnp.roll(tokens, -1, axis=1)
+            picked = jnp.take_along_axis(
+                jax.nn.log_softmax(logits.astype(jnp.float32)), targets[..., None], -1
+            )
+            return -jnp.mean(picked)
+
+        return jax.value_and_grad(loss)(params)
+
+    return _compare(
+        "step/train", loss_and_grads, (params, rest, tokens), config, timer, runs, tokens=batch * length
+    )
+
+
+def _compare(
+    name: str, fn: Callable, args: tuple, config: Any, timer: Callable, runs: int, tokens: int
+) -> dict:
+    """Both paths' executables, their outputs compared, then timed one after the other."""
+    import jax.numpy as jnp
+
+    record: dict[str, Any] = {"name": name, "tokens": tokens, "methods": {}}
+    try:
+        compiled = {path: _compiled(fn, args, moetune=path == "moetune") for path in PATHS}
+        exes = {path: exe for path, (exe, _) in compiled.items()}
+        record["dispatched"] = sorted(
+            {f"{e.problem.key} on {e.backend} ({e.source})" for e in compiled["moetune"][1]}
+        )
+        if not record["dispatched"] or compiled["maxtext"][1]:
+            raise RuntimeError(
+                "the plug-in did not decide which path ran: check the MaxText config's MoE route"
+            )
+        outs = {path: exe(*args) for path, exe in exes.items()}
+        record["rel_err"] = _tree_rel_err(outs["moetune"], outs["maxtext"])
+        del outs
+        bound = PARITY_MAX_REL_ERR.get(jnp.dtype(config.dtype).name, PARITY_MAX_REL_ERR["bfloat16"])
+        if not record["rel_err"] <= bound:
+            raise RuntimeError(
+                f"moetune's output differs from MaxText's by {record['rel_err']:.3e} (> {bound})"
+            )
+        for path, exe in exes.items():
+            samples = timer(exe, args, runs)
+            record["methods"][path] = {
+                "median_ms": statistics.median(samples) * 1e3,
+                "samples_ms": [s * 1e3 for s in samples],
+            }
+        record["speedup"] = (
+            record["methods"]["maxtext"]["median_ms"] / record["methods"]["moetune"]["median_ms"]
+        )
+    except Exception as e:  # the edge where a failure becomes the case's record
+        record["error"] = f"{type(e).__name__}: {e}"[:1000]
+    return record
+
+
+def run(
+    argv: list[str], cases: tuple[str, ...], workloads: tuple[str, ...], runs: int, timer: Callable = time_jax
+) -> dict:
+    from flax.linen import partitioning as nn_partitioning
+    from maxtext.utils import maxtext_utils
+
+    config = load_config(argv)
+    mesh = maxtext_utils.get_mesh_from_config(config)
+    payload = {"config": argv, "model_name": config.model_name, "records": []}
+    with mesh, nn_partitioning.axis_rules(config.logical_axis_rules):
+        if "layer" in cases:
+            payload["records"] += layer_cases(config, mesh, workloads, timer, runs)
+        if "step" in cases:
+            payload["records"].append(step_case(config, mesh, timer, runs))
+    return payload
+
+
+def print_table(payload: dict) -> None:
+    print(f"{payload['model_name']}: CUPTI ms, median; speedup = MaxText's own / moetune")
+    for r in payload["records"]:
+        if "error" in r:
+            print(f"  {r['name']:<28} error: {r['error'][:200]}")
+            continue
+        m = r["methods"]
+        ours, theirs = m["moetune"]["median_ms"], m["maxtext"]["median_ms"]
+        print(
+            f"  {r['name']:<28} tokens {r['tokens']:>7}  moetune {ours:9.3f}  maxtext {theirs:9.3f}  "
+            f"speedup {r['speedup']:.2f}x  rel err {r['rel_err']:.1e}"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated: {', '.join(CASES)}")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="the layer's token counts")
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("config", nargs="+", help="the MaxText YAML, then its key=value overrides")
+    args = parser.parse_args()
+    cases, workloads = tuple(args.cases.split(",")), tuple(args.workloads.split(","))
+    if set(cases) - set(CASES) or set(workloads) - set(WORKLOADS):
+        parser.error(f"--cases from {', '.join(CASES)}; --workloads from {', '.join(WORKLOADS)}")
+    start = time.monotonic()
+    payload = run(args.config, cases, workloads, args.runs)
+    payload |= {
+        "environment": moe_shapes.environment(),
+        "command": " ".join(sys.argv),
+        "wall_s": time.monotonic() - start,
+    }
+    moe_shapes.write_json(args.out, payload)
+    print_table(payload)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
