@@ -70,31 +70,14 @@ def _tree_rel_err(out: Any, ref: Any) -> float:
     return max(jax.tree.leaves(jax.tree.map(rel_err, out, ref)))
 
 
-def _layer(config: Any, mesh: Any) -> Any:
-    from flax import nnx
-    from maxtext.layers import moe
-    from maxtext.layers.initializers import nd_dense_init
-
-    return moe.RoutedMoE(
-        config=config,
-        num_experts=config.num_experts,
-        num_experts_per_tok=config.num_experts_per_tok,
-        mesh=mesh,
-        kernel_init=nd_dense_init(1.0, "fan_in", "truncated_normal"),
-        kernel_axes=("embed", None),
-        intermediate_dim=config.moe_mlp_dim,
-        dtype=config.dtype,
-        weight_dtype=config.weight_dtype,
-        rngs=nnx.Rngs(params=0),
-    )
-
-
 def layer_cases(config: Any, mesh: Any, workloads: tuple[str, ...], timer: Callable, runs: int) -> list[dict]:
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
-    graphdef, params, rest = nnx.split(_layer(config, mesh), nnx.Param, ...)
+    from moetune.integrations.maxtext.layer import routed_moe
+
+    graphdef, params, rest = nnx.split(routed_moe(config, mesh), nnx.Param, ...)
 
     def forward(params: Any, rest: Any, x: Any) -> Any:
         return nnx.merge(graphdef, params, rest)(x)[0]

@@ -62,10 +62,9 @@ def _workload(config: Any, mesh: Any, name: str, workload: str) -> list[Any]:
     import jax.numpy as jnp
     from flax import nnx
     from flax.linen import partitioning as nn_partitioning
-    from maxtext.layers import moe
-    from maxtext.layers.initializers import nd_dense_init
 
     from moetune.integrations.maxtext import hook
+    from moetune.integrations.maxtext.layer import routed_moe
     from moetune.kernels.api import recording
     from moetune.tuner.plan import PlannedProblem
 
@@ -80,20 +79,7 @@ def _workload(config: Any, mesh: Any, name: str, workload: str) -> list[Any]:
         mesh,
         nn_partitioning.axis_rules(config.logical_axis_rules),
     ):
-        layer = nnx.eval_shape(
-            lambda: moe.RoutedMoE(
-                config=config,
-                num_experts=config.num_experts,
-                num_experts_per_tok=config.num_experts_per_tok,
-                mesh=mesh,
-                kernel_init=nd_dense_init(1.0, "fan_in", "truncated_normal"),
-                kernel_axes=("embed", None),
-                intermediate_dim=config.moe_mlp_dim,
-                dtype=config.dtype,
-                weight_dtype=config.weight_dtype,
-                rngs=nnx.Rngs(params=0),
-            )
-        )
+        layer = nnx.eval_shape(lambda: routed_moe(config, mesh))
         graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
 
         def forward(params: Any, rest: Any, x: Any) -> Any:

@@ -25,7 +25,8 @@ def _argv(**changes):
 
 @pytest.mark.slow
 def test_every_case_compares_both_paths_before_timing_them():
-    payload = bench_maxtext.run(_argv(megablox=False), ("layer", "step"), bench_maxtext.WORKLOADS, 3, fake_timer)
+    cases = ("layer", "step")
+    payload = bench_maxtext.run(_argv(megablox=False), cases, bench_maxtext.WORKLOADS, 3, fake_timer)
     records = payload["records"]
     assert [r["name"] for r in records] == [
         "layer/decode/forward", "layer/prefill/forward", "layer/train/forward+backward", "step/train"
