@@ -33,9 +33,20 @@ def _check(result, tolerance):
     assert result["maxtext_dispatched"] == 0  # MaxText's own run never reached moetune
 
 
+@pytest.fixture(scope="module")
+def maxtexts_own():
+    """The float32 tiny model on MaxText's own megablox kernel (its default route), run once: every route
+    computes the same function of the same weights, so each is checked against this."""
+    return tiny_model.run(tiny_model.config(), moetune=False)
+
+
+def _against(maxtexts_own, **overrides):
+    return tiny_model.differences(tiny_model.run(tiny_model.config(**overrides), moetune=True), maxtexts_own)
+
+
 @pytest.mark.slow
-def test_megablox_route_forward_and_a_training_step_match_maxtexts_own():
-    result = tiny_model.compare({})
+def test_megablox_route_forward_and_a_training_step_match_maxtexts_own(maxtexts_own):
+    result = _against(maxtexts_own)
     _check(result, F32)
     # gate and up [G, 64, 96] and down [G, 96, 64] over the 64 tokens' 128 rows, padded by MaxText to its
     # 512-row tile: rows past the groups.
@@ -44,27 +55,32 @@ def test_megablox_route_forward_and_a_training_step_match_maxtexts_own():
 
 
 @pytest.mark.slow
-def test_tokamax_route_matches_maxtexts_megablox_route():
-    # MaxText's own tokamax route runs on TPUs and GPUs only: its megablox route is the reference.
-    _check(tiny_model.compare({"megablox": False, "use_tokamax_gmm": True}, reference={}), F32)
-
-
-@pytest.mark.slow
-def test_ragged_dot_route_of_maxtexts_gpu_configs_matches_maxtexts_own():
-    # megablox: false, as MaxText's GPU model configs set it: its gmm calls jax.lax.ragged_dot.
-    _check(tiny_model.compare({"megablox": False}), F32)
+@pytest.mark.parametrize(
+    "route",
+    [
+        {"megablox": False},  # jax.lax.ragged_dot, as MaxText's GPU model configs set it
+        {"megablox": False, "use_tokamax_gmm": True},  # MaxText's own runs on TPUs and GPUs only
+    ],
+    ids=["ragged_dot", "tokamax"],
+)
+def test_the_other_routes_match_maxtexts_own(maxtexts_own, route):
+    _check(_against(maxtexts_own, **route), F32)
 
 
 @pytest.mark.slow
 def test_fused_gate_and_up_weights_are_one_gemm():
-    result = tiny_model.compare({"prefuse_moe_weights": True})
+    # Its own weights (one [G, emb, 2 x ffn] tensor), so its own reference: MaxText's ragged_dot route.
+    result = tiny_model.compare(
+        {"prefuse_moe_weights": True}, {"prefuse_moe_weights": True, "megablox": False}
+    )
     _check(result, F32)
     assert ("grouped_matmul", 512, 64, 192, 8, "xla") in result["dispatched"]
 
 
 @pytest.mark.slow
 def test_bfloat16_model_matches_within_bfloat16_rounding():
-    _check(tiny_model.compare({"dtype": "bfloat16", "weight_dtype": "bfloat16"}), BF16)
+    bf16 = {"dtype": "bfloat16", "weight_dtype": "bfloat16"}
+    _check(tiny_model.compare(bf16, bf16 | {"megablox": False}), BF16)  # MaxText's ragged_dot route
 
 
 def test_a_setting_the_plugin_cannot_serve_fails_at_trace_and_runs_nothing():

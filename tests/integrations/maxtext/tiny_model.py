@@ -97,11 +97,14 @@ def run(cfg: Any, *, moetune: bool) -> dict[str, Any]:
 def compare(overrides: dict[str, Any], reference: dict[str, Any] | None = None) -> dict[str, Any]:
     """moetune's run of the tiny model with `overrides` against MaxText's own with `reference` (the same
     overrides unless given: MaxText's own path cannot run some settings on a CPU)."""
+    ours = run(config(**overrides), moetune=True)
+    return differences(ours, run(config(**(overrides if reference is None else reference)), moetune=False))
+
+
+def differences(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    """How far moetune's run lands from MaxText's own (relative L2 errors), and what each dispatched."""
     import jax
     import numpy as np
-
-    ours = run(config(**overrides), moetune=True)
-    theirs = run(config(**(overrides if reference is None else reference)), moetune=False)
 
     def rel(a: Any, b: Any) -> float:
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
