@@ -79,12 +79,10 @@ def make_plan(
     driver = SweepDriver(store, InlineExecutor(_never, device), spec, backend=backend)
     costs = CostModel.from_store(store, registry.get(backend), device, spec.runs)
     rows = []
-    tokens = {p.problem.key: p.tokens for p in planned}
-    filled = {p.problem.key: p.filled_rows for p in planned}
     for run in driver.prepare(planned, sweep_id=None):
-        p = run.problem
+        p, known = run.problem, run.planned
         shape = dict(
-            op=p.op, tokens=tokens.get(p.key), m=p.m, kng=f"{p.k},{p.n},{p.g}", filled_rows=filled.get(p.key)
+            op=p.op, tokens=known.tokens, m=p.m, kng=f"{p.k},{p.n},{p.g}", filled_rows=known.filled_rows
         )
         if run.phase == "skipped":
             rows.append(PlanRow(run.label, run.problem.key, 0, 0, 0, 0, run.skipped, **shape))

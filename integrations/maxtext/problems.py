@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from moetune.kernels.errors import ConfigInvalid
-from moetune.tuner.plan import PlannedProblem
+from moetune.tuner.plan import PlannedProblem, _positive_int
 
 WORKLOADS = ("train", "prefill", "decode")
 # A trace imports MaxText (about ten seconds) and traces one layer per workload (under a second each).
@@ -65,10 +65,8 @@ class Target:
         for item in self.overrides:
             if not isinstance(item, str) or not _OVERRIDE.fullmatch(item):
                 raise ConfigInvalid(f"MaxText override {item!r} is not key=value")
-        if self.devices is not None and (
-            isinstance(self.devices, bool) or not isinstance(self.devices, int) or self.devices < 1
-        ):
-            raise ConfigInvalid(f"MaxText devices={self.devices!r} must be a positive integer")
+        if self.devices is not None:
+            _positive_int("MaxText devices", self.devices)
         unknown = sorted(set(self.workloads) - set(WORKLOADS))
         if unknown or not self.workloads:
             raise ConfigInvalid(
@@ -110,7 +108,7 @@ def planned_problems(target: Target) -> list[PlannedProblem]:
 
 
 @functools.cache
-def _traced(target: Target, timeout_s: float = TRACE_TIMEOUT_S) -> tuple[PlannedProblem, ...]:
+def _traced(target: Target) -> tuple[PlannedProblem, ...]:
     if not Path(target.config).is_file():
         raise ConfigInvalid(f"MaxText config {target.config}: not a file")
     command = [sys.executable, "-m", "moetune.integrations.maxtext.trace", json.dumps(target.to_dict())]
@@ -120,10 +118,11 @@ def _traced(target: Target, timeout_s: float = TRACE_TIMEOUT_S) -> tuple[Planned
         # In a folder of its own: whatever MaxText leaves behind (its default output folder) goes with it.
         with tempfile.TemporaryDirectory(prefix="moetune-maxtext-") as folder:
             done = subprocess.run(
-                command, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=folder
+                command, capture_output=True, text=True, timeout=TRACE_TIMEOUT_S, env=env, cwd=folder
             )
     except subprocess.TimeoutExpired:
-        raise ConfigInvalid(f"{target.config}: tracing MaxText's MoE took over {timeout_s:.0f} s") from None
+        took = f"tracing MaxText's MoE took over {TRACE_TIMEOUT_S:.0f} s"
+        raise ConfigInvalid(f"{target.config}: {took}") from None
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]

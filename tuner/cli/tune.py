@@ -62,7 +62,8 @@ def _hf_models(path: Path | None, tp: int, ep: int) -> tuple[str, ...]:
 
 def _maxtext_target(params: dict[str, Any]) -> dict[str, Any] | None:
     """--maxtext-config, its overrides and options as the spec's `maxtext` mapping (checked here, so a bad
-    one fails before anything is opened or written; the trace itself runs when the spec is checked)."""
+    one fails before anything is opened or written; the file is read when the spec is checked, before that
+    too)."""
     path = params.get("maxtext_config")
     extras = {
         "arguments": params.get("overrides"),
@@ -74,8 +75,6 @@ def _maxtext_target(params: dict[str, Any]) -> dict[str, Any] | None:
         if given:
             fail(f"{' and '.join(given)} go with --maxtext-config")
         return None
-    if not path.is_file():
-        fail(f"--maxtext-config {path}: not a file")
     target: dict[str, Any] = {"config": str(path.resolve()), "overrides": list(params.get("overrides") or ())}
     if params.get("maxtext_devices") is not None:
         target["devices"] = params["maxtext_devices"]
