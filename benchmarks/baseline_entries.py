@@ -416,6 +416,44 @@ def model_entries(run: dict) -> list[dict]:
     return entries
 
 
+def _maxtext_path(argument: str) -> str:
+    """A MaxText config file as a path inside MaxText's package ('maxtext/configs/base.yml'), wherever
+    MaxText was installed on the machine that ran."""
+    return re.sub(r"^\S*?/(maxtext/configs/)", r"\1", argument)
+
+
+def maxtext_entries(run: dict) -> list[dict]:
+    """One entry per case of a bench_maxtext.py --out file whose two paths were timed: moetune's plug-in,
+    and MaxText's own route (params.route: ragged_dot, tokamax or megablox) as the peer. The command keeps
+    the config (its file as a path inside MaxText's package, then the overrides); params the layers the
+    model had, the tokens
+    one sample processes (tokens/s = tokens / s for the serve cases) and how far the outputs were apart;
+    a case timed despite outputs that differ (--time-mismatched) says so in params.parity_failed."""
+    env = dict(run["environment"])
+    env["command"] = " ".join(_maxtext_path(part) for part in env["command"].split())
+    entries = []
+    for record in run["records"]:
+        methods = record.get("methods", {})
+        if "moetune" not in methods or "maxtext" not in methods:
+            continue
+        params = {
+            "model": run["model_name"],
+            "case": record["name"],
+            "tokens": record["tokens"],
+            "layers": run["layers"],
+            "route": run["route"],
+            "rel_err": float(f"{record['rel_err']:.3g}"),
+        }
+        if "parity_failed" in record:
+            params["parity_failed"] = record["parity_failed"]
+        name = f"maxtext/{run['model_name']}/{record['name']}/T={record['tokens']}/{run['route']}"
+        peers = {f"maxtext_{run['route']}": measurement(methods["maxtext"]["samples_ms"], 6)}
+        entries.append(
+            _timed_entry(env, name, "maxtext", methods["moetune"]["samples_ms"], params=params, peers=peers)
+        )
+    return entries
+
+
 def tuner_entry(runs: list[dict], *, date: str, versions: dict[str, str], command: str, gpu: str) -> dict:
     """Runs of one tuner measurement, each sample one run's rate: `moetune bench tuner --out` files (Ray
     against one by one, same candidates), compare_clusters.py --out files (two GPUs against one) or

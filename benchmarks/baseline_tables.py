@@ -364,6 +364,49 @@ def model_full(data: dict) -> list[str]:
     return lines
 
 
+# --- MaxText ----------------------------------------------------------------------------------------------
+
+ROUTES = {"ragged_dot": "jax.lax.ragged_dot", "tokamax": "tokamax ragged_dot", "megablox": "megablox gmm"}
+
+
+def maxtext_table(entries: list[dict]) -> list[str]:
+    """One row per case: MaxText with moetune's plug-in against MaxText's own route, and tokens/s where a
+    sample is a serving call. A case timed despite outputs that differ is marked."""
+    rows = []
+    for e in entries:
+        p = e["params"]
+        theirs = next(iter(e["peers"].values()))["median"]
+        serve = p["case"].startswith("serve/")
+        rate = f"{p['tokens'] / e['median'] * 1e3:,.1f} / {p['tokens'] / theirs * 1e3:,.1f}" if serve else "-"
+        parity = f"{p['rel_err']:.1e}" + (" (differ)" if "parity_failed" in p else "")
+        rows.append(
+            [
+                p["model"], str(p["layers"]), p["case"], str(p["tokens"]), ROUTES.get(p["route"], p["route"]),
+                f"{e['median']:.3f}", f"{theirs:.3f}", f"{theirs / e['median']:.2f}x", rate, parity,
+            ]
+        )  # fmt: skip
+    head = ["model", "layers", "case", "tokens", "MaxText's route", "moetune ms", "MaxText ms", "speedup"]
+    return _table(head + ["tokens/s, moetune / MaxText", "outputs' rel. difference"], rows)
+
+
+def maxtext_full(data: dict) -> list[str]:
+    entries = _suite(data, "maxtext")
+    if not entries:
+        return []
+    lines = ["#### MaxText: `benchmarks/bench_maxtext.py`", ""]
+    lines += [f"Measured {_days(entries)} on {data['gpu']}: {_versions(entries)}.", ""] + _commands(entries)
+    lines += [
+        "MaxText's model with moetune's plug-in installed and on MaxText's own route, in one process, on "
+        "the same random weights. serve: MaxText's inference engine, wall-clock ms per prefill of the "
+        "prompt or per decode step, median; layer (one routed MoE layer) and step (loss and gradients of "
+        "the model): CUPTI ms of every kernel of a call, median. The last column is the relative L2 "
+        "difference of the outputs (logits, or the layer's output, or every gradient); `(differ)`: past "
+        "the bf16 bound of 2e-2, and timed all the same (`--time-mismatched`).",
+        "",
+    ]
+    return lines + maxtext_table(entries) + [""]
+
+
 # --- the tuner ---------------------------------------------------------------------------------------------
 
 
@@ -400,6 +443,7 @@ def render_full(data: dict) -> str:
     lines = [f"### {data['gpu']}", ""] + gemm_full(data) + finegrained_full(data) + block_full(data)
     lines += fp8_full(data)
     lines += model_full(data)
+    lines += maxtext_full(data)
     lines += tuner_full(data)
     return "\n".join(lines).rstrip("\n") + "\n"
 
@@ -410,6 +454,10 @@ def render_summary(data: dict) -> str:
     for entries in _by_model(model).values():
         lines += [f"The whole model ({_model_name(entries[0]['params'])}, {_days(entries)}):", ""]
         lines += _commands(entries) + model_table(entries) + [""]
+    maxtext = _suite(data, "maxtext")
+    if maxtext:
+        lines += [f"MaxText with moetune's plug-in against MaxText's own route ({_days(maxtext)}):", ""]
+        lines += _commands(maxtext) + maxtext_table(maxtext) + [""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -9,6 +9,7 @@ built from the benchmark scripts' own output files, and the tables the documenta
     python3 benchmarks/baselines.py add-block block.json              # bench_block.py --out file
     python3 benchmarks/baselines.py add-fp8 fp8.json                  # bench_fp8.py --out file
     python3 benchmarks/baselines.py add-model model.json              # bench_model.py --out file
+    python3 benchmarks/baselines.py add-maxtext serve.json layer.json # bench_maxtext.py --out files
     python3 benchmarks/baselines.py add-example auto.json xla.json    # examples/train_moe.py --json
         # one run of --backend auto and one of --backend xla, same config: train_example/<config>
     python3 benchmarks/baselines.py add-tuner run.json ... --gpu "NVIDIA H200" --date 2026-11-30 \\
@@ -53,7 +54,7 @@ BASELINES = ROOT / "benchmarks" / "baselines"
 PAGES = (ROOT / "README.md", ROOT / "docs" / "performance.md")
 SUITES = (
     "bench_gemm", "finegrained", "moe_block", "fp8_gemm", "backward", "layer_grad", "bench_model", "tuner",
-    "train_example",
+    "train_example", "maxtext",
 )  # fmt: skip
 UNITS = ("ms", "s", "trials/min", "variants/min")
 REQUIRED = ("name", "suite", "date", "gpu", "versions", "command", "unit", "samples", "median", "params")
@@ -68,6 +69,7 @@ SUITE_PARAMS = {
     "bench_model": ("model", "phase", "tokens"),
     "tuner": (),
     "train_example": (),
+    "maxtext": ("model", "case", "tokens", "layers", "route"),
 }
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?)?")
 
@@ -255,6 +257,7 @@ def _parser() -> argparse.ArgumentParser:
         "add-block",
         "add-fp8",
         "add-model",
+        "add-maxtext",
         "add-tuner",
         "add-example",
     ):
@@ -304,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
             entries = [e for run in runs for e in baseline_entries.fp8_entries(run)]
         elif args.command == "add-model":
             entries = [e for run in runs for e in baseline_entries.model_entries(run)]
+        elif args.command == "add-maxtext":
+            entries = [e for run in runs for e in baseline_entries.maxtext_entries(run)]
         elif args.command == "add-example":
             entries = [baseline_entries.example_entry(runs)]
         else:

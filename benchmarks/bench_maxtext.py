@@ -2,6 +2,9 @@
 
 For a MaxText config (its YAML and key=value overrides, as MaxText's own commands take them), on the mesh
 of the devices there are:
+  * serve: the config's model in MaxText's inference engine (MaxEngine): prefill of one prompt of
+    max_prefill_predict_length tokens, and decode steps of the engine's batch (per_device_batch_size per
+    device), wall-clock per call as MaxText's inference microbenchmark measures them, and tokens/s;
   * layer: the routed MoE layer (RoutedMoE, weights drawn at random) on one batch of a shard's decode step
     (per_device_batch_size tokens), prefill (times max_prefill_predict_length) and training (times
     max_target_length): the forward, and for training the forward and backward;
@@ -9,8 +12,9 @@ of the devices there are:
     its gradients for one batch of training tokens.
 Each runs with moetune's plug-in installed ("moetune") and without it ("maxtext": the route the config
 names; MaxText's GPU model configs set megablox: false, jax.lax.ragged_dot), each compiled on its own,
-outputs compared before anything is timed. Times are CUPTI kernel time (every kernel of a call), the
-median of --runs calls.
+outputs compared before anything is timed. Layer and step times are CUPTI kernel time (every kernel of
+a call), the median of --runs calls; serve times are wall-clock, the median of --runs prefills and of
+--decode-steps decode steps.
 
     python3 benchmarks/bench_maxtext.py --out $OUT/maxtext.json -- .../maxtext/configs/base.yml \\
         model_name=mixtral-8x7b megablox=false weight_dtype=bfloat16 per_device_batch_size=1 \\
@@ -34,10 +38,17 @@ import moe_shapes  # noqa: E402
 from bench_backward import rel_err, time_jax  # noqa: E402
 
 WORKLOADS = ("decode", "prefill", "train")
-CASES = ("layer", "step")
+CASES = ("serve", "layer", "step")
 # Both paths sum the same float32 products in other orders, and round to the config's dtype.
 PARITY_MAX_REL_ERR = {"float32": 1e-4, "bfloat16": 2e-2}
 PATHS = ("moetune", "maxtext")
+
+
+def route(config: Any) -> str:
+    """The grouped GEMM MaxText's routed MoE calls under `config` when moetune's plug-in is not installed."""
+    if config.use_tokamax_gmm:
+        return "tokamax"
+    return "megablox" if config.megablox else "ragged_dot"
 
 
 def load_config(argv: list[str]) -> Any:
@@ -60,8 +71,11 @@ def _compiled(fn: Callable[..., Any], args: tuple, *, moetune: bool) -> tuple[An
     from moetune.integrations import maxtext as plugin
     from moetune.kernels import recording
 
+    def fresh(*args: Any) -> Any:  # jax caches a function's trace by its identity: each path traces anew
+        return fn(*args)
+
     with plugin.installed() if moetune else contextlib.nullcontext(), recording() as dispatched:
-        return jax.jit(fn).lower(*args).compile(), list(dispatched)
+        return jax.jit(fresh).lower(*args).compile(), list(dispatched)
 
 
 def _tree_rel_err(out: Any, ref: Any) -> float:
@@ -70,7 +84,124 @@ def _tree_rel_err(out: Any, ref: Any) -> float:
     return max(jax.tree.leaves(jax.tree.map(rel_err, out, ref)))
 
 
-def layer_cases(config: Any, mesh: Any, workloads: tuple[str, ...], timer: Callable, runs: int) -> list[dict]:
+def _engine_results_as_pytrees(maxengine: Any) -> None:
+    """Without JetStream installed MaxText's engine returns its stand-in ResultTokens, which jax cannot
+    return from a jitted call: registered here as the pytree JetStream's own class is."""
+    import jax
+
+    cls = maxengine.engine_api.ResultTokens
+    if jax.tree_util.all_leaves([cls()]):  # not a pytree node yet
+        static = ("tokens_idx", "valid_idx", "length_idx", "samples_per_slot")
+        jax.tree_util.register_pytree_node(
+            cls,
+            lambda r: ((r.data, r.log_prob), tuple(getattr(r, k) for k in static)),
+            lambda aux, kids: cls(data=kids[0], log_prob=kids[1], **dict(zip(static, aux, strict=True))),
+        )
+
+
+def _wall_samples(call: Callable[[], Any], runs: int) -> list[float]:
+    import jax
+
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        jax.block_until_ready(call())
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def serve_cases(config: Any, runs: int, decode_steps: int) -> list[dict]:
+    """Prefill and decode in MaxText's engine, one engine per path (an engine's jitted steps are traced
+    once, so the plug-in's choice sticks to it), both on the same random weights."""
+    import jax
+    from maxtext.inference.maxengine import maxengine
+
+    from moetune.integrations import maxtext as plugin
+    from moetune.kernels import recording
+
+    _engine_results_as_pytrees(maxengine)
+    prefill = {"name": "serve/prefill", "tokens": config.max_prefill_predict_length, "methods": {}}
+    decode: dict[str, Any] = {"name": "serve/decode", "methods": {}}
+    try:
+        engines = {path: maxengine.MaxEngine(config) for path in PATHS}
+        params = engines["maxtext"].load_params(rng=jax.random.PRNGKey(0))
+        engines["moetune"].load_params(params=params)
+        prompt = jax.random.randint(jax.random.PRNGKey(1), (prefill["tokens"],), 0, config.vocab_size)
+        slots = engines["moetune"].max_concurrent_decodes
+        decode["tokens"] = slots
+
+        def prefill_call(engine: Any) -> Any:
+            return engine.prefill(params=params, padded_tokens=prompt, true_length=prefill["tokens"])[0]
+
+        states, first, dispatched = {}, {}, []
+        for path, engine in engines.items():  # first calls compile: the plug-in is in place for moetune's
+            with plugin.installed() if path == "moetune" else contextlib.nullcontext(), recording() as d:
+                first[path] = prefill_call(engine)["logits"]
+                state = engine.init_decode_state()
+                for slot in range(slots):
+                    state = engine.insert(prefill_call(engine), state, slot)
+                states[path] = engine.generate(params, state)[0]
+            dispatched.append(list(d))
+        if not dispatched[0] or dispatched[1]:
+            raise RuntimeError(
+                "the plug-in did not decide which path ran: check the MaxText config's MoE route"
+            )
+        prefill["dispatched"] = decode["dispatched"] = sorted(
+            {f"{e.problem.key} on {e.backend} ({e.source})" for e in dispatched[0]}
+        )
+        bound = _parity_bound(config)
+        prefill["rel_err"] = rel_err(first["moetune"], first["maxtext"])
+        decode["rel_err"] = rel_err(states["moetune"]["logits"], states["maxtext"]["logits"])
+        for record in (prefill, decode):
+            if not record["rel_err"] <= bound:
+                raise RuntimeError(
+                    f"{record['name']}: moetune's logits differ from MaxText's by {record['rel_err']:.3e} "
+                    f"(> {bound})"
+                )
+        del first
+        for path, engine in engines.items():
+            prefill["methods"][path] = _wall_summary(
+                _wall_samples(lambda engine=engine: prefill_call(engine), runs), prefill["tokens"]
+            )
+
+            def step(engine: Any = engine, path: str = path) -> Any:
+                states[path] = engine.generate(params, states[path])[0]
+                return states[path]
+
+            decode["methods"][path] = _wall_summary(_wall_samples(step, decode_steps), slots)
+        for record in (prefill, decode):
+            m = record["methods"]
+            record["speedup"] = m["maxtext"]["median_ms"] / m["moetune"]["median_ms"]
+    except Exception as e:  # the edge where a failure becomes the cases' record
+        for record in (prefill, decode):
+            if "speedup" not in record:
+                record["error"] = f"{type(e).__name__}: {e}"[:1000]
+    return [prefill, decode]
+
+
+def _wall_summary(samples: list[float], tokens: int) -> dict:
+    median = statistics.median(samples)
+    return {
+        "median_ms": median * 1e3,
+        "tokens_per_s": tokens / median,
+        "samples_ms": [s * 1e3 for s in samples],
+    }
+
+
+def _parity_bound(config: Any) -> float:
+    import jax.numpy as jnp
+
+    return PARITY_MAX_REL_ERR.get(jnp.dtype(config.dtype).name, PARITY_MAX_REL_ERR["bfloat16"])
+
+
+def layer_cases(
+    config: Any,
+    mesh: Any,
+    workloads: tuple[str, ...],
+    timer: Callable,
+    runs: int,
+    time_mismatched: bool = False,
+) -> list[dict]:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -94,12 +225,12 @@ def layer_cases(config: Any, mesh: Any, workloads: tuple[str, ...], timer: Calla
         fn = forward_and_backward if workload == "train" else forward
         name = f"layer/{workload}/{'forward+backward' if workload == 'train' else 'forward'}"
         records.append(
-            _compare(name, fn, (params, rest, x), config, timer, runs, tokens=batch * seq[workload])
+            _compare(name, fn, (params, rest, x), config, timer, runs, batch * seq[workload], time_mismatched)
         )
     return records
 
 
-def step_case(config: Any, mesh: Any, timer: Callable, runs: int) -> dict:
+def step_case(config: Any, mesh: Any, timer: Callable, runs: int, time_mismatched: bool = False) -> dict:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -126,16 +257,28 @@ def step_case(config: Any, mesh: Any, timer: Callable, runs: int) -> dict:
         return jax.value_and_grad(loss)(params)
 
     return _compare(
-        "step/train", loss_and_grads, (params, rest, tokens), config, timer, runs, tokens=batch * length
+        "step/train",
+        loss_and_grads,
+        (params, rest, tokens),
+        config,
+        timer,
+        runs,
+        batch * length,
+        time_mismatched,
     )
 
 
 def _compare(
-    name: str, fn: Callable, args: tuple, config: Any, timer: Callable, runs: int, tokens: int
+    name: str,
+    fn: Callable,
+    args: tuple,
+    config: Any,
+    timer: Callable,
+    runs: int,
+    tokens: int,
+    time_mismatched: bool = False,
 ) -> dict:
     """Both paths' executables, their outputs compared, then timed one after the other."""
-    import jax.numpy as jnp
-
     record: dict[str, Any] = {"name": name, "tokens": tokens, "methods": {}}
     try:
         compiled = {path: _compiled(fn, args, moetune=path == "moetune") for path in PATHS}
@@ -150,11 +293,12 @@ def _compare(
         outs = {path: exe(*args) for path, exe in exes.items()}
         record["rel_err"] = _tree_rel_err(outs["moetune"], outs["maxtext"])
         del outs
-        bound = PARITY_MAX_REL_ERR.get(jnp.dtype(config.dtype).name, PARITY_MAX_REL_ERR["bfloat16"])
+        bound = _parity_bound(config)
         if not record["rel_err"] <= bound:
-            raise RuntimeError(
-                f"moetune's output differs from MaxText's by {record['rel_err']:.3e} (> {bound})"
-            )
+            message = f"moetune's output differs from MaxText's by {record['rel_err']:.3e} (> {bound})"
+            if not time_mismatched:
+                raise RuntimeError(message)
+            record["parity_failed"] = message
         for path, exe in exes.items():
             samples = timer(exe, args, runs)
             record["methods"][path] = {
@@ -170,24 +314,38 @@ def _compare(
 
 
 def run(
-    argv: list[str], cases: tuple[str, ...], workloads: tuple[str, ...], runs: int, timer: Callable = time_jax
+    argv: list[str],
+    cases: tuple[str, ...],
+    workloads: tuple[str, ...],
+    runs: int,
+    timer: Callable = time_jax,
+    decode_steps: int = 32,
+    time_mismatched: bool = False,
 ) -> dict:
     from flax.linen import partitioning as nn_partitioning
     from maxtext.utils import maxtext_utils
 
     config = load_config(argv)
     mesh = maxtext_utils.get_mesh_from_config(config)
-    payload = {"config": argv, "model_name": config.model_name, "records": []}
+    payload = {
+        "config": argv,
+        "model_name": config.model_name,
+        "layers": config.num_decoder_layers,
+        "route": route(config),
+        "records": [],
+    }
+    if "serve" in cases:  # the engine builds its own mesh
+        payload["records"] += serve_cases(config, runs, decode_steps)
     with mesh, nn_partitioning.axis_rules(config.logical_axis_rules):
         if "layer" in cases:
-            payload["records"] += layer_cases(config, mesh, workloads, timer, runs)
+            payload["records"] += layer_cases(config, mesh, workloads, timer, runs, time_mismatched)
         if "step" in cases:
-            payload["records"].append(step_case(config, mesh, timer, runs))
+            payload["records"].append(step_case(config, mesh, timer, runs, time_mismatched))
     return payload
 
 
 def print_table(payload: dict) -> None:
-    print(f"{payload['model_name']}: CUPTI ms, median; speedup = MaxText's own / moetune")
+    print(f"{payload['model_name']}: ms, median (serve: wall-clock, else CUPTI); speedup: MaxText / moetune")
     for r in payload["records"]:
         if "error" in r:
             print(f"  {r['name']:<28} error: {r['error'][:200]}")
@@ -197,6 +355,12 @@ def print_table(payload: dict) -> None:
         print(
             f"  {r['name']:<28} tokens {r['tokens']:>7}  moetune {ours:9.3f}  maxtext {theirs:9.3f}  "
             f"speedup {r['speedup']:.2f}x  rel err {r['rel_err']:.1e}"
+            + ("  (outputs differ)" if "parity_failed" in r else "")
+            + "".join(
+                f"  {path} {m[path]['tokens_per_s']:,.1f} tok/s"
+                for path in PATHS
+                if "tokens_per_s" in m[path]
+            )
         )
 
 
@@ -208,13 +372,26 @@ def main() -> int:
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated: {', '.join(CASES)}")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="the layer's token counts")
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument(
+        "--time-mismatched",
+        action="store_true",
+        help="layer and step: time both paths even where their outputs differ (the record names it)",
+    )
+    parser.add_argument("--decode-steps", type=int, default=32, help="serve: decode steps timed")
     parser.add_argument("config", nargs="+", help="the MaxText YAML, then its key=value overrides")
     args = parser.parse_args()
     cases, workloads = tuple(args.cases.split(",")), tuple(args.workloads.split(","))
     if set(cases) - set(CASES) or set(workloads) - set(WORKLOADS):
         parser.error(f"--cases from {', '.join(CASES)}; --workloads from {', '.join(WORKLOADS)}")
     start = time.monotonic()
-    payload = run(args.config, cases, workloads, args.runs)
+    payload = run(
+        args.config,
+        cases,
+        workloads,
+        args.runs,
+        decode_steps=args.decode_steps,
+        time_mismatched=args.time_mismatched,
+    )
     payload |= {
         "environment": moe_shapes.environment(),
         "command": " ".join(sys.argv),

@@ -466,3 +466,33 @@ def test_an_fp8_block_run_keeps_the_one_block_steps_variant_as_a_peer():
     assert sorted(made["peers"]) == ["moetune_one_block_steps", "torch_grouped_mm"]
     assert made["peers"]["moetune_one_block_steps"]["median"] == 10.5
     assert made["params"]["one_block_steps_config"]["block_k"] == 128 and made["median"] == 8.8
+
+
+def test_a_maxtext_run_keeps_each_timed_case_with_maxtexts_route_as_the_peer():
+    def timed(ms):
+        return {"samples_ms": [ms, ms * 1.02, ms * 0.98], "median_ms": ms}
+
+    env = {"date": "2026-01-02T03:04:05Z", "device_kind": "Test GPU", "jax": "0.11.2", "jaxlib": "0.11.2"}
+    yml = "/opt/venv/lib/python3.12/site-packages/maxtext/configs/gpu/models/mixtral_8x7b.yml"
+    env["command"] = f"python3 bench_maxtext.py --out /data/run/serve.json -- {yml} per_device_batch_size=1"
+    decode = {"name": "serve/decode", "tokens": 1, "rel_err": 1.234567e-3}
+    decode["methods"] = {"moetune": timed(10.0), "maxtext": timed(50.0)}
+    mismatched = {"name": "step/train", "tokens": 4096, "rel_err": 0.7, "parity_failed": "differs by 0.7"}
+    mismatched["methods"] = {"moetune": timed(100.0), "maxtext": timed(150.0)}
+    failed = {"name": "layer/train/forward+backward", "tokens": 4096, "methods": {}, "error": "OOM"}
+    run = {"environment": env, "config": [yml, "per_device_batch_size=1"], "model_name": "mixtral-8x7b"}
+    run |= {"layers": 16, "route": "ragged_dot", "records": [decode, failed, mismatched]}
+    made, timed_anyway = entries.maxtext_entries(run)
+    assert made["name"] == "maxtext/mixtral-8x7b/serve/decode/T=1/ragged_dot" and made["suite"] == "maxtext"
+    assert made["median"] == 10.0 and made["peers"]["maxtext_ragged_dot"]["median"] == 50.0
+    assert made["params"] == {
+        "model": "mixtral-8x7b", "case": "serve/decode", "tokens": 1, "layers": 16, "route": "ragged_dot",
+        "rel_err": 0.00123,
+    }  # fmt: skip
+    assert made["command"] == (
+        "python3 benchmarks/bench_maxtext.py --out $OUT/serve.json -- "
+        "maxtext/configs/gpu/models/mixtral_8x7b.yml per_device_batch_size=1"
+    )
+    assert timed_anyway["params"]["parity_failed"] == "differs by 0.7"
+    file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
+    assert baselines.problems_of(file) == []

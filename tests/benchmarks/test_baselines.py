@@ -52,7 +52,7 @@ def test_the_committed_baselines_files_are_valid():
         loaded = json.loads(path.read_text())
         assert baselines.problems_of(loaded) == [], path
         assert path.stem == baselines.gpu_key(loaded["gpu"])
-        assert path.stat().st_size < 400_000  # small: raw samples of some 150 measurements, not a sweep
+        assert path.stat().st_size < 400_000  # small: raw samples of some 175 measurements, not a sweep
 
 
 def test_the_committed_pages_are_what_render_makes_of_the_baselines():
@@ -237,6 +237,38 @@ def test_an_fp8_model_run_gets_a_table_of_its_own_with_the_roofline_of_its_weigh
     assert "| moetune, FP8 experts | 4000 | 200.0 | 50% |" in text  # 8 / 0.04 against its own 400 tokens/s
     assert "| moetune | 2000 | 100.0 | - |" in text  # the bf16 path has another roofline: no share
     assert "| moetune | 2000 | 100.0 |\n" in text  # the bf16 run's own table, which has no roofline
+
+
+def maxtext_entry(case: str, tokens: int, ms: float, theirs: float, route="ragged_dot", **params) -> dict:
+    made = entry(
+        name=f"maxtext/tiny/{case}/T={tokens}/{route}",
+        suite="maxtext",
+        samples=(ms,),
+        params={"model": "tiny", "case": case, "tokens": tokens, "layers": 2, "route": route} | params,
+        peers={f"maxtext_{route}": {"samples": [theirs], "median": theirs}},
+    )
+    for gemm_only in ("bounds", "config", "from_pack"):
+        del made[gemm_only]
+    return made
+
+
+def test_the_maxtext_table_gives_speedups_tokens_per_second_for_serving_and_marks_mismatches():
+    rows = [
+        maxtext_entry("serve/decode", 1, 10.0, 50.0, rel_err=0.0),
+        maxtext_entry("step/train", 4096, 100.0, 150.0, "tokamax", rel_err=0.7, parity_failed="differs"),
+    ]
+    assert baselines.problems_of(data(*rows)) == []
+    text = tables.render_full(data(*rows))
+    assert "#### MaxText: `benchmarks/bench_maxtext.py`" in text
+    assert (
+        "| tiny | 2 | serve/decode | 1 | jax.lax.ragged_dot | 10.000 | 50.000 | 5.00x | 100.0 / 20.0 "
+        "| 0.0e+00 |" in text
+    )
+    assert (
+        "| tiny | 2 | step/train | 4096 | tokamax ragged_dot | 100.000 | 150.000 | 1.50x | - "
+        "| 7.0e-01 (differ) |" in text
+    )
+    assert "MaxText with moetune's plug-in" in tables.render_summary(data(*rows))
 
 
 def test_the_tuner_table_gives_each_measurement_against_its_peer():

@@ -43,3 +43,52 @@ def test_a_config_the_plugin_refuses_is_a_record_not_a_crash():
     payload = bench_maxtext.run(_argv(sparse_matmul=False), ("layer",), ("decode",), 2, fake_timer)
     [record] = payload["records"]
     assert "sparse_matmul=False" in record["error"] and not record["methods"]
+
+
+@pytest.mark.slow
+def test_each_path_is_traced_on_its_own(monkeypatch):
+    """A plug-in whose kernel computes something else must show up as a parity error: the MaxText path may
+    not reuse the trace made with the plug-in installed (jax caches traces by function)."""
+    from moetune.integrations.maxtext import hook
+
+    real = hook.grouped_matmul
+    monkeypatch.setattr(hook, "grouped_matmul", lambda *a, **k: real(*a, **k) * 1.01)
+    payload = bench_maxtext.run(_argv(megablox=False), ("layer",), ("prefill",), 2, fake_timer)
+    [record] = payload["records"]
+    assert "differs from MaxText's" in record["error"], record
+
+
+@pytest.mark.slow
+def test_serving_runs_prefill_and_decode_in_maxtexts_engine_on_each_path():
+    payload = bench_maxtext.run(
+        _argv(megablox=False, per_device_batch_size=1), ("serve",), (), 2, decode_steps=3
+    )
+    assert (
+        payload["route"] == "ragged_dot" and payload["layers"] == tiny_model.TINY["base_num_decoder_layers"]
+    )
+    prefill, decode = payload["records"]
+    assert (prefill["name"], prefill["tokens"]) == (
+        "serve/prefill",
+        tiny_model.TINY["max_prefill_predict_length"],
+    )
+    assert (decode["name"], decode["tokens"]) == ("serve/decode", 1)  # one slot: batch-1 decode
+    for record in (prefill, decode):
+        assert "error" not in record, record
+        assert record["rel_err"] < 1e-4 and record["dispatched"]
+        runs = 2 if record is prefill else 3
+        for method in record["methods"].values():
+            assert len(method["samples_ms"]) == runs
+            assert method["tokens_per_s"] == pytest.approx(record["tokens"] / method["median_ms"] * 1e3)
+
+
+@pytest.mark.slow
+def test_serving_catches_a_plugin_that_computes_something_else(monkeypatch):
+    from moetune.integrations.maxtext import hook
+
+    real = hook.grouped_matmul
+    monkeypatch.setattr(hook, "grouped_matmul", lambda *a, **k: real(*a, **k) * 1.01)
+    payload = bench_maxtext.run(
+        _argv(megablox=False, per_device_batch_size=1), ("serve",), (), 2, decode_steps=2
+    )
+    for record in payload["records"]:
+        assert "differ from MaxText's" in record["error"] and not record["methods"], record

@@ -18,6 +18,7 @@ GPU_SCRIPTS = [
     "benchmarks/bench_fp8.py",
     "benchmarks/bench_gemm.py",
     "benchmarks/bench_layer_grad.py",
+    "benchmarks/bench_maxtext.py",
     "benchmarks/bench_model.py",
     "benchmarks/device_kernel_check.py",
     "examples/train_moe.py",  # run by device_train_example.sh
