@@ -8,8 +8,9 @@ of the devices there are:
   * layer: the routed MoE layer (RoutedMoE, weights drawn at random) on one batch of a shard's decode step
     (per_device_batch_size tokens), prefill (times max_prefill_predict_length) and training (times
     max_target_length): the forward, and for training the forward and backward;
-  * step: the config's model (cut its layers with base_num_decoder_layers to fit one GPU): the loss and
-    its gradients for one batch of training tokens.
+  * step: the config's model (cut its layers with base_num_decoder_layers, which a model config only
+    lets an override change with override_model_config=true, to fit one GPU): the loss and its gradients
+    for one batch of training tokens.
 Each runs with moetune's plug-in installed ("moetune") and without it ("maxtext": the route the config
 names; MaxText's GPU model configs set megablox: false, jax.lax.ragged_dot), each compiled on its own,
 outputs compared before anything is timed. Layer and step times are CUPTI kernel time (every kernel of
@@ -18,7 +19,10 @@ a call), the median of --runs calls; serve times are wall-clock, the median of -
 
     python3 benchmarks/bench_maxtext.py --out $OUT/maxtext.json -- .../maxtext/configs/base.yml \\
         model_name=mixtral-8x7b megablox=false weight_dtype=bfloat16 per_device_batch_size=1 \\
-        max_target_length=4096 max_prefill_predict_length=2048 base_num_decoder_layers=4
+        max_target_length=4096 max_prefill_predict_length=2048 override_model_config=true \\
+        base_num_decoder_layers=4 scan_layers=true param_scan_axis=0 attention=dot_product
+
+benchmarks/device_maxtext.sh runs it on one H200 as docs/maxtext.md reports it.
 """
 
 from __future__ import annotations
