@@ -37,8 +37,8 @@ case "${MT_MODEL:-mixtral}" in
   qwen3) MODEL=("$configs/base.yml" model_name=qwen3-30b-a3b megablox=false); SERVE_LAYERS=${MT_SERVE_LAYERS:-24} ;;
   *) echo "MT_MODEL: mixtral or qwen3" >&2; exit 2 ;;
 esac
-COMMON=(override_model_config=true attention=dot_product scan_layers=true param_scan_axis=0 weight_dtype=bfloat16 enable_checkpointing=false
-        skip_jax_distributed_system=true per_device_batch_size=1 max_target_length="${MT_TRAIN_TOKENS:-4096}"
+COMMON=(override_model_config=true attention=dot_product scan_layers=true param_scan_axis=0
+        weight_dtype=bfloat16 enable_checkpointing=false skip_jax_distributed_system=true per_device_batch_size=1 max_target_length="${MT_TRAIN_TOKENS:-4096}"
         max_prefill_predict_length=2048)
 bench() {  # bench SECONDS OUTFILE ARGS... (0 seconds: skipped)
   local s=$1 out=$2; shift 2
@@ -55,5 +55,4 @@ bench "${MT_LAYER_S:-170}" layer.json --cases layer,step --runs 5 -- "${MODEL[@]
 # tokamax 0.0.17's mosaic ragged_dot is timed even where its output differs from moetune's (the record
 # says so): the comparison with MaxText's default route has already checked moetune's.
 bench "${MT_TOKAMAX_S:-110}" tokamax.json --cases layer,step --workloads train --runs 5 --time-mismatched \
-  -- "${MODEL[@]}" \
-  "${COMMON[@]}" base_num_decoder_layers="${MT_STEP_LAYERS:-4}" use_tokamax_gmm=true
+  -- "${MODEL[@]}" "${COMMON[@]}" base_num_decoder_layers="${MT_STEP_LAYERS:-4}" use_tokamax_gmm=true
