@@ -82,10 +82,13 @@ def _compiled(fn: Callable[..., Any], args: tuple, *, moetune: bool) -> tuple[An
         return jax.jit(fresh).lower(*args).compile(), list(dispatched)
 
 
-def _tree_rel_err(out: Any, ref: Any) -> float:
+def _tree_rel_err(out: Any, ref: Any) -> tuple[float, str]:
+    """The largest relative error over the outputs' leaves, and which leaf it is (a gradient's path)."""
     import jax
 
-    return max(jax.tree.leaves(jax.tree.map(rel_err, out, ref)))
+    errors = jax.tree_util.tree_flatten_with_path(jax.tree.map(rel_err, out, ref))[0]
+    path, worst = max(errors, key=lambda item: item[1])
+    return worst, jax.tree_util.keystr(path)
 
 
 def _engine_results_as_pytrees(maxengine: Any) -> None:
@@ -295,11 +298,14 @@ def _compare(
                 "the plug-in did not decide which path ran: check the MaxText config's MoE route"
             )
         outs = {path: exe(*args) for path, exe in exes.items()}
-        record["rel_err"] = _tree_rel_err(outs["moetune"], outs["maxtext"])
+        record["rel_err"], record["worst_output"] = _tree_rel_err(outs["moetune"], outs["maxtext"])
         del outs
         bound = _parity_bound(config)
         if not record["rel_err"] <= bound:
-            message = f"moetune's output differs from MaxText's by {record['rel_err']:.3e} (> {bound})"
+            message = (
+                f"moetune's output differs from MaxText's by {record['rel_err']:.3e} (> {bound}), "
+                f"most in {record['worst_output'] or 'the output'}"
+            )
             if not time_mismatched:
                 raise RuntimeError(message)
             record["parity_failed"] = message

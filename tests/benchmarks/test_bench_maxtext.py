@@ -37,6 +37,7 @@ def test_every_case_compares_both_paths_before_timing_them():
         assert record["methods"]["moetune"]["samples_ms"] == [2.0, 2.0, 2.0] and record["speedup"] == 1.0
     assert [r["tokens"] for r in records] == [2, 32, 64, 64]  # a batch of 2 x 1, 16, 32, 32 tokens
     assert any("grouped_matmul_drhs" in d for d in records[2]["dispatched"])  # the backward ran on moetune
+    assert records[3]["worst_output"].startswith("[1]")  # a gradient of value_and_grad's (loss, grads)
 
 
 def test_a_config_the_plugin_refuses_is_a_record_not_a_crash():
@@ -56,6 +57,7 @@ def test_each_path_is_traced_on_its_own(monkeypatch):
     payload = bench_maxtext.run(_argv(megablox=False), ("layer",), ("prefill",), 2, fake_timer)
     [record] = payload["records"]
     assert "differs from MaxText's" in record["error"], record
+    assert "most in the output" in record["error"]  # a forward has one output: no path to name
 
 
 @pytest.mark.slow
