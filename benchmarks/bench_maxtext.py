@@ -149,13 +149,7 @@ def serve_cases(config: Any, runs: int, decode_steps: int) -> list[dict]:
                     state = engine.insert(prefill_call(engine), state, slot)
                 states[path] = engine.generate(params, state)[0]
             dispatched.append(list(d))
-        if not dispatched[0] or dispatched[1]:
-            raise RuntimeError(
-                "the plug-in did not decide which path ran: check the MaxText config's MoE route"
-            )
-        prefill["dispatched"] = decode["dispatched"] = sorted(
-            {f"{e.problem.key} on {e.backend} ({e.source})" for e in dispatched[0]}
-        )
+        prefill["dispatched"] = decode["dispatched"] = _dispatched(*dispatched)
         bound = _parity_bound(config)
         prefill["rel_err"] = rel_err(first["moetune"], first["maxtext"])
         decode["rel_err"] = rel_err(states["moetune"]["logits"], states["maxtext"]["logits"])
@@ -167,7 +161,7 @@ def serve_cases(config: Any, runs: int, decode_steps: int) -> list[dict]:
                 )
         del first
         for path, engine in engines.items():
-            prefill["methods"][path] = _wall_summary(
+            prefill["methods"][path] = _summary(
                 _wall_samples(lambda engine=engine: prefill_call(engine), runs), prefill["tokens"]
             )
 
@@ -175,10 +169,9 @@ def serve_cases(config: Any, runs: int, decode_steps: int) -> list[dict]:
                 states[path] = engine.generate(params, states[path])[0]
                 return states[path]
 
-            decode["methods"][path] = _wall_summary(_wall_samples(step, decode_steps), slots)
+            decode["methods"][path] = _summary(_wall_samples(step, decode_steps), slots)
         for record in (prefill, decode):
-            m = record["methods"]
-            record["speedup"] = m["maxtext"]["median_ms"] / m["moetune"]["median_ms"]
+            record["speedup"] = _speedup(record["methods"])
     except Exception as e:  # the edge where a failure becomes the cases' record
         for record in (prefill, decode):
             if "speedup" not in record:
@@ -186,13 +179,23 @@ def serve_cases(config: Any, runs: int, decode_steps: int) -> list[dict]:
     return [prefill, decode]
 
 
-def _wall_summary(samples: list[float], tokens: int) -> dict:
+def _dispatched(moetune: list, maxtext: list) -> list[str]:
+    """moetune's dispatches as text, once it is clear that the plug-in decided which path ran: the
+    moetune path made some, MaxText's own none."""
+    if not moetune or maxtext:
+        raise RuntimeError("the plug-in did not decide which path ran: check the MaxText config's MoE route")
+    return sorted({f"{e.problem.key} on {e.backend} ({e.source})" for e in moetune})
+
+
+def _summary(samples: list[float], tokens: int | None = None) -> dict:
+    """A path's samples in ms and their median; with `tokens` (what one sample processes), tokens/s."""
     median = statistics.median(samples)
-    return {
-        "median_ms": median * 1e3,
-        "tokens_per_s": tokens / median,
-        "samples_ms": [s * 1e3 for s in samples],
-    }
+    summary = {"median_ms": median * 1e3, "samples_ms": [s * 1e3 for s in samples]}
+    return summary if tokens is None else summary | {"tokens_per_s": tokens / median}
+
+
+def _speedup(methods: dict) -> float:
+    return methods["maxtext"]["median_ms"] / methods["moetune"]["median_ms"]
 
 
 def _parity_bound(config: Any) -> float:
@@ -290,13 +293,7 @@ def _compare(
     try:
         compiled = {path: _compiled(fn, args, moetune=path == "moetune") for path in PATHS}
         exes = {path: exe for path, (exe, _) in compiled.items()}
-        record["dispatched"] = sorted(
-            {f"{e.problem.key} on {e.backend} ({e.source})" for e in compiled["moetune"][1]}
-        )
-        if not record["dispatched"] or compiled["maxtext"][1]:
-            raise RuntimeError(
-                "the plug-in did not decide which path ran: check the MaxText config's MoE route"
-            )
+        record["dispatched"] = _dispatched(compiled["moetune"][1], compiled["maxtext"][1])
         outs = {path: exe(*args) for path, exe in exes.items()}
         record["rel_err"], record["worst_output"] = _tree_rel_err(outs["moetune"], outs["maxtext"])
         del outs
@@ -310,14 +307,8 @@ def _compare(
                 raise RuntimeError(message)
             record["parity_failed"] = message
         for path, exe in exes.items():
-            samples = timer(exe, args, runs)
-            record["methods"][path] = {
-                "median_ms": statistics.median(samples) * 1e3,
-                "samples_ms": [s * 1e3 for s in samples],
-            }
-        record["speedup"] = (
-            record["methods"]["maxtext"]["median_ms"] / record["methods"]["moetune"]["median_ms"]
-        )
+            record["methods"][path] = _summary(timer(exe, args, runs))
+        record["speedup"] = _speedup(record["methods"])
     except Exception as e:  # the edge where a failure becomes the case's record
         record["error"] = f"{type(e).__name__}: {e}"[:1000]
     return record
