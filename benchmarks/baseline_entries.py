@@ -339,9 +339,7 @@ def block_entries(run: dict) -> list[dict]:
     peers, and each stage of moetune's block (median ms) in params."""
     entries = []
     for case, samples, peers in _moetune_cases(run):
-        params = {
-            key: case[key] for key in ("model", "tokens", "experts", "top_k", "hidden", "ffn", "rotations")
-        }
+        params = {key: case[key] for key in ("model", "tokens", "experts", "top_k", "hidden", "ffn")}
         stages = case.get("stages", {})
         params["stages_ms"] = {n: round(st["median_ms"], 6) for n, st in stages.items() if "median_ms" in st}
         name = f"moe_block/{case['model']}/T={case['tokens']}"

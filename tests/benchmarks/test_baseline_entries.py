@@ -395,14 +395,21 @@ def test_a_block_run_keeps_the_peers_that_ran_and_the_stages():
     def timed(ms):
         return {"samples_ms": [ms, ms * 1.02, ms * 0.98], "median_ms": ms}
 
-    shape = {"model": "qwen3-30b-a3b", "experts": 128, "top_k": 8, "hidden": 2048, "ffn": 768, "rotations": 2}
+    # Cases as bench_block.py itself writes them, so that the two cannot drift apart.
+    block = load_script("bench_block")
+    model = load_script("dev_shapes").MODELS["qwen3-30b-a3b"]
     stages = {
         name: timed(ms)
         for name, ms in zip(("route", "permute", "gate_up", "down", "combine"), (1, 2, 3, 4, 5), strict=True)
     }
-    good = shape | {"tokens": 1, "stages": stages, "methods": {"moetune": timed(0.05), "tokamax": timed(0.06),
-                    "torch_grouped_mm": timed(0.1), "xla": {"error": "skipped"}}}  # fmt: skip
-    cut = shape | {"tokens": 128, "skipped": "budget spent"}
+    methods = {
+        "moetune": timed(0.05),
+        "tokamax": timed(0.06),
+        "torch_grouped_mm": timed(0.1),
+        "xla": {"error": "skipped"},
+    }
+    good = block.case_record(model, 1, methods, stages)
+    cut = block.skipped_record(model, 128, "budget spent")
     env = {"date": "2026-01-02T03:04:05Z", "device_kind": "Test GPU", "jax": "0.11.2", "jaxlib": "0.11.2"}
     env["command"] = "python3 bench_block.py --out /data/block.json"
     (made,) = entries.block_entries({"environment": env, "cases": [good, cut]})
