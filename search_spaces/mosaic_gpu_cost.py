@@ -52,6 +52,12 @@ EPILOGUE_S = 0.4e-6  # an item's store: barrier, TMA issue and the wait for the 
 CTA_S = 0.3e-6  # a CTA's start and exit in a grid of one CTA per item
 WGMMA_ISSUE_CYCLES = 2
 PLAIN_MMA_EFFICIENCY = 0.85
+# Two consumers splitting a CTA tile's rows (wg_split "m") against two splitting its columns: in 29
+# same-CTA pairs on 12 compute-bound development shapes (H200, 2026-12-04) the M split took 0.95-1.52x
+# the N split's time (median 1.05), worst on DeepSeek-V3's gate_up, and the model cannot tell which
+# pairs lose. The handicap lets the M split win only by a clear estimated margin: choosing the N split
+# where the M split would have won cost at most 5% there. Cause not isolated (docs/performance.md).
+M_SPLIT_MMA_EFFICIENCY = 0.9
 # Under FP8 block scales a consumer waits for a K step's wgmmas and promotes each scale block (a
 # multiply-add per accumulator value): first guess, one fifth of the tensor cores' time when the wait and
 # promotion follow every block; a step of two blocks waits once for both.
@@ -101,7 +107,9 @@ def mma_efficiency(config: MosaicGpuConfig, facts: hardware.ArchFacts) -> float:
     flop_cycles = 2 * WGMMA_M * n * 16 / facts.mma_flops_per_clock
     smem_cycles = (WGMMA_M * 16 + 16 * n) * 2 / facts.smem_bytes_per_clock
     efficiency = flop_cycles / (max(flop_cycles, smem_cycles) + WGMMA_ISSUE_CYCLES)
-    return efficiency * (1.0 if config.warp_specialized else PLAIN_MMA_EFFICIENCY)
+    if not config.warp_specialized:
+        return efficiency * PLAIN_MMA_EFFICIENCY
+    return efficiency * (M_SPLIT_MMA_EFFICIENCY if config.wg_split == "m" else 1.0)
 
 
 def mma_rate_factor(problem: Problem, config: MosaicGpuConfig) -> float:

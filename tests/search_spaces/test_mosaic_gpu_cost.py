@@ -72,6 +72,23 @@ def test_mma_efficiency_falls_with_a_narrow_n_and_without_warp_specialization():
     assert cost.mma_efficiency(plain, FACTS) < cost.mma_efficiency(C(block_m=64, block_n=128), FACTS)
 
 
+def test_an_m_split_costs_more_than_the_n_split_of_the_same_cta_tile_only_where_compute_bounds():
+    """Two consumers splitting the rows reach less of the tensor cores' rate than two splitting the
+    columns of the same 128x128 CTA tile: a compute-bound problem is estimated slower under the M split,
+    a memory-bound one (the down GEMM of one token: the weights' read) about the same."""
+    by_m = C(
+        block_m=64, block_n=128, block_k=128, max_concurrent_steps=2, wg_split="m", tile_schedule="table"
+    )
+    by_n = dataclasses.replace(by_m, block_m=128, block_n=64, wg_split="n")
+    assert (by_m.cta_m, by_m.cta_n) == (by_n.cta_m, by_n.cta_n)
+    assert cost.mma_efficiency(by_m, FACTS) < cost.mma_efficiency(by_n, FACTS)
+    compute_bound = QWEN3_GATE_UP.with_m(131072)
+    m_split, n_split = (cost.estimate(compute_bound, c, HOPPER).seconds for c in (by_m, by_n))
+    assert m_split > 1.05 * n_split
+    m_split, n_split = (cost.estimate(QWEN3_DOWN, c, HOPPER).seconds for c in (by_m, by_n))
+    assert m_split == pytest.approx(n_split, rel=0.02)
+
+
 def test_resident_ctas_share_an_sm_only_in_plain_grids_of_one_cta_per_item():
     small = C(
         block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, warp_specialized=False, wg_split="none"
