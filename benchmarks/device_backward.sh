@@ -20,8 +20,6 @@ START=$(date +%s)
 source benchmarks/device_env.sh
 unset XLA_PYTHON_CLIENT_ALLOCATOR  # one process on the GPU at a time here: XLA's own allocator
 DEADLINE=$(( START + ${BW_DEADLINE_S:-530} ))
-left() { echo $(( DEADLINE - $(date +%s) )); }
-cap() { local l; l=$(left); [ "$l" -lt "$1" ] && echo $(( l > 5 ? l : 5 )) || echo "$1"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv >"$OUT/gpu.txt" 2>&1
 
 if [ "${BW_TESTS_S:-170}" -gt 0 ]; then  # 0: no tests (device_gpu_tests.sh runs the whole suite)

@@ -39,7 +39,6 @@ GPU_KIND=${E2E_GPU:-NVIDIA H200}
 export MOETUNE_DB="sqlite:///$OUT/sweep.db"
 SWEEP=1  # the sweep's id in its database; an imported pack takes id 1
 DEADLINE=$(( $(date +%s) + ${E2E_DEADLINE_S:-560} ))
-cap() { local left=$(( DEADLINE - $(date +%s) )); [ "$left" -lt "$1" ] && echo $(( left > 5 ? left : 5 )) || echo "$1"; }
 # One `moetune tune ARGS` on GPU 0 with a --minutes of SECONDS, killed GRACE seconds after that: the outcome to
 # NAME.json, the log to NAME.log, then "LABEL rc=... in ... s" and the log's last lines.
 timed_tune() {  # NAME LABEL SECONDS GRACE ARGS...

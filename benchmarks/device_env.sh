@@ -21,7 +21,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
 # Some container hosts report a small MemTotal that grows as memory is used: Ray's memory monitor would
 # read that as pressure and kill workers, so it stays off here.
 export RAY_memory_monitor_refresh_ms=0
-step() { printf '\n=== [%s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+source benchmarks/device_timebox.sh
 # Fold each SQLite database's write-ahead log into it, so that $OUT brings back one file per database.
 merge_wal() {
   for db in "$1"/*.db; do

@@ -27,8 +27,6 @@ source benchmarks/device_env.sh
 unset XLA_PYTHON_CLIENT_ALLOCATOR  # one process on the GPU at a time here: XLA's own allocator
 DEADLINE=$(( START + ${FG_DEADLINE_S:-470} ))
 WORK_SUMMARY=$(mktemp)  # the tables, appended to run.log: $OUT brings back at most 8 files
-left() { echo $(( DEADLINE - $(date +%s) )); }
-cap() { local l; l=$(left); [ "$l" -lt "$1" ] && echo $(( l > 5 ? l : 5 )) || echo "$1"; }
 MODELS=${FG_MODELS:-qwen3-30b-a3b,deepseek-v3,deepseek-v3-ep8,qwen3-next-80b-a3b,mixtral-8x7b}
 TOKENS=${FG_TOKENS:-1,16,128,1024,4096,16384}
 TESTS=${FG_TESTS:-tests/gpu/test_mosaic_gpu_finegrained.py tests/gpu/test_mosaic_gpu_kernel.py tests/gpu/test_mosaic_gpu_swiglu.py}

@@ -27,7 +27,6 @@ source benchmarks/device_env.sh
 WORK=$(mktemp -d)  # everything but the few files $OUT brings back
 export MOETUNE_DB="sqlite:///$WORK/sweep.db"
 DEADLINE=$(( START + ${FGS_DEADLINE_S:-570} ))
-left() { echo $(( DEADLINE - $(date +%s) )); }
 BACKEND=${FGS_BACKEND:-mosaic_gpu}
 GPU_KIND=${FGS_GPU:-NVIDIA H200}
 common=(--backend "$BACKEND" --strategy tpe --budget "${FGS_BUDGET:-16}" --routing zipf:0 --no-baseline --json)

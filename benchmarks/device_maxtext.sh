@@ -22,9 +22,7 @@ OUT=${OUT:?set OUT to a folder for logs and artifacts}
 mkdir -p "$OUT"
 START=$(date +%s)
 DEADLINE=$(( START + ${MT_DEADLINE_S:-570} ))
-left() { echo $(( DEADLINE - $(date +%s) )); }
-cap() { local l; l=$(left); [ "$l" -lt "$1" ] && echo $(( l > 5 ? l : 5 )) || echo "$1"; }
-step() { printf '\n=== [%s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+source benchmarks/device_timebox.sh
 site=$(mktemp -d) && tar xJf .mtdeps/site.tar.xz -C "$site" && export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 python3 -c 'import maxtext.layers.moe, maxtext.inference.maxengine.maxengine, moetune.integrations.maxtext' \

@@ -14,7 +14,6 @@ mkdir -p "$OUT"
 source benchmarks/device_env.sh
 unset XLA_PYTHON_CLIENT_ALLOCATOR  # one process per GPU here: XLA's own allocator
 DEADLINE=$(( $(date +%s) + ${MODEL_DEADLINE_S:-570} ))
-cap() { local left=$(( DEADLINE - $(date +%s) )); [ "$left" -lt "$1" ] && echo $(( left > 5 ? left : 5 )) || echo "$1"; }
 gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c GPU)
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv >"$OUT/gpu.txt" 2>&1
 

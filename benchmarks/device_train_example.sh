@@ -24,8 +24,6 @@ python3 -c 'import optax' || {
   exit 1
 }
 DEADLINE=$(( START + ${TE_DEADLINE_S:-540} ))
-left() { echo $(( DEADLINE - $(date +%s) )); }
-cap() { local l; l=$(left); [ "$l" -lt "$1" ] && echo $(( l > 5 ? l : 5 )) || echo "$1"; }
 MODEL=${TE_MODEL:-"--dim 512 --heads 8 --ffn 1024"}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv >"$OUT/gpu.txt" 2>&1
 

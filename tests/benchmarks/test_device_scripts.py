@@ -1,7 +1,7 @@
 """The scripts that only run on a GPU machine, checked on a CPU before a device run is spent on them: each
 Python script starts and parses its arguments, run exactly as `python3 benchmarks/<script>` runs it, and
 imports none of the packages that machine may lack (Ray, Optuna, SQLAlchemy); each device shell script
-parses as bash."""
+parses as bash, and those that time-box their steps share one set of time boxes."""
 
 from __future__ import annotations
 
@@ -59,3 +59,38 @@ def test_the_glob_finds_the_device_shell_scripts():
 def test_a_device_shell_script_parses_as_bash(script):
     run = subprocess.run(["bash", "-n", str(BENCHMARKS / script)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
+
+
+def _timebox(script: str, deadline_in_s: int) -> str:
+    """What `script` prints in bash with benchmarks/device_timebox.sh sourced and DEADLINE that far away."""
+    deadline = f"DEADLINE=$(( $(date +%s) + {deadline_in_s} ))"
+    run = subprocess.run(
+        ["bash", "-c", f"source benchmarks/device_timebox.sh; {deadline}; {script}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+def test_a_step_gets_its_own_time_box_or_what_is_left_but_never_less_than_five_seconds():
+    assert _timebox("cap 30", 1000) == "30"
+    assert 990 <= int(_timebox("cap 5000", 1000)) <= 1000
+    assert _timebox("cap 30", -100) == "5"
+    assert int(_timebox("left", -100)) <= -100
+    assert "=== [" in _timebox("step tests", 10) and _timebox("step tests", 10).endswith("tests")
+
+
+def test_the_device_scripts_that_box_their_steps_take_the_shared_time_boxes():
+    sources = ("source benchmarks/device_env.sh", "source benchmarks/device_timebox.sh")
+    boxed = {}
+    for script in DEVICE_SHELL_SCRIPTS:
+        text = (BENCHMARKS / script).read_text()
+        if script != "device_timebox.sh" and any(use in text for use in ("$(cap ", "$(left)", "\nstep ")):
+            boxed[script] = text
+    assert {"device_maxtext.sh", "device_finegrained.sh", "device_e2e.sh"} <= set(boxed)
+    for script, text in boxed.items():
+        assert any(line in text for line in sources), f"{script} calls cap/left/step without sourcing them"
+        assert "cap() {" not in text and "left() {" not in text, f"{script} defines its own time boxes"
