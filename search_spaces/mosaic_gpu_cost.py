@@ -246,6 +246,9 @@ _TILES = (
     (64, 64, "none", False),
     (128, 128, "none", True),
 )
+# 64-column CTAs with a producer, ranked only where the output's width is an odd multiple of 64
+# (gpt-oss's 2880): that rules out every CTA of 128 or more columns above, which leaves 64x64 plain.
+_NARROW_TILES = ((64, 64, "m", True), (128, 64, "none", True))
 # swap_ab tile shapes: token rows (wgmma's N) x weight columns.
 _SWAPPED_ROWS = (8, 16, 32)
 _SWAPPED_TILES = ((128, "none", False), (64, "none", False), (64, "n", True), (128, "n", True))
@@ -287,10 +290,12 @@ def _stage_options(problem: Problem, base: MosaicGpuConfig, facts: hardware.Arch
     return options
 
 
-def _shapes(route: Routing) -> list[dict]:
-    """Tile shapes to rank: the normal ones, then while an expert's rows fit them the swapped ones
-    (narrowest first that holds its rows). Measured shapes first: near-ties go to them."""
-    normal = [dict(block_m=bm, block_n=bn, wg_split=sp, warp_specialized=ws) for bm, bn, sp, ws in _TILES]
+def _shapes(problem: Problem, route: Routing) -> list[dict]:
+    """Tile shapes to rank: the normal ones (and the narrow ones where the width needs them), then
+    while an expert's rows fit them the swapped ones (narrowest first that holds its rows). Measured
+    shapes first: near-ties go to them."""
+    tiles = _TILES + (_NARROW_TILES if problem.out_n % 128 else ())
+    normal = [dict(block_m=bm, block_n=bn, wg_split=sp, warp_specialized=ws) for bm, bn, sp, ws in tiles]
     if route.rows > FEW_ROWS:
         return normal
     rows = [r for r in _SWAPPED_ROWS if r >= route.rows] or [_SWAPPED_ROWS[-1]]
@@ -320,7 +325,7 @@ def family(problem: Problem, device: DeviceFingerprint, schedules: tuple[str, ..
     pads = (False, True) if problem.m <= tiling.TMA_BOX_MAX else (False,)
     out: list[MosaicGpuConfig] = []
     for shape, block_k, persistent, split_k, schedule, pad in itertools.product(
-        _shapes(route), _block_ks(problem), (True, False), splits, schedules, pads
+        _shapes(problem, route), _block_ks(problem), (True, False), splits, schedules, pads
     ):
         swapped = shape["block_m"] < WGMMA_M
         if (split_k > 1 and swapped) or (pad and problem.m > shape["block_m"]):

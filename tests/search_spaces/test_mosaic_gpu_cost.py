@@ -184,3 +184,17 @@ def test_family_holds_buildable_configs_and_swapped_tiles_only_for_few_rows():
         swapped = any(c.swap_ab for c in family)
         assert swapped == (cost.uniform_routing(problem).rows <= cost.FEW_ROWS)
         assert all(c.split_k == 1 for c in family if c.swap_ab)
+
+
+def test_a_width_that_rules_out_128_column_ctas_still_gets_a_producer_warpgroup():
+    # gpt-oss's down GEMM: N = 2880 is 45 x 64, so every CTA of 128 or more columns is invalid.
+    odd = Problem("grouped_matmul", m=16384 * 4, k=2880, n=2880, g=128)
+    ranked = space.ranking(odd, HOPPER)  # the family's configs that every constraint admits, best first
+    narrow = [(c, e.seconds) for c, e in ranked if c.cta_n == 64 and c.warp_specialized]
+    others = [(c, e.seconds) for c, e in ranked if not (c.cta_n == 64 and c.warp_specialized)]
+    assert narrow and others and all(c.cta_m == 128 for c, _ in narrow)
+    assert space.heuristic(odd, HOPPER) == narrow[0][0] == ranked[0][0]
+    assert narrow[0][1] < min(seconds for _, seconds in others)
+    # Where 128-column CTAs fit, the family is as it was: no 64-column CTA with a producer.
+    for problem in PROBLEMS:
+        assert not any(c.cta_n == 64 and c.warp_specialized for c in _family(problem))
