@@ -6,7 +6,8 @@ Each family names the same facts differently; FAMILIES says where each one's are
     mixtral                  num_local_experts  intermediate_size      none
     qwen2_moe, qwen3_next    num_experts        moe_intermediate_size  1 x shared_expert_intermediate_size
     qwen3_moe                num_experts        moe_intermediate_size  none
-    deepseek_v2/v3, glm4_moe n_routed_experts   moe_intermediate_size  n_shared_experts x (expert ffn)
+    deepseek_v2/v3/v32,      n_routed_experts   moe_intermediate_size  n_shared_experts x (expert ffn)
+      kimi_k2, glm4_moe
     gpt_oss                  num_local_experts  intermediate_size      none
     llama4 (its text_config) num_local_experts  intermediate_size      1 x intermediate_size
 
@@ -74,6 +75,8 @@ FAMILIES: dict[str, Family] = {
     "qwen3_next": Family("num_experts", "moe_intermediate_size", **_QWEN_SHARED),
     "deepseek_v2": _DEEPSEEK,
     "deepseek_v3": _DEEPSEEK,
+    "deepseek_v32": _DEEPSEEK,  # DeepSeek-V3.2: V3's MoE layer under a sparse attention
+    "kimi_k2": _DEEPSEEK,  # Kimi K2 ships DeepSeek-V3's architecture under a model_type of its own
     "glm4_moe": _DEEPSEEK,
     "gpt_oss": Family(
         "num_local_experts",

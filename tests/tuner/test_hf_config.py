@@ -28,6 +28,8 @@ EXPECTED = {
     "qwen3-next-80b-a3b": ("qwen3_next", 512, 10, 2048, 512, SharedExperts(1, 512), "swiglu", "qwen3-next"),
     "deepseek-v2": ("deepseek_v2", 160, 6, 5120, 1536, SharedExperts(2, 1536), "swiglu", "deepseek-v2"),
     "deepseek-v3": ("deepseek_v3", 256, 8, 7168, 2048, SharedExperts(1, 2048), "swiglu", "deepseek-v3"),
+    "deepseek-v3.2": ("deepseek_v32", 256, 8, 7168, 2048, SharedExperts(1, 2048), "swiglu", "deepseek-v32"),
+    "kimi-k2": ("kimi_k2", 384, 8, 7168, 2048, SharedExperts(1, 2048), "swiglu", "kimi-k2"),
     "glm-4.5": ("glm4_moe", 160, 8, 5120, 1536, SharedExperts(1, 1536), "swiglu", "glm4-moe"),
     "gpt-oss-120b": ("gpt_oss", 128, 4, 2880, 2880, None, "clamped_swiglu", "gpt-oss"),
     "llama-4-scout-17b-16e": ("llama4", 16, 1, 5120, 8192, SharedExperts(1, 8192), "swiglu", "llama4"),
