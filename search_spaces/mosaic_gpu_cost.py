@@ -308,10 +308,11 @@ def _shapes(problem: Problem, route: Routing) -> list[dict]:
 
 
 def _block_ks(problem: Problem) -> tuple[int, ...]:
-    """K steps to rank: 128 and 64 elements of 16-bit operands; of FP8 ones the same bytes and twice
+    """K steps to rank: 128 and 64 elements of 16-bit operands (32 where K is an odd multiple of 32, as
+    gpt-oss's 1440 per shard at TP=2 is: no wider step divides it); of FP8 ones the same bytes and twice
     them (256, 128: one or two scale blocks under block scales)."""
     if tiling.itemsize(problem.lhs_dtype) != 1:
-        return (128, 64)
+        return (128, 64) if problem.k % 64 == 0 else (32,)
     return (256, 128)
 
 

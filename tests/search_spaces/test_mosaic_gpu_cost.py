@@ -198,3 +198,17 @@ def test_a_width_that_rules_out_128_column_ctas_still_gets_a_producer_warpgroup(
     # Where 128-column CTAs fit, the family is as it was: no 64-column CTA with a producer.
     for problem in PROBLEMS:
         assert not any(c.cta_n == 64 and c.warp_specialized for c in _family(problem))
+
+
+def test_a_k_that_only_32_wide_steps_divide_is_ranked_not_left_to_the_fallback():
+    # gpt-oss's down GEMM at TP=2: K = 1440 per shard is 45 x 32. The last resort, when the ranking is
+    # empty, is a two-stage 64x64 tile without a producer.
+    last_resort = C(
+        block_m=64, block_n=64, block_k=32, max_concurrent_steps=2, warp_specialized=False, wg_split="none"
+    )
+    for m in (8, 4096, 65536):
+        odd = Problem("grouped_matmul", m=m, k=1440, n=2880, g=128)
+        ranked = space.ranking(odd, HOPPER)
+        assert ranked and all(c.block_k == 32 for c, _ in ranked)
+        assert space.heuristic(odd, HOPPER) == ranked[0][0]
+        assert ranked[0][1].seconds < cost.estimate(odd, last_resort, HOPPER).seconds
