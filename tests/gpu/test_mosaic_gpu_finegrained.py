@@ -2,7 +2,8 @@
 row-tile table schedule and swap-AB tiles (block_m below 64), for the plain GEMM and the SwiGLU
 epilogue, both weight layouts, 64-512 experts with few or no rows each, rows past sum(group_sizes), and
 the heuristic's picks at the development models' expert counts (K and N cut so that the float32
-reference fits). An empty expert's weights are NaN: a kernel that reads or multiplies them shows it.
+reference fits) and at gpt-oss's widths, which rule out the wide tiles. An empty expert's weights are
+NaN: a kernel that reads or multiplies them shows it.
 """
 
 from __future__ import annotations
@@ -113,4 +114,28 @@ def test_heuristic_picks_at_the_development_expert_counts(g, topk, tokens, op):
     for _ in range(tokens):
         for expert in rng.sample(range(g), topk):
             sizes[expert] += 1  # top-k: distinct experts per token
+    _run(config, op, m, k, n, sizes)
+
+
+@pytest.mark.parametrize(
+    "op, m, k, n, shape",
+    [
+        # gpt-oss's widths: N (or F) = 2880 is an odd multiple of 64, K = 1440 (its TP=2 shard) of 32.
+        ("grouped_matmul", 4096, 2880, 2880, (128, 64, "m")),
+        ("grouped_matmul", 16384, 2880, 2880, (128, 64, "none")),
+        ("grouped_matmul_swiglu", 4096, 2880, 5760, (128, 64, "none")),
+        ("grouped_matmul", 4096, 1440, 2880, (64, 64, "none")),
+    ],
+)
+def test_heuristic_picks_at_widths_that_rule_out_wide_tiles(op, m, k, n, shape):
+    g, topk = 32, 4
+    problem = Problem(op, m=m, k=k, n=n, g=g)
+    config = registry.get("mosaic_gpu").heuristic(problem, current_fingerprint())
+    assert (config.cta_m, config.cta_n, config.wg_split) == shape, config
+    assert config.block_k == (32 if k % 64 else 64), config
+    rng = random.Random(m + k)
+    sizes = [0] * g
+    for _ in range(m // topk):
+        for expert in rng.sample(range(g), topk):
+            sizes[expert] += 1
     _run(config, op, m, k, n, sizes)
