@@ -4,12 +4,14 @@ problem, and the family and ranking the heuristic uses. Properties, not measured
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
 from moetune.kernels.backends.mosaic_gpu import hardware, tiling
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C
 from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.errors import Unsupported
 from moetune.kernels.problem import Problem
 from moetune.search_spaces import mosaic_gpu as space
 from moetune.search_spaces import mosaic_gpu_cost as cost
@@ -212,3 +214,19 @@ def test_a_k_that_only_32_wide_steps_divide_is_ranked_not_left_to_the_fallback()
         assert ranked and all(c.block_k == 32 for c, _ in ranked)
         assert space.heuristic(odd, HOPPER) == ranked[0][0]
         assert ranked[0][1].seconds < cost.estimate(odd, last_resort, HOPPER).seconds
+
+
+def test_every_width_and_depth_the_backend_accepts_gets_a_ranked_config():
+    # K an odd multiple of 32, of 64, or a multiple of 128; N (F under SwiGLU) likewise of 64 and 128.
+    checked = 0
+    for op, k, n, m in itertools.product(
+        ("grouped_matmul", "grouped_matmul_swiglu"), (1440, 2880, 4096), (2880, 5760, 4096), (8, 4096)
+    ):
+        problem = Problem(op, m=m, k=k, n=n, g=64)
+        try:
+            space.check_problem(problem)
+        except Unsupported:
+            continue
+        assert space.ranking(problem, HOPPER), problem
+        checked += 1
+    assert checked >= 30
