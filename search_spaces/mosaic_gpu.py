@@ -343,7 +343,7 @@ def ranking(problem: Problem, device: DeviceFingerprint) -> tuple[tuple[MosaicGp
     if isinstance(arch_facts(device), str):
         return ()  # no hardware facts: every config fails the resource constraints anyway
     search = SearchSpace(MosaicGpuConfig, domains(problem, device), CONSTRAINTS)
-    family = cost.family(problem, device, search.domains["tile_schedule"])
+    family = cost.family(problem, device, search.domains)
     admitted = [
         c
         for c in dict.fromkeys(family)

@@ -307,26 +307,19 @@ def _shapes(problem: Problem, route: Routing) -> list[dict]:
     return normal + swapped
 
 
-def _block_ks(problem: Problem) -> tuple[int, ...]:
-    """K steps to rank: 128 and 64 elements of 16-bit operands (32 where K is an odd multiple of 32, as
-    gpt-oss's 1440 per shard at TP=2 is: no wider step divides it); of FP8 ones the same bytes and twice
-    them (256, 128: one or two scale blocks under block scales)."""
-    if tiling.itemsize(problem.lhs_dtype) != 1:
-        return (128, 64) if problem.k % 64 == 0 else (32,)
-    return (256, 128)
-
-
-def family(problem: Problem, device: DeviceFingerprint, schedules: tuple[str, ...]) -> list[MosaicGpuConfig]:
+def family(problem: Problem, device: DeviceFingerprint, domains: dict[str, tuple]) -> list[MosaicGpuConfig]:
     """Configs the heuristic ranks, in order of measured preference, before any constraint: tile shapes,
-    block_k, grid kind, split-K at small M (not under swap_ab), tile orders, the tile schedules given,
-    pad_lhs where M fits a tile, and pipeline depths from shared memory."""
+    the K steps and tile schedules of the problem's space (`domains`; widest K step first), grid kind,
+    split-K at small M (not under swap_ab), tile orders, pad_lhs where M fits a tile, and pipeline
+    depths from shared memory."""
     facts = hardware.facts(device.compute_capability)
     route = uniform_routing(problem)
     splits = tuple(s for s in _SPLITS if s == 1 or problem.m <= 512)
     pads = (False, True) if problem.m <= tiling.TMA_BOX_MAX else (False,)
+    block_ks = sorted(domains["block_k"], reverse=True)
     out: list[MosaicGpuConfig] = []
     for shape, block_k, persistent, split_k, schedule, pad in itertools.product(
-        _shapes(problem, route), _block_ks(problem), (True, False), splits, schedules, pads
+        _shapes(problem, route), block_ks, (True, False), splits, domains["tile_schedule"], pads
     ):
         swapped = shape["block_m"] < WGMMA_M
         if (split_k > 1 and swapped) or (pad and problem.m > shape["block_m"]):

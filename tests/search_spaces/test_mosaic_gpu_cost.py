@@ -34,7 +34,7 @@ PROBLEMS = [
 
 
 def _family(problem):
-    return cost.family(problem, HOPPER, space.domains(problem, HOPPER)["tile_schedule"])
+    return cost.family(problem, HOPPER, space.domains(problem, HOPPER))
 
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: f"{p.op}-m{p.m}-g{p.g}")
