@@ -52,7 +52,7 @@ def test_the_committed_baselines_files_are_valid():
         loaded = json.loads(path.read_text())
         assert baselines.problems_of(loaded) == [], path
         assert path.stem == baselines.gpu_key(loaded["gpu"])
-        assert path.stat().st_size < 400_000  # small: raw samples of some 175 measurements, not a sweep
+        assert path.stat().st_size < 500_000  # small: raw samples of some 250 measurements, not a sweep
 
 
 def test_the_committed_pages_are_what_render_makes_of_the_baselines():
