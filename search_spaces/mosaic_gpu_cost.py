@@ -7,14 +7,17 @@ The model, per config:
   routing    M rows spread at random, uniformly, over G experts: E = G (1 - (1 - 1/G)^M)
              experts have rows, r = M / E rows each, and each takes about cdiv(r + 3.5, cta_m) row tiles
              (its rows start anywhere in a window aligned to 8).
-  items      row tiles x column tiles x K splits; an SM's share is ceil(items / SMs) (the quantization
-             that makes 133 items cost twice 132).
-  the kernel the longest of: HBM bytes at the part's bandwidth, operand copies at L2's, the busiest SM's
-             FLOPs at the tensor cores' rate (the first three combined smoothly: two near their limit
-             cost more than one), and the busiest SM's bytes at its own stream; plus per item what a
-             pipeline cannot hide: the first stage's latency (half hidden by a chained persistent
-             pipeline or by other CTAs resident on the SM), the tile lookup (the walk reads all G group
-             sizes, the table one row) and the epilogue.
+  items      row tiles x column tiles x K splits, run in waves of one per CTA slot (SMs x resident
+             CTAs); an SM's share is ceil(items / SMs).
+  the kernel wave by wave. In a full wave an SM's items take the longest of: their share of the HBM
+             bytes at the part's bandwidth and of the operand copies at L2's, their FLOPs at the tensor
+             cores' rate (these three combined smoothly: two near their limit cost more than one), and
+             their bytes at the SM's own stream. The last wave's few items share the bandwidths among
+             fewer SMs and run at what their own bytes in flight sustain: 133 items on 132 SMs cost one
+             wave plus one latency-bound item, not 133/132 of a wave. Plus per item what a pipeline
+             cannot hide: the first stage's latency (half hidden by a chained persistent pipeline or by
+             other CTAs resident on the SM), the tile lookup (the table's one row) and the epilogue; and
+             the walk's pass over all G groups, which nothing hides.
   bandwidth  all items' bytes: HBM (each touched expert's weights once per strip of row tiles that reads
              them, as the tile order allows) and L2 -> shared memory (every item's operand tiles); one
              SM streams at most its bytes in flight (resident CTAs x stages x stage bytes) per memory
@@ -47,7 +50,11 @@ LAUNCH_S = 3e-6  # a kernel's launch and ramp as CUPTI times it
 PROLOGUE_S = 5e-6  # the row-tile table's XLA fusions (two cumulative sums and a compare-and-count)
 REDUCTION_S = 2e-6  # split-K's XLA sum, beyond its bytes
 PAD_S = 2e-6  # pad_lhs's XLA copy, beyond its bytes
-WALK_S_PER_GROUP = 4e-9  # one group of the walk: a few scalar ops after its load
+# One group of the walk: a chain of dependent loads and integer ops. Fitted to the same config under the
+# walk and the table on an H200 (2026-12-04; 32 experts, expert order, DeepSeek-V3 EP=8's down at 1024
+# and 4096 tokens: 0.623 against 0.457 ms and 1.833 against 1.386): about 100 ns per group, not the
+# few ns of its arithmetic alone.
+WALK_S_PER_GROUP = 100e-9
 EPILOGUE_S = 0.4e-6  # an item's store: barrier, TMA issue and the wait for the slot
 CTA_S = 0.3e-6  # a CTA's start and exit in a grid of one CTA per item
 WGMMA_ISSUE_CYCLES = 2
@@ -179,19 +186,29 @@ def estimate(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprin
     lhs_rows = geo.cta_m - past_end + past_end * ZERO_FILL_COST
     item_bytes = (lhs_rows + weight_tiles * geo.cta_n) * k_len * in_bytes
     stage_bytes = (geo.cta_m + weight_tiles * geo.cta_n) * config.block_k * in_bytes
-    in_flight = resident * geo.stages * stage_bytes
 
     # One item's multiplies: whole windows of rows (the tokens exactly under swap_ab).
     flops = 2 * geo.cta_m * geo.cta_n * k_len * weight_tiles
     mma_rate = (
         facts.mma_flops_per_clock * mma_rate_factor(problem, config) * clock * mma_efficiency(config, facts)
     )
-    # Bandwidths and the tensor cores are shared: two near their limit at once cost more than either.
-    throughput = _smooth_max(
-        hbm / bandwidth, items * item_bytes / facts.l2_bytes_per_s, per_sm * flops / mma_rate
-    )
-    sm_stream = min(in_flight / facts.memory_latency_s, facts.sm_port_bytes_per_clock * clock)
-    kernel = max(throughput, per_sm * item_bytes / sm_stream)
+    # Waves of `resident` items on each busy SM. In a full wave an SM's items take its share of the
+    # shared bandwidths (HBM, L2), their FLOPs at the tensor cores' rate (two near their limit at once
+    # cost more than either) or their bytes at the SM's stream (Little's law on its bytes in flight).
+    # The last wave's items share the bandwidths among fewer CTAs, so that a lone one runs at what its
+    # own bytes in flight sustain: 133 items on 132 SMs cost one wave plus one latency-bound item.
+    port = facts.sm_port_bytes_per_clock * clock
+    cta_in_flight = geo.stages * stage_bytes
+
+    def wave(n: float, per_sm_items: int) -> float:
+        stream = min(per_sm_items * cta_in_flight / facts.memory_latency_s, port)
+        shared = (t * n / items for t in (hbm / bandwidth, items * item_bytes / facts.l2_bytes_per_s))
+        return max(_smooth_max(*shared, per_sm_items * flops / mma_rate), per_sm_items * item_bytes / stream)
+
+    slots = busy * resident
+    waves = math.ceil(items / slots)
+    last = items - (waves - 1) * slots
+    kernel = (waves - 1) * wave(slots, resident) + wave(last, math.ceil(last / busy))
 
     # What an item's pipeline cannot overlap: the first stage's latency, the tile lookup and the
     # epilogue, half hidden by a chained pipeline or by other CTAs resident on the SM.
@@ -199,10 +216,15 @@ def estimate(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprin
     table = config.tile_schedule == "table"
     expert_order = config.grid_minor_dim == "expert"
     lookup = facts.memory_latency_s / 2 * (2 if table and expert_order else 1)
-    if not table:
-        lookup += WALK_S_PER_GROUP * (problem.g + 1) * (2 if expert_order else 1)
     epilogue = EPILOGUE_S + geo.cta_m * geo.cta_n * geo.out_itemsize / (clock * facts.smem_bytes_per_clock)
     exposed = (0.5 if chained or resident > 1 else 1.0) * (facts.memory_latency_s + lookup + epilogue)
+    # The walk: a chain of dependent steps per group that each warpgroup runs before its tile (the
+    # consumers need its rows for the epilogue), so no pipeline of its own hides it; in a grid of one
+    # CTA per item the other CTAs resident on the SM stream meanwhile, as they do past idle items.
+    walk = 0.0 if table else WALK_S_PER_GROUP * (problem.g + 1) * (2 if expert_order else 1)
+    if resident > 1:
+        walk = 0.0
+    exposed += walk
     if not config.persistent:
         exposed += CTA_S / resident
     item_s = kernel / per_sm + exposed
@@ -211,7 +233,7 @@ def estimate(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprin
     # them up, a grid of one CTA per item starts a CTA for each); the table's persistent loop stops at
     # the real ones.
     idle = 0.0 if table and config.persistent else max(0.0, geo.tiles - items)
-    idle_s = idle / (device.core_count * resident) * ((0.0 if config.persistent else CTA_S) + lookup)
+    idle_s = idle / (device.core_count * resident) * ((0.0 if config.persistent else CTA_S) + lookup + walk)
 
     fixed = LAUNCH_S + (PROLOGUE_S if table else 0.0)
     if config.split_k > 1:

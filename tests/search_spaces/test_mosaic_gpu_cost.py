@@ -130,6 +130,25 @@ def test_work_items_past_a_multiple_of_the_sms_cost_a_whole_extra_item():
     assert spill.seconds > 1.7 * full.seconds
 
 
+def test_a_memory_bound_last_wave_of_few_items_costs_a_latency_bound_item():
+    """One item past two full waves of a memory-bound GEMM runs alone at what its own bytes in flight
+    sustain: it costs a real part of a wave, not the 1/265 share of the bandwidth it would get if the
+    items spread evenly, and less than the third wave that a full one would cost."""
+    config = C(
+        block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n", tile_schedule="table"
+    )
+    # One expert of 56 rows (one row tile) and 256-column CTAs: items = columns / 256.
+    seconds = {}
+    for items in (264, 265, 396):
+        problem = Problem("grouped_matmul", m=56, k=4096, n=256 * items, g=1)
+        estimate = cost.estimate(problem, config, HOPPER)
+        assert estimate.items == items
+        seconds[items] = estimate.seconds
+    two_waves, spill, three_waves = seconds[264], seconds[265], seconds[396]
+    assert spill - two_waves > 0.2 * (three_waves - two_waves)
+    assert spill < three_waves
+
+
 def test_the_table_pays_for_its_prologue_at_many_experts_and_not_at_eight():
     walk = C(block_m=64, block_n=128, block_k=128, max_concurrent_steps=4, wg_split="n", persistent=False)
     table = dataclasses.replace(walk, tile_schedule="table")
@@ -144,6 +163,30 @@ def test_the_table_pays_for_its_prologue_at_many_experts_and_not_at_eight():
         cost.estimate(QWEN3_DOWN, persistent, HOPPER).items == cost.estimate(QWEN3_DOWN, walked, HOPPER).items
     )
     assert tiling.geometry(QWEN3_DOWN, persistent).tiles < tiling.geometry(QWEN3_DOWN, walked).tiles
+
+
+def test_the_walk_costs_every_item_a_pass_over_the_groups_that_no_pipeline_hides():
+    """The walk's per-item cost over the table grows with the groups it walks, even in a chained
+    persistent pipeline (which hides half the table's lookup): at 32 experts and 256 rows each, in the
+    expert order, the table is estimated well ahead (on an H200 the walk took 1.32-1.37x the table's
+    time on such a down GEMM)."""
+    walk = C(
+        block_m=128, block_n=128, block_k=128, max_concurrent_steps=2, wg_split="n", grid_minor_dim="expert"
+    )
+    table = dataclasses.replace(walk, tile_schedule="table")
+    extra = {}
+    for g in (8, 16, 32, 64):
+        problem = Problem("grouped_matmul", m=256 * g, k=2048, n=7168, g=g)
+        walked, tabled = cost.estimate(problem, walk, HOPPER), cost.estimate(problem, table, HOPPER)
+        extra[g] = (walked.seconds - tabled.seconds) / (walked.items / HOPPER.core_count)
+        if g == 32:
+            assert walked.seconds > 1.2 * tabled.seconds
+    assert (
+        0 < extra[8]
+        and 1.8 * extra[8] < extra[16]
+        and 1.8 * extra[16] < extra[32]
+        and 1.8 * extra[32] < extra[64]
+    )
 
 
 def test_split_k_and_pad_lhs_cost_their_passes_outside_the_kernel():
