@@ -183,9 +183,9 @@ def finegrained_summary(data: dict) -> list[str]:
     if not entries:
         return []
     lines = [
-        f"Fine-grained MoE, {_days(entries)}: the expert GEMMs of Qwen3, DeepSeek-V3 and Qwen3-Next at T "
-        "tokens with the heuristic's config (no tuning), CUPTI kernel time in ms (docs/performance.md "
-        "has every column and how each was measured).",
+        f"Fine-grained MoE, {_days(entries)}: the expert GEMMs of the development shapes (Qwen3, "
+        "DeepSeek-V3, Qwen3-Next, Mixtral) at T tokens with the heuristic's config (no tuning), CUPTI "
+        "kernel time in ms (docs/performance.md has every column and how each was measured).",
         "",
     ]
     return lines + _commands(entries) + _table(FINEGRAINED_HEAD, _finegrained_rows(entries)) + [""]
