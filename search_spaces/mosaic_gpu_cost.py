@@ -221,9 +221,7 @@ def estimate(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprin
     # The walk: a chain of dependent steps per group that each warpgroup runs before its tile (the
     # consumers need its rows for the epilogue), so no pipeline of its own hides it; in a grid of one
     # CTA per item the other CTAs resident on the SM stream meanwhile, as they do past idle items.
-    walk = 0.0 if table else WALK_S_PER_GROUP * (problem.g + 1) * (2 if expert_order else 1)
-    if resident > 1:
-        walk = 0.0
+    walk = 0.0 if table or resident > 1 else WALK_S_PER_GROUP * (problem.g + 1) * (2 if expert_order else 1)
     exposed += walk
     if not config.persistent:
         exposed += CTA_S / resident
