@@ -52,8 +52,8 @@ REDUCTION_S = 2e-6  # split-K's XLA sum, beyond its bytes
 PAD_S = 2e-6  # pad_lhs's XLA copy, beyond its bytes
 # One group of the walk: a chain of dependent loads and integer ops. Fitted to the same config under the
 # walk and the table on an H200 (2026-12-04; 32 experts, expert order, DeepSeek-V3 EP=8's down at 1024
-# and 4096 tokens: 0.623 against 0.457 ms and 1.833 against 1.386): about 100 ns per group, not the
-# few ns of its arithmetic alone.
+# tokens: 0.621 against 0.453 ms, the development table's rows before and after this term): about 100 ns
+# per group, not the few ns of its arithmetic alone.
 WALK_S_PER_GROUP = 100e-9
 EPILOGUE_S = 0.4e-6  # an item's store: barrier, TMA issue and the wait for the slot
 CTA_S = 0.3e-6  # a CTA's start and exit in a grid of one CTA per item

@@ -168,7 +168,7 @@ def test_the_table_pays_for_its_prologue_at_many_experts_and_not_at_eight():
 def test_the_walk_costs_every_item_a_pass_over_the_groups_that_no_pipeline_hides():
     """The walk's per-item cost over the table grows with the groups it walks, even in a chained
     persistent pipeline (which hides half the table's lookup): at 32 experts and 256 rows each, in the
-    expert order, the table is estimated well ahead (on an H200 the walk took 1.32-1.37x the table's
+    expert order, the table is estimated well ahead (on an H200 the walk took 1.37x the table's
     time on such a down GEMM)."""
     walk = C(
         block_m=128, block_n=128, block_k=128, max_concurrent_steps=2, wg_split="n", grid_minor_dim="expert"
