@@ -23,7 +23,9 @@ The model, per config:
              SM streams at most its bytes in flight (resident CTAs x stages x stage bytes) per memory
              latency (Little's law), and at most its port's bytes per clock.
   tensor     a wgmma m64nNk16 reads A (64 x 16) and B (16 x N) from shared memory: with a narrow N (the
-             8-64 tokens of swap_ab) the shared-memory reads, not the FLOPs, bound it.
+             8-64 tokens of swap_ab) the shared-memory reads, not the FLOPs, bound it. FP8 runs twice
+             the FLOPs per clock; under block scales the tensor cores also wait, each K step, for every
+             accumulator value's promotion on the CUDA cores, padding rows included.
   fixed      the launch, the row-tile table's XLA prologue, split-K's reduction, pad_lhs's copy.
 
 Constants marked empirical are first guesses from the H200 measurements in benchmarks/README.md; the
@@ -65,10 +67,20 @@ PLAIN_MMA_EFFICIENCY = 0.85
 # pairs lose. The handicap lets the M split win only by a clear estimated margin: choosing the N split
 # where the M split would have won cost at most 5% there. Cause not isolated (docs/performance.md).
 M_SPLIT_MMA_EFFICIENCY = 0.9
-# Under FP8 block scales a consumer waits for a K step's wgmmas and promotes each scale block (a
-# multiply-add per accumulator value): first guess, one fifth of the tensor cores' time when the wait and
-# promotion follow every block; a step of two blocks waits once for both.
-BLOCK_PROMOTION = 0.8
+# FP8 block scales: after each K step's wgmmas a consumer waits for them, then promotes every accumulator
+# value of each of the step's scale blocks into the float32 total (a multiply-add and a reset on the CUDA
+# cores, which issue LANE_OPS_PER_CLOCK a clock per SM). A CTA's consumers wait on the same stages, so
+# they promote at once and the tensor cores idle meanwhile. Measured on an H200 (2026-12-04, the baselines
+# file's rows of Mixtral-8x7B's down at T=4096): the same 64x128 consumers took 1.131 ms under block scales
+# and 0.891 ms under per-token x per-channel scales, about PROMOTE_OPS lane-ops per value; two 128x64
+# consumers (two wgmma row tiles each) took 1.433 ms against 1.123 for two 64x128 in one run (the row
+# before this term), which the model ranked within 10% without TALL_PROMOTION (cause not isolated). The
+# wait costs about STEP_WAIT_S a step: the same tiles at one scale block per step against two (the rows'
+# one-block-step peers).
+PROMOTE_OPS = 2.0
+LANE_OPS_PER_CLOCK = 128
+TALL_PROMOTION = 1.8
+STEP_WAIT_S = 0.2e-6
 # lhs rows past its end that TMA zero-fills, against rows it copies from L2 (H200: without pad_lhs the T=1
 # weight stream fell from 91% to 79% of the read bandwidth).
 ZERO_FILL_COST = 1.5
@@ -119,15 +131,22 @@ def mma_efficiency(config: MosaicGpuConfig, facts: hardware.ArchFacts) -> float:
     return efficiency * (M_SPLIT_MMA_EFFICIENCY if config.wg_split == "m" else 1.0)
 
 
-def mma_rate_factor(problem: Problem, config: MosaicGpuConfig) -> float:
+def mma_rate_factor(problem: Problem) -> float:
     """The tensor cores' rate on the problem's operands against 16-bit ones: FP8 wgmma (m64nNk32) does
-    twice the FLOPs per clock from the same shared-memory bytes; under block scales each K step's wait
-    and float32 promotion take part of it back (BLOCK_PROMOTION), the exposed part once per step."""
-    if tiling.itemsize(problem.lhs_dtype) != 1:
-        return 1.0
+    twice the FLOPs per clock from the same shared-memory bytes."""
+    return 2.0 if tiling.itemsize(problem.lhs_dtype) == 1 else 1.0
+
+
+def promotion_s(problem: Problem, config: MosaicGpuConfig, geo: tiling.TileGeometry, clock: float) -> float:
+    """What FP8 block scales add to one item's multiplies: every K step's wait, and each scale block's
+    promotion of the item's accumulator values (both weight tiles' under SwiGLU); none for other ops."""
     if problem.scale_layout != tiling.BLOCK_SCALE_LAYOUT:
-        return 2.0
-    return 2.0 * (1.0 - (1.0 - BLOCK_PROMOTION) / tiling.scale_blocks(problem, config))
+        return 0.0
+    values = geo.cta_m * geo.cta_n * tiling.weight_tiles(problem)
+    blocks = problem.k / geo.split_k / tiling.SCALE_BLOCK
+    acc_rows = config.block_n if config.swap_ab else config.block_m  # a consumer's accumulator rows
+    ops = PROMOTE_OPS * (TALL_PROMOTION if acc_rows > WGMMA_M else 1.0)
+    return values * blocks * ops / (LANE_OPS_PER_CLOCK * clock) + geo.k_steps * STEP_WAIT_S
 
 
 def resident_ctas(problem: Problem, config: MosaicGpuConfig, facts: hardware.ArchFacts) -> int:
@@ -189,21 +208,25 @@ def estimate(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprin
 
     # One item's multiplies: whole windows of rows (the tokens exactly under swap_ab).
     flops = 2 * geo.cta_m * geo.cta_n * k_len * weight_tiles
-    mma_rate = (
-        facts.mma_flops_per_clock * mma_rate_factor(problem, config) * clock * mma_efficiency(config, facts)
-    )
+    mma_rate = facts.mma_flops_per_clock * mma_rate_factor(problem) * clock * mma_efficiency(config, facts)
     # Waves of `resident` items on each busy SM. In a full wave an SM's items take its share of the
     # shared bandwidths (HBM, L2), their FLOPs at the tensor cores' rate (two near their limit at once
     # cost more than either) or their bytes at the SM's stream (Little's law on its bytes in flight).
     # The last wave's items share the bandwidths among fewer CTAs, so that a lone one runs at what its
     # own bytes in flight sustain: 133 items on 132 SMs cost one wave plus one latency-bound item.
+    promote = promotion_s(problem, config, geo, clock)
+    # A plain warpgroup issues its own copies between its wgmmas: while it waits and promotes it issues
+    # none, so its stream stops for that long (a producer warpgroup keeps streaming instead).
+    stalled = 0.0 if config.warp_specialized else promote
     port = facts.sm_port_bytes_per_clock * clock
     cta_in_flight = geo.stages * stage_bytes
 
     def wave(n: float, per_sm_items: int) -> float:
         stream = min(per_sm_items * cta_in_flight / facts.memory_latency_s, port)
-        shared = (t * n / items for t in (hbm / bandwidth, items * item_bytes / facts.l2_bytes_per_s))
-        return max(_smooth_max(*shared, per_sm_items * flops / mma_rate), per_sm_items * item_bytes / stream)
+        stall = per_sm_items * stalled
+        shared = (hbm / bandwidth * n / items + stall, item_bytes * n / facts.l2_bytes_per_s)
+        multiply = per_sm_items * (flops / mma_rate + promote)
+        return max(_smooth_max(*shared, multiply), per_sm_items * item_bytes / stream + stall)
 
     slots = busy * resident
     waves = math.ceil(items / slots)

@@ -21,7 +21,7 @@ jnp = jax.numpy
 plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
 
 from moetune.kernels import ops  # noqa: E402
-from moetune.kernels.backends.mosaic_gpu import kernel_sm90  # noqa: E402
+from moetune.kernels.backends.mosaic_gpu import kernel_sm90, tiling  # noqa: E402
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C  # noqa: E402
 from moetune.kernels.device import DeviceFingerprint  # noqa: E402
 from moetune.kernels.ops import fp8_scales  # noqa: E402
@@ -166,6 +166,36 @@ def test_the_cost_model_plans_fp8_at_twice_the_tensor_rate():
     assert 0.45 < ratio < 0.6
     block = dataclasses.replace(fp8, scale_layout="block_1x128_128x128")
     assert cost.estimate(block, config, HOPPER).seconds > cost.estimate(fp8, config, HOPPER).seconds
-    # Two scale blocks per step hide half the promotion.
+    # Two scale blocks per step wait for the tensor cores half as often.
     two = dataclasses.replace(config, block_k=256, max_concurrent_steps=2)
     assert cost.estimate(block, two, HOPPER).seconds < cost.estimate(block, config, HOPPER).seconds
+
+
+def test_block_scales_cost_a_promotion_of_every_accumulator_value_that_the_tensor_cores_wait_for():
+    # Mixtral's down at 4096 tokens, compute-bound. Measured on an H200 (docs/fp8.md): the same 64x128
+    # consumers took 1.27x as long under block scales as under per-token x per-channel scales, and two
+    # 128x64 consumers 1.21x as long as two 64x128 ones, though per-channel scales favour the taller.
+    down = dict(m=8192, k=14336, n=4096, g=8)
+    block = _problem("grouped_matmul_fp8", "block_1x128_128x128", **down)
+    channel = dataclasses.replace(block, scale_layout="row_channel")
+    wide = C(block_m=64, block_n=128, block_k=256, max_concurrent_steps=2, wg_split="n")
+    tall = dataclasses.replace(wide, block_m=128, block_n=64)
+
+    def seconds(problem, config):
+        return cost.estimate(problem, config, HOPPER).seconds
+
+    assert seconds(block, wide) > 1.15 * seconds(channel, wide)
+    assert seconds(channel, tall) < seconds(channel, wide)
+    assert seconds(block, tall) > 1.1 * seconds(block, wide)
+    assert space.heuristic(block, HOPPER).block_m == 64
+    # A tile promotes its padding rows too: at decode a swapped tile of 8 token rows promotes an eighth of
+    # the values a 64-row tile does (its accumulator's 128 weight columns are two wgmma row tiles, so
+    # each costs TALL_PROMOTION's share more); the step waits are the same.
+    decode = _problem("grouped_matmul_fp8", "block_1x128_128x128", m=16, k=2048, n=7168, g=256)
+    swapped = dataclasses.replace(wide, block_m=8)
+
+    def promotion(config):
+        geo = tiling.geometry(decode, config)
+        return cost.promotion_s(decode, config, geo, 1.5e9) - geo.k_steps * cost.STEP_WAIT_S
+
+    assert promotion(swapped) == pytest.approx(promotion(wide) / 8 * cost.TALL_PROMOTION)
