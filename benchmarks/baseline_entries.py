@@ -174,13 +174,15 @@ def fp8_entries(run: dict) -> list[dict]:
     """One entry per case and scale layout of a bench_fp8.py --out file whose heuristic FP8 config was
     timed (what a user gets with no tuning): the fastest of the cost model's alternatives is the peer
     `moetune_alternative`, under block scales the heuristic's tiles at one scale block per K step
-    `moetune_one_block_steps`, torch's FP8 and bf16 grouped GEMMs, moetune's bf16 op and cuBLAS's dense
+    `moetune_one_block_steps` and its tiles on the per-token x per-channel data (no promotion)
+    `moetune_same_tiles_row_channel`, torch's FP8 and bf16 grouped GEMMs, moetune's bf16 op and cuBLAS's dense
     FP8 GEMM of the same FLOPs the other peers, the HBM roofline of the touched FP8 weights a bound."""
     env = run["environment"]
     entries = []
     for case in run["cases"]:
         methods = case["methods"]
-        shared = {n: m for n, m in methods.items() if not n.startswith("moetune_fp8_") and "samples_ms" in m}
+        own = ("moetune_fp8_", "block_tiles_per_channel")  # one layout's methods, not every layout's peers
+        shared = {n: m for n, m in methods.items() if not n.startswith(own) and "samples_ms" in m}
         for layout in run["layouts"]:
             prefix = f"moetune_fp8_{layout}_"
             heuristic = methods.get(prefix + "heuristic", {})
@@ -195,6 +197,9 @@ def fp8_entries(run: dict) -> list[dict]:
             params |= {"read_GBps": round(run["bandwidth"]["read_GBps"], 1)}
             if others:
                 params["alternative_config"] = timed["moetune_alternative"]["config"]
+            per_channel = methods.get("block_tiles_per_channel", {})
+            if layout == "block_1x128_128x128" and "samples_ms" in per_channel:
+                timed["moetune_same_tiles_row_channel"] = per_channel
             one_block = methods.get(prefix + "one_block_steps", {})
             if "samples_ms" in one_block:
                 timed["moetune_one_block_steps"] = one_block

@@ -6,6 +6,8 @@ Per case (model, GEMM, T; dev_shapes.py) and scale layout it times, with CUPTI d
   moetune_fp8_<layout>    the mosaic_gpu FP8 op (SwiGLU fused for gate_up) with the heuristic's config,
                           and at T >= 1024 the cost model's next two tile shapes; under block scales
                           also the heuristic's tiles at one scale block per K step; the best counts
+  block_tiles_per_channel the block-scale heuristic's config on the row_channel data (T >= 1024): the
+                          same tiles without the per-block promotion
   torch_scaled_grouped_mm torch._scaled_grouped_mm, FP8 rowwise (per-token x per-channel scales), on the
                           row_channel layout's data: the [M, N] product (no fused activation)
   moetune_bf16            moetune's bf16 op as a user gets it (the shipped pack, else the heuristic)
@@ -35,6 +37,8 @@ import torch_timing
 from bench_gemm import _summary
 
 LAYOUTS = ("row_channel", "block_1x128_128x128")
+# Not a moetune_fp8_<layout>_ method: it times block tiles on the row_channel layout's data.
+BLOCK_TILES_PER_CHANNEL = "block_tiles_per_channel"
 ALTERNATIVES_MIN_TOKENS = 1024
 CHECK_EXPERTS = 8
 MAX_STEPS = 8  # the deepest pipeline the Mosaic GPU config accepts
@@ -105,6 +109,7 @@ class Runner:
         import jax
         import jax.numpy as jnp
 
+        from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
         from moetune.kernels.ops import fp8_scales
 
         p = case.problem
@@ -134,6 +139,13 @@ class Runner:
                     f"moetune_fp8_{layout}_{name}",
                     lambda fp=fp, c=config, sets=sets: self.moetune(fp, c, sets),
                 )
+        block = methods.get("moetune_fp8_block_1x128_128x128_heuristic", {})
+        if "config" in block and "row_channel" in activations and case.tokens >= ALTERNATIVES_MIN_TOKENS:
+            # The block-scale heuristic's tiles on the per-channel data: what the promotion costs them.
+            config = MosaicGpuConfig.from_dict(block["config"])
+            fp = fp8_problem(case, "row_channel")
+            sets = [(*activations["row_channel"], *quantized["row_channel"], s) for s in sizes]
+            self.guarded(methods, BLOCK_TILES_PER_CHANNEL, lambda: self.moetune(fp, config, sets))
         self.guarded(methods, "moetune_bf16", lambda: self.moetune_bf16(case, lhs, w, sizes))
         if "row_channel" in activations:
             self.guarded(

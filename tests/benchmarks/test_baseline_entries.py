@@ -475,6 +475,21 @@ def test_an_fp8_block_run_keeps_the_one_block_steps_variant_as_a_peer():
     assert made["params"]["one_block_steps_config"]["block_k"] == 128 and made["median"] == 8.8
 
 
+def test_the_block_tiles_on_per_channel_data_are_a_peer_of_the_block_entry_only():
+    config = {"block_m": 64, "block_n": 128, "block_k": 256}
+    methods = {
+        "moetune_fp8_row_channel_heuristic": _timed(0.7, config=config | {"block_m": 128}),
+        "moetune_fp8_block_1x128_128x128_heuristic": _timed(1.13, config=config),
+        "block_tiles_per_channel": _timed(0.89, config=config),
+        "torch_grouped_mm": _timed(1.3),
+    }
+    run = _fp8_run(methods) | {"layouts": ["row_channel", "block_1x128_128x128"]}
+    channel, block = entries.fp8_entries(run)
+    assert sorted(channel["peers"]) == ["torch_grouped_mm"] and channel["median"] == 0.7
+    assert sorted(block["peers"]) == ["moetune_same_tiles_row_channel", "torch_grouped_mm"]
+    assert block["peers"]["moetune_same_tiles_row_channel"]["median"] == 0.89
+
+
 def test_a_maxtext_run_keeps_each_timed_case_with_maxtexts_route_as_the_peer():
     def timed(ms):
         return {"samples_ms": [ms, ms * 1.02, ms * 0.98], "median_ms": ms}
