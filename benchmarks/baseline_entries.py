@@ -170,6 +170,10 @@ def finegrained_entries(run: dict) -> list[dict]:
     return entries
 
 
+# bench_fp8.py's block-scale heuristic tiles timed on the per-channel data: a peer of the block entry.
+BLOCK_TILES_PER_CHANNEL = "block_tiles_per_channel"
+
+
 def fp8_entries(run: dict) -> list[dict]:
     """One entry per case and scale layout of a bench_fp8.py --out file whose heuristic FP8 config was
     timed (what a user gets with no tuning): the fastest of the cost model's alternatives is the peer
@@ -181,7 +185,7 @@ def fp8_entries(run: dict) -> list[dict]:
     entries = []
     for case in run["cases"]:
         methods = case["methods"]
-        own = ("moetune_fp8_", "block_tiles_per_channel")  # one layout's methods, not every layout's peers
+        own = ("moetune_fp8_", BLOCK_TILES_PER_CHANNEL)  # one layout's methods, not every layout's peers
         shared = {n: m for n, m in methods.items() if not n.startswith(own) and "samples_ms" in m}
         for layout in run["layouts"]:
             prefix = f"moetune_fp8_{layout}_"
@@ -197,7 +201,7 @@ def fp8_entries(run: dict) -> list[dict]:
             params |= {"read_GBps": round(run["bandwidth"]["read_GBps"], 1)}
             if others:
                 params["alternative_config"] = timed["moetune_alternative"]["config"]
-            per_channel = methods.get("block_tiles_per_channel", {})
+            per_channel = methods.get(BLOCK_TILES_PER_CHANNEL, {})
             if layout == "block_1x128_128x128" and "samples_ms" in per_channel:
                 timed["moetune_same_tiles_row_channel"] = per_channel
             one_block = methods.get(prefix + "one_block_steps", {})

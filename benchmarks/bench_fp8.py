@@ -34,11 +34,10 @@ import traceback
 import dev_shapes
 import moe_shapes
 import torch_timing
+from baseline_entries import BLOCK_TILES_PER_CHANNEL  # not a moetune_fp8_<layout>_ method: no layout's own
 from bench_gemm import _summary
 
 LAYOUTS = ("row_channel", "block_1x128_128x128")
-# Not a moetune_fp8_<layout>_ method: it times block tiles on the row_channel layout's data.
-BLOCK_TILES_PER_CHANNEL = "block_tiles_per_channel"
 ALTERNATIVES_MIN_TOKENS = 1024
 CHECK_EXPERTS = 8
 MAX_STEPS = 8  # the deepest pipeline the Mosaic GPU config accepts

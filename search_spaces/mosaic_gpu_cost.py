@@ -25,7 +25,8 @@ The model, per config:
   tensor     a wgmma m64nNk16 reads A (64 x 16) and B (16 x N) from shared memory: with a narrow N (the
              8-64 tokens of swap_ab) the shared-memory reads, not the FLOPs, bound it. FP8 runs twice
              the FLOPs per clock; under block scales the tensor cores also wait, each K step, for every
-             accumulator value's promotion on the CUDA cores, padding rows included.
+             accumulator value's promotion on the CUDA cores, padding rows included (a plain warpgroup
+             issues no copies meanwhile).
   fixed      the launch, the row-tile table's XLA prologue, split-K's reduction, pad_lhs's copy.
 
 Constants marked empirical are first guesses from the H200 measurements in benchmarks/README.md; the
@@ -143,7 +144,7 @@ def promotion_s(problem: Problem, config: MosaicGpuConfig, geo: tiling.TileGeome
     if problem.scale_layout != tiling.BLOCK_SCALE_LAYOUT:
         return 0.0
     values = geo.cta_m * geo.cta_n * tiling.weight_tiles(problem)
-    blocks = problem.k / geo.split_k / tiling.SCALE_BLOCK
+    blocks = geo.k_steps * tiling.scale_blocks(problem, config)
     acc_rows = config.block_n if config.swap_ab else config.block_m  # a consumer's accumulator rows
     ops = PROMOTE_OPS * (TALL_PROMOTION if acc_rows > WGMMA_M else 1.0)
     return values * blocks * ops / (LANE_OPS_PER_CLOCK * clock) + geo.k_steps * STEP_WAIT_S
