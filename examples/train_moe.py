@@ -26,7 +26,7 @@ step's wall time, step_s their median and tokens_per_s the batch's tokens over t
 lists each GEMM moetune dispatched (problem key, backend, where its config came from; none with
 `--backend xla`). `--json`
 prints them with the losses of every step, the config, and where the run ran (date, command, device,
-versions): `python3 benchmarks/baselines.py add-example` records an `auto` and an `xla` run of one
+versions): `python3 -m moetune_lab.baselines add-example` records an `auto` and an `xla` run of one
 config as a measurement.
 """
 
@@ -210,7 +210,7 @@ def train(config: TrainConfig, backend: str, *, log: TextIO | None = None) -> di
 
 
 def environment(argv: list[str]) -> dict[str, Any]:
-    """Where a run ran, as benchmarks/bench_model.py records it: date, command, device, versions."""
+    """Where a run ran, as lab/model/cli.py records it: date, command, device, versions."""
 
     def version(package: str) -> str:
         try:

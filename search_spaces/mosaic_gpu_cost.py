@@ -29,8 +29,8 @@ The model, per config:
              issues no copies meanwhile).
   fixed      the launch, the row-tile table's XLA prologue, split-K's reduction, pad_lhs's copy.
 
-Constants marked empirical are first guesses from the H200 measurements in benchmarks/README.md; the
-device benchmark (benchmarks/device_finegrained.sh) records what each config takes beside its estimate,
+Constants marked empirical are first guesses from the H200 measurements in lab/README.md; the
+device benchmark (lab/device/finegrained.sh) records what each config takes beside its estimate,
 so that they can be refitted. What the model leaves out: skewed routing (it plans for balanced rows),
 L2 capacity beyond one strip's reuse, instruction-cache pressure of the walk at large G (the space prunes
 the walk there instead), and power throttling beyond the sustained clock.
@@ -276,7 +276,7 @@ def estimate(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprin
 # --- The family the heuristic ranks -------------------------------------------------------------------
 
 # Tile shapes (block_m, block_n, wg_split, warp_specialized), normal orientation. Their order is the
-# measured preference among near-ties (H200, benchmarks/README.md): the 128x256 CTA of two 128x128
+# measured preference among near-ties (H200, lab/README.md): the 128x256 CTA of two 128x128
 # consumers won most prefill rows, 64x256 plain one CTA per tile most decode rows.
 _TILES = (
     (128, 128, "n", True),
@@ -301,7 +301,7 @@ MAX_STAGES = 6
 # Under the SwiGLU epilogue the expert order paid off up to 1024 rows per expert and not above: in an H200
 # sweep of Mixtral's gate_up (same config in both orders, same run; balanced and Zipf routing) it took
 # 0.922-1.009x the "m" order's time at M=1024-8192 (6 of 9 pairs faster) and 1.012-1.048x at M=16384-32768
-# (all 4 slower; benchmarks/README.md). For the plain GEMM it was up to 12.6% faster under Zipf routing and
+# (all 4 slower; lab/README.md). For the plain GEMM it was up to 12.6% faster under Zipf routing and
 # within 1% under balanced routing.
 SWIGLU_EXPERT_ORDER_MAX_ROWS = 1024
 # Few rows per expert: at most one 64-row wgmma tile's. Memory-bound; the space narrows its domains and

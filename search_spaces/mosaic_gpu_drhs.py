@@ -63,7 +63,7 @@ PLAIN_EFFICIENCY = 0.75
 SPECIALIZED_EFFICIENCY = 0.9
 # What a CTA of one item pays beyond a persistent CTA's item (start, barrier setup, exit): on the H200,
 # Mixtral-8x7B's gate_up weight gradient at T=4096 took 4.27 ms in 28,672 one-item CTAs against 3.28 ms
-# persistent, the same config otherwise (benchmarks/bench_backward.py), 4.5 us per item of which the
+# persistent, the same config otherwise (lab/bench/bench_backward.py), 4.5 us per item of which the
 # store's drain is about 0.7.
 CTA_ITEM_S = 3.8e-6
 PROLOGUE_S = 3e-6  # the group bounds' cumulative sum, an XLA fusion before the kernel

@@ -356,7 +356,7 @@ class SweepDriver:
             # Each problem searching gets an equal share of the workers (one each, when there are more
             # problems than workers): a worker's first trial of a problem makes its inputs and compiles
             # their checks (a median 19 s on the H200, against 1.4-4 s for its later trials of the same
-            # problem; benchmarks/README.md), and affinity (ray_pool) keeps a problem on the workers that
+            # problem; lab/README.md), and affinity (ray_pool) keeps a problem on the workers that
             # hold it. A model-based strategy also learns between smaller batches.
             searching = sum(1 for r in self.runs if r.phase == "search")
             share = -(-self.executor.workers // max(1, searching))
@@ -565,7 +565,7 @@ class SweepDriver:
     ) -> int:
         from moetune.db.records import TrialRecord
 
-        if result.phases:  # where the worker's time went (benchmarks/sweep_timeline.py reads them)
+        if result.phases:  # where the worker's time went (lab/bench/sweep_timeline.py reads them)
             details = (details or {}) | {"phases": dict(result.phases)}
         if result.lane:  # which device timed it (sweep_timeline.py's per-lane busy time)
             details = (details or {}) | {"lane": result.lane}

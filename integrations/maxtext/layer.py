@@ -1,5 +1,5 @@
 """MaxText's routed MoE layer on its own, built from a config as MaxText's MoE decoders build it: what the
-problem trace (trace.py) and the benchmark (benchmarks/bench_maxtext.py) run."""
+problem trace (trace.py) and the benchmark (lab/bench/bench_maxtext.py) run."""
 
 from __future__ import annotations
 

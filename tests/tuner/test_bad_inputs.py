@@ -178,7 +178,6 @@ cases(
     c("explain: k not an integer", "explain", "--m", "1", "--k", "x", "--n", "64", "--g", "1"),
     c("bench: unknown subcommand", "bench", "nosuch"),
     c("bench tuner: budget not an integer", "bench", "tuner", "--budget", "x"),
-    c("bench model: batch not an integer", "bench", "model", "--batch", "x"),
     c("pack-schema: extra argument", "pack-schema", "extra"),
     c("pack-schema: unknown option", "pack-schema", "--bogus"),
     c("usage error from the installed interpreter", "tune", "--bogus", subprocess=True),
@@ -474,12 +473,6 @@ cases(
     c("bench tuner: zero sequential budget", "bench", "tuner", "--sequential-budget", "0"),
     c("bench tuner: zero timeout", "bench", "tuner", "--timeout-s", "0"),
     c("bench tuner: output in a missing folder", "bench", "tuner", "--out", "{tmp}/nodir/x.json"),
-    c("bench model: unknown model", "bench", "model", "--model", "nosuch"),
-    c("bench model: zero batch", "bench", "model", "--batch", "0"),
-    c("bench model: unknown MoE path", "bench", "model", "--paths", "bogus"),
-    c("bench model: token counts not integers", "bench", "model", "--moe-tokens", "x"),
-    c("bench model: zero layers", "bench", "model", "--layers", "0"),
-    c("bench model: output in a missing folder", "bench", "model", "--out", "{tmp}/nodir/x.json"),
 )
 
 cases(

@@ -107,7 +107,7 @@ def test_a_sweep_on_one_or_two_gpus_records_every_trial_once(runs):
         assert {t["status"] for t in sweep["trials"]} == {"ok"}
         throughput[gpus] = len(sweep["candidates"]) / sweep["wall_s"]
     # Printed, not asserted: wall-clock throughput on a shared 2-core machine is a measurement
-    # (benchmarks/device_multi_gpu.sh measures it on GPUs); that the two lanes work at the same time is
+    # (lab/device/multi_gpu.sh measures it on GPUs); that the two lanes work at the same time is
     # asserted from their busy intervals above.
     ratio = throughput[2] / throughput[1]
     print(f"candidates per second: 1 GPU {throughput[1]:.2f}, 2 GPUs {throughput[2]:.2f}, ratio {ratio:.2f}")

@@ -76,16 +76,6 @@ def test_xla_sweep_of_a_small_model(store, executor, db_url):
         assert problem.baseline_s and problem.heuristic_s
     assert_timings_never_overlap(executor.results)
     assert_phases_recorded(trials)
-    # The timeline reads them back: every trial's phases, split by a worker's first trial of a problem.
-    from tests.benchmarks.scripts import load_script
-
-    result = load_script("sweep_timeline").timeline(db_url, outcome.sweep_id)
-    first, later = result["first_trial_of_a_problem_on_a_worker"], result["later_trials"]
-    assert first["phases"]["setup_s"]["count"] + later["phases"]["setup_s"]["count"] == len(trials)
-    assert (
-        later["phases"]["setup_reference_s"]["total_s"] == 0 < first["phases"]["setup_reference_s"]["total_s"]
-    )
-    assert set(result["worker_idle"]) == {"w0", "w1"}
 
 
 def assert_phases_recorded(trials):

@@ -1,5 +1,5 @@
-"""`moetune bench ...`: benchmarks. `bench tuner` measures the tuner's own throughput; `bench model`
-(tuner/cli/bench_model.py) measures a MoE model end to end."""
+"""`moetune bench tuner`: the tuner's own throughput on this machine or cluster. (Kernel and model
+benchmarks against the peers live in the lab next door: lab/README.md.)"""
 
 from __future__ import annotations
 
@@ -10,14 +10,10 @@ import typer
 
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner.cli import app
-from moetune.tuner.cli.bench_model import bench_model_command
 from moetune.tuner.cli.common import JsonOption, check_output_file, check_range, console, fail, json_text
 
-bench_app = typer.Typer(
-    help="Benchmarks: the tuner's throughput, a MoE model end to end.", no_args_is_help=True
-)
+bench_app = typer.Typer(help="Benchmarks: the tuner's throughput.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
-bench_app.command("model")(bench_model_command)
 
 
 @bench_app.command("tuner")

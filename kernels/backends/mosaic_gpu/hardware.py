@@ -45,7 +45,7 @@ class ArchFacts:
 ARCHS: dict[str, ArchFacts] = {
     # H100 SXM has 50 MiB of L2, H200 60 MiB (as PyTorch reported it here on 2026-10-28). 4096 FLOP per
     # clock per SM is the datasheet's 989 TFLOP/s dense bf16 at 132 SMs and 1.83 GHz; the H200 here
-    # sustained 790-830 TFLOP/s on random bf16 data (benchmarks/README.md), about 1.5 GHz at that rate.
+    # sustained 790-830 TFLOP/s on random bf16 data (lab/README.md), about 1.5 GHz at that rate.
     "9.0": ArchFacts(
         name="sm_90a",
         smem_per_block=227 * 1024,
@@ -58,7 +58,7 @@ ARCHS: dict[str, ArchFacts] = {
         hbm_bytes_per_s_fallback=4.7e12,
         memory_latency_s=1.2e-6,
         # At least 10.3 TB/s: Mixtral's down GEMM at T=4096 copied 12.0 GB of 128x256 CTA operand tiles
-        # into shared memory in 1.173 ms on the H200 (benchmarks/README.md); the model caps it a little
+        # into shared memory in 1.173 ms on the H200 (lab/README.md); the model caps it a little
         # above.
         l2_bytes_per_s=12e12,
         sm_port_bytes_per_clock=64,
@@ -66,7 +66,7 @@ ARCHS: dict[str, ArchFacts] = {
 }
 
 # HBM read bandwidth per part (jax's device_kind), as measured where known: the H200 here read 4.7 TB/s
-# (a 4 GiB sum, benchmarks/bench_gemm.py); the H100 SXM's datasheet gives 3.35 TB/s.
+# (a 4 GiB sum, lab/bench/bench_gemm.py); the H100 SXM's datasheet gives 3.35 TB/s.
 PART_HBM_BYTES_PER_S: dict[str, float] = {
     "NVIDIA H200": 4.7e12,
     "NVIDIA H100 80GB HBM3": 3.35e12,

@@ -824,7 +824,7 @@ def _grouped(
         lhs = jnp.pad(lhs, ((0, 8 - lhs.shape[0] % 8), (0, 0)))
     # TMA zero-fills the rows of a box past the array's end, and at decode that is most of every lhs tile
     # (62 of 64 rows at M=2): on the H200 the fill took gate_up's T=1 weight stream from 91% to 79% of the
-    # read bandwidth (benchmarks/decode_ops.py --only stream). `pad_lhs` pads an lhs of at most one
+    # read bandwidth (lab/bench/decode_ops.py --only stream). `pad_lhs` pads an lhs of at most one
     # window so that every window lies inside it (a copy, unless the producer left that many rows); the
     # padding rows belong to no group and are never stored.
     if config.pad_lhs and problem.m <= geo.cta_m:
