@@ -1,28 +1,28 @@
-"""Measured baselines as data: one small, versioned file per GPU model (benchmarks/baselines/<gpu>.json),
+"""Measured baselines as data: one small, versioned file per GPU model (lab/baselines/<gpu>.json),
 built from the benchmark scripts' own output files, and the tables the documentation quotes from it.
 
-    python3 benchmarks/baselines.py add-gemm gate_up.json down.json   # bench_gemm.py --out files
-    python3 benchmarks/baselines.py add-finegrained dev.json          # bench_gemm.py --models --out files
-    python3 benchmarks/baselines.py add-backward drhs.json            # bench_backward.py --out file
-    python3 benchmarks/baselines.py add-backward --configs probe.json # each --config it timed
-    python3 benchmarks/baselines.py add-layer layer.json              # bench_layer_grad.py --out file
-    python3 benchmarks/baselines.py add-block block.json              # bench_block.py --out file
-    python3 benchmarks/baselines.py add-fp8 fp8.json                  # bench_fp8.py --out file
-    python3 benchmarks/baselines.py add-model model.json              # bench_model.py --out file
-    python3 benchmarks/baselines.py add-maxtext serve.json layer.json # bench_maxtext.py --out files
-    python3 benchmarks/baselines.py add-example auto.json xla.json    # examples/train_moe.py --json
+    python3 -m moetune_lab.baselines add-gemm gate_up.json down.json   # bench_gemm.py --out files
+    python3 -m moetune_lab.baselines add-finegrained dev.json          # bench_gemm.py --models --out files
+    python3 -m moetune_lab.baselines add-backward drhs.json            # bench_backward.py --out file
+    python3 -m moetune_lab.baselines add-backward --configs probe.json # each --config it timed
+    python3 -m moetune_lab.baselines add-layer layer.json              # bench_layer_grad.py --out file
+    python3 -m moetune_lab.baselines add-block block.json              # bench_block.py --out file
+    python3 -m moetune_lab.baselines add-fp8 fp8.json                  # bench_fp8.py --out file
+    python3 -m moetune_lab.baselines add-model model.json              # bench_model.py --out file
+    python3 -m moetune_lab.baselines add-maxtext serve.json layer.json # bench_maxtext.py --out files
+    python3 -m moetune_lab.baselines add-example auto.json xla.json    # examples/train_moe.py --json
         # one run of --backend auto and one of --backend xla, same config: train_example/<config>
-    python3 benchmarks/baselines.py add-tuner run.json ... --gpu "NVIDIA H200" --date 2026-11-30 \\
-        --versions jax=0.11.2,jaxlib=0.11.2 --command "bash benchmarks/device_multi_gpu.sh"
+    python3 -m moetune_lab.baselines add-tuner run.json ... --gpu "NVIDIA H200" --date 2026-11-30 \\
+        --versions jax=0.11.2,jaxlib=0.11.2 --command "bash lab/device/multi_gpu.sh"
         # `moetune bench tuner --out` or compare_clusters.py --out files, which record no environment
-    python3 benchmarks/baselines.py render [--check]                  # README.md and docs/performance.md
+    python3 -m moetune_lab.baselines render [--check]                  # README.md and docs/performance.md
 
 The file (schema "moetune.baselines", version 1):
 
     {"schema": "moetune.baselines", "schema_version": 1, "gpu": "NVIDIA H200", "entries": [
       {"name": "bench_gemm/gate_up/T=4096/balanced", "suite": "bench_gemm", "date": "2026-11-30T20:01:07Z",
        "gpu": "NVIDIA H200", "versions": {"jax": "0.11.2", "jaxlib": "0.11.2", "torch": ..., "cuda": ...},
-       "command": "python3 benchmarks/bench_gemm.py ...", "unit": "ms", "samples": [...], "median": 2.37,
+       "command": "python3 lab/bench/bench_gemm.py ...", "unit": "ms", "samples": [...], "median": 2.37,
        "params": {"proj": "gate_up", "tokens": 4096, "m": 8192, ...},
        "peers": {"torch_grouped_mm": {"samples": [...], "median": 2.39}, ...},
        "bounds": {"hbm_roofline": 0.402}, "config": {...}, "from_pack": true}, ...]}
@@ -44,14 +44,14 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-import baseline_entries
-import baseline_tables
+from moetune_lab.baselines import entries as baseline_entries
+from moetune_lab.baselines import tables as baseline_tables
 
 SCHEMA = "moetune.baselines"
 SCHEMA_VERSION = 1
-ROOT = Path(__file__).resolve().parents[1]
-BASELINES = ROOT / "benchmarks" / "baselines"
-PAGES = (ROOT / "README.md", ROOT / "docs" / "performance.md")
+BASELINES = Path(__file__).resolve().parent  # one <gpu>.json per GPU model, beside this module
+LAB = BASELINES.parent
+PAGES = (LAB / "README.md",)  # the lab's README carries the full tables; the product's docs quote rows
 SUITES = (
     "bench_gemm", "finegrained", "moe_block", "fp8_gemm", "backward", "layer_grad", "bench_model", "tuner",
     "train_example", "maxtext",
@@ -286,9 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "render":
             stale = render(PAGES, load_all(), check=args.check)
-            verb = "is out of date (run benchmarks/baselines.py render)" if args.check else "rewritten"
+            verb = (
+                "is out of date (run python3 -m moetune_lab.baselines render)" if args.check else "rewritten"
+            )
             print(
-                "\n".join(f"{page.relative_to(ROOT)} {verb}" for page in stale) or "every page is up to date"
+                "\n".join(f"{page.relative_to(LAB.parent)} {verb}" for page in stale)
+                or "every page is up to date"
             )
             return 1 if args.check and stale else 0
         runs = [json.loads(path.read_text()) for path in args.runs]

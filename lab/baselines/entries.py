@@ -1,4 +1,4 @@
-"""Baseline entries from the benchmark scripts' own output files (benchmarks/baselines.py add-*).
+"""Baseline entries from the benchmark scripts' own output files (lab/baselines/cli.py add-*).
 
 Each function turns one kind of result file into entries of the baselines schema: moetune's raw samples
 and their median, the same measurement of every peer, the parameters that define the measurement, and
@@ -13,24 +13,24 @@ import shlex
 import statistics
 from pathlib import Path
 
-import gemm_table
+from moetune_lab.bench import gemm_table
 
-BENCHMARKS = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 def portable_command(command: str) -> str:
     """The command as anyone would type it from the repository root: a benchmark script named by its path
-    under benchmarks/, and every absolute path (the machine's output folder) as $OUT/<its name>.
+    under lab/bench/, and every absolute path (the machine's output folder) as $OUT/<its name>.
 
-    'python3 bench_gemm.py --out /data/run/a.json' -> 'python3 benchmarks/bench_gemm.py --out $OUT/a.json'
+    'python3 bench_gemm.py --out /data/run/a.json' -> 'python3 lab/bench/bench_gemm.py --out $OUT/a.json'
     """
     words = []
     for word in shlex.split(command):
         if os.path.isabs(word):
             words.append(f"$OUT/{Path(word).name}")
             continue
-        if word.endswith((".py", ".sh")) and "/" not in word and (BENCHMARKS / word).exists():
-            word = f"benchmarks/{word}"
+        if word.endswith((".py", ".sh")) and "/" not in word and (BENCH / word).exists():
+            word = f"lab/bench/{word}"
         words.append(shlex.quote(word))
     return " ".join(words)
 

@@ -1,4 +1,4 @@
-"""The Markdown that the documentation quotes from a GPU's baselines (benchmarks/baselines.py render).
+"""The Markdown that the documentation quotes from a GPU's baselines (lab/baselines/cli.py render).
 
 `render_page` rewrites every block between `<!-- baselines GPU full -->` (or `summary`) and
 `<!-- /baselines -->` of a page from that GPU's baselines and leaves the rest of the page as it is:
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-import gemm_table
+from moetune_lab.bench import gemm_table
 
 BLOCK = re.compile(r"(<!-- baselines (\S+) (full|summary) -->\n)(.*?)(<!-- /baselines -->)", re.DOTALL)
 LABELS = {
@@ -90,7 +90,7 @@ def gemm_full(data: dict) -> list[str]:
     entries = _suite(data, "bench_gemm")
     if not entries:
         return []
-    lines = ["#### Grouped GEMMs: `benchmarks/bench_gemm.py`", ""]
+    lines = ["#### Grouped GEMMs: `lab/bench/bench_gemm.py`", ""]
     lines += [f"Measured {_days(entries)} on {data['gpu']}: {_versions(entries)}.", ""] + _commands(entries)
     lines += [
         f"Mixtral-8x7B's MoE GEMMs ({_shapes(entries)}), balanced and Zipf-skewed routing; CUPTI kernel time "
@@ -160,10 +160,10 @@ def finegrained_full(data: dict) -> list[str]:
     entries = _suite(data, "finegrained")
     if not entries:
         return []
-    lines = ["#### Fine-grained MoE: `benchmarks/bench_gemm.py --models`", ""]
+    lines = ["#### Fine-grained MoE: `lab/bench/bench_gemm.py --models`", ""]
     lines += [f"Measured {_days(entries)} on {data['gpu']}: {_versions(entries)}.", ""] + _commands(entries)
     lines += [
-        "The development shapes (benchmarks/dev_shapes.py): each model's expert GEMMs at T tokens routed "
+        "The development shapes (lab/bench/dev_shapes.py): each model's expert GEMMs at T tokens routed "
         "top-k uniformly at random; CUPTI kernel time in ms, median of the samples, inputs rotated over "
         "routings that touch more than twice the L2 of weights. `moetune heuristic` is the config the "
         "backend picks with no tuning (the cost model's first, which no tuned entry informs: the "
@@ -206,7 +206,7 @@ def block_full(data: dict) -> list[str]:
     entries = _suite(data, "moe_block")
     if not entries:
         return []
-    lines = ["#### The MoE block: `benchmarks/bench_block.py`", ""]
+    lines = ["#### The MoE block: `lab/bench/bench_block.py`", ""]
     lines += [f"Measured {_days(entries)} on {data['gpu']}: {_versions(entries)}.", ""] + _commands(entries)
     lines += [
         "moetune's `moe_mlp` (route, sort, permute, gate_up with SwiGLU fused, down, combine) against the "
@@ -246,7 +246,7 @@ def fp8_full(data: dict) -> list[str]:
     entries = _suite(data, "fp8_gemm")
     if not entries:
         return []
-    lines = ["#### FP8 grouped GEMMs: `benchmarks/bench_fp8.py`", ""]
+    lines = ["#### FP8 grouped GEMMs: `lab/bench/bench_fp8.py`", ""]
     lines += [f"Measured {_days(entries)} on {data['gpu']}: {_versions(entries)}.", ""] + _commands(entries)
     lines += [
         "moetune's mosaic_gpu FP8 op (e4m3 operands, float32 scales in the layout named, SwiGLU fused for "
@@ -337,7 +337,7 @@ def model_full(data: dict) -> list[str]:
     all_entries = _suite(data, "bench_model")
     if not all_entries:
         return []
-    lines = ["#### The model benchmark: `benchmarks/bench_model.py`", ""]
+    lines = ["#### The model benchmark: `lab/model/cli.py`", ""]
     lines += [f"Measured {_days(all_entries)} on {data['gpu']}: {_versions(all_entries)}.", ""]
     lines += _commands(all_entries)
     for entries in _by_model(all_entries).values():
@@ -393,7 +393,7 @@ def maxtext_full(data: dict) -> list[str]:
     entries = _suite(data, "maxtext")
     if not entries:
         return []
-    lines = ["#### MaxText: `benchmarks/bench_maxtext.py`", ""]
+    lines = ["#### MaxText: `lab/bench/bench_maxtext.py`", ""]
     lines += [f"Measured {_days(entries)} on {data['gpu']}: {_versions(entries)}.", ""] + _commands(entries)
     lines += [
         "MaxText's model with moetune's plug-in installed and on MaxText's own route, in one process, on "

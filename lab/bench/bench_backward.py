@@ -1,6 +1,6 @@
 """The MoE weight gradient (grouped_matmul_drhs) on one GPU: moetune's Mosaic GPU kernel against XLA's
 ragged_dot_general and torch._grouped_mm's weight-gradient form (2-D x 2-D with offsets along the
-contracted rows), on the development shapes of benchmarks/dev_shapes.py, timed in one process.
+contracted rows), on the development shapes of lab/bench/dev_shapes.py, timed in one process.
 
 Per case (model, GEMM, T): lhs [T*k, K] and dout [T*k, N] in bf16 with uniform random top-k routing; the
 gradient is [G, K, N] in bf16. moetune runs its heuristic config and the next best configs of its cost
@@ -12,8 +12,8 @@ kernel walks only the real rows, so its time should match the exact-M call's. Wi
 also times the input gradient (dout @ rhs[g]^T: the forward op on the other weight layout, k and n
 swapped) beside the forward op of the same m, k, n on the usual layout, both on their heuristic configs.
 
-Kernel time comes from CUPTI (jax's profiler for JAX, benchmarks/torch_timing.py for torch), the
-prologue's prefix sums included. Run: python benchmarks/bench_backward.py --out drhs.json
+Kernel time comes from CUPTI (jax's profiler for JAX, lab/bench/torch_timing.py for torch), the
+prologue's prefix sums included. Run: python lab/bench/bench_backward.py --out drhs.json
 """
 
 from __future__ import annotations
@@ -22,15 +22,10 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import dev_shapes  # noqa: E402
-import moe_shapes  # noqa: E402
-import torch_timing  # noqa: E402
+from moetune_lab.bench import dev_shapes, moe_shapes, torch_timing
 
 DEFAULT_MODELS = ("mixtral-8x7b", "deepseek-v3", "qwen3-30b-a3b")
 DEFAULT_TOKENS = (4096, 16384)

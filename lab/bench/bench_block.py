@@ -2,7 +2,7 @@
 
 moetune's `moe_mlp` is timed against the same block on tokamax's and XLA's grouped GEMMs and in PyTorch on
 `torch._grouped_mm`, and each stage of moetune's block on its own, in one process, on the development
-shapes of benchmarks/dev_shapes.py.
+shapes of lab/bench/dev_shapes.py.
 
 The block is route (top-k of the router logits, renormalised over the chosen k), sort by expert, permute
 (the row gather), the gate_up GEMM with SwiGLU, the down GEMM and the weighted combine: [T, H] tokens and
@@ -19,7 +19,7 @@ is an error record. The stages are moetune's own functions (kernels/moe/layer.py
 materialised outputs of the stage before, so that their sum can be read beside the whole block. Times
 are CUPTI kernel time (every kernel of a call), the median over --runs calls.
 
-    python3 benchmarks/bench_block.py --models qwen3-30b-a3b deepseek-v3 --tokens 1 128 4096 --out block.json
+    python3 lab/bench/bench_block.py --models qwen3-30b-a3b deepseek-v3 --tokens 1 128 4096 --out block.json
 """
 
 from __future__ import annotations
@@ -28,17 +28,12 @@ import argparse
 import functools
 import gc
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import dev_shapes  # noqa: E402
-import moe_shapes  # noqa: E402
-import torch_timing  # noqa: E402
-from bench_backward import rel_err, time_jax  # noqa: E402
-from bench_layer_grad import parameters  # noqa: E402
+from moetune_lab.bench import dev_shapes, moe_shapes, torch_timing
+from moetune_lab.bench.bench_backward import rel_err, time_jax
+from moetune_lab.bench.bench_layer_grad import parameters
 
 DEFAULT_MODELS = ("qwen3-30b-a3b", "deepseek-v3", "deepseek-v3-ep8", "qwen3-next-80b-a3b")
 DEFAULT_TOKENS = (1, 128, 4096)

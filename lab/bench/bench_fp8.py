@@ -18,7 +18,7 @@ is checked on up to 8 of its experts against the float32 product of the dequanti
 spec's tolerance, 8e-3). FP8 weights are the bf16 weights quantized in each layout, as [G, N, K] (Hopper's
 8-bit wgmma reads K-major operands). One JSON record per case goes to --out as soon as it is done.
 
-    python3 benchmarks/bench_fp8.py --models deepseek-v3,mixtral-8x7b --out $OUT/fp8.json --budget-s 400
+    python3 lab/bench/bench_fp8.py --models deepseek-v3,mixtral-8x7b --out $OUT/fp8.json --budget-s 400
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import sys
 import time
 import traceback
 
-import dev_shapes
-import moe_shapes
-import torch_timing
-from baseline_entries import BLOCK_TILES_PER_CHANNEL  # not a moetune_fp8_<layout>_ method: no layout's own
-from bench_gemm import _summary
+from moetune_lab.baselines.entries import (
+    BLOCK_TILES_PER_CHANNEL,  # not a moetune_fp8_<layout>_ method: no layout's own
+)
+from moetune_lab.bench import dev_shapes, moe_shapes, torch_timing
+from moetune_lab.bench.bench_gemm import _summary
 
 LAYOUTS = ("row_channel", "block_1x128_128x128")
 ALTERNATIVES_MIN_TOKENS = 1024

@@ -14,13 +14,13 @@ Per shape ([2T, 4096] x [8, 4096, 28672] gate_up and [2T, 14336] x [8, 14336, 40
 and derives hbm_roofline: bytes of the weights of experts that have rows / measured HBM read bandwidth,
 the memory bound for small T. Raw numbers and the environment go to --out as JSON.
 
-    python3 benchmarks/bench_gemm.py --out $OUT/bench.json --budget-s 400
+    python3 lab/bench/bench_gemm.py --out $OUT/bench.json --budget-s 400
 
 With --models, the development shapes of fine-grained models instead (dev_shapes.py; DevRunner below):
 the heuristic and alternatives beside torch._grouped_mm, tokamax, ragged_dot, cuBLAS and the roofline;
 with --compile-times also, each candidate's compile time alone.
 
-    python3 benchmarks/bench_gemm.py --models qwen3-30b-a3b,deepseek-v3 --out $OUT/dev.json --budget-s 300
+    python3 lab/bench/bench_gemm.py --models qwen3-30b-a3b,deepseek-v3 --out $OUT/dev.json --budget-s 300
 """
 
 from __future__ import annotations
@@ -35,13 +35,10 @@ import threading
 import time
 import traceback
 
-import dev_shapes
-import moe_shapes
-import torch_timing
-from device_kernel_check import time_jax
-from moe_shapes import Shape
-
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C
+from moetune_lab.bench import dev_shapes, moe_shapes, torch_timing
+from moetune_lab.bench.device_kernel_check import time_jax
+from moetune_lab.bench.moe_shapes import Shape
 
 PLAIN = dict(warp_specialized=False, wg_split="none")
 # 128x256 CTAs of two 128x128 consumers (the shape of most prefill winners); one expert's tiles at a time.

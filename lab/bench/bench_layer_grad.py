@@ -9,7 +9,7 @@ moetune's and XLA's gradients are compared before timing. moetune runs twice: wi
 the gate_up GEMM (its backward recomputes the product h) and with `fuse=False` (h kept for the backward,
 one GEMM fewer, [T*k, 2F] more activation memory: what the torch layer does).
 
-    python3 benchmarks/bench_layer_grad.py --models mixtral-8x7b qwen3-30b-a3b --tokens 4096 --out layer.json
+    python3 lab/bench/bench_layer_grad.py --models mixtral-8x7b qwen3-30b-a3b --tokens 4096 --out layer.json
 """
 
 from __future__ import annotations
@@ -17,15 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import dev_shapes  # noqa: E402
-import moe_shapes  # noqa: E402
-import torch_timing  # noqa: E402
-from bench_backward import rel_err, time_jax  # noqa: E402
+from moetune_lab.bench import dev_shapes, moe_shapes, torch_timing
+from moetune_lab.bench.bench_backward import rel_err, time_jax
 
 DEFAULT_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b")
 

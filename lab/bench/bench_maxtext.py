@@ -17,12 +17,12 @@ outputs compared before anything is timed. Layer and step times are CUPTI kernel
 a call), the median of --runs calls; serve times are wall-clock, the median of --runs prefills and of
 --decode-steps decode steps.
 
-    python3 benchmarks/bench_maxtext.py --out $OUT/maxtext.json -- .../maxtext/configs/base.yml \\
+    python3 lab/bench/bench_maxtext.py --out $OUT/maxtext.json -- .../maxtext/configs/base.yml \\
         model_name=mixtral-8x7b megablox=false weight_dtype=bfloat16 per_device_batch_size=1 \\
         max_target_length=4096 max_prefill_predict_length=2048 override_model_config=true \\
         base_num_decoder_layers=4 scan_layers=true param_scan_axis=0 attention=dot_product
 
-benchmarks/device_maxtext.sh runs it on one H200 as docs/maxtext.md reports it.
+lab/device/maxtext.sh runs it on one H200 as docs/maxtext.md reports it.
 """
 
 from __future__ import annotations
@@ -33,13 +33,10 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import moe_shapes  # noqa: E402
-from bench_backward import rel_err, time_jax  # noqa: E402
+from moetune_lab.bench import moe_shapes
+from moetune_lab.bench.bench_backward import rel_err, time_jax
 
 WORKLOADS = ("decode", "prefill", "train")
 CASES = ("serve", "layer", "step")

@@ -7,8 +7,8 @@ config that both databases timed for the same problem is compared too (the sprea
 two sweeps over the same candidates should time each alike, and a ratio far from 1 means a disturbed
 timing in one of them).
 
-    python3 benchmarks/compare_clusters.py one_gpu.json two_gpus.json --out multi_gpu.json
-    python3 benchmarks/compare_clusters.py one_gpu.db two_gpus.db --out multi_gpu.json
+    python3 lab/bench/compare_clusters.py one_gpu.json two_gpus.json --out multi_gpu.json
+    python3 lab/bench/compare_clusters.py one_gpu.db two_gpus.db --out multi_gpu.json
 """
 
 from __future__ import annotations

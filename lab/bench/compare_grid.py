@@ -3,7 +3,7 @@
 timed the same way (same timer, routings, seeds and inputs). Agreement: the sweep's winner is at most
 --tolerance slower than the grid's best.
 
-    python3 benchmarks/compare_grid.py sweep.db grid.db --out grid_vs_sweep.json
+    python3 lab/bench/compare_grid.py sweep.db grid.db --out grid_vs_sweep.json
 """
 
 from __future__ import annotations

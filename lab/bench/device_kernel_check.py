@@ -5,7 +5,7 @@ For every case (Mixtral shape, routing) and every config of the chosen preset: b
 device (relative error, NaN, zero tail), then time with CUPTI (median of 10). One line per variant is
 printed; the full record goes to --out as JSON. Work stops cleanly once --budget-s is spent.
 
-    python3 benchmarks/device_kernel_check.py --preset sweep --out $OUT/check.json --budget-s 300
+    python3 lab/bench/device_kernel_check.py --preset sweep --out $OUT/check.json --budget-s 300
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ import sys
 import time
 import traceback
 
-import moe_shapes
-from moe_shapes import Shape
-
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C
+from moetune_lab.bench import moe_shapes
+from moetune_lab.bench.moe_shapes import Shape
 
 PLAIN = dict(warp_specialized=False, wg_split="none")
 

@@ -6,7 +6,7 @@ the winning moetune config abbreviated: per-warpgroup block_m x block_n, block_k
 a producer and two consumer warpgroups split along N / M, plain = one warpgroup; np = one CTA per tile;
 sk = split-K; the grid order and width unless m8; "(pack)" = the config pack's winner for the shape.
 
-    python3 benchmarks/gemm_table.py gate_up.json down.json     # bench_gemm.py --out files
+    python3 lab/bench/gemm_table.py gate_up.json down.json     # bench_gemm.py --out files
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-import moe_shapes
+from moetune_lab.bench import moe_shapes
 
 HEADER = (
     "| proj | T | routing | moetune | torch grouped_mm | mgpu best | mgpu default | XLA ragged_dot "

@@ -1,7 +1,7 @@
-"""Adds up the JUnit files of the GPU test shards (benchmarks/device_gpu_tests.sh): passed, failed,
+"""Adds up the JUnit files of the GPU test shards (lab/device/gpu_tests.sh): passed, failed,
 errors and skipped per shard and in all, the failing tests by id, and the shards still missing.
 
-    python3 benchmarks/gpu_test_counts.py run1/gpu_tests_0_of_4.xml run2/gpu_tests_1_of_4.xml ...
+    python3 lab/bench/gpu_test_counts.py run1/gpu_tests_0_of_4.xml run2/gpu_tests_1_of_4.xml ...
 
 Exit 1 when a test failed or errored, or a shard of the split is missing; 0 when every shard passed.
 """

@@ -3,7 +3,7 @@ recorded time (each pack's time is its sweep's interleaved re-timing of the winn
 A later pack's entry wins ties. Packs of another device fingerprint, backend or kernel source are refused:
 their times are not comparable.
 
-    python3 benchmarks/merge_packs.py configs/tuned/nvidia_h200__mosaic_gpu.json a.json b.json -o merged.json
+    python3 lab/bench/merge_packs.py configs/tuned/nvidia_h200__mosaic_gpu.json a.json b.json -o merged.json
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ kernel as it was; this shows that without a GPU: each entry's kernel is exported
 lowering, short of PTX) and its module hashed with the source locations stripped (the outer module's
 and the kernel's).
 
-    python3 benchmarks/pack_lowering.py hashes before.json        # on the tree before the change
-    python3 benchmarks/pack_lowering.py restamp before.json after.json
+    python3 lab/bench/pack_lowering.py hashes before.json        # on the tree before the change
+    python3 lab/bench/pack_lowering.py restamp before.json after.json
         # on the tree after it: hashes again, and only if every entry's module is unchanged, stamps the
         # pack with the current source hash (its configs, times and creation date stay as they are)
 """

@@ -2,9 +2,9 @@
 loopback, over a database seeded with the shipped H200 pack; prints p50/p99/max latency, requests/s
 and errors.
 
-    python3 benchmarks/serve_load.py                     # 50 clients, 60 s, fresh fetches (200s)
-    python3 benchmarks/serve_load.py --revalidate --json # clients send If-None-Match (304s)
-    python3 benchmarks/serve_load.py --rate 10           # each client paced at 10 requests/s
+    python3 lab/bench/serve_load.py                     # 50 clients, 60 s, fresh fetches (200s)
+    python3 lab/bench/serve_load.py --revalidate --json # clients send If-None-Match (304s)
+    python3 lab/bench/serve_load.py --rate 10           # each client paced at 10 requests/s
 
 Each client is one connection that asks again as soon as it has its answer (a closed loop), so
 requests/s is what the server sustains and latency includes queueing behind the other clients; with

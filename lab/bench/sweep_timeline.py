@@ -6,7 +6,7 @@ exist, see tuner/candidate.py PHASES); how idle each worker was between its tria
 Ray's stalls); how busy each device lane was over time (lanes inferred from the trials); and the sweep's
 throughput. Works on any moetune database.
 
-    python3 benchmarks/sweep_timeline.py sweep.db --sweep 1 [--json]
+    python3 lab/bench/sweep_timeline.py sweep.db --sweep 1 [--json]
 """
 
 from __future__ import annotations

@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
 # The backward pass's kernels on one H200, in one device call (9 minutes at most):
 #   1. the weight-gradient kernel's GPU tests and the mosaic_gpu backend contract (which now serves it);
-#   2. benchmarks/bench_backward.py: the weight gradient of the development shapes (Mixtral-8x7B,
+#   2. lab/bench/bench_backward.py: the weight gradient of the development shapes (Mixtral-8x7B,
 #      DeepSeek-V3, Qwen3-30B-A3B; gate_up and down; T = 4096, 16384) against XLA's ragged_dot_general
 #      and torch._grouped_mm's wgrad form, the heuristic beside the cost model's next configs, and each
 #      shape on a half-full buffer, and the input gradient (dlhs) beside the forward op of its shape;
-#   3. benchmarks/bench_layer_grad.py: the MoE layer's forward and backward at T=4096 (Mixtral-8x7B,
+#   3. lab/bench/bench_layer_grad.py: the MoE layer's forward and backward at T=4096 (Mixtral-8x7B,
 #      Qwen3-30B-A3B) against the XLA ragged_dot layer and a torch._grouped_mm layer.
 # Each step is time-boxed; a failed step does not stop the next. $OUT gets gpu.txt, install.log,
 # gpu_tests.log, drhs.json, layer.json, run.log. Knobs: BW_DEADLINE_S (530), BW_TESTS_S (170),
 # BW_DRHS_S (300), BW_MODELS, BW_TOKENS, BW_RANKED (3).
 #
 # On the GPU machine, from the repository root with .devdeps carried:
-#   bash benchmarks/device_backward.sh
+#   bash lab/device/backward.sh
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for logs and artifacts}
 mkdir -p "$OUT"
 START=$(date +%s)
-source benchmarks/device_env.sh
+source lab/device/env.sh
 unset XLA_PYTHON_CLIENT_ALLOCATOR  # one process on the GPU at a time here: XLA's own allocator
 DEADLINE=$(( START + ${BW_DEADLINE_S:-530} ))
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv >"$OUT/gpu.txt" 2>&1
@@ -32,12 +32,12 @@ if [ "${BW_TESTS_S:-170}" -gt 0 ]; then  # 0: no tests (device_gpu_tests.sh runs
 fi
 
 step "weight gradient benchmark ($(cap ${BW_DRHS_S:-300}) s)" | tee -a "$OUT/run.log"
-timeout "$(cap ${BW_DRHS_S:-300})" python3 benchmarks/bench_backward.py --models ${BW_MODELS:-mixtral-8x7b deepseek-v3 qwen3-30b-a3b} \
+timeout "$(cap ${BW_DRHS_S:-300})" python3 lab/bench/bench_backward.py --models ${BW_MODELS:-mixtral-8x7b deepseek-v3 qwen3-30b-a3b} \
   --tokens ${BW_TOKENS:-4096 16384} --ranked "${BW_RANKED:-3}" --half-full --dlhs --out "$OUT/drhs.json" 2>&1 \
   | grep -v "^WARNING\|^W[0-9]" | tee -a "$OUT/run.log"
 echo "bench rc=${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
 
 step "MoE layer forward + backward ($(left) s)" | tee -a "$OUT/run.log"
-timeout "$(left)" python3 benchmarks/bench_layer_grad.py --out "$OUT/layer.json" 2>&1 \
+timeout "$(left)" python3 lab/bench/bench_layer_grad.py --out "$OUT/layer.json" 2>&1 \
   | grep -v "^WARNING\|^W[0-9]" | tee -a "$OUT/run.log"
 echo "layer rc=${PIPESTATUS[0]}" | tee -a "$OUT/run.log"

@@ -4,9 +4,9 @@
 #          each candidate timed on balanced and Zipf routing), the pack export, the HTML report, a --resume
 #          and a --stale re-run that must repeat nothing, then the shipped-pack dispatch test on the new pack;
 #   GPU 1 (on a host with two): at the same time, the exhaustive grid of a narrowed space on four problems (two
-#          decode, two prefill), compared with the sweep's winners (benchmarks/compare_grid.py), GPU tests
+#          decode, two prefill), compared with the sweep's winners (lab/bench/compare_grid.py), GPU tests
 #          (E2E_GPU1_TESTS), `moetune bench tuner`, and with E2E_MODEL_LAYERS=N, once the sweep has ended,
-#          benchmarks/bench_model.py on an N-layer Mixtral reading the sweep's winners from its database.
+#          lab/model/cli.py on an N-layer Mixtral reading the sweep's winners from its database.
 #          E2E_SKIP_GPU1=1 leaves GPU 1 (and its cores) to another job of the same run; E2E_SKIP_BENCH=1
 #          skips the throughput bench there.
 # E2E_IMPORT_PACK=FILE imports a pack into the sweep's database first: its winners are then the sweep's
@@ -21,13 +21,13 @@
 # problems on one H200 well within the deadline.
 #
 # On the GPU machine, from the repository root with .devdeps carried:
-#   bash benchmarks/device_e2e.sh
+#   bash lab/device/e2e.sh
 # A CPU rehearsal of the same plumbing:
-#   OUT=$(mktemp -d) E2E_MODEL=tiny E2E_BUCKETS=1,64 E2E_BACKEND=xla E2E_SKIP_GPU_TESTS=1 E2E_SKIP_GRID=1 bash benchmarks/device_e2e.sh
+#   OUT=$(mktemp -d) E2E_MODEL=tiny E2E_BUCKETS=1,64 E2E_BACKEND=xla E2E_SKIP_GPU_TESTS=1 E2E_SKIP_GRID=1 bash lab/device/e2e.sh
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for logs and artifacts}
 mkdir -p "$OUT"
-source benchmarks/device_env.sh
+source lab/device/env.sh
 MODEL=${E2E_MODEL:-mixtral-8x7b}
 BUCKETS=${E2E_BUCKETS:-}
 BACKEND=${E2E_BACKEND:-mosaic_gpu}
@@ -57,11 +57,11 @@ bucket_args=(); [ -n "$BUCKETS" ] && bucket_args=(--buckets "$BUCKETS")
 on_gpu0=(env); [ "$gpus" -ge 2 ] && on_gpu0=(env CUDA_VISIBLE_DEVICES=0 taskset -c "0-$((share - 1))")
 
 if [ "$gpus" -ge 2 ] && [ -z "${E2E_SKIP_GPU1:-}" ]; then
-  step "GPU 1: ${E2E_SKIP_GRID:+no }exhaustive grid (benchmarks/grid_check.yaml), GPU tests: ${E2E_GPU1_TESTS:-none}, then the tuner's throughput"
+  step "GPU 1: ${E2E_SKIP_GRID:+no }exhaustive grid (lab/device/grid_check.yaml), GPU tests: ${E2E_GPU1_TESTS:-none}, then the tuner's throughput"
   on_gpu1=(env CUDA_VISIBLE_DEVICES=1 taskset -c "$share-$((cores - 1))")
   (if [ -z "${E2E_SKIP_GRID:-}" ]; then
      MOETUNE_DB="sqlite:///$OUT/grid.db" timeout "$(cap ${E2E_GRID_S:-270})" "${on_gpu1[@]}" \
-       "${MOETUNE[@]}" tune --sweep benchmarks/grid_check.yaml --routing "$ROUTING" --workers "$WORKERS" --no-baseline \
+       "${MOETUNE[@]}" tune --sweep lab/device/grid_check.yaml --routing "$ROUTING" --workers "$WORKERS" --no-baseline \
        --minutes "$(python3 -c "print(${E2E_GRID_S:-270} / 60 - 0.75)")" --json >"$OUT/grid.json" 2>"$OUT/grid.log"
      echo "grid rc=$?" >>"$OUT/grid.log"
    fi
@@ -79,9 +79,9 @@ if [ "$gpus" -ge 2 ] && [ -z "${E2E_SKIP_GPU1:-}" ]; then
    fi
    if [ -n "${E2E_MODEL_LAYERS:-}" ]; then
      # The MoE layer on the sweep's winners (read from its database once GPU 0's sweep has ended) against
-     # the dense and XLA ragged_dot layers: benchmarks/bench_model.py on a model E2E_MODEL_LAYERS deep.
+     # the dense and XLA ragged_dot layers: lab/model/cli.py on a model E2E_MODEL_LAYERS deep.
      while [ ! -e "$OUT/sweep.done" ] && [ "$(date +%s)" -lt "$DEADLINE" ]; do sleep 5; done
-     (unset XLA_PYTHON_CLIENT_ALLOCATOR; timeout "$(cap ${E2E_MODEL_S:-150})" "${on_gpu1[@]}" python3 benchmarks/bench_model.py \
+     (unset XLA_PYTHON_CLIENT_ALLOCATOR; timeout "$(cap ${E2E_MODEL_S:-150})" "${on_gpu1[@]}" python3 -m moetune_lab.model \
        --model mixtral_8x7b --layers "$E2E_MODEL_LAYERS" --batch 1 --prompt 2048 --gen 16 --out "$OUT/model_layers.json" \
        >"$OUT/model_layers.log" 2>&1)
      echo "model bench rc=$?" >>"$OUT/model_layers.log"
@@ -146,13 +146,13 @@ if [ -z "${E2E_SKIP_RESUME:-}" ]; then
 fi
 
 step "where the sweep's time went"
-python3 benchmarks/sweep_timeline.py "$OUT/sweep.db" --sweep "$SWEEP" 2>&1 | tee "$OUT/timeline.log" | tail -40
+python3 lab/bench/sweep_timeline.py "$OUT/sweep.db" --sweep "$SWEEP" 2>&1 | tee "$OUT/timeline.log" | tail -40
 
 if [ -n "${gpu1:-}" ]; then
   step "wait for GPU 1 (grid, throughput, model layers), then compare the grid with the sweep"
   wait "$gpu1"; tail -3 "$OUT/gpu-tests.log" 2>/dev/null; grep -v "logging.cc\|^    @" "$OUT/throughput.log" | tail -12
   tail -12 "$OUT/model_layers.log" 2>/dev/null
-  [ -s "$OUT/grid.db" ] && python3 benchmarks/compare_grid.py "$OUT/sweep.db" "$OUT/grid.db" --out "$OUT/grid_vs_sweep.json"
+  [ -s "$OUT/grid.db" ] && python3 lab/bench/compare_grid.py "$OUT/sweep.db" "$OUT/grid.db" --out "$OUT/grid_vs_sweep.json"
 fi
 
 step "pack up: merge the databases' WAL, bundle the logs"

@@ -4,13 +4,13 @@
 #      heuristic at 128-512 experts; then the kernel's and the SwiGLU epilogue's);
 #   2. compile time of one candidate at a time at DeepSeek-V3's 256 experts (the heuristic, the next
 #      seeds, and the walk schedule beside the table);
-#   3. every development shape (benchmarks/dev_shapes.py: Qwen3-30B-A3B, DeepSeek-V3 and its EP=8 shard,
+#   3. every development shape (lab/bench/dev_shapes.py: Qwen3-30B-A3B, DeepSeek-V3 and its EP=8 shard,
 #      Qwen3-Next-80B-A3B, Mixtral-8x7B; T = 1 ... 16384; gate_up and down): the heuristic's config and
 #      alternatives beside torch._grouped_mm, tokamax, jax.lax.ragged_dot, cuBLAS and the HBM roofline
-#      (benchmarks/bench_gemm.py --models), each output checked against ragged_dot's float32 result;
-#   4. with FG_BLOCK_S > 0: the MoE block (benchmarks/bench_block.py) on FG_BLOCK_MODELS at FG_BLOCK_TOKENS
+#      (lab/bench/bench_gemm.py --models), each output checked against ragged_dot's float32 result;
+#   4. with FG_BLOCK_S > 0: the MoE block (lab/bench/bench_block.py) on FG_BLOCK_MODELS at FG_BLOCK_TOKENS
 #      against the same block on tokamax's and XLA's GEMMs and in PyTorch, each stage timed;
-#   5. with FG_MODEL_S > 0: benchmarks/bench_model.py on FG_MODEL (qwen3_30b_a3b), moetune and XLA paths.
+#   5. with FG_MODEL_S > 0: lab/model/cli.py on FG_MODEL (qwen3_30b_a3b), moetune and XLA paths.
 # Each step is time-boxed and logged; a failed step (or one given 0 s) does not stop the next. $OUT gets
 # at most 8 files: gpu.txt, install.log (when the bundle is installed), gpu_tests.log, compile_times.json,
 # finegrained.json, block.json, model.json and run.log (the tables, printed last as well).
@@ -18,12 +18,12 @@
 # FG_TOKENS, FG_TESTS, FG_BLOCK_*, FG_MODEL_* (FG_MODEL_ARGS: bench_model.py's arguments).
 #
 # On the GPU machine, from the repository root with .devdeps carried:
-#   bash benchmarks/device_finegrained.sh
+#   bash lab/device/finegrained.sh
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for logs and artifacts}
 mkdir -p "$OUT"
 START=$(date +%s)
-source benchmarks/device_env.sh
+source lab/device/env.sh
 unset XLA_PYTHON_CLIENT_ALLOCATOR  # one process on the GPU at a time here: XLA's own allocator
 DEADLINE=$(( START + ${FG_DEADLINE_S:-470} ))
 WORK_SUMMARY=$(mktemp)  # the tables, appended to run.log: $OUT brings back at most 8 files
@@ -43,7 +43,7 @@ fi
 if [ "${FG_COMPILE_S:-50}" -gt 0 ]; then
   step "compile time per candidate at G=256 ($(cap ${FG_COMPILE_S:-50}) s)" | tee -a "$OUT/run.log"
   budget=$(cap ${FG_COMPILE_S:-50})
-  timeout "$budget" python3 benchmarks/bench_gemm.py --models deepseek-v3 --dev-tokens 1,4096 --compile-times \
+  timeout "$budget" python3 lab/bench/bench_gemm.py --models deepseek-v3 --dev-tokens 1,4096 --compile-times \
     --budget-s $(( budget - 10 )) --out "$OUT/compile_times.json" >>"$OUT/run.log" 2>&1
   echo "compile times rc=$?" | tee -a "$OUT/run.log"
 fi
@@ -52,7 +52,7 @@ later=$(( ${FG_BLOCK_S:-0} + ${FG_MODEL_S:-0} ))
 budget=$(( $(left) - 15 - later )); [ -n "${FG_BENCH_S:-}" ] && [ "$FG_BENCH_S" -lt "$budget" ] && budget=$FG_BENCH_S
 step "development shapes ($budget s): $MODELS at T=$TOKENS" | tee -a "$OUT/run.log"
 if [ "$budget" -gt 30 ]; then
-  timeout "$budget" python3 benchmarks/bench_gemm.py --models "$MODELS" --dev-tokens "$TOKENS" \
+  timeout "$budget" python3 lab/bench/bench_gemm.py --models "$MODELS" --dev-tokens "$TOKENS" \
     --budget-s $(( budget - 20 )) --out "$OUT/finegrained.json" >>"$OUT/run.log" 2>&1
   echo "benchmark rc=$?" | tee -a "$OUT/run.log"
 else
@@ -64,7 +64,7 @@ FG_BLOCK_TOKENS=${FG_BLOCK_TOKENS:-1,128,4096}
 if [ "${FG_BLOCK_S:-0}" -gt 0 ]; then
   budget=$(cap "$FG_BLOCK_S")
   step "the MoE block ($budget s): $FG_BLOCK_MODELS at T=$FG_BLOCK_TOKENS" | tee -a "$OUT/run.log"
-  timeout "$budget" python3 benchmarks/bench_block.py --models ${FG_BLOCK_MODELS//,/ } --tokens ${FG_BLOCK_TOKENS//,/ } \
+  timeout "$budget" python3 lab/bench/bench_block.py --models ${FG_BLOCK_MODELS//,/ } --tokens ${FG_BLOCK_TOKENS//,/ } \
     --budget-s $(( budget - 25 )) --out "$OUT/block.json" >>"$OUT/run.log" 2>&1
   echo "block rc=$?" | tee -a "$OUT/run.log"
 fi
@@ -72,7 +72,7 @@ if [ "${FG_MODEL_S:-0}" -gt 0 ]; then
   budget=$(cap "$FG_MODEL_S")
   model_args=${FG_MODEL_ARGS:---model qwen3_30b_a3b --batch 1 --prompt 1024 --gen 32 --paths moetune,ragged --moe-tokens 1,4096 --no-db}
   step "model benchmark ($budget s): $model_args" | tee -a "$OUT/run.log"
-  timeout "$budget" python3 benchmarks/bench_model.py $model_args --out "$OUT/model.json" >>"$OUT/run.log" 2>&1
+  timeout "$budget" python3 -m moetune_lab.model $model_args --out "$OUT/model.json" >>"$OUT/run.log" 2>&1
   echo "model rc=$?" | tee -a "$OUT/run.log"
 fi
 

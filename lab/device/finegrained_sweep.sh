@@ -7,23 +7,23 @@
 #   3. the same file for FGS_BIG_MODELS (deepseek-v3; "" skips) on FGS_BIG_WORKERS (4) workers: a worker
 #      keeps a problem's inputs within its share of the GPU's memory, and DeepSeek-V3's 256 experts' gate_up
 #      weights alone are 15 GB, past a 14th of an H200's;
-#   4. the pack export of every winner, each sweep's timeline (benchmarks/sweep_timeline.py);
-#   5. with FGS_BENCH_S > 0: benchmarks/bench_gemm.py --models FGS_BENCH_MODELS on the shipped pack merged
+#   4. the pack export of every winner, each sweep's timeline (lab/bench/sweep_timeline.py);
+#   5. with FGS_BENCH_S > 0: lab/bench/bench_gemm.py --models FGS_BENCH_MODELS on the shipped pack merged
 #      with the new one (heuristic, cost-model seeds and the tuned winner beside the peers).
 # With FGS_FP8=LAYOUT every sweep tunes the models' FP8 ops instead (`moetune tune --fp8 LAYOUT`).
 # Each sweep is time-boxed (FGS_*_S seconds of --minutes, killed 40 s after); a failed step does not stop
 # the next. $OUT gets at most 8 files: run.log, pack.json, sweep.db, timeline.txt, finegrained.json, logs.tgz.
 #
 # On the GPU machine, from the repository root with .devdeps carried:
-#   bash benchmarks/device_finegrained_sweep.sh
+#   bash lab/device/finegrained_sweep.sh
 # A CPU rehearsal of the same plumbing:
 #   OUT=$(mktemp -d) FGS_MODEL=tiny FGS_BUCKETS=1,64 FGS_FILE_MODELS=tiny FGS_FILE_BUCKETS=1,64 FGS_BIG_MODELS= FGS_BACKEND=xla \
-#     FGS_GPU=cpu FGS_BENCH_S=0 bash benchmarks/device_finegrained_sweep.sh
+#     FGS_GPU=cpu FGS_BENCH_S=0 bash lab/device/finegrained_sweep.sh
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for logs and artifacts}
 mkdir -p "$OUT"
 START=$(date +%s)
-source benchmarks/device_env.sh
+source lab/device/env.sh
 WORK=$(mktemp -d)  # everything but the few files $OUT brings back
 export MOETUNE_DB="sqlite:///$WORK/sweep.db"
 DEADLINE=$(( START + ${FGS_DEADLINE_S:-570} ))
@@ -64,16 +64,16 @@ tune() {
 import sqlite3, sys
 print(' '.join(str(r[0]) for r in sqlite3.connect(sys.argv[1]).execute('select id from sweeps order by id')))
 " "$WORK/sweep.db"); do
-    python3 benchmarks/sweep_timeline.py "$WORK/sweep.db" --sweep "$id" 2>&1 | tail -25
+    python3 lab/bench/sweep_timeline.py "$WORK/sweep.db" --sweep "$id" 2>&1 | tail -25
   done >"$OUT/timeline.txt"
   grep -i "throughput\|trials" "$OUT/timeline.txt" | head -12
 
   if [ "${FGS_BENCH_S:-0}" -gt 0 ] && [ -s "$OUT/pack.json" ]; then
     budget=$(( $(left) - 20 )); [ "$budget" -gt "$FGS_BENCH_S" ] && budget=$FGS_BENCH_S
     step "bench_gemm.py --models ${FGS_BENCH_MODELS:-qwen3-30b-a3b} on the shipped pack and this one ($budget s)"
-    python3 benchmarks/merge_packs.py configs/tuned/nvidia_h200__mosaic_gpu.json "$OUT/pack.json" -o "$WORK/merged.json" 2>&1 | tail -2
+    python3 lab/bench/merge_packs.py configs/tuned/nvidia_h200__mosaic_gpu.json "$OUT/pack.json" -o "$WORK/merged.json" 2>&1 | tail -2
     (unset XLA_PYTHON_CLIENT_ALLOCATOR MOETUNE_DB
-     timeout "$budget" python3 benchmarks/bench_gemm.py --models "${FGS_BENCH_MODELS:-qwen3-30b-a3b}" \
+     timeout "$budget" python3 lab/bench/bench_gemm.py --models "${FGS_BENCH_MODELS:-qwen3-30b-a3b}" \
        --dev-tokens "${FGS_BENCH_TOKENS:-1,16,128,1024,4096,16384}" --pack "$WORK/merged.json" \
        --budget-s $(( budget - 15 )) --out "$OUT/finegrained.json" >"$WORK/bench.log" 2>&1
      echo "bench rc=$?"; grep -v "logging.cc" "$WORK/bench.log" | tail -40)

@@ -4,11 +4,11 @@
 # FP8_MODELS, FP8_TOKENS, FP8_LAYOUTS (bench_fp8.py's defaults when unset).
 #
 # On the GPU machine, from the repository root with .devdeps carried:
-#   bash benchmarks/device_fp8.sh
+#   bash lab/device/fp8.sh
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for logs and artifacts}
 mkdir -p "$OUT"
-source benchmarks/device_env.sh
+source lab/device/env.sh
 unset XLA_PYTHON_CLIENT_ALLOCATOR  # one process on the GPU at a time here: XLA's own allocator
 if [ "${FP8_TESTS_S:-200}" != 0 ]; then
   step "FP8 GPU tests (${FP8_TESTS_S:-200} s)" | tee -a "$OUT/run.log"
@@ -22,4 +22,4 @@ args=(--out "$OUT/fp8.json" --budget-s "${FP8_BENCH_S:-330}")
 [ -n "${FP8_MODELS:-}" ] && args+=(--models "$FP8_MODELS")
 [ -n "${FP8_TOKENS:-}" ] && args+=(--tokens "$FP8_TOKENS")
 [ -n "${FP8_LAYOUTS:-}" ] && args+=(--layouts "$FP8_LAYOUTS")
-(cd benchmarks && python3 bench_fp8.py "${args[@]}") 2>&1 | tee "$OUT/bench_fp8.log" | grep -v "^WARNING\|^I0000\|^W0000"
+python3 lab/bench/bench_fp8.py "${args[@]}" 2>&1 | tee "$OUT/bench_fp8.log" | grep -v "^WARNING\|^I0000\|^W0000"

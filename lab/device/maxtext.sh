@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # MaxText's MoE with moetune's plug-in against MaxText's default GPU route (megablox: false, which is
-# jax.lax.ragged_dot), on one H200, in one device call (9.5 minutes at most): benchmarks/bench_maxtext.py
+# jax.lax.ragged_dot), on one H200, in one device call (9.5 minutes at most): lab/bench/bench_maxtext.py
 #   1. serve: the model in MaxText's inference engine, prefill of a 2048-token prompt and batch-1 decode,
 #      tokens/s and logits parity (MT_SERVE_LAYERS of the model's layers: the engine materializes the
 #      weights twice while it loads them, so half of the GPU's memory is what a model may take);
@@ -15,16 +15,16 @@
 # MT_TOKAMAX_S time-box the three steps (0 skips one).
 # $OUT gets gpu.txt, install.log, serve.json, layer.json, tokamax.json, run.log.
 #
-# On the GPU machine, from the repository root with .mtdeps carried (benchmarks/maxtext_bundle.sh):
-#   MT_MODEL=mixtral bash benchmarks/device_maxtext.sh
+# On the GPU machine, from the repository root with .mtdeps carried (lab/device/maxtext_bundle.sh):
+#   MT_MODEL=mixtral bash lab/device/maxtext.sh
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for logs and artifacts}
 mkdir -p "$OUT"
 START=$(date +%s)
 DEADLINE=$(( START + ${MT_DEADLINE_S:-570} ))
-source benchmarks/device_timebox.sh
+source lab/device/timebox.sh
 site=$(mktemp -d) && tar xJf .mtdeps/site.tar.xz -C "$site" && export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e lab >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 python3 -c 'import maxtext.layers.moe, maxtext.inference.maxengine.maxengine, moetune.integrations.maxtext' \
   >>"$OUT/install.log" 2>&1 || { tail -n 20 "$OUT/install.log"; exit 1; }
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -42,7 +42,7 @@ bench() {  # bench SECONDS OUTFILE ARGS... (0 seconds: skipped)
   local s=$1 out=$2; shift 2
   [ "$s" -gt 0 ] || return 0
   step "bench_maxtext $* ($(cap "$s") s)" | tee -a "$OUT/run.log"
-  timeout "$(cap "$s")" python3 benchmarks/bench_maxtext.py --out "$OUT/$out" "$@" 2>&1 \
+  timeout "$(cap "$s")" python3 lab/bench/bench_maxtext.py --out "$OUT/$out" "$@" 2>&1 \
     | grep -v "^WARNING\|^W[0-9]\|^I[0-9]" | tail -n 40 | tee -a "$OUT/run.log"
   echo "rc=${PIPESTATUS[0]} (124: cut at the step's time box)" | tee -a "$OUT/run.log"
 }

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Packs benchmarks/maxtext-device-requirements.txt (MaxText and what it imports that the GPU machine's
+# Packs lab/device/maxtext-device-requirements.txt (MaxText and what it imports that the GPU machine's
 # image lacks) into .mtdeps/site.tar.xz, about 25 MB: small enough to travel with the working tree.
 # The default device bundle (../shared/tools/device-bundle: Ray, Optuna, SQLAlchemy) is not needed by
 # bench_maxtext.py, and both together would pass the 64 MiB a device call carries.
-#   bash benchmarks/maxtext_bundle.sh      # from the repository root, on any machine with pip
+#   bash lab/device/maxtext_bundle.sh      # from the repository root, on any machine with pip
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 out="$root/.mtdeps"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  --platform manylinux1_x86_64 -d "$tmp/whl" -r "$root/benchmarks/maxtext-device-requirements.txt"
+  --platform manylinux1_x86_64 -d "$tmp/whl" -r "$root/lab/device/maxtext-device-requirements.txt"
 mkdir -p "$tmp/site"
 for w in "$tmp"/whl/*.whl; do (cd "$tmp/site" && python3 -m zipfile -e "$w" .); done
 # tokamax imports xprof (a large profiler) at import time for its own benchmarking helpers only.

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # The model benchmark on a GPU machine, in one run of at most 10 minutes:
-#   GPU 0: the Mixtral-8x7B model benchmark (benchmarks/bench_model.py: prefill and decode tokens/s and the
+#   GPU 0: the Mixtral-8x7B model benchmark (lab/model/cli.py: prefill and decode tokens/s and the
 #          MoE layer alone, for the dense, moetune and XLA ragged_dot paths, with parity against dense);
 #   GPU 1 (on a host with two): the GPU tests (tests/gpu).
 # On a one-GPU machine the GPU 1 half runs after the model benchmark, in what time is left.
 # Knobs: MODEL_BATCH (1), MODEL_PROMPT (2048), MODEL_GEN (128), MODEL_S (480), TESTS ("tests/gpu");
 # GPU1_CMD replaces the GPU 1 half with one command (its output in $OUT/gpu1.log), e.g.
-#   GPU1_CMD='python3 benchmarks/bench_gemm.py --out $OUT/bench_gemm.json --budget-s 420'
-#   bash benchmarks/device_model.sh          # with .devdeps carried; logs and JSON under $OUT
+#   GPU1_CMD='python3 lab/bench/bench_gemm.py --out $OUT/bench_gemm.json --budget-s 420'
+#   bash lab/device/model.sh          # with .devdeps carried; logs and JSON under $OUT
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for logs and artifacts}
 mkdir -p "$OUT"
-source benchmarks/device_env.sh
+source lab/device/env.sh
 unset XLA_PYTHON_CLIENT_ALLOCATOR  # one process per GPU here: XLA's own allocator
 DEADLINE=$(( $(date +%s) + ${MODEL_DEADLINE_S:-570} ))
 gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c GPU)
@@ -35,7 +35,7 @@ if [ "$gpus" -ge 2 ]; then
   other=$!
 fi
 step "model benchmark: batch ${MODEL_BATCH:-1}, prompt ${MODEL_PROMPT:-2048}, gen ${MODEL_GEN:-128}"
-CUDA_VISIBLE_DEVICES=0 timeout "$(cap ${MODEL_S:-480})" python3 benchmarks/bench_model.py --model mixtral_8x7b \
+CUDA_VISIBLE_DEVICES=0 timeout "$(cap ${MODEL_S:-480})" python3 -m moetune_lab.model --model mixtral_8x7b \
   --batch "${MODEL_BATCH:-1}" --prompt "${MODEL_PROMPT:-2048}" --gen "${MODEL_GEN:-128}" --no-db \
   --out "$OUT/model.json" >"$OUT/model.log" 2>&1
 echo "model rc=$?" >>"$OUT/model.log"

@@ -11,18 +11,18 @@
 #   bench: `moetune bench tuner`, Ray against one by one on the same candidates;
 #   command: the shell command MG_GPU1_CMD (another measurement that needs a GPU, e.g. bench_model.py),
 #          its output in gpu1.log.
-# Writes one_gpu.db, two_gpus.db, multi_gpu.json (benchmarks/compare_clusters.py: throughput ratio,
+# Writes one_gpu.db, two_gpus.db, multi_gpu.json (lab/bench/compare_clusters.py: throughput ratio,
 # winners' agreement, same-config times), and check.db with check_vs_one.json, or throughput.json.
 #
 # On a host with two GPUs, from the repository root with .devdeps carried:
-#   bash benchmarks/device_multi_gpu.sh
+#   bash lab/device/multi_gpu.sh
 # Knobs: MG_MODEL, MG_BUDGET (16), MG_PER_GPU (14 workers), MG_ONE_S (300), MG_TWO_S (200),
 #        MG_CHECK_BUCKETS (512,1024,2048,4096,8192), MG_BENCH_BUCKETS (64,256), MG_BENCH_BUDGET (40),
 #        MG_SEQ_BUDGET (4).
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for logs and artifacts}
 mkdir -p "$OUT"
-source benchmarks/device_env.sh
+source lab/device/env.sh
 MODEL=${MG_MODEL:-mixtral-8x7b}
 PER_GPU=${MG_PER_GPU:-14}
 ROUTING=${MG_ROUTING:-balanced,zipf:1.2}
@@ -66,15 +66,15 @@ if [ "$gpus" -ge 2 ]; then
   MOETUNE_DB="sqlite:///$OUT/two_gpus.db" timeout "${MG_TWO_S:-200}" "${sweep[@]}" "${no_baseline[@]}" --workers $((PER_GPU * gpus)) \
     --minutes "$(python3 -c "print(${MG_TWO_S:-200} / 60 - 0.5)")" >"$OUT/two_gpus.json" 2>"$OUT/two_gpus.log"
   echo "two GPUs rc=$?"; grep -v "logging.cc\|^    @" "$OUT/two_gpus.log" | tail -3
-  python3 benchmarks/compare_clusters.py "$OUT/one_gpu.db" "$OUT/two_gpus.db" --out "$OUT/multi_gpu.json" | head -3
+  python3 lab/bench/compare_clusters.py "$OUT/one_gpu.db" "$OUT/two_gpus.db" --out "$OUT/multi_gpu.json" | head -3
 fi
 if [ -s "$OUT/check.db" ]; then
   step "the sweep with baselines (GPU 1) against the one-GPU sweep without (GPU 0), config by config"
-  python3 benchmarks/compare_clusters.py "$OUT/check.db" "$OUT/one_gpu.db" --out "$OUT/check_vs_one.json"
+  python3 lab/bench/compare_clusters.py "$OUT/check.db" "$OUT/one_gpu.db" --out "$OUT/check_vs_one.json"
 fi
 merge_wal "$OUT"
-python3 benchmarks/sweep_timeline.py "$OUT/one_gpu.db" --sweep 1 >"$OUT/timeline_one.log" 2>&1
-[ -s "$OUT/two_gpus.db" ] && python3 benchmarks/sweep_timeline.py "$OUT/two_gpus.db" --sweep 1 >"$OUT/timeline_two.log" 2>&1
+python3 lab/bench/sweep_timeline.py "$OUT/one_gpu.db" --sweep 1 >"$OUT/timeline_one.log" 2>&1
+[ -s "$OUT/two_gpus.db" ] && python3 lab/bench/sweep_timeline.py "$OUT/two_gpus.db" --sweep 1 >"$OUT/timeline_two.log" 2>&1
 for f in "$OUT"/timeline_*.log; do echo "== $f"; head -3 "$f"; grep -A4 "device lanes" "$f"; done
 (cd "$OUT" && tar czf logs.tgz --remove-files $(ls ./*.log one_gpu.json two_gpus.json check.json bench.db 2>/dev/null | grep -v '^./mg.log$'))
 ls -la "$OUT"

@@ -2,7 +2,7 @@
 # The training example (examples/train_moe.py) on one GPU, in one device call (9 minutes at most): one
 # config trained with --backend auto (moetune's dispatch) and with --backend xla (jax.lax.ragged_dot),
 # each run's --json kept, then `baselines.py add-example` of the two into a copy of the baselines files
-# under $OUT/baselines/ (the entry train_example/<config>; copy it over benchmarks/baselines/ to keep it).
+# under $OUT/baselines/ (the entry train_example/<config>; copy it over lab/baselines/ to keep it).
 # The default config is the example's model at dim 512, 8 heads, ffn 1024 (its own defaults, dim 64 and
 # ffn 128, are bound by launch overhead, not by its GEMMs), batch 64 x 512 tokens, 300 steps.
 # Each run is time-boxed; unless both succeed no baselines copy is made. $OUT gets gpu.txt, install.log,
@@ -12,15 +12,15 @@
 # each run), TE_DEADLINE_S (540).
 #
 # On the GPU machine, from the repository root with .devdeps carried (optax: the image's or the bundle's):
-#   bash benchmarks/device_train_example.sh
+#   bash lab/device/train_example.sh
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for logs and artifacts}
 mkdir -p "$OUT"
 START=$(date +%s)
-source benchmarks/device_env.sh
+source lab/device/env.sh
 unset XLA_PYTHON_CLIENT_ALLOCATOR  # one process on the GPU at a time here: XLA's own allocator
 python3 -c 'import optax' || {
-  echo "device_train_example.sh: no optax; rebuild .devdeps with it: ../shared/tools/device-bundle platformdirs optax absl-py" >&2
+  echo "train_example.sh: no optax; rebuild .devdeps with it: ../shared/tools/device-bundle platformdirs optax absl-py" >&2
   exit 1
 }
 DEADLINE=$(( START + ${TE_DEADLINE_S:-540} ))
@@ -43,10 +43,10 @@ done
 
 if [ "$ok" -eq 1 ]; then
   step "baselines.py add-example" | tee -a "$OUT/run.log"
-  mkdir -p "$OUT/baselines" && cp benchmarks/baselines/*.json "$OUT/baselines/"
+  mkdir -p "$OUT/baselines" && cp lab/baselines/*.json "$OUT/baselines/"
   key=$(python3 -c 'import json, sys; sys.path.insert(0, "benchmarks"); import baselines
 print(baselines.gpu_key(json.load(open(sys.argv[1]))["device"]["device_kind"]))' "$OUT/train_auto.json")
-  python3 benchmarks/baselines.py add-example "$OUT/train_auto.json" "$OUT/train_xla.json" \
+  python3 -m moetune_lab.baselines add-example "$OUT/train_auto.json" "$OUT/train_xla.json" \
     --file "$OUT/baselines/$key.json" 2>&1 | tee -a "$OUT/run.log"
   echo "add-example rc=${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
   python3 - "$OUT/train_auto.json" "$OUT/train_xla.json" <<'EOF' | tee -a "$OUT/run.log"

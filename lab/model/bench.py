@@ -45,11 +45,11 @@ from moetune.kernels.device import current_fingerprint
 from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.lookup import LOOKUP
 from moetune.kernels.moe import moe_problems, route, sort_by_expert
-from moetune.models import mixtral
-from moetune.models.config import ModelConfig, model_config
-from moetune.models.kernel_choices import DEFAULT_CHOICES, KernelChoices
-from moetune.models.moe_paths import MOE_PATHS, moe_path
-from moetune.models.weights import LayerParams, ModelParams, init_params
+from moetune_lab.model import mixtral
+from moetune_lab.model.config import ModelConfig, model_config
+from moetune_lab.model.kernel_choices import DEFAULT_CHOICES, KernelChoices
+from moetune_lab.model.moe_paths import MOE_PATHS, moe_path
+from moetune_lab.model.weights import LayerParams, ModelParams, init_params
 
 SCHEMA = "moetune.bench.model"
 SCHEMA_VERSION = 1

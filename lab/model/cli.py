@@ -1,7 +1,7 @@
-"""Model benchmark without the CLI's dependencies: runs where only jax and numpy are installed (the GPU
-machine). The same measurement as `moetune bench model`; see moetune/models/bench.py.
+"""The model benchmark's command line. It runs where only jax and numpy are installed (the GPU machine);
+the measurement itself is moetune_lab/model/bench.py.
 
-    python3 benchmarks/bench_model.py --model mixtral_8x7b --batch 1 --prompt 2048 --gen 128 --out model.json
+    python3 -m moetune_lab.model --model mixtral_8x7b --batch 1 --prompt 2048 --gen 128 --out model.json
 
 Exit status: 0 when every path ran and matched the dense path, 1 otherwise (the JSON is written either way),
 2 for bad arguments.
@@ -22,14 +22,14 @@ import dataclasses  # noqa: E402
 
 from moetune.kernels.errors import MoetuneError  # noqa: E402 - after the allocator setting
 from moetune.kernels.moe.pallas_mode import MODES  # noqa: E402
-from moetune.models.bench import (  # noqa: E402
+from moetune_lab.model.bench import (  # noqa: E402
     DEFAULT_MOE_TOKENS,
     DEFAULT_PATHS,
     run_model_bench,
     summary_lines,
 )
-from moetune.models.config import MODELS  # noqa: E402
-from moetune.models.kernel_choices import (  # noqa: E402
+from moetune_lab.model.config import MODELS  # noqa: E402
+from moetune_lab.model.kernel_choices import (  # noqa: E402
     DEFAULT_CHOICES,
     HELP,
     MODE_FIELDS,
@@ -39,7 +39,10 @@ from moetune.models.kernel_choices import (  # noqa: E402
 
 
 def _int_list(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated integers") from None
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -66,7 +69,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "block_1x128_128x128), on the moetune path",
     )
     parser.add_argument("--no-db", action="store_true", help="winners from config packs only, no database")
-    # The kernel choices, as `moetune bench model` takes them.
+    # The kernel choices: one flag each.
     for name in MODE_FIELDS:
         parser.add_argument(f"--{name.replace('_', '-')}", choices=MODES, default="auto", help=HELP[name])
     tiling = str(DEFAULT_CHOICES.decode_attention_tiling)
@@ -95,7 +98,7 @@ def main(argv: list[str]) -> int:
             use_db=not args.no_db,
             choices=choices,
             fp8=args.fp8,
-            command="python3 benchmarks/bench_model.py " + " ".join(argv),
+            command="python3 -m moetune_lab.model " + " ".join(argv),
         )
     except MoetuneError as e:
         print(f"error: {e}", file=sys.stderr)

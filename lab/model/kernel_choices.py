@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args
 from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.moe import pallas_mode
 from moetune.kernels.moe.pallas_mode import Mode
-from moetune.models.decode_attention import Tiling as AttentionTiling
+from moetune_lab.model.decode_attention import Tiling as AttentionTiling
 
 Residual = Literal["accumulate", "add"]
 RESIDUALS: tuple[str, ...] = get_args(Residual)

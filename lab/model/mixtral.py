@@ -38,12 +38,12 @@ from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.moe import layer as moe
 from moetune.kernels.moe import pallas_mode
 from moetune.kernels.moe.reference import gated_activation
-from moetune.models import decode_attention, gemv, norm_router
-from moetune.models.config import ModelConfig
-from moetune.models.kernel_choices import DEFAULT_CHOICES, KernelChoices
-from moetune.models.moe_paths import SORTED_MOE_PATHS
-from moetune.models.moe_paths import moe_path as moe_fn
-from moetune.models.weights import LayerParams, ModelParams
+from moetune_lab.model import decode_attention, gemv, norm_router
+from moetune_lab.model.config import ModelConfig
+from moetune_lab.model.kernel_choices import DEFAULT_CHOICES, KernelChoices
+from moetune_lab.model.moe_paths import SORTED_MOE_PATHS
+from moetune_lab.model.moe_paths import moe_path as moe_fn
+from moetune_lab.model.weights import LayerParams, ModelParams
 
 Array = Any
 

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from moetune.models.config import ModelConfig
+from moetune_lab.model.config import ModelConfig
 
 Array = Any
 

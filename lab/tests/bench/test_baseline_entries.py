@@ -1,4 +1,4 @@
-"""benchmarks/baseline_entries.py on synthetic benchmark outputs: what each result file becomes."""
+"""lab/baselines/entries.py on synthetic benchmark outputs: what each result file becomes."""
 
 from __future__ import annotations
 
@@ -6,16 +6,15 @@ import json
 
 import pytest
 
-from tests.benchmarks.scripts import load_script
-
-entries = load_script("baseline_entries")
-baselines = load_script("baselines")
+from moetune_lab.baselines import cli as baselines
+from moetune_lab.baselines import entries, tables
+from moetune_lab.bench import bench_block, dev_shapes
 
 
 def test_a_command_is_written_as_anyone_would_type_it_from_the_repository_root():
     command = "python3 bench_gemm.py --projs gate_up --out '/data/run 7/out.json' --pack /opt/x/p.json"
     assert entries.portable_command(command) == (
-        "python3 benchmarks/bench_gemm.py --projs gate_up --out $OUT/out.json --pack $OUT/p.json"
+        "python3 lab/bench/bench_gemm.py --projs gate_up --out $OUT/out.json --pack $OUT/p.json"
     )
     assert entries.portable_command("moetune tune --routing 'a b'") == "moetune tune --routing 'a b'"
     assert entries.portable_command("python3 nonexistent.py") == "python3 nonexistent.py"
@@ -47,7 +46,7 @@ def bench_model_run() -> dict:
         }
 
     return {
-        "command": "python3 benchmarks/bench_model.py --model tiny --out /data/out/model.json",
+        "command": "python3 -m moetune_lab.model --model tiny --out /data/out/model.json",
         "date": "2026-01-02T03:04:05Z",
         "batch": 2,
         "prompt": 32,
@@ -83,7 +82,7 @@ def test_a_model_run_becomes_prefill_decode_and_layer_entries_with_the_other_pat
         "driver": "580.1",
         "python": "3.12.3",
     }
-    assert prefill["command"] == "python3 benchmarks/bench_model.py --model tiny --out $OUT/model.json"
+    assert prefill["command"] == "python3 -m moetune_lab.model --model tiny --out $OUT/model.json"
     file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": made}
     assert baselines.problems_of(file) == []
 
@@ -195,10 +194,10 @@ def test_a_finegrained_run_keeps_the_heuristic_the_fastest_alternative_and_the_p
         "block_m": 16
     }
     assert made["params"] | {"g": 128, "m": 8, "op": "grouped_matmul_swiglu"} == made["params"]
-    assert made["command"] == "python3 benchmarks/bench_gemm.py --models qwen3-30b-a3b --out $OUT/dev.json"
+    assert made["command"] == "python3 lab/bench/bench_gemm.py --models qwen3-30b-a3b --out $OUT/dev.json"
     file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
     assert baselines.problems_of(file) == []
-    text = load_script("baseline_tables").render_full(file)
+    text = tables.render_full(file)
     # The heuristic over the tuned winner (0.024 / 0.020); the faster peer (torch, 0.028) over the best
     # (the tuned 0.020) and over the heuristic; cuBLAS (0.005) and the roofline (0.011) over the best.
     row = (
@@ -245,7 +244,7 @@ def test_a_backward_run_keeps_the_heuristic_its_peers_and_the_half_full_pair():
         "model": "mixtral-8x7b", "gemm": "down", "tokens": 4096, "op": "grouped_matmul_drhs",
         "m": 8192, "k": 14336, "n": 4096, "g": 8,
     }  # fmt: skip
-    assert made["command"] == "python3 benchmarks/bench_backward.py --out $OUT/drhs.json"
+    assert made["command"] == "python3 lab/bench/bench_backward.py --out $OUT/drhs.json"
     file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
     assert baselines.problems_of(file) == []
 
@@ -292,7 +291,7 @@ def test_a_layer_run_keeps_the_moetune_step_and_the_peers_that_ran():
     assert made["name"] == "layer_grad/qwen3-30b-a3b/T=4096" and made["suite"] == "layer_grad"
     assert made["median"] == 4.0 and sorted(made["peers"]) == ["torch_grouped_mm"]
     assert made["params"] == {"model": "qwen3-30b-a3b", "tokens": 4096, "gemm_flops": 10**12}
-    assert made["command"] == "python3 benchmarks/bench_layer_grad.py --out $OUT/layer.json"
+    assert made["command"] == "python3 lab/bench/bench_layer_grad.py --out $OUT/layer.json"
     file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
     assert baselines.problems_of(file) == []
 
@@ -396,8 +395,8 @@ def test_a_block_run_keeps_the_peers_that_ran_and_the_stages():
         return {"samples_ms": [ms, ms * 1.02, ms * 0.98], "median_ms": ms}
 
     # Cases as bench_block.py itself writes them, so that the two cannot drift apart.
-    block = load_script("bench_block")
-    model = load_script("dev_shapes").MODELS["qwen3-30b-a3b"]
+    block = bench_block
+    model = dev_shapes.MODELS["qwen3-30b-a3b"]
     stages = {
         name: timed(ms)
         for name, ms in zip(("route", "permute", "gate_up", "down", "combine"), (1, 2, 3, 4, 5), strict=True)
@@ -418,7 +417,7 @@ def test_a_block_run_keeps_the_peers_that_ran_and_the_stages():
     assert made["params"]["stages_ms"] == {"route": 1, "permute": 2, "gate_up": 3, "down": 4, "combine": 5}
     file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
     assert baselines.problems_of(file) == []
-    text = load_script("baseline_tables").render_full(file)
+    text = tables.render_full(file)
     row = "| qwen3-30b-a3b | 1 | 128 | 0.050 | 0.060 | 0.100 | - | 1.20x |"
     assert row + " 1.000 | 2.000 | 3.000 | 4.000 | 5.000 |" in text
 
@@ -456,7 +455,7 @@ def test_an_fp8_run_keeps_the_heuristic_per_layout_the_fastest_alternative_and_t
     assert made["params"]["alternative_config"]["block_m"] == 128 and made["bounds"]["hbm_roofline"] == 0.8
     file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
     assert baselines.problems_of(file) == []
-    text = load_script("baseline_tables").render_full(file)
+    text = tables.render_full(file)
     # best 1.6 ms: 2e12 FLOP -> 1250 TF/s; torch FP8 3.2 / 1.6, bf16 4.0 / 1.6; roofline 0.8 / 1.6.
     row = "| deepseek-v3 | gate_up | 4096 | row_channel | 2.0000 | 1.6000 | 1250 | 2.00x | 2.50x | - | - |"
     assert row + " 50% |" in text
@@ -512,7 +511,7 @@ def test_a_maxtext_run_keeps_each_timed_case_with_maxtexts_route_as_the_peer():
         "rel_err": 0.00123,
     }  # fmt: skip
     assert made["command"] == (
-        "python3 benchmarks/bench_maxtext.py --out $OUT/serve.json -- "
+        "python3 lab/bench/bench_maxtext.py --out $OUT/serve.json -- "
         "maxtext/configs/gpu/models/mixtral_8x7b.yml per_device_batch_size=1"
     )
     assert timed_anyway["params"]["parity_failed"] == "differs by 0.7"

@@ -1,4 +1,4 @@
-"""benchmarks/baselines.py: the baselines files' schema, adding measurements, and the pages rendered from
+"""lab/baselines/cli.py: the baselines files' schema, adding measurements, and the pages rendered from
 them. Only the committed files' validity and the committed pages' agreement with them are checked on
 the real data; everything else runs on small synthetic baselines."""
 
@@ -8,12 +8,10 @@ import copy
 import json
 
 import pytest
+from tests.bench.synthetic import MOSAIC_CONFIG
 
-from tests.benchmarks.scripts import ROOT, load_script
-from tests.benchmarks.synthetic import MOSAIC_CONFIG
-
-baselines = load_script("baselines")
-tables = load_script("baseline_tables")
+from moetune_lab.baselines import cli as baselines
+from moetune_lab.baselines import tables
 
 
 def entry(name="bench_gemm/gate_up/T=4/balanced", samples=(0.2, 0.1, 0.3), **fields) -> dict:
@@ -23,7 +21,7 @@ def entry(name="bench_gemm/gate_up/T=4/balanced", samples=(0.2, 0.1, 0.3), **fie
         "date": "2026-01-02T03:04:05Z",
         "gpu": "Test GPU",
         "versions": {"jax": "0.11.2", "jaxlib": "0.11.2"},
-        "command": "python3 benchmarks/bench_gemm.py --out $OUT/a.json",
+        "command": "python3 lab/bench/bench_gemm.py --out $OUT/a.json",
         "unit": "ms",
         "samples": list(samples),
         "median": sorted(samples)[len(samples) // 2],
@@ -46,7 +44,7 @@ def data(*entries) -> dict:
 
 
 def test_the_committed_baselines_files_are_valid():
-    files = sorted((ROOT / "benchmarks" / "baselines").glob("*.json"))
+    files = sorted(baselines.BASELINES.glob("*.json"))
     assert files, "no baselines file"
     for path in files:
         loaded = json.loads(path.read_text())
@@ -57,7 +55,7 @@ def test_the_committed_baselines_files_are_valid():
 
 def test_the_committed_pages_are_what_render_makes_of_the_baselines():
     stale = baselines.render(baselines.PAGES, baselines.load_all(), check=True)
-    assert stale == [], "run `python3 benchmarks/baselines.py render`"
+    assert stale == [], "run `python3 -m moetune_lab.baselines render`"
 
 
 def test_a_valid_synthetic_file_has_no_problems():
@@ -169,7 +167,7 @@ def test_render_rewrites_only_the_blocks_and_quotes_the_files_numbers():
     # the roofline's share, and the winner's label.
     row = "| gate_up | 4 | balanced | 0.200 | 0.500 | 0.250 | - | 1.000 | - | 0.080 | 0.160 | 1.250x | 40% |"
     assert row + " 80.0% | 64x128k64s4 ws-n (pack) |" in full
-    assert "python3 benchmarks/bench_gemm.py --out $OUT/a.json" in full
+    assert "python3 lab/bench/bench_gemm.py --out $OUT/a.json" in full
     assert "Measured 2026-01-02 on Test GPU: jax 0.11.2, jaxlib 0.11.2." in full
     assert "| gate_up | 4 | 0.200 | 0.500 | 0.250 | 1.000 | 0.080 | 0.160 |" in summary
     assert tables.render_page(rendered, {"test_gpu": data(entry())}) == rendered  # stable
@@ -259,7 +257,7 @@ def test_the_maxtext_table_gives_speedups_tokens_per_second_for_serving_and_mark
     ]
     assert baselines.problems_of(data(*rows)) == []
     text = tables.render_full(data(*rows))
-    assert "#### MaxText: `benchmarks/bench_maxtext.py`" in text
+    assert "#### MaxText: `lab/bench/bench_maxtext.py`" in text
     assert (
         "| tiny | 2 | serve/decode | 1 | jax.lax.ragged_dot | 10.000 | 50.000 | 5.00x | 100.0 / 20.0 "
         "| 0.0e+00 |" in text
@@ -324,7 +322,7 @@ def test_the_command_line_adds_a_run_and_refuses_a_foreign_file(tmp_path, capsys
     written = json.loads(target.read_text())
     assert baselines.problems_of(written) == []
     (added,) = written["entries"]
-    assert added["command"] == "python3 benchmarks/bench_gemm.py --out $OUT/run.json"
+    assert added["command"] == "python3 lab/bench/bench_gemm.py --out $OUT/run.json"
     assert added["versions"] == {"jax": "0.11.2", "jaxlib": "0.11.2", "driver": "580.1"}
     before = target.read_text()
     (tmp_path / "model.json").write_text(json.dumps({"not": "a model run"}))

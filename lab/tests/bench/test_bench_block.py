@@ -1,4 +1,4 @@
-"""benchmarks/bench_block.py's parts that run without a GPU: moetune's block cut at its stages computes
+"""lab/bench/bench_block.py's parts that run without a GPU: moetune's block cut at its stages computes
 moe_mlp's output, a case's record holds every method (the ones that cannot run here as error records),
 and the rules that skip XLA and compare times."""
 
@@ -8,10 +8,8 @@ import numpy as np
 import pytest
 
 from moetune.kernels.moe.layer import moe_mlp
-from tests.benchmarks.scripts import load_script
+from moetune_lab.bench import bench_block, dev_shapes
 
-bench_block = load_script("bench_block")
-dev_shapes = load_script("dev_shapes")
 TINY = dev_shapes.Model("tiny", experts=8, top_k=2, hidden=64, ffn=32)
 TOKENS = 16
 

@@ -1,4 +1,4 @@
-"""benchmarks/bench_gemm.py's ragged_dot_mgpu sweep on a CPU: the configs exist, fit and lower."""
+"""lab/bench/bench_gemm.py's ragged_dot_mgpu sweep on a CPU: the configs exist, fit and lower."""
 
 from __future__ import annotations
 
@@ -12,10 +12,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
 
 from moetune.kernels.backends.mosaic_gpu import hardware
-from tests.benchmarks.scripts import load_script
-
-bench_gemm = load_script("bench_gemm")
-moe_shapes = load_script("moe_shapes")
+from moetune_lab.bench import bench_gemm, moe_shapes
 
 
 def smem_bytes(params: dict) -> int:

@@ -1,4 +1,4 @@
-"""benchmarks/bench_maxtext.py without a GPU: on a tiny MaxText MoE model both paths compile, moetune's
+"""lab/bench/bench_maxtext.py without a GPU: on a tiny MaxText MoE model both paths compile, moetune's
 dispatches are recorded, outputs are compared before timing, and a path that cannot run is a record."""
 
 from __future__ import annotations
@@ -7,10 +7,9 @@ import pytest
 
 pytest.importorskip("maxtext", reason="MaxText is not installed (pip install 'moetune[maxtext]')")
 
-from tests.benchmarks.scripts import load_script  # noqa: E402
-from tests.integrations.maxtext import tiny_model  # noqa: E402
+from tests.bench import maxtext_tiny as tiny_model  # noqa: E402
 
-bench_maxtext = load_script("bench_maxtext")
+from moetune_lab.bench import bench_maxtext
 
 
 def fake_timer(fn, args, runs):

@@ -8,16 +8,12 @@ import dataclasses
 import datetime
 
 import pytest
+from tests.factories import H200, trial
 
 from moetune.db import open_store
 from moetune.kernels import packs
 from moetune.kernels.problem import Problem
-from tests.benchmarks.scripts import load_script
-from tests.db.db_factories import H200, trial
-
-merge_packs = load_script("merge_packs")
-compare_grid = load_script("compare_grid")
-compare_clusters = load_script("compare_clusters")
+from moetune_lab.bench import compare_clusters, compare_grid, merge_packs
 
 A = Problem("grouped_matmul", m=64, k=128, n=256, g=4)
 B = Problem("grouped_matmul", m=128, k=128, n=256, g=4)

@@ -1,12 +1,12 @@
-"""benchmarks/dev_shapes.py and bench_gemm.py's development-shape ratios, on a CPU: the cases, their
+"""lab/bench/dev_shapes.py and bench_gemm.py's development-shape ratios, on a CPU: the cases, their
 top-k routings, the rotation of routings past the L2, and the target ratios of one record."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks import dev_shapes
 from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU
+from moetune_lab.bench import bench_gemm, dev_shapes
 
 
 def test_cases_run_model_by_model_with_both_gemms():
@@ -49,10 +49,7 @@ def test_routings_touch_more_than_the_given_bytes_of_weights():
     assert len(dev_shapes.routings(dev_shapes.Case(case.model, "down", 4096), 120 << 20)) == 1
 
 
-def test_dev_ratios(monkeypatch):
-    monkeypatch.syspath_prepend("benchmarks")
-    import bench_gemm
-
+def test_dev_ratios():
     record = {
         "hbm_roofline_ms": 0.01,
         "methods": {

@@ -1,5 +1,5 @@
 """The scripts that only run on a GPU machine, checked on a CPU before a device run is spent on them: each
-Python script starts and parses its arguments, run exactly as `python3 benchmarks/<script>` runs it, and
+Python script starts and parses its arguments, run exactly as `python3 lab/bench/<script>` runs it, and
 imports none of the packages that machine may lack (Ray, Optuna, SQLAlchemy); each device shell script
 parses as bash, and those that time-box their steps share one set of time boxes."""
 
@@ -7,28 +7,30 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.benchmarks.scripts import BENCHMARKS, ROOT
+ROOT = Path(__file__).resolve().parents[3]  # the repository: device scripts run from its root
+DEVICE = ROOT / "lab" / "device"
 
 GPU_SCRIPTS = [
-    "benchmarks/bench_backward.py",
-    "benchmarks/bench_block.py",
-    "benchmarks/bench_fp8.py",
-    "benchmarks/bench_gemm.py",
-    "benchmarks/bench_layer_grad.py",
-    "benchmarks/bench_maxtext.py",
-    "benchmarks/bench_model.py",
-    "benchmarks/device_kernel_check.py",
-    "examples/train_moe.py",  # run by device_train_example.sh
+    "lab/bench/bench_backward.py",
+    "lab/bench/bench_block.py",
+    "lab/bench/bench_fp8.py",
+    "lab/bench/bench_gemm.py",
+    "lab/bench/bench_layer_grad.py",
+    "lab/bench/bench_maxtext.py",
+    "lab/model/cli.py",
+    "lab/bench/device_kernel_check.py",
+    "examples/train_moe.py",  # run by lab/device/train_example.sh
 ]
-DEVICE_SHELL_SCRIPTS = sorted(path.name for path in BENCHMARKS.glob("device_*.sh"))
+DEVICE_SHELL_SCRIPTS = sorted(path.name for path in DEVICE.glob("*.sh"))
 PROBE = """
 import runpy, sys
 script = sys.argv[1]
 sys.argv = [script, "--help"]
-sys.path.insert(0, sys.argv[0].rsplit("/", 1)[0])  # as `python3 benchmarks/<script>` does
+sys.path.insert(0, sys.argv[0].rsplit("/", 1)[0])  # as `python3 lab/bench/<script>` does
 try:
     runpy.run_path(script, run_name="__main__")
 except SystemExit as e:
@@ -52,20 +54,20 @@ def test_a_gpu_script_parses_its_arguments_on_a_cpu_without_the_tuners_dependenc
 
 
 def test_the_glob_finds_the_device_shell_scripts():
-    assert "device_train_example.sh" in DEVICE_SHELL_SCRIPTS and "device_env.sh" in DEVICE_SHELL_SCRIPTS
+    assert "train_example.sh" in DEVICE_SHELL_SCRIPTS and "env.sh" in DEVICE_SHELL_SCRIPTS
 
 
 @pytest.mark.parametrize("script", DEVICE_SHELL_SCRIPTS)
 def test_a_device_shell_script_parses_as_bash(script):
-    run = subprocess.run(["bash", "-n", str(BENCHMARKS / script)], capture_output=True, text=True, timeout=60)
+    run = subprocess.run(["bash", "-n", str(DEVICE / script)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
 
 
 def _timebox(script: str, deadline_in_s: int) -> str:
-    """What `script` prints in bash with benchmarks/device_timebox.sh sourced and DEADLINE that far away."""
+    """What `script` prints in bash with lab/device/timebox.sh sourced and DEADLINE that far away."""
     deadline = f"DEADLINE=$(( $(date +%s) + {deadline_in_s} ))"
     run = subprocess.run(
-        ["bash", "-c", f"source benchmarks/device_timebox.sh; {deadline}; {script}"],
+        ["bash", "-c", f"source lab/device/timebox.sh; {deadline}; {script}"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -84,13 +86,13 @@ def test_a_step_gets_its_own_time_box_or_what_is_left_but_never_less_than_five_s
 
 
 def test_the_device_scripts_that_box_their_steps_take_the_shared_time_boxes():
-    sources = ("source benchmarks/device_env.sh", "source benchmarks/device_timebox.sh")
+    sources = ("source lab/device/env.sh", "source lab/device/timebox.sh")
     boxed = {}
     for script in DEVICE_SHELL_SCRIPTS:
-        text = (BENCHMARKS / script).read_text()
-        if script != "device_timebox.sh" and any(use in text for use in ("$(cap ", "$(left)", "\nstep ")):
+        text = (DEVICE / script).read_text()
+        if script != "timebox.sh" and any(use in text for use in ("$(cap ", "$(left)", "\nstep ")):
             boxed[script] = text
-    assert {"device_maxtext.sh", "device_finegrained.sh", "device_e2e.sh"} <= set(boxed)
+    assert {"maxtext.sh", "finegrained.sh", "e2e.sh"} <= set(boxed)
     for script, text in boxed.items():
         assert any(line in text for line in sources), f"{script} calls cap/left/step without sourcing them"
         assert "cap() {" not in text and "left() {" not in text, f"{script} defines its own time boxes"

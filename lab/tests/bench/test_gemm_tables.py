@@ -1,4 +1,4 @@
-"""benchmarks/moe_shapes.py and benchmarks/gemm_table.py on synthetic bench_gemm cases: the shapes and
+"""lab/bench/moe_shapes.py and lab/bench/gemm_table.py on synthetic bench_gemm cases: the shapes and
 routings every GEMM benchmark uses, the three ratios, and the table."""
 
 from __future__ import annotations
@@ -7,15 +7,12 @@ import json
 import sys
 
 import pytest
+from tests.bench.synthetic import MOSAIC_CONFIG
 
 from moetune.kernels.problem import Problem
 from moetune.tuner.plan import parse_problem
 from moetune.tuner.spec import load_sweep_file
-from tests.benchmarks.scripts import load_script
-from tests.benchmarks.synthetic import MOSAIC_CONFIG
-
-moe_shapes = load_script("moe_shapes")
-gemm_table = load_script("gemm_table")
+from moetune_lab.bench import gemm_table, moe_shapes
 
 CONFIG = MOSAIC_CONFIG | {"block_m": 128}
 

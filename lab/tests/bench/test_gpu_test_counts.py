@@ -1,10 +1,8 @@
-"""benchmarks/gpu_test_counts.py on synthetic JUnit files of GPU test shards."""
+"""lab/bench/gpu_test_counts.py on synthetic JUnit files of GPU test shards."""
 
 from __future__ import annotations
 
-from tests.benchmarks.scripts import load_script
-
-counts = load_script("gpu_test_counts")
+from moetune_lab.bench import gpu_test_counts as counts
 
 
 def junit(path, tests, failures=0, errors=0, skipped=0, failed=()):

@@ -1,4 +1,4 @@
-"""benchmarks/serve_load.py works end to end for a few seconds: a seeded server started on loopback,
+"""lab/bench/serve_load.py works end to end for a few seconds: a seeded server started on loopback,
 concurrent clients, a summary with latencies and no errors (no latency is asserted: it is the machine's)."""
 
 from __future__ import annotations
@@ -7,9 +7,7 @@ import json
 
 import pytest
 
-from tests.benchmarks.scripts import load_script
-
-serve_load = load_script("serve_load")
+from moetune_lab.bench import serve_load
 
 
 @pytest.mark.slow  # a server process starts (its imports take most of the time)

@@ -1,4 +1,4 @@
-"""benchmarks/sweep_timeline.py on small sweep databases, with the trials' phase times and without them
+"""lab/bench/sweep_timeline.py on small sweep databases, with the trials' phase times and without them
 (databases from before trials recorded their phases)."""
 
 from __future__ import annotations
@@ -7,14 +7,13 @@ import datetime
 import json
 
 import pytest
+from tests.factories import trial
 
 from moetune.db import open_store
 from moetune.kernels.problem import Problem
 from moetune.tuner.candidate import PHASES
-from tests.benchmarks.scripts import load_script
-from tests.db.db_factories import trial
+from moetune_lab.bench import sweep_timeline
 
-sweep_timeline = load_script("sweep_timeline")
 T0 = datetime.datetime(2026, 11, 29, 12, 0, 0)
 A = Problem("grouped_matmul", m=64, k=32, n=64, g=4)
 B = Problem("grouped_matmul", m=128, k=32, n=64, g=4)

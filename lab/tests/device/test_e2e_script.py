@@ -1,4 +1,4 @@
-"""benchmarks/device_e2e.sh rehearsed on the CPU (the xla backend, the tiny model): the plumbing a device call
+"""lab/device/e2e.sh rehearsed on the CPU (the xla backend, the tiny model): the plumbing a device call
 depends on, so that a broken flag costs a CI run rather than minutes of GPU time."""
 
 from __future__ import annotations
@@ -10,14 +10,18 @@ import sys
 import tarfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import pytest  # noqa: E402
+
+pytestmark = pytest.mark.slow  # three runs of the script: minutes on two cores
+
+ROOT = Path(__file__).resolve().parents[3]  # the repository: the script runs from its root
 SHIPPED = ROOT / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json"
 
 
 def _e2e(env: dict) -> tuple[int, str]:
     """Run the script with this environment: its exit status and its output (stdout, then stderr)."""
     run = subprocess.run(
-        ["bash", "benchmarks/device_e2e.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        ["bash", "lab/device/e2e.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )
     return run.returncode, run.stdout + run.stderr
 

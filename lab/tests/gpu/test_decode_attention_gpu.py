@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from moetune.kernels.lookup import LOOKUP
-from moetune.models import decode_attention as da
-from moetune.models import mixtral
-from moetune.models.config import model_config
+from moetune_lab.model import decode_attention as da
+from moetune_lab.model import mixtral
+from moetune_lab.model.config import model_config
 
 pytestmark = pytest.mark.gpu
 

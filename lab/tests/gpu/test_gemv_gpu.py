@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from moetune.kernels.lookup import LOOKUP
-from moetune.models import gemv, mixtral
-from moetune.models.config import model_config
+from moetune_lab.model import gemv, mixtral
+from moetune_lab.model.config import model_config
 
 pytestmark = pytest.mark.gpu
 
@@ -74,7 +74,7 @@ def test_wo_adds_into_the_float32_stream_with_atomics(rows):
 def test_model_decode_carrying_a_float32_residual_matches_the_two_adds(
     assert_decode_same_across_modes, monkeypatch
 ):
-    from moetune.models.kernel_choices import KernelChoices
+    from moetune_lab.model.kernel_choices import KernelChoices
 
     tiny = model_config("tiny")
     q, kv = tiny.heads * tiny.head_dim, tiny.kv_heads * tiny.head_dim

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from moetune.kernels.moe import layer as moe
-from moetune.models import mixtral, norm_router
+from moetune_lab.model import mixtral, norm_router
 
 pytestmark = pytest.mark.gpu
 

@@ -13,9 +13,9 @@ import pytest
 
 from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.lookup import LOOKUP
-from moetune.models import decode_attention as da
-from moetune.models import mixtral
-from moetune.models.config import ModelConfig, model_config
+from moetune_lab.model import decode_attention as da
+from moetune_lab.model import mixtral
+from moetune_lab.model.config import ModelConfig, model_config
 
 
 @pytest.fixture(autouse=True)
@@ -196,7 +196,7 @@ def test_model_decoding_with_the_interpreted_kernels_matches_the_einsum_path(ass
 
 
 def test_a_tiling_choice_reaches_the_kernel(assert_decode_same_across_modes, monkeypatch):
-    from moetune.models.kernel_choices import KernelChoices
+    from moetune_lab.model.kernel_choices import KernelChoices
 
     tilings = []
     attend = da.decode_attention

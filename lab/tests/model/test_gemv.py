@@ -12,8 +12,8 @@ import pytest
 
 from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.lookup import LOOKUP
-from moetune.models import gemv, mixtral
-from moetune.models.config import model_config
+from moetune_lab.model import gemv, mixtral
+from moetune_lab.model.config import model_config
 
 
 @pytest.fixture(autouse=True)
@@ -132,8 +132,8 @@ def test_model_decoding_with_both_kernels_feeds_attention_the_partial_sums(
     tiny_tilings, assert_decode_same_across_modes, monkeypatch
 ):
     """With the attention kernel on too, the model hands it wqkv's partial sums (no XLA sum between)."""
-    from moetune.models import decode_attention
-    from moetune.models.kernel_choices import KernelChoices
+    from moetune_lab.model import decode_attention
+    from moetune_lab.model.kernel_choices import KernelChoices
 
     fed = []
     attend = decode_attention.decode_attention
@@ -176,7 +176,7 @@ def test_a_decode_step_with_every_kernel_on_carries_a_float32_residual_through_w
 ):
     """wo's GEMV adds into the float32 residual stream (no XLA add between it and norm_route_gather): the
     same tokens, logits and cache as the two adds in the model's dtype."""
-    from moetune.models.kernel_choices import KernelChoices
+    from moetune_lab.model.kernel_choices import KernelChoices
 
     every_kernel = KernelChoices(
         gemv="interpret", decode_attention="interpret", norm_route_gather="interpret"

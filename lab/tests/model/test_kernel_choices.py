@@ -11,11 +11,11 @@ import pytest
 
 from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.moe import pallas_mode
-from moetune.models import mixtral
-from moetune.models.config import model_config
-from moetune.models.decode_attention import Tiling
-from moetune.models.kernel_choices import DEFAULT_CHOICES, MODE_FIELDS, KernelChoices
-from moetune.models.weights import init_params
+from moetune_lab.model import mixtral
+from moetune_lab.model.config import model_config
+from moetune_lab.model.decode_attention import Tiling
+from moetune_lab.model.kernel_choices import DEFAULT_CHOICES, MODE_FIELDS, KernelChoices
+from moetune_lab.model.weights import init_params
 
 ON_GPU = jax.default_backend() == "gpu"
 

@@ -14,11 +14,11 @@ from moetune.kernels.api import explain
 from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.lookup import LOOKUP
 from moetune.kernels.moe import moe_problems
-from moetune.models import mixtral
-from moetune.models.config import MODELS, model_config
-from moetune.models.kernel_choices import DEFAULT_CHOICES, KernelChoices
-from moetune.models.moe_paths import MOE_PATHS, moe_path
-from moetune.models.weights import init_params
+from moetune_lab.model import mixtral
+from moetune_lab.model.config import MODELS, model_config
+from moetune_lab.model.kernel_choices import DEFAULT_CHOICES, KernelChoices
+from moetune_lab.model.moe_paths import MOE_PATHS, moe_path
+from moetune_lab.model.weights import init_params
 
 BATCH, PROMPT, STEPS = 2, 7, 4
 
@@ -230,7 +230,7 @@ def test_shared_experts_are_a_dense_mlp_on_every_path():
 def test_shared_experts_read_the_gather_kernels_rows_in_decode(monkeypatch):
     """With norm_route_gather on, the shared experts take each token's normed row from the kernel's
     output (no norm of their own): the same decode as XLA's ops."""
-    from moetune.models import norm_router
+    from moetune_lab.model import norm_router
 
     config = dataclasses.replace(
         model_config("tiny"), dtype="float32", shared_experts=1, shared_intermediate=32

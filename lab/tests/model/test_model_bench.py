@@ -1,26 +1,23 @@
-"""The model benchmark end to end on the tiny config: the CLI function and the GPU-machine script."""
+"""The model benchmark end to end on the tiny config: the measurement and its command line."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
 from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.lookup import LOOKUP
-from moetune.models.bench import SCHEMA, run_model_bench
-from moetune.models.config import model_config
-from moetune.tuner.cli.bench_model import bench_model, bench_model_command
+from moetune_lab.model import cli
+from moetune_lab.model.bench import SCHEMA, run_model_bench
+from moetune_lab.model.config import model_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)
@@ -34,9 +31,9 @@ def _positive(value) -> bool:
 
 
 def test_bench_model_writes_its_result_as_json(tmp_path, monkeypatch):
-    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)  # bench_model sets it; undone after
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)  # the CLI sets it; undone after
     out = tmp_path / "results" / "model.json"
-    result = bench_model("tiny", 1, 8, 2, ["dense", "moetune"], 1, out, moe_tokens=(16,), runs=1)
+    result = run_model_bench("tiny", 1, 8, 2, ["dense", "moetune"], 1, out, moe_tokens=(16,), runs=1)
     written = json.loads(out.read_text())
     assert written == json.loads(json.dumps(result))
     assert written["schema"] == SCHEMA and written["complete"] and written["ok"]
@@ -115,8 +112,8 @@ def test_fp8_experts_are_k_major_quantized_from_the_same_draw_and_only_moetune_r
     import jax.numpy as jnp
 
     from moetune.kernels.moe import fp8 as moe_fp8
-    from moetune.models import mixtral
-    from moetune.models.weights import init_params
+    from moetune_lab.model import mixtral
+    from moetune_lab.model.weights import init_params
 
     bf16 = model_config("tiny", 1)
     fp8 = dataclasses.replace(bf16, experts_scale_layout="tensor")
@@ -130,48 +127,45 @@ def test_fp8_experts_are_k_major_quantized_from_the_same_draw_and_only_moetune_r
         mixtral.routed_experts(fp8, quantized, h, jnp.zeros((4, 8)), "ragged", "xla")
 
 
-def _app() -> typer.Typer:
-    app = typer.Typer()
-    app.command("model")(bench_model_command)
-    app.command("other")(lambda: None)  # two commands, so "model" stays a subcommand name
-    return app
+def _bench(argv: list[str], capsys) -> tuple[int, str]:
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
 
 
-def test_command_fails_with_exit_2_and_one_line_on_bad_input():
-    app = _app()
-    run = CliRunner().invoke(app, ["model", "--model", "mixtral_9x9b"])
-    assert run.exit_code == 2
-    assert (
-        "error: unknown model 'mixtral_9x9b'; known: mixtral_8x7b, qwen3_30b_a3b, tiny, tiny_qwen3"
-        in run.output
-    )
-    run = CliRunner().invoke(app, ["model", "--model", "tiny", "--moe-tokens", "4096,x"])
-    assert run.exit_code == 2 and "--moe-tokens='4096,x' must be comma-separated integers" in run.output
-    run = CliRunner().invoke(app, ["model", "--model", "tiny", "--decode-attention-tiling", "splits=3"])
-    assert run.exit_code == 2
-    assert "error: decode attention tiling: splits=3 must be a power of two" in run.output
-    run = CliRunner().invoke(app, ["model", "--model", "tiny", "--gemv", "fast"], env={"COLUMNS": "200"})
-    assert run.exit_code == 2 and "'fast' is not one of 'auto', 'kernel', 'xla', 'interpret'" in run.output
+def test_command_fails_with_exit_2_and_names_the_bad_input(capsys):
+    code, output = _bench(["--model", "mixtral_9x9b"], capsys)
+    assert code == 2
+    known = "mixtral_8x7b, qwen3_30b_a3b, tiny, tiny_qwen3"
+    assert f"error: unknown model 'mixtral_9x9b'; known: {known}" in output
+    code, output = _bench(["--model", "tiny", "--moe-tokens", "4096,x"], capsys)
+    assert code == 2 and "'4096,x' must be comma-separated integers" in output
+    code, output = _bench(["--model", "tiny", "--decode-attention-tiling", "splits=3"], capsys)
+    assert code == 2 and "error: decode attention tiling: splits=3 must be a power of two" in output
+    code, output = _bench(["--model", "tiny", "--gemv", "fast"], capsys)
+    assert code == 2 and "invalid choice: 'fast'" in output
 
 
-def test_each_kernel_choice_is_a_flag_with_its_default_shown():
-    run = CliRunner().invoke(_app(), ["model", "--help"], env={"COLUMNS": "200"})
-    assert run.exit_code == 0
-    text = " ".join(run.output.split())
+def test_each_kernel_choice_is_a_flag_with_its_choices(capsys):
+    code, output = _bench(["--help"], capsys)
+    assert code == 0
+    text = " ".join(output.split())
     for flag in ("--routing", "--norm-router", "--norm-route-gather", "--gemv", "--decode-attention"):
-        assert re.search(rf"{flag} +<auto\|kernel\|xla\|interpret> .*?\[default: auto\]", text), flag
-    assert "[default: block_k=64,splits=32,num_warps=4,num_stages=2]" in text
-    assert re.search(r"--decode-residual +<accumulate\|add> .*?\[default: accumulate\]", text)
+        assert f"{flag} {{auto,kernel,xla,interpret}}" in text, flag
+    assert "--decode-residual {accumulate,add}" in text
 
 
-def test_the_qwen3_shaped_model_benches_with_the_kernel_choices_of_its_flags(tmp_path, monkeypatch):
+def test_the_qwen3_shaped_model_benches_with_the_kernel_choices_of_its_flags(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
     out = tmp_path / "qwen3.json"
-    argv = ["model", "--model", "tiny_qwen3", "--layers", "1", "--prompt", "8", "--gen", "2"]
+    argv = ["--model", "tiny_qwen3", "--layers", "1", "--prompt", "8", "--gen", "2"]
     argv += ["--paths", "dense,moetune", "--moe-tokens", "16", "--runs", "1", "--out", str(out)]
     argv += ["--gemv", "interpret", "--decode-attention", "xla", "--decode-attention-tiling", "splits=16"]
-    run = CliRunner().invoke(_app(), argv)
-    assert run.exit_code == 0, run.output
+    code, output = _bench(argv, capsys)
+    assert code == 0, output
     written = json.loads(out.read_text())
     assert written["model"]["name"] == "tiny_qwen3" and written["model"]["qk_norm"]
     assert written["ok"] and written["parity"]["moetune"]["ok"]
@@ -194,7 +188,7 @@ def test_gpu_script_runs_with_only_jax_numpy_and_moetune(tmp_path):
         "import runpy, sys\n"
         f"sys.argv = ['bench_model.py', *{argv!r}]\n"
         "try:\n"
-        f"    runpy.run_path({str(REPO / 'benchmarks' / 'bench_model.py')!r}, run_name='__main__')\n"
+        f"    runpy.run_path({str(REPO / 'lab' / 'model' / 'cli.py')!r}, run_name='__main__')\n"
         "except SystemExit as e:\n"
         "    print('exit', e.code)\n"
         f"print('loaded', sorted(m for m in {forbidden!r} if m in sys.modules))\n"

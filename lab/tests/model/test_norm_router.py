@@ -10,7 +10,7 @@ import pytest
 
 from moetune.kernels.lookup import LOOKUP
 from moetune.kernels.moe import layer as moe
-from moetune.models import mixtral, norm_router
+from moetune_lab.model import mixtral, norm_router
 
 
 @pytest.fixture(autouse=True)
