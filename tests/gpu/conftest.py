@@ -3,8 +3,8 @@
 Run them on the GPU machine with `python3 -m pytest tests/gpu -m gpu -q -o faulthandler_timeout=60`: a test
 still running after 60 s then prints every thread's stack, which shows where a hung kernel or timer waits
 (a run cut at a deadline otherwise leaves no trace of it). The whole suite takes longer than one device
-call: `GPU_SHARD=i bash benchmarks/device_gpu_tests.sh` runs one of four shards (pytest-shard's
-`--shard-id i --num-shards 4`) and `benchmarks/gpu_test_counts.py` adds up their JUnit files.
+call: `GPU_SHARD=i bash lab/device/gpu_tests.sh` runs one of four shards (pytest-shard's
+`--shard-id i --num-shards 4`) and `lab/bench/gpu_test_counts.py` adds up their JUnit files.
 """
 
 from __future__ import annotations

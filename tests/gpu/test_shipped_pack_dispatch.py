@@ -34,7 +34,7 @@ PACK = packs.load(importlib.resources.files("moetune.configs") / "tuned" / PACK_
 _ONLY_M = {int(m) for m in os.environ.get("MOETUNE_PACK_M", "").split(",") if m.strip()}
 ENTRIES = [e for e in PACK.entries if not _ONLY_M or e.problem.m in _ONLY_M]
 
-# What the sweep that made the pack measured with (benchmarks/device_e2e.sh; the spec is stored with the
+# What the sweep that made the pack measured with (lab/device/e2e.sh; the spec is stored with the
 # sweep in its database): routings balanced and zipf:1.2, seed 0. The same seed gives the same operands
 # (InputCache: lhs and rhs sets from jax.random keys of the seed) and the same group sizes, and the same
 # timer over the same rotations, so the recorded median and this one measure the same thing.
