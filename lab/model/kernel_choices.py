@@ -1,5 +1,6 @@
 """Which kernel runs each of the benchmark model's small operations: one frozen, hashable value that
-`moetune bench model` builds from its flags and the model's jitted functions take as a static argument.
+the model benchmark's command line builds from its flags and the model's jitted functions take as a
+static argument.
 
 Each mode field is one of moetune.kernels.moe.pallas_mode.MODES: "auto" (the default: the Pallas kernel
 on a GPU, XLA's ops elsewhere), "kernel", "xla" or "interpret" (the kernel in Pallas's interpreter, on
