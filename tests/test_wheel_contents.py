@@ -1,0 +1,44 @@
+"""A built wheel of moetune holds the product and only the product: the kernels, tuner, database, service,
+integrations and shipped configs under `moetune/`, and nothing of the lab next door (its benchmarks, the
+benchmark model, the measured baselines)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_wheel_holds_the_product_and_no_lab_code(tmp_path):
+    # No build isolation: setuptools and wheel come from the dev extra, so no index is needed.
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            ".",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    (wheel,) = tmp_path.glob("moetune-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    packages = {name.split("/")[1] for name in names if name.startswith("moetune/") and name.count("/") > 1}
+    assert packages == {"kernels", "tuner", "db", "service", "integrations", "configs"} | (
+        {"search_spaces"} & packages  # the backends' spaces may live in kernels/backends/<name>/ instead
+    )
+    assert {name.split("/")[0] for name in names} <= {"moetune", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert not [n for n in names if "moetune_lab" in n or "benchmark" in n or n.endswith("mixtral.py")]
+    assert "moetune/kernels/api.py" in names and "moetune/configs/tuned/nvidia_h200__mosaic_gpu.json" in names
