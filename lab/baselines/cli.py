@@ -15,7 +15,7 @@ built from the benchmark scripts' own output files, and the tables the documenta
     python3 -m moetune_lab.baselines add-tuner run.json ... --gpu "NVIDIA H200" --date 2026-11-30 \\
         --versions jax=0.11.2,jaxlib=0.11.2 --command "bash lab/device/multi_gpu.sh"
         # `moetune bench tuner --out` or compare_clusters.py --out files, which record no environment
-    python3 -m moetune_lab.baselines render [--check]                  # README.md and docs/performance.md
+    python3 -m moetune_lab.baselines render [--check]                  # the tables and quotes of PAGES
 
 The file (schema "moetune.baselines", version 1):
 
@@ -45,13 +45,16 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from moetune_lab.baselines import entries as baseline_entries
+from moetune_lab.baselines import quotes as baseline_quotes
 from moetune_lab.baselines import tables as baseline_tables
 
 SCHEMA = "moetune.baselines"
 SCHEMA_VERSION = 1
 BASELINES = Path(__file__).resolve().parent  # one <gpu>.json per GPU model, beside this module
 LAB = BASELINES.parent
-PAGES = (LAB / "README.md",)  # the lab's README carries the full tables; the product's docs quote rows
+REPOSITORY = LAB.parent
+# The lab's README carries the full tables; the product's README and docs quote rows.
+PAGES = (LAB / "README.md", REPOSITORY / "README.md", *sorted((REPOSITORY / "docs").glob("*.md")))
 SUITES = (
     "bench_gemm", "finegrained", "moe_block", "fp8_gemm", "backward", "layer_grad", "bench_model", "tuner",
     "train_example", "maxtext",
@@ -231,12 +234,18 @@ def add(path: Path, entries: list[dict]) -> dict:
     return data
 
 
+def _shown(page: Path) -> str:
+    return str(page.relative_to(REPOSITORY)) if page.is_relative_to(REPOSITORY) else page.name
+
+
 def render(pages: Iterable[Path], baselines: dict[str, dict], *, check: bool) -> list[Path]:
-    """The pages whose baselines blocks differ from `baselines`; rewritten unless `check`."""
+    """The pages whose baselines blocks or quotes (quotes.py) differ from `baselines`; rewritten unless
+    `check`. A quote of something the baselines do not hold raises quotes.QuoteError."""
     stale = []
     for page in pages:
         text = page.read_text()
         rendered = baseline_tables.render_page(text, baselines)
+        rendered = baseline_quotes.render_quotes(rendered, baselines, where=_shown(page))
         if rendered != text:
             stale.append(page)
             if not check:
@@ -276,7 +285,7 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument("--date", required=True, help="when the runs ran, e.g. 2026-11-30")
             sub.add_argument("--versions", required=True, help="e.g. jax=0.11.2,jaxlib=0.11.2,driver=580.1")
             sub.add_argument("--command", required=True, dest="run_command", help="what made the runs")
-    render_cmd = commands.add_parser("render", help="rewrite the baselines blocks of the README and docs")
+    render_cmd = commands.add_parser("render", help="rewrite the tables and quotes of the README and docs")
     render_cmd.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page is stale")
     return parser
 
@@ -289,10 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             verb = (
                 "is out of date (run python3 -m moetune_lab.baselines render)" if args.check else "rewritten"
             )
-            print(
-                "\n".join(f"{page.relative_to(LAB.parent)} {verb}" for page in stale)
-                or "every page is up to date"
-            )
+            print("\n".join(f"{_shown(page)} {verb}" for page in stale) or "every page is up to date")
             return 1 if args.check and stale else 0
         runs = [json.loads(path.read_text()) for path in args.runs]
         if args.command == "add-gemm":

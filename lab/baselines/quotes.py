@@ -1,0 +1,194 @@
+"""Figures in prose, quoted from a GPU's baselines (lab/baselines/cli.py render).
+
+A measured figure in the README or the docs is written as a quote of the entry it comes from, and
+`render` writes its text from the baselines file, so prose cannot drift from the data:
+
+    <!-- q finegrained/deepseek-v3/gate_up/T=4096 vs:torch_grouped_mm/best -->1.47x<!-- /q -->
+
+HTML comments do not show in rendered Markdown; only the text between them does. The opening comment is
+`q ENTRY FIELD [SPEC] [bare]`:
+
+- ENTRY: an entry's name, or several names and fnmatch patterns joined by `|`
+  (`finegrained/*/gate_up/T=16|finegrained/*/down/T=16`); a quote of more than one entry gives the
+  range of its values, "648-755 TF/s". A name may start with its GPU's key (`nvidia_h200:bench_gemm/...`);
+  without one, the quote reads the only baselines file there is.
+- FIELD: QUANTITY or QUANTITY:ARGUMENT, where a SUBJECT is `moetune` (the entry's own measurement, the
+  default), `best` (the fastest of moetune's configs timed for the entry: its median and its peers
+  moetune_tuned and moetune_alternative, as the tables' "best" columns), or any peer's name:
+
+      ms[:SUBJECT]          the subject's median time in ms (us[:SUBJECT] in us, s[:SUBJECT] in s)
+      vs:A[/B]              time(A) / time(B), B moetune by default: above 1, B is faster ("1.57x")
+      tfs[:SUBJECT]         TF/s: the entry's FLOPs (params flops, gemm_flops or 2*m*k*n) over the time
+      roof[:SUBJECT]        the HBM roofline's share: bounds.hbm_roofline over the time ("72%"), or for a
+                            model's decode, its tokens/s over bounds.hbm_roofline_tokens_per_s
+      tokps[:SUBJECT]       tokens/s: params tokens over the time
+      param:KEY[.KEY]       a number in the entry's params (rel_err, stages_ms.route, read_GBps, ...)
+
+- SPEC: a Python format spec for the number (`.2f`, `,.0f`, `.1%`, `.1e`); each quantity has a default.
+- `bare`: the number without its unit (a list of figures that names the unit once, after the last).
+
+`render --check` fails on a quote whose text differs from what the baselines give; a quote of an entry,
+peer, parameter or field that does not exist is an error naming it and the page.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable
+
+QUOTE = re.compile(r"<!-- q (\S+) (\S+)((?: \S+)*) -->(.*?)<!-- /q -->")
+BEST_PEERS = ("moetune_tuned", "moetune_alternative")
+# quantity -> (default spec, unit appended to the number)
+QUANTITIES = {
+    "ms": (".3f", " ms"),
+    "us": (".1f", " us"),
+    "s": (".2f", " s"),
+    "vs": (".2f", "x"),
+    "tfs": (".0f", " TF/s"),
+    "roof": (".0%", ""),
+    "tokps": (",.1f", " tokens/s"),
+    "param": ("g", ""),
+}
+
+
+class QuoteError(ValueError):
+    """A quote that names something the baselines do not hold, or is not written as a quote."""
+
+
+def _seconds(entry: dict, subject: str) -> float:
+    """The subject's median of `entry`, in seconds."""
+    scale = {"ms": 1e-3, "s": 1.0}.get(entry["unit"])
+    if scale is None:
+        raise QuoteError(f"{entry['name']}: unit {entry['unit']!r} is a rate, not a time")
+    peers = {name: peer["median"] for name, peer in entry.get("peers", {}).items()}
+    if subject == "moetune":
+        return entry["median"] * scale
+    if subject == "best":
+        return min([entry["median"]] + [peers[n] for n in BEST_PEERS if n in peers]) * scale
+    if subject not in peers:
+        raise QuoteError(f"{entry['name']}: no peer {subject!r} (peers: {', '.join(peers) or 'none'})")
+    return peers[subject] * scale
+
+
+def _flops(entry: dict) -> float:
+    p = entry["params"]
+    if "flops" in p or "gemm_flops" in p:
+        return p.get("flops", p.get("gemm_flops"))
+    if {"m", "k", "n"} <= set(p):
+        return 2 * p["m"] * p["k"] * p["n"]
+    raise QuoteError(f"{entry['name']}: params name no FLOPs (flops, gemm_flops or m, k, n)")
+
+
+def _param(entry: dict, path: str) -> float:
+    value: object = entry["params"]
+    for key in path.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise QuoteError(f"{entry['name']}: params have no {path!r}")
+        value = value[key]
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise QuoteError(f"{entry['name']}: params {path!r} is not a number")
+    return value
+
+
+def _roof(entry: dict, subject: str) -> float:
+    bounds = entry.get("bounds", {})
+    if "hbm_roofline" in bounds:
+        return bounds["hbm_roofline"] * 1e-3 / _seconds(entry, subject)
+    if "hbm_roofline_tokens_per_s" in bounds:
+        return entry["params"]["tokens"] / _seconds(entry, subject) / bounds["hbm_roofline_tokens_per_s"]
+    raise QuoteError(f"{entry['name']}: no HBM roofline among its bounds")
+
+
+def _vs(entry: dict, argument: str) -> float:
+    a, _, b = argument.partition("/")
+    return _seconds(entry, a) / _seconds(entry, b or "moetune")
+
+
+VALUES: dict[str, Callable[[dict, str], float]] = {
+    "ms": lambda e, s: _seconds(e, s or "moetune") * 1e3,
+    "us": lambda e, s: _seconds(e, s or "moetune") * 1e6,
+    "s": lambda e, s: _seconds(e, s or "moetune"),
+    "vs": lambda e, a: _vs(e, a) if a else _missing("vs"),
+    "tfs": lambda e, s: _flops(e) / _seconds(e, s or "moetune") / 1e12,
+    "roof": lambda e, s: _roof(e, s or "moetune"),
+    "tokps": lambda e, s: e["params"]["tokens"] / _seconds(e, s or "moetune"),
+    "param": lambda e, k: _param(e, k) if k else _missing("param"),
+}
+
+
+def _missing(quantity: str) -> float:
+    raise QuoteError(f"{quantity} needs an argument ({quantity}:...)")
+
+
+def value(entry: dict, field: str) -> float:
+    """The number `field` (QUANTITY[:ARGUMENT]) names in `entry`."""
+    quantity, _, argument = field.partition(":")
+    if quantity not in VALUES:
+        raise QuoteError(f"unknown field {field!r}: one of {', '.join(VALUES)}, as QUANTITY[:ARGUMENT]")
+    return VALUES[quantity](entry, argument)
+
+
+def entries_named(spec: str, baselines: dict[str, dict]) -> list[dict]:
+    """The entries an ENTRY names: `|`-joined names or fnmatch patterns, optionally after a GPU key."""
+    key, sep, names = spec.partition(":")
+    if sep and key in baselines:
+        data = baselines[key]
+    elif len(baselines) == 1:
+        data, names = next(iter(baselines.values())), spec
+    else:
+        raise QuoteError(f"{spec!r}: name the GPU ({', '.join(baselines) or 'no baselines file'}: KEY:NAME)")
+    by_name = {e["name"]: e for e in data["entries"]}
+    out: list[dict] = []
+    for name in names.split("|"):
+        if any(c in name for c in "*?["):
+            matched = [e for n, e in by_name.items() if fnmatch.fnmatchcase(n, name)]
+            if not matched:
+                raise QuoteError(f"no entry matches {name!r} in the {data['gpu']} baselines")
+        elif name in by_name:
+            matched = [by_name[name]]
+        else:
+            raise QuoteError(f"no entry named {name!r} in the {data['gpu']} baselines")
+        out += [e for e in matched if e not in out]
+    return out
+
+
+def text(spec: str, field: str, options: list[str], baselines: dict[str, dict]) -> str:
+    """What a quote reads: one value, or the range of its entries' values ('648-755 TF/s')."""
+    quantity = field.partition(":")[0]
+    default, unit = QUANTITIES.get(quantity, ("g", ""))
+    formats = [o for o in options if o != "bare"]
+    if len(formats) > 1 or any(o.startswith("bare") and o != "bare" for o in options):
+        raise QuoteError(f"options {' '.join(options)!r}: at most one format spec, and `bare`")
+    fmt = formats[0] if formats else default
+    values = sorted(value(e, field) for e in entries_named(spec, baselines))
+    try:
+        low, high = (format(v, fmt) for v in (values[0], values[-1]))
+    except ValueError as e:
+        raise QuoteError(f"format spec {fmt!r}: {e}") from None
+    if "bare" in options:
+        unit = ""
+    if low == high:
+        return low + unit
+    return f"{low.rstrip('%')}-{high}{unit}"
+
+
+def render_quotes(page: str, baselines: dict[str, dict], where: str = "the page") -> str:
+    """`page` with every quote's text written again from `baselines` (GPU key -> baselines data)."""
+
+    def quote(match: re.Match) -> str:
+        spec, field, options, _ = match.groups()
+        try:
+            new = text(spec, field, options.split(), baselines)
+        except QuoteError as e:
+            line = page.count("\n", 0, match.start()) + 1
+            raise QuoteError(f"{where}:{line}: quote `{spec} {field}`: {e}") from None
+        return f"<!-- q {spec} {field}{options} -->{new}<!-- /q -->"
+
+    rendered = QUOTE.sub(quote, page)
+    for line_number, line in enumerate(page.splitlines(), 1):
+        if line.count("<!-- q ") != len(QUOTE.findall(line)):
+            raise QuoteError(
+                f"{where}:{line_number}: a quote not written as <!-- q ENTRY FIELD -->TEXT<!-- /q -->"
+            )
+    return rendered
