@@ -18,6 +18,7 @@ from moetune.db.errors import InvalidRecord, RecordNotFound
 from moetune.kernels.errors import MoetuneError
 from moetune.service import jobs_api, miss_scheduler, misses_api, packs_api, pages, sweeps_api, winners_api
 from moetune.service.auth import require_read
+from moetune.service.hosts import HostCheck
 from moetune.service.json_body import one_line_validation_error
 from moetune.service.settings import ServiceSettings
 
@@ -71,4 +72,6 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET"])
+    # Added last, so it runs first: a foreign Host header is refused before CORS or any route sees it.
+    app.add_middleware(HostCheck, allowed=settings.allowed_hosts)
     return app

@@ -96,7 +96,14 @@ def load_hf_config(
     (one line, naming the file) for a missing or unreadable file, bad JSON, an unsupported model_type, a
     missing or bad field, or a shard that does not divide the model."""
     path = Path(path)
-    config = _read(path)
+    return _shapes(_read(path), str(path), tp=tp, ep=ep, token_buckets=token_buckets)
+
+
+def _shapes(
+    config: dict[str, Any], source: str, *, tp: int, ep: int, token_buckets: tuple[int, ...]
+) -> ModelShapes:
+    """load_hf_config's work on a config already read; `source` names it in errors."""
+    path = source
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
         what = "no model_type" if model_type is None else f"model_type {model_type!r} is not supported"
@@ -159,7 +166,7 @@ def _read(path: Path) -> dict[str, Any]:
 class _Reader:
     """Typed reads of one config's fields, each failure naming the file, the family and the field."""
 
-    path: Path
+    path: str
     model_type: str
     fields: dict[str, Any]
 
@@ -207,8 +214,44 @@ def reference(path: str | Path, tp: int = 1, ep: int = 1) -> str:
     return f"{PREFIX}tp={tp},ep={ep}:{Path(path).resolve()}"
 
 
+# The fields any family reads (beside its Family's own): what `embedded` keeps of a config.
+COMMON_FIELDS = (
+    "model_type",
+    "_name_or_path",
+    "torch_dtype",
+    "dtype",
+    "hidden_size",
+    "hidden_act",
+    "num_experts_per_tok",
+    "experts_per_token",
+)
+
+
+def _essential(config: dict[str, Any]) -> dict[str, Any]:
+    """The fields of `config` that its family reads (all of them where the model_type is unknown, so
+    that the job's check fails as the file's would)."""
+    family = FAMILIES.get(config.get("model_type"))  # type: ignore[arg-type]
+    if family is None:
+        return config
+    names = set(COMMON_FIELDS) | {family.experts, family.ffn, *family.top_k}
+    names |= {n for n in (family.shared_count, family.shared_ffn) if isinstance(n, str)}
+    kept = {k: v for k, v in config.items() if k in names}
+    if family.text_config and isinstance(config.get("text_config"), dict):
+        kept["text_config"] = {k: v for k, v in config["text_config"].items() if k in names}
+    return kept
+
+
+def embedded(path: str | Path, tp: int = 1, ep: int = 1) -> str:
+    """A `reference` that carries the config instead of naming its file: "hf:tp=1,ep=8:{...JSON...}",
+    holding the fields its family reads. A queued job stores this, so the worker that runs it needs no
+    copy of the file."""
+    config = _read(Path(path))
+    text = json.dumps(_essential(config), separators=(",", ":"), sort_keys=True)
+    return f"{PREFIX}tp={tp},ep={ep}:{text}"
+
+
 def load_reference(name: str) -> ModelShapes:
-    """The ModelShapes of a `reference` string (ConfigInvalid for a malformed one)."""
+    """The ModelShapes of a `reference` or `embedded` string (ConfigInvalid for a malformed one)."""
     options, sep, path = name.removeprefix(PREFIX).partition(":")
     shards: dict[str, int] = {}
     for item in filter(None, options.split(",")):
@@ -218,4 +261,19 @@ def load_reference(name: str) -> ModelShapes:
         shards[key] = int(value)
     if not sep or not path:
         raise ConfigInvalid(f"model {name!r}: expected hf:tp=N,ep=N:PATH")
+    if path.startswith("{"):  # embedded: the config itself
+        try:
+            config = json.loads(path)
+        except (ValueError, RecursionError):
+            raise ConfigInvalid("an embedded hf: config is not JSON") from None
+        if not isinstance(config, dict):
+            raise ConfigInvalid("an embedded hf: config must be a JSON object")
+        where = f"embedded {config.get('_name_or_path') or config.get('model_type') or 'hf'} config"
+        return _shapes(
+            config,
+            str(where),
+            tp=shards.get("tp", 1),
+            ep=shards.get("ep", 1),
+            token_buckets=DEFAULT_TOKEN_BUCKETS,
+        )
     return load_hf_config(path, **shards)

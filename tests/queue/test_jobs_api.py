@@ -12,6 +12,7 @@ from moetune.db import open_store
 from moetune.service.app import create_app
 from moetune.service.jobs_api import MAX_BODY_BYTES
 from moetune.service.settings import ServiceSettings
+from tests.service.local_client import local_client
 
 TOKEN = "t" * 24
 WRITE = {"Authorization": f"Bearer {TOKEN}"}
@@ -20,7 +21,7 @@ SPEC = {"problems": [PROBLEM], "backend": "xla", "budget": 4, "baseline": False}
 
 
 def client(db_url: str) -> TestClient:
-    return TestClient(create_app(ServiceSettings(db_url=db_url, token=TOKEN)))
+    return local_client(create_app(ServiceSettings(db_url=db_url, token=TOKEN)))
 
 
 def _jobs(db_url: str) -> list:

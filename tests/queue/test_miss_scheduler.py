@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from fastapi.testclient import TestClient
-
 from moetune.kernels import registry
 from moetune.kernels.problem import Problem
 from moetune.service.app import create_app
@@ -15,6 +13,7 @@ from moetune.service.miss_scheduler import MissPolicy, enqueue_misses, problem_t
 from moetune.service.settings import ServiceSettings
 from moetune.tuner.plan import parse_problem
 from tests.db.db_factories import H200, MI300, trial
+from tests.service.local_client import local_client
 
 SMALL = Problem("grouped_matmul", m=16, k=64, n=256, g=4)
 PROBLEMS = [dataclasses.replace(SMALL, m=m) for m in (16, 32, 64)]
@@ -76,9 +75,9 @@ def test_a_server_with_tune_misses_queues_them_at_start(sqlite_url):
     settings = ServiceSettings(
         db_url=sqlite_url, tune_misses=1, tune_misses_budget=4, tune_misses_period_s=60
     )
-    with TestClient(create_app(settings)) as c:
+    with local_client(create_app(settings)) as c:
         _miss(c.app.state.store, H200, PROBLEMS[0], 1)
-    with TestClient(create_app(settings)) as c:  # a pass runs as the server starts
+    with local_client(create_app(settings)) as c:  # a pass runs as the server starts
         deadline = time.monotonic() + 10
         while not (jobs := c.get("/api/jobs").json()) and time.monotonic() < deadline:
             time.sleep(0.05)

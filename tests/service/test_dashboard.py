@@ -17,6 +17,7 @@ from moetune.service.app import create_app
 from moetune.service.settings import ServiceSettings
 from moetune.tuner import report
 from tests.service.dashboard_seed import MARKUP, seeded, tiny
+from tests.service.local_client import local_client
 
 TOKEN = "t" * 24
 PAGES = ["/", "/winners", "/misses", "/stale"]
@@ -30,7 +31,7 @@ def seed(tmp_path_factory):
 
 
 def client(seed, **settings) -> TestClient:
-    return TestClient(create_app(ServiceSettings(db_url=seed.url, token=TOKEN, **settings)))
+    return local_client(create_app(ServiceSettings(db_url=seed.url, token=TOKEN, **settings)))
 
 
 def pages(seed) -> list[str]:

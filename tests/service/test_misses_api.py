@@ -8,13 +8,13 @@ import dataclasses
 
 import httpx
 import pytest
-from fastapi.testclient import TestClient
 
 from moetune.db import open_store
 from moetune.service.app import create_app
 from moetune.service.misses_api import MAX_BATCH, MAX_BODY_BYTES
 from moetune.service.settings import ServiceSettings
 from tests.service.live_server import TOKEN, serving
+from tests.service.local_client import local_client
 from tests.service.seeds import FP, MISSED
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -26,7 +26,7 @@ def miss(problem=MISSED, device=FP, backend="xla") -> dict:
 
 @pytest.fixture
 def api(sqlite_url):
-    with TestClient(create_app(ServiceSettings(db_url=sqlite_url, token=TOKEN))) as client:
+    with local_client(create_app(ServiceSettings(db_url=sqlite_url, token=TOKEN))) as client:
         yield client
 
 
@@ -34,7 +34,7 @@ def api(sqlite_url):
 def refusing(tmp_path_factory):
     """One server for the refusals: each must leave its database without a miss, so they can share it."""
     url = f"sqlite:///{tmp_path_factory.mktemp('refusals') / 'moetune.db'}"
-    with TestClient(create_app(ServiceSettings(db_url=url, token=TOKEN))) as client:
+    with local_client(create_app(ServiceSettings(db_url=url, token=TOKEN))) as client:
         yield client, url
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from moetune.db import open_store
@@ -18,6 +17,7 @@ from moetune.service.app import create_app
 from moetune.service.settings import ServiceSettings
 from moetune.tuner.cli import _load_commands, app
 from tests.service.live_server import TOKEN
+from tests.service.local_client import local_client
 from tests.service.seeds import DENSE, FP, FRESH, MISSED, STALE, record, seed
 
 _load_commands()
@@ -31,7 +31,7 @@ def seeded(sqlite_url):
 @pytest.fixture
 def api(seeded):
     url, _ = seeded
-    with TestClient(create_app(ServiceSettings(db_url=url, token=TOKEN))) as client:
+    with local_client(create_app(ServiceSettings(db_url=url, token=TOKEN))) as client:
         yield client
 
 

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from moetune.service.app import create_app
 from moetune.service.auth import require_token
 from moetune.service.settings import ServiceSettings
+from tests.service.local_client import local_client
 
 TOKEN = "t" * 24
 
@@ -21,7 +22,7 @@ def client(tmp_path, **settings) -> TestClient:
     def echo() -> dict[str, bool]:
         return {"ok": True}
 
-    return TestClient(app)
+    return local_client(app)
 
 
 def test_health_answers_with_the_migrated_schema(tmp_path):

@@ -15,12 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlalchemy as sa
-from fastapi.testclient import TestClient
 
 from moetune.service.app import create_app
 from moetune.service.settings import ServiceSettings
 from tests.pgpass import pgpass_password
 from tests.service.live_server import TOKEN
+from tests.service.local_client import local_client
 from tests.service.seeds import FP, MISSED, seed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,7 +128,7 @@ def test_protected_reads_refuse_every_read_route_without_the_token(sqlite_url):
             path = path.replace(placeholder, value)
         routes |= {path} if "get" in methods else set()
     assert routes <= {p.split("?")[0] for _, p, _ in reads}
-    with TestClient(app) as client:
+    with local_client(app) as client:
         for method, path, _ in reads:
             if path == "/api/nothing-here":
                 continue
