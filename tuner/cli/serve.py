@@ -1,7 +1,14 @@
-"""`moetune serve`: the REST API and dashboard over the database, served by uvicorn."""
+"""`moetune serve`: the REST API and dashboard over the database, served by uvicorn.
+
+Order of start-up: every check that writes nothing (options, the token file, the database URL), then the
+listening socket (an address in use or not of this machine is one line, exit 2), then the database
+(created and migrated when fresh) and the token file, then uvicorn on the socket already bound: nothing is
+created, and nothing says "serving", for a server that could not listen.
+"""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -38,6 +45,15 @@ def serve(
             show_default="none: no cross-origin calls",
         ),
     ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            help="A host name clients use for this server, answered besides the loopback ones and --host "
+            "(repeatable); a request naming any other Host is refused.",
+            show_default="127.0.0.1, ::1, localhost and --host",
+        ),
+    ] = None,
     tune_misses: Annotated[
         int,
         typer.Option(
@@ -52,10 +68,12 @@ def serve(
 ) -> None:
     """Serve winners, packs, sweeps, misses and the tuning queue over HTTP, with a dashboard at /."""
     import uvicorn
+    from pydantic import ValidationError
 
-    from moetune.db import open_store
+    from moetune.db import open_store, urls
     from moetune.service import token_file as tokens
     from moetune.service.app import create_app
+    from moetune.service.hosts import DEFAULT_HOSTS
     from moetune.service.settings import ServiceSettings
 
     check_range("--port", port, low=1)
@@ -63,8 +81,19 @@ def serve(
     check_range("--tune-misses-budget", tune_misses_budget)
     if port > 65535:
         fail(f"--port {port} is not in [1, 65535]")
+    hosts = [*DEFAULT_HOSTS, *([host] if host not in WILDCARDS else []), *(allowed_host or ())]
+    try:
+        options = dict(cors_origins=tuple(cors_origin or ()), allowed_hosts=tuple(dict.fromkeys(hosts)))
+        ServiceSettings(**options)  # a wildcard CORS origin or a bad host name fails here
+    except ValidationError as e:
+        fail(e.errors()[0]["msg"].removeprefix("Value error, "))
     try:
         tokens.resolve(token_file, create=False)  # a bad token file fails before anything is written
+        urls.parse(urls.resolve(db))  # so does a malformed database URL
+    except MoetuneError as e:
+        fail(str(e))
+    listening = _listen(host, port)
+    try:
         # Open (and migrate a fresh) database now: a bad --db is one line here, not a failed start-up
         # inside uvicorn.
         open_store(db).close()
@@ -73,13 +102,42 @@ def serve(
             db_url=db,
             token=token,
             protect_reads=protect_reads,
-            cors_origins=tuple(cors_origin or ()),
             tune_misses=tune_misses,
             tune_misses_budget=tune_misses_budget,
+            **options,
         )
         application = create_app(settings)
     except MoetuneError as e:
+        listening.close()
         fail(str(e))
-    where = f"moetune serving on http://{host}:{port} (write token: {source})"
+    where = f"moetune serving on http://{_shown(host)}:{port} (write token: {source})"
     console.print(where, markup=False, highlight=False)
-    uvicorn.run(application, host=host, port=port, log_level="info", server_header=False)
+    config = uvicorn.Config(application, log_level="info", server_header=False)
+    uvicorn.Server(config).run(sockets=[listening])
+
+
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def _shown(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound and listening; a failure is one line, exit 2."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        fail(f"cannot listen on {_shown(host)}:{port}: {e.strerror or e}")
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a quick restart binds
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        fail(f"cannot listen on {_shown(host)}:{port}: {e.strerror or e}")
+    sock.set_inheritable(True)
+    return sock

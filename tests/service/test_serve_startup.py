@@ -1,0 +1,83 @@
+"""`moetune serve` checks its address before it creates anything: a port in use is one line on stderr,
+exit 2, no database, no token file, no "serving" line; a wildcard CORS origin is refused the same way."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+TOKEN = "t" * 24
+
+
+def _run(*args: str, tmp_path, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("MOETUNE_DB", "MOETUNE_SERVER_TOKEN")}
+    command = [sys.executable, "-m", "moetune.tuner.cli", "serve", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
+
+
+def _files(tmp_path) -> tuple[str, str]:
+    return f"sqlite:///{tmp_path / 'moetune.db'}", str(tmp_path / "token")
+
+
+def test_a_port_in_use_is_one_line_exit_2_and_nothing_is_created(tmp_path):
+    db, token = _files(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _run("--port", str(port), "--db", db, "--token-file", token, tmp_path=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().count("\n") == 0 and f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert result.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--cors-origin", "*"), "CORS origin '*' is refused"),
+        (("--allowed-host", "*.example"), "no wildcards"),
+        (("--host", "no-such-host.invalid"), "cannot listen on no-such-host.invalid"),
+    ],
+)
+def test_a_bad_address_or_origin_is_one_line_exit_2_and_nothing_is_created(tmp_path, args, message):
+    db, token = _files(tmp_path)
+    result = _run(*args, "--port", "1", "--db", db, "--token-file", token, tmp_path=tmp_path)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert result.stderr.strip().count("\n") == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_server_answers_its_names_and_refuses_a_foreign_host(tmp_path):
+    db, token = _files(tmp_path)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    command = [sys.executable, "-m", "moetune.tuner.cli", "serve", "--port", str(port), "--db", db]
+    command += ["--token-file", token, "--allowed-host", "tuner.internal"]
+    server = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert httpx.get(f"{base}/api/health", timeout=2).status_code == 200
+                break
+            except httpx.TransportError:
+                assert server.poll() is None and time.monotonic() < deadline, server.stderr.read()
+                time.sleep(0.2)
+        for host, status in ((f"localhost:{port}", 200), ("tuner.internal", 200), ("evil.example", 400)):
+            assert httpx.get(f"{base}/api/health", headers={"Host": host}).status_code == status, host
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=30)
