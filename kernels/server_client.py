@@ -13,6 +13,12 @@ $MOETUNE_SERVER_TOKEN; a batch the server does not take, a miss with no token to
 full queue cannot hold is dropped and counted in `dropped`, never raised. At exit, what is queued gets
 EXIT_FLUSH_S to go out.
 
+Under `jit` the first trace of a function is often its only one, so a pack that lands after it is never
+used by that program. Two ways to have the server's packs at the first trace, each bounded:
+$MOETUNE_SERVER_WAIT=S makes the first `pack()` per (device kind, backend) wait up to S seconds for its
+fetch; `prefetch()` fetches the packs of this process's GPU model before the first trace and returns
+each one's status. Past the bound, the trace goes on as it would have.
+
 Only the standard library (urllib) is used, so importing moetune.kernels stays light.
 """
 
@@ -43,6 +49,8 @@ log = logging.getLogger(__name__)
 
 ENV_SERVER = "MOETUNE_SERVER"
 ENV_TOKEN = "MOETUNE_SERVER_TOKEN"
+ENV_WAIT = "MOETUNE_SERVER_WAIT"  # seconds the first lookup per pack waits for its fetch (default 0)
+PREFETCH_TIMEOUT_S = 10.0
 TIMEOUT_S = 2.0  # per request; a trace never waits for it
 REFRESH_S = 300.0  # a long-running process asks again this often (a 304 costs the server little)
 BATCH = 100  # misses per POST; the server takes up to 1000
@@ -73,11 +81,13 @@ class ServerClient:
         cache_dir: str | Path | None = None,
         timeout_s: float = TIMEOUT_S,
         refresh_s: float = REFRESH_S,
+        first_wait_s: float = 0.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token or None
         self.timeout_s = timeout_s
         self.refresh_s = refresh_s
+        self.first_wait_s = first_wait_s
         server_slug = hashlib.sha256(self.base_url.encode()).hexdigest()[:16]
         self.cache_dir = Path(cache_dir or _user_cache_dir()) / CACHE_FOLDER / server_slug
         self.generation = 0
@@ -94,19 +104,52 @@ class ServerClient:
     # -- packs -----------------------------------------------------------------------------------------
 
     def pack(self, device_kind: str, backend: str) -> packs.Pack | None:
-        """The freshest pack at hand, without waiting; starts a background fetch when one is due."""
+        """The freshest pack at hand; starts a background fetch when one is due. Never waits, except the
+        first call per pack of a client made with `first_wait_s` ($MOETUNE_SERVER_WAIT): that one waits
+        up to first_wait_s for its fetch."""
         key = (device_kind, backend)
-        with self._lock:
-            held = self._held.get(key)
-            if held is None:
-                held = self._held[key] = self._read_cache(key)
-            due = not held.fetching and time.monotonic() - held.fetched_at >= self.refresh_s
-            if due:
-                held.fetching = True
-                threading.Thread(
-                    target=self._fetch, args=(key,), name="moetune-pack-fetch", daemon=True
-                ).start()
+        with self._idle:
+            first = key not in self._held
+            held = self._start(key)
+            if first and self.first_wait_s > 0:
+                self._wait_fetched([key], time.monotonic() + self.first_wait_s)
             return held.pack
+
+    def prefetch(
+        self, device_kind: str, backends: list[str], timeout_s: float = PREFETCH_TIMEOUT_S
+    ) -> dict[str, int | str | None]:
+        """Fetch the packs of `device_kind` for `backends` now (a fetch already in flight is awaited
+        instead), waiting up to timeout_s in all; each backend's status (200, 304, 404, why it failed, or
+        None where the time ran out). The next lookup uses what arrived."""
+        keys = [(device_kind, backend) for backend in backends]
+        with self._idle:
+            for key in keys:
+                self._start(key, force=True)
+            self._wait_fetched(keys, time.monotonic() + timeout_s)
+            return {
+                backend: (None if (h := self._held[key]).fetching else h.last_status)
+                for backend, key in zip(backends, keys, strict=True)
+            }
+
+    def _start(self, key: tuple[str, str], *, force: bool = False) -> _Held:
+        """The key's state (read from the disk cache the first time), a fetch started if one is due
+        (or `force`) and none is in flight. Call with the lock held."""
+        held = self._held.get(key)
+        if held is None:
+            held = self._held[key] = self._read_cache(key)
+        due = force or time.monotonic() - held.fetched_at >= self.refresh_s
+        if due and not held.fetching:
+            held.fetching = True
+            threading.Thread(target=self._fetch, args=(key,), name="moetune-pack-fetch", daemon=True).start()
+        return held
+
+    def _wait_fetched(self, keys: list[tuple[str, str]], deadline: float) -> None:
+        """Wait (the lock held, released while waiting) until none of `keys` is fetching, or the deadline."""
+        while any(self._held[key].fetching for key in keys):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._idle.wait(left)
 
     def status(self, device_kind: str, backend: str) -> int | str | None:
         """The last fetch's HTTP status (200, 304, 404, ...) or why it failed; None before one ended."""
@@ -291,9 +334,52 @@ def current() -> ServerClient | None:
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = _clients[key] = ServerClient(url, token=key[1])
+            client = _clients[key] = ServerClient(url, token=key[1], first_wait_s=_first_wait_s())
             atexit.register(client.wait_idle, EXIT_FLUSH_S)
         return client
+
+
+def _first_wait_s() -> float:
+    text = os.environ.get(ENV_WAIT, "").strip()
+    if not text:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 600:  # NaN too
+        log.warning("moetune: ignoring $%s=%r: seconds in [0, 600]", ENV_WAIT, text)
+        return 0.0
+    return value
+
+
+def prefetch(
+    device_kind: str | None = None,
+    backends: list[str] | None = None,
+    timeout_s: float = PREFETCH_TIMEOUT_S,
+) -> dict[str, int | str | None]:
+    """Fetch this process's config packs from $MOETUNE_SERVER before the first trace, so that a program
+    jitted once is built with the server's winners: each backend's status (200, 304, 404, why a fetch
+    failed, None where timeout_s ran out); {} when $MOETUNE_SERVER is unset. `device_kind`: jax's
+    device_kind of the first device unless given; `backends`: every registered backend unless given.
+
+        from moetune.kernels import server_client
+        server_client.prefetch()          # once, before the first jax.jit call
+
+    Never raises for the server's sake: a server that is down is a status, and the lookup then goes on
+    with the cached and shipped packs."""
+    client = current()
+    if client is None:
+        return {}
+    if device_kind is None:
+        import jax
+
+        device_kind = jax.devices()[0].device_kind
+    if backends is None:
+        from moetune.kernels import registry
+
+        backends = list(registry.names())
+    return client.prefetch(device_kind, backends, timeout_s)
 
 
 def forget() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 
 import pytest
 from fastapi import FastAPI
@@ -140,3 +141,52 @@ def test_without_a_token_misses_are_dropped_counted(via):
     client = via("http://127.0.0.1:9", token=None)
     client.report_miss(FP, "xla", MISSED)
     assert (client.sent, client.dropped) == (0, 1)
+
+
+def test_moetune_server_wait_lets_the_first_trace_use_the_servers_pack(server, via, monkeypatch):
+    """Under jit the first trace is often the only one: $MOETUNE_SERVER_WAIT holds it for the fetch."""
+    monkeypatch.setenv(server_client.ENV_WAIT, str(WAIT_S))
+    via(server)
+    assert resolve().source == "server exact"
+
+
+def test_prefetch_fetches_before_the_first_trace_and_reports_each_status(server, via):
+    via(server)
+    statuses = server_client.prefetch(FP.device_kind, ["xla", "mosaic_gpu"], timeout_s=WAIT_S)
+    assert statuses == {"xla": 200, "mosaic_gpu": 404}
+    assert resolve().source == "server exact"
+
+
+def test_prefetch_without_a_server_does_nothing(monkeypatch):
+    monkeypatch.delenv(server_client.ENV_SERVER, raising=False)
+    server_client.forget()
+    assert server_client.prefetch("NVIDIA H200", ["xla"]) == {}
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "1e9"])
+def test_a_bad_wait_is_ignored_with_a_warning(monkeypatch, value, caplog):
+    monkeypatch.setenv(server_client.ENV_WAIT, value)
+    assert server_client._first_wait_s() == 0.0
+    assert server_client.ENV_WAIT in caplog.text
+
+
+def test_the_wait_and_prefetch_are_bounded_when_the_server_does_not_answer(via, sqlite_url):
+    release = threading.Event()
+    stalled = FastAPI()
+
+    @stalled.get("/api/packs/{device_kind}/{backend}")
+    def stall() -> dict:
+        release.wait(WAIT_S)
+        return {}
+
+    with serving(sqlite_url, app=stalled) as base:
+        client = via(base)
+        try:
+            client.first_wait_s = 0.2
+            started = time.monotonic()
+            assert resolve().source == "heuristic"  # waited its 0.2 s at most, then went on
+            assert 0.2 <= time.monotonic() - started < WAIT_S
+            assert client.prefetch(FP.device_kind, ["xla"], timeout_s=0.2) == {"xla": None}
+        finally:
+            release.set()
+        assert client.wait_idle(WAIT_S)
