@@ -14,7 +14,9 @@ HTML comments do not show in rendered Markdown; only the text between them does.
   without one, the quote reads the only baselines file there is.
 - FIELD: QUANTITY or QUANTITY:ARGUMENT, where a SUBJECT is `moetune` (the entry's own measurement, the
   default), `best` (the fastest of moetune's configs timed for the entry: its median and its peers
-  moetune_tuned and moetune_alternative, as the tables' "best" columns), or any peer's name:
+  moetune_tuned and moetune_alternative, as the tables' "best" columns), `rival` (the faster peer, as
+  the tables' ratios take it: the fastest of torch_grouped_mm, tokamax_mosaic, mgpu_best, tokamax), or
+  any peer's name:
 
       ms[:SUBJECT]          the subject's median time in ms (us[:SUBJECT] in us, s[:SUBJECT] in s)
       vs:A[/B]              time(A) / time(B), B moetune by default: above 1, B is faster ("1.57x")
@@ -37,8 +39,10 @@ import fnmatch
 import re
 from collections.abc import Callable
 
-QUOTE = re.compile(r"<!-- q (\S+) (\S+)((?: \S+)*) -->(.*?)<!-- /q -->")
+QUOTE = re.compile(r"<!-- q ([^\s<>]+) ([^\s<>]+)((?: [^\s<>]+)*) -->(.*?)<!-- /q -->")
 BEST_PEERS = ("moetune_tuned", "moetune_alternative")
+# The peers the tables call "the faster peer": the fastest other grouped GEMM timed beside moetune.
+RIVALS = ("torch_grouped_mm", "tokamax_mosaic", "mgpu_best", "tokamax")
 # quantity -> (default spec, unit appended to the number)
 QUANTITIES = {
     "ms": (".3f", " ms"),
@@ -66,6 +70,8 @@ def _seconds(entry: dict, subject: str) -> float:
         return entry["median"] * scale
     if subject == "best":
         return min([entry["median"]] + [peers[n] for n in BEST_PEERS if n in peers]) * scale
+    if subject == "rival" and any(n in peers for n in RIVALS):
+        return min(peers[n] for n in RIVALS if n in peers) * scale
     if subject not in peers:
         raise QuoteError(f"{entry['name']}: no peer {subject!r} (peers: {', '.join(peers) or 'none'})")
     return peers[subject] * scale
@@ -166,7 +172,7 @@ def text(spec: str, field: str, options: list[str], baselines: dict[str, dict]) 
         low, high = (format(v, fmt) for v in (values[0], values[-1]))
     except ValueError as e:
         raise QuoteError(f"format spec {fmt!r}: {e}") from None
-    if "bare" in options:
+    if "bare" in options or fmt.endswith("%"):  # a share is its own unit
         unit = ""
     if low == high:
         return low + unit
@@ -187,6 +193,7 @@ def render_quotes(page: str, baselines: dict[str, dict], where: str = "the page"
 
     rendered = QUOTE.sub(quote, page)
     for line_number, line in enumerate(page.splitlines(), 1):
+        line = re.sub(r"`[^`]*`", "", line)  # the syntax written out in a code span is not a quote
         if line.count("<!-- q ") != len(QUOTE.findall(line)):
             raise QuoteError(
                 f"{where}:{line_number}: a quote not written as <!-- q ENTRY FIELD -->TEXT<!-- /q -->"

@@ -166,8 +166,9 @@ def finegrained_full(data: dict) -> list[str]:
         "The development shapes (lab/bench/dev_shapes.py): each model's expert GEMMs at T tokens routed "
         "top-k uniformly at random; CUPTI kernel time in ms, median of the samples, inputs rotated over "
         "routings that touch more than twice the L2 of weights. `moetune heuristic` is the config the "
-        "backend picks with no tuning (the cost model's first, which no tuned entry informs: the "
-        "leave-one-out of the shape), `moetune tuned` the shipped pack's winner for the shape, "
+        "backend picks with no tuning (the cost model's first; the model's constants were fitted on these "
+        "same rows, so this column is fitted, a training-set figure, not a leave-one-out), `moetune tuned` "
+        "the shipped pack's winner for the shape, "
         "`moetune best` the fastest of those and the cost model's next two; gate_up is moetune's fused "
         'SwiGLU against the peers\' plain [M, 2F] product. "heuristic / tuned" above 1 is how much '
         "slower the untuned config runs; the peer ratios above 1 mean moetune is faster. HBM read "

@@ -62,6 +62,8 @@ def quoted(name: str, field: str, *options: str) -> str:
         ("finegrained/tiny/gate_up/T=4", "vs:torch_grouped_mm", (), "1.50x"),  # 0.3 / 0.2
         ("finegrained/tiny/gate_up/T=4", "vs:torch_grouped_mm/best", (".1f",), "1.7x"),  # 0.3 / 0.18
         ("finegrained/tiny/gate_up/T=4", "vs:moetune/moetune_tuned", (), "0.80x"),  # heuristic / tuned
+        ("finegrained/tiny/gate_up/T=4", "vs:rival/best", (), "1.67x"),  # the faster peer, torch's 0.3
+        ("finegrained/tiny/gate_up/T=4", "vs:best/torch_grouped_mm", (".0%",), "60%"),  # a share: no "x"
         ("finegrained/tiny/gate_up/T=4", "tfs", (".4f",), "0.0007 TF/s"),  # 131072 FLOPs in 0.2 ms
         ("finegrained/tiny/gate_up/T=4", "roof", (), "80%"),  # 0.16 / 0.2
         ("finegrained/tiny/gate_up/T=4", "roof:best", (".1%",), "88.9%"),
