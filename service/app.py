@@ -12,11 +12,22 @@ from collections.abc import AsyncIterator
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from moetune.db import DatabaseError, open_store
 from moetune.db.errors import InvalidRecord, RecordNotFound
 from moetune.kernels.errors import MoetuneError
-from moetune.service import jobs_api, miss_scheduler, misses_api, packs_api, pages, sweeps_api, winners_api
+from moetune.service import (
+    api_docs,
+    jobs_api,
+    metrics,
+    miss_scheduler,
+    misses_api,
+    packs_api,
+    pages,
+    sweeps_api,
+    winners_api,
+)
 from moetune.service.auth import require_read
 from moetune.service.hosts import HostCheck
 from moetune.service.json_body import one_line_validation_error
@@ -29,6 +40,12 @@ def _status(error: MoetuneError) -> int:
     if isinstance(error, InvalidRecord) or not isinstance(error, DatabaseError):
         return 400
     return 503  # the database is unreachable, or not moetune's
+
+
+class HealthOut(BaseModel):
+    status: str
+    revision: str
+    database: str
 
 
 def create_app(settings: ServiceSettings) -> FastAPI:
@@ -50,6 +67,9 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         version=version("moetune"),
         summary="Tuned MoE grouped-GEMM configs, sweeps and a tuning queue over one SQL database.",
         lifespan=lifespan,
+        # /docs and /redoc are served by api_docs, with Swagger UI's and ReDoc's files from this server.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
 
@@ -57,13 +77,13 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     async def _moetune_error(request: Request, error: MoetuneError) -> JSONResponse:
         return JSONResponse({"detail": str(error)}, status_code=_status(error))
 
-    @app.get("/api/health", dependencies=[Depends(require_read)], tags=["service"])
-    def health(request: Request) -> dict[str, str]:
+    @app.get("/api/health", dependencies=[Depends(require_read)], tags=["service"], response_model=HealthOut)
+    def health(request: Request) -> HealthOut:
         """The server is up and its database answers (its schema revision)."""
         store = request.app.state.store
-        return {"status": "ok", "revision": store.revision() or "", "database": store.dialect}
+        return HealthOut(status="ok", revision=store.revision() or "", database=store.dialect)
 
-    routers = (winners_api, packs_api, sweeps_api, misses_api, jobs_api, pages)
+    routers = (winners_api, packs_api, sweeps_api, misses_api, jobs_api, metrics, api_docs, pages)
     for module in routers:
         app.include_router(module.router)
     app.add_exception_handler(RequestValidationError, one_line_validation_error)

@@ -4,10 +4,15 @@ submit`'s, and may name no file of the server (moetune.tuner.queue_spec.from_req
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import functools
 import json
+import typing
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from starlette.concurrency import run_in_threadpool
 
 from moetune.db.jobs import JOB_STATES
@@ -23,6 +28,69 @@ MAX_BODY_BYTES = 64 << 10
 QUEUE_FIELDS = ("priority", "device_kind")
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
+
+
+class JobOut(BaseModel):
+    """One job (the fields of `moetune jobs show --json`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: int
+    state: str = Field(description=f"One of {', '.join(JOB_STATES)}.")
+    spec: dict[str, Any] = Field(description="The resolved sweep spec the worker runs.")
+    sweep_file: str | None
+    device_kind: str | None
+    priority: int
+    submitted_by: str
+    created_at: datetime.datetime
+    claimed_at: datetime.datetime | None
+    finished_at: datetime.datetime | None
+    owner: str | None = Field(description="host:pid of the worker that runs it, or ran it last.")
+    heartbeat_age_s: float | None
+    sweep_id: int | None
+    attempts: int
+    error: str | None
+    stale: bool = Field(description="Running, but its worker stopped heartbeating.")
+
+
+@functools.cache
+def job_request_model() -> type[BaseModel]:
+    """The body of POST /api/jobs: every field of a sweep file (moetune.tuner.spec.SweepSpec, less where
+    it runs) with its type, the singular `model` and `problem`, and the queue's `priority` and
+    `device_kind`. Built from the spec's dataclass, so the documented body cannot drift from what a sweep
+    file takes; the spec's own checks (tuner/queue_spec.py) still decide what runs."""
+    from moetune.tuner import queue_spec
+    from moetune.tuner.spec import SweepSpec
+
+    hints = typing.get_type_hints(SweepSpec)
+    fields: dict[str, Any] = {
+        f.name: (hints[f.name] | None, None)
+        for f in dataclasses.fields(SweepSpec)
+        if f.name not in queue_spec.WHERE
+    }
+    fields |= {
+        "model": (str | list[str] | None, Field(None, description="One or more shipped model names.")),
+        "problem": (str | list[str] | None, Field(None, description="One or more problems.")),
+        "routing": (str | list[str] | None, None),
+        "priority": (int, Field(0, ge=-INT32_MAX, le=INT32_MAX, description="Higher runs first.")),
+        "device_kind": (
+            str | None,
+            Field(None, min_length=1, max_length=128, description="Only a worker on this GPU model."),
+        ),
+    }
+    # extra="allow": an unknown field is refused by the spec's check, which lists the known ones.
+    return create_model("JobRequest", __config__=ConfigDict(extra="allow"), **fields)
+
+
+def _request_schema() -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": job_request_model().model_json_schema()}},
+        }
+    }
+
+
 StoreDep = Annotated[Store, Depends(store)]
 JobId = Annotated[int, Path(ge=1, le=INT32_MAX)]
 STATES_HELP = f"Only these states: {', '.join(JOB_STATES)}."
@@ -53,23 +121,41 @@ def _queue_fields(body: dict[str, Any]) -> tuple[int, str | None]:
     return priority, device_kind
 
 
-@router.post("", dependencies=[Depends(require_token)], status_code=status.HTTP_201_CREATED)
+def _typed(body: dict[str, Any]) -> None:
+    """The body against JobRequest's types: the first wrong one is a one-line 400."""
+    try:
+        job_request_model().model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        raise ConfigInvalid(f"{where}: {first['msg']}") from None
+
+
+@router.post(
+    "",
+    dependencies=[Depends(require_token)],
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobOut,
+    openapi_extra=_request_schema(),
+)
 async def submit_job(request: Request, db: StoreDep) -> dict[str, Any]:
     """Queue a sweep: the body is a sweep file's fields as JSON, plus optionally `priority` and
-    `device_kind`. 400 with one line when the spec would not run; nothing is written then."""
+    `device_kind`. 400 with one line when the spec would not run; nothing is written then. (The body is
+    read here, bounded, rather than by FastAPI: its schema is JobRequest's.)"""
     from moetune.tuner import queue_spec
 
     body = await _body(request)
     if not isinstance(body, dict):
         raise ConfigInvalid("the body must be a JSON object: a sweep spec")
     priority, device_kind = _queue_fields(body)
+    _typed(body)
     spec = await run_in_threadpool(queue_spec.from_request, body, "request")
     fields = dict(device_kind=device_kind, priority=priority, submitted_by="api")
     job = await run_in_threadpool(lambda: db.get_job(db.submit_job(queue_spec.stored(spec), **fields)))
     return job.to_json()
 
 
-@router.get("", dependencies=[Depends(require_read)])
+@router.get("", dependencies=[Depends(require_read)], response_model=list[JobOut])
 def list_jobs(
     db: StoreDep,
     state: Annotated[list[str], Query(description=STATES_HELP)] = [],  # noqa: B006 (FastAPI copies it)
@@ -79,12 +165,12 @@ def list_jobs(
     return [job.to_json() for job in db.jobs(states=tuple(state), limit=limit)]
 
 
-@router.get("/{job_id}", dependencies=[Depends(require_read)])
+@router.get("/{job_id}", dependencies=[Depends(require_read)], response_model=JobOut)
 def get_job(job_id: JobId, db: StoreDep) -> dict[str, Any]:
     return db.get_job(job_id).to_json()
 
 
-@router.post("/{job_id}/cancel", dependencies=[Depends(require_token)])
+@router.post("/{job_id}/cancel", dependencies=[Depends(require_token)], response_model=JobOut)
 def cancel_job(job_id: JobId, db: StoreDep) -> dict[str, Any]:
     """Cancel a queued or running job (its worker stops it at its next heartbeat); 400 once it ended."""
     return db.cancel_job(job_id).to_json()

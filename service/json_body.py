@@ -7,13 +7,14 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 
 from moetune.tuner.listings.json_values import json_text
 
 
-class StrictJSON(Response):
-    media_type = "application/json"
+class StrictJSON(JSONResponse):
+    """A JSONResponse (so a route's response_model is its OpenAPI schema) rendered as strict JSON: the
+    route builds it from the listing's own dicts, which FastAPI then does not validate again."""
 
     def render(self, content: Any) -> bytes:
         return json_text(content, sort_keys=True).encode()

@@ -23,14 +23,7 @@ from moetune.kernels.pack_schema import PackModel
 from moetune.service.auth import require_read
 from moetune.service.filters import BackendPath, DeviceKindPath
 
-
-async def _read_allowed(request: Request) -> None:
-    # require_read, awaited in the event loop: FastAPI runs a plain function dependency in a worker
-    # thread, and the check is a header comparison.
-    require_read(request)
-
-
-router = APIRouter(prefix="/api/packs", tags=["packs"], dependencies=[Depends(_read_allowed)])
+router = APIRouter(prefix="/api/packs", tags=["packs"], dependencies=[Depends(require_read)])
 CACHE_S = 1.0
 Pack = tuple[bytes, str]  # a rendered pack: its body and ETag
 

@@ -54,6 +54,7 @@ def _requests(sweep_id: int) -> list[tuple[str, str, dict]]:
         ("GET", "/api/misses", {}),
         ("GET", "/api/jobs", {}),
         ("GET", "/api/jobs/999", {}),
+        ("GET", "/metrics", {}),
         ("GET", "/api/nothing-here", {}),
         ("POST", "/api/jobs", {"json": {"models": ["tiny"]}}),
         ("POST", "/api/jobs", {"json": {"models": ["no-such-model"]}, "headers": AUTH}),
@@ -118,7 +119,8 @@ def test_a_database_password_is_in_no_response_and_no_log_line(postgres_url, tmp
 def test_protected_reads_refuse_every_read_route_without_the_token(sqlite_url):
     seeded = seed(sqlite_url)
     app = create_app(ServiceSettings(db_url=sqlite_url, token=TOKEN, protect_reads=True))
-    reads = [(m, p, o) for m, p, o in _requests(seeded.sweep_id) if m == "GET" and p.startswith("/api/")]
+    read_paths = ("/api/", "/metrics")
+    reads = [(m, p, o) for m, p, o in _requests(seeded.sweep_id) if m == "GET" and p.startswith(read_paths)]
     # Every read route of the schema is asked, its path parameters filled in.
     filled = {"{device_kind}": FP.device_kind, "{backend}": "xla", "{sweep_id}": str(seeded.sweep_id)}
     filled["{job_id}"] = "999"
