@@ -25,6 +25,7 @@ HTML comments do not show in rendered Markdown; only the text between them does.
                             model's decode, its tokens/s over bounds.hbm_roofline_tokens_per_s
       tokps[:SUBJECT]       tokens/s: params tokens over the time
       param:KEY[.KEY]       a number in the entry's params (rel_err, stages_ms.route, read_GBps, ...)
+      bound:KEY             a number in the entry's bounds (hbm_roofline_tokens_per_s, ...)
 
 - SPEC: a Python format spec for the number (`.2f`, `,.0f`, `.1%`, `.1e`); each quantity has a default.
 - `bare`: the number without its unit (a list of figures that names the unit once, after the last).
@@ -53,6 +54,7 @@ QUANTITIES = {
     "roof": (".0%", ""),
     "tokps": (",.1f", " tokens/s"),
     "param": ("g", ""),
+    "bound": ("g", ""),
 }
 
 
@@ -86,14 +88,14 @@ def _flops(entry: dict) -> float:
     raise QuoteError(f"{entry['name']}: params name no FLOPs (flops, gemm_flops or m, k, n)")
 
 
-def _param(entry: dict, path: str) -> float:
-    value: object = entry["params"]
+def _param(entry: dict, path: str, where: str = "params") -> float:
+    value: object = entry.get(where, {})
     for key in path.split("."):
         if not isinstance(value, dict) or key not in value:
-            raise QuoteError(f"{entry['name']}: params have no {path!r}")
+            raise QuoteError(f"{entry['name']}: {where} have no {path!r}")
         value = value[key]
     if not isinstance(value, int | float) or isinstance(value, bool):
-        raise QuoteError(f"{entry['name']}: params {path!r} is not a number")
+        raise QuoteError(f"{entry['name']}: {where} {path!r} is not a number")
     return value
 
 
@@ -120,6 +122,7 @@ VALUES: dict[str, Callable[[dict, str], float]] = {
     "roof": lambda e, s: _roof(e, s or "moetune"),
     "tokps": lambda e, s: e["params"]["tokens"] / _seconds(e, s or "moetune"),
     "param": lambda e, k: _param(e, k) if k else _missing("param"),
+    "bound": lambda e, k: _param(e, k, "bounds") if k else _missing("bound"),
 }
 
 

@@ -74,6 +74,7 @@ def quoted(name: str, field: str, *options: str) -> str:
         ("bench_model/tiny/decode", "roof", (), "50%"),  # 200 of the 400 tokens/s bound
         ("bench_model/tiny/decode", "s", (".3f",), "0.040 s"),
         ("bench_model/tiny/decode", "param:stages_ms.route", (".3f",), "0.012"),
+        ("bench_model/tiny/decode", "bound:hbm_roofline_tokens_per_s", (".0f",), "400"),
     ],
 )
 def test_each_field_is_derived_from_the_entry(name, field, options, text):
@@ -124,6 +125,7 @@ def test_render_check_on_the_command_line_fails_on_a_stale_quote(tmp_path, monke
         ("finegrained/tiny/gate_up/T=4 speed", "unknown field 'speed': one of ms, us, s, vs, tfs, roof,"),
         ("finegrained/tiny/gate_up/T=4 vs", "vs needs an argument"),
         ("finegrained/tiny/gate_up/T=4 param:colour", "params have no 'colour'"),
+        ("finegrained/tiny/gate_up/T=4 bound:hbm_ceiling", "bounds have no 'hbm_ceiling'"),
         ("finegrained/tiny/gate_up/T=4 ms .2q", "format spec '.2q'"),
         ("bench_model/tiny/decode roof:ragged .1f .2f", "at most one format spec"),
     ],
