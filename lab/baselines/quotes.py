@@ -19,11 +19,13 @@ HTML comments do not show in rendered Markdown; only the text between them does.
   any peer's name:
 
       ms[:SUBJECT]          the subject's median time in ms (us[:SUBJECT] in us, s[:SUBJECT] in s)
-      vs:A[/B]              time(A) / time(B), B moetune by default: above 1, B is faster ("1.57x")
+      vs:A[/B]              time(A) / time(B), B moetune by default: above 1, B is faster ("1.57x");
+                            of a rate, rate(B) / rate(A)
       tfs[:SUBJECT]         TF/s: the entry's FLOPs (params flops, gemm_flops or 2*m*k*n) over the time
       roof[:SUBJECT]        the HBM roofline's share: bounds.hbm_roofline over the time ("72%"), or for a
                             model's decode, its tokens/s over bounds.hbm_roofline_tokens_per_s
       tokps[:SUBJECT]       tokens/s: params tokens over the time
+      rate[:SUBJECT]        the median of an entry measured as a rate, in its unit (trials/min)
       param:KEY[.KEY]       a number in the entry's params (rel_err, stages_ms.route, read_GBps, ...)
       bound:KEY             a number in the entry's bounds (hbm_roofline_tokens_per_s, ...)
 
@@ -53,6 +55,7 @@ QUANTITIES = {
     "tfs": (".0f", " TF/s"),
     "roof": (".0%", ""),
     "tokps": (",.1f", " tokens/s"),
+    "rate": (".1f", ""),
     "param": ("g", ""),
     "bound": ("g", ""),
 }
@@ -108,8 +111,23 @@ def _roof(entry: dict, subject: str) -> float:
     raise QuoteError(f"{entry['name']}: no HBM roofline among its bounds")
 
 
+def _rate(entry: dict, subject: str) -> float:
+    """The subject's median of an entry measured as a rate (trials/min, variants/min)."""
+    if entry["unit"] in ("ms", "s"):
+        raise QuoteError(f"{entry['name']}: unit {entry['unit']!r} is a time, not a rate")
+    peers = {name: peer["median"] for name, peer in entry.get("peers", {}).items()}
+    if subject == "moetune":
+        return entry["median"]
+    if subject not in peers:
+        raise QuoteError(f"{entry['name']}: no peer {subject!r} (peers: {', '.join(peers) or 'none'})")
+    return peers[subject]
+
+
 def _vs(entry: dict, argument: str) -> float:
+    """time(A) / time(B): for an entry measured as a rate, rate(B) / rate(A), the same ratio."""
     a, _, b = argument.partition("/")
+    if entry["unit"] not in ("ms", "s"):
+        return _rate(entry, b or "moetune") / _rate(entry, a)
     return _seconds(entry, a) / _seconds(entry, b or "moetune")
 
 
@@ -121,6 +139,7 @@ VALUES: dict[str, Callable[[dict, str], float]] = {
     "tfs": lambda e, s: _flops(e) / _seconds(e, s or "moetune") / 1e12,
     "roof": lambda e, s: _roof(e, s or "moetune"),
     "tokps": lambda e, s: e["params"]["tokens"] / _seconds(e, s or "moetune"),
+    "rate": lambda e, s: _rate(e, s or "moetune"),
     "param": lambda e, k: _param(e, k) if k else _missing("param"),
     "bound": lambda e, k: _param(e, k, "bounds") if k else _missing("bound"),
 }

@@ -43,7 +43,23 @@ def decode(tokens_per_s_bound=400.0) -> dict:
     return made
 
 
-BASELINES = {"test_gpu": data(finegrained(), finegrained(16, ms=0.4, tuned=0.4, alternative=0.5), decode())}
+def tuner() -> dict:
+    made = entry(
+        name="tuner/two_gpus_vs_one",
+        suite="tuner",
+        unit="trials/min",
+        samples=(400.0,),
+        params={},
+        peers={"one_gpu": {"samples": [200.0], "median": 200.0}},
+    )
+    for gemm_only in ("bounds", "config", "from_pack"):
+        del made[gemm_only]
+    return made
+
+
+BASELINES = {
+    "test_gpu": data(finegrained(), finegrained(16, ms=0.4, tuned=0.4, alternative=0.5), decode(), tuner())
+}
 
 
 def quoted(name: str, field: str, *options: str) -> str:
@@ -75,6 +91,8 @@ def quoted(name: str, field: str, *options: str) -> str:
         ("bench_model/tiny/decode", "s", (".3f",), "0.040 s"),
         ("bench_model/tiny/decode", "param:stages_ms.route", (".3f",), "0.012"),
         ("bench_model/tiny/decode", "bound:hbm_roofline_tokens_per_s", (".0f",), "400"),
+        ("tuner/two_gpus_vs_one", "vs:one_gpu", (), "2.00x"),  # 400 trials/min against 200
+        ("tuner/two_gpus_vs_one", "rate:one_gpu", (".0f",), "200"),
     ],
 )
 def test_each_field_is_derived_from_the_entry(name, field, options, text):
@@ -128,6 +146,7 @@ def test_render_check_on_the_command_line_fails_on_a_stale_quote(tmp_path, monke
         ("finegrained/tiny/gate_up/T=4 bound:hbm_ceiling", "bounds have no 'hbm_ceiling'"),
         ("finegrained/tiny/gate_up/T=4 ms .2q", "format spec '.2q'"),
         ("bench_model/tiny/decode roof:ragged .1f .2f", "at most one format spec"),
+        ("tuner/two_gpus_vs_one ms", "unit 'trials/min' is a rate, not a time"),
     ],
 )
 def test_a_quote_of_what_the_baselines_do_not_hold_is_one_clear_error(quote, error, tmp_path):
