@@ -25,6 +25,7 @@ The file (schema "moetune.baselines", version 1):
        "command": "python3 lab/bench/bench_gemm.py ...", "unit": "ms", "samples": [...], "median": 2.37,
        "params": {"proj": "gate_up", "tokens": 4096, "m": 8192, ...},
        "peers": {"torch_grouped_mm": {"samples": [...], "median": 2.39}, ...},
+       "failed_peers": {"xla_ragged_dot": "skipped: XLA's ragged_dot would expand lhs to 112 GiB"},
        "bounds": {"hbm_roofline": 0.402}, "config": {...}, "from_pack": true}, ...]}
 
 An entry is one measurement of moetune and of each peer it is compared with, raw samples kept. Adding
@@ -61,7 +62,7 @@ SUITES = (
 )  # fmt: skip
 UNITS = ("ms", "s", "trials/min", "variants/min")
 REQUIRED = ("name", "suite", "date", "gpu", "versions", "command", "unit", "samples", "median", "params")
-OPTIONAL = ("title", "peers", "bounds", "config", "from_pack")
+OPTIONAL = ("title", "peers", "failed_peers", "bounds", "config", "from_pack")
 # What each suite's tables read beyond the required fields.
 SUITE_PARAMS = {
     "bench_gemm": ("proj", "tokens", "m", "k", "n", "g", "routing"),
@@ -131,6 +132,11 @@ def _entry_problems(where: str, entry: dict, gpu: object) -> list[str]:
             problems.append(f"{where}: peers.{peer} must hold exactly samples and median")
         else:
             problems += _measurement_problems(f"{where}: peers.{peer}", value)
+    failed = entry.get("failed_peers", {})
+    if not isinstance(failed, dict) or not all(isinstance(v, str) and v for v in failed.values()):
+        problems.append(f"{where}: failed_peers must map each peer that did not run to its reason")
+    elif set(failed) & set(peers if isinstance(peers, dict) else {}):
+        problems.append(f"{where}: failed_peers names a peer that ran: {sorted(set(failed) & set(peers))}")
     bounds = entry.get("bounds", {})
     for bound, value in bounds.items() if isinstance(bounds, dict) else ():
         if not _is_number(value) or value <= 0:

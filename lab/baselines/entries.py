@@ -77,24 +77,40 @@ def gemm_entries(run: dict) -> list[dict]:
         params = {key: case[key] for key in ("proj", "tokens", "m", "k", "n")}
         params |= {"g": len(case["group_sizes"]), "routing": case["routing"]}
         params |= {"group_sizes": case["group_sizes"], "read_GBps": round(run["bandwidth"]["read_GBps"], 1)}
-        entries.append(
-            {
-                "name": f"bench_gemm/{case['proj']}/T={case['tokens']}/{case['routing']}",
-                "suite": "bench_gemm",
-                "date": env["date"],
-                "gpu": env["device_kind"],
-                "versions": versions,
-                "command": portable_command(env["command"]),
-                "unit": "ms",
-                **measurement(moetune["samples_ms"], 6),
-                "params": params,
-                "peers": peers,
-                "bounds": {"hbm_roofline": round(case["hbm_roofline_ms"], 6)},
-                "config": config,
-                "from_pack": from_pack,
-            }
-        )
+        entry = {
+            "name": f"bench_gemm/{case['proj']}/T={case['tokens']}/{case['routing']}",
+            "suite": "bench_gemm",
+            "date": env["date"],
+            "gpu": env["device_kind"],
+            "versions": versions,
+            "command": portable_command(env["command"]),
+            "unit": "ms",
+            **measurement(moetune["samples_ms"], 6),
+            "params": params,
+            "peers": peers,
+            "bounds": {"hbm_roofline": round(case["hbm_roofline_ms"], 6)},
+            "config": config,
+            "from_pack": from_pack,
+        }
+        entries.append(_with_failed(entry, case["methods"]))
     return entries
+
+
+def failed_peers(methods: dict) -> dict[str, str]:
+    """The peers of a case that did not run, each with the reason its run file gives ("skipped: budget
+    spent", the exception's line): moetune's own methods are not peers, and a method that ran is not
+    failed."""
+    failed = {}
+    for name, method in sorted(methods.items()):
+        reason = method.get("error") or method.get("skipped") if isinstance(method, dict) else None
+        if not name.startswith("moetune") and "samples_ms" not in method and reason:
+            failed[name] = str(reason)[:300]
+    return failed
+
+
+def _with_failed(entry: dict, methods: dict) -> dict:
+    failed = {name: why for name, why in failed_peers(methods).items() if name not in entry.get("peers", {})}
+    return entry | {"failed_peers": failed} if failed else entry
 
 
 def _versions_of(env: dict) -> dict[str, str]:
@@ -155,18 +171,11 @@ def finegrained_entries(run: dict) -> list[dict]:
             params["tuned_config"] = tuned["config"]
         name = f"finegrained/{case['model']}/{case['gemm']}/T={case['tokens']}"
         bounds = {"hbm_roofline": round(case["hbm_roofline_ms"], 6)}
-        entries.append(
-            _timed_entry(
-                env,
-                name,
-                "finegrained",
-                heuristic["samples_ms"],
-                params=params,
-                peers=peers,
-                bounds=bounds,
-                config=heuristic["config"],
-            )  # fmt: skip
-        )
+        entry = _timed_entry(
+            env, name, "finegrained", heuristic["samples_ms"], params=params, peers=peers, bounds=bounds,
+            config=heuristic["config"],
+        )  # fmt: skip
+        entries.append(_with_failed(entry, case["methods"]))
     return entries
 
 
@@ -208,18 +217,18 @@ def fp8_entries(run: dict) -> list[dict]:
             if "samples_ms" in one_block:
                 timed["moetune_one_block_steps"] = one_block
                 params["one_block_steps_config"] = one_block["config"]
-            entries.append(
-                _timed_entry(
-                    env,
-                    f"fp8/{case['model']}/{case['gemm']}/T={case['tokens']}/{layout}",
-                    "fp8_gemm",
-                    heuristic["samples_ms"],
-                    params=params,
-                    peers={n: measurement(m["samples_ms"], 6) for n, m in sorted(timed.items())},
-                    bounds={"hbm_roofline": round(case["hbm_roofline_fp8_ms"], 6)},
-                    config=heuristic["config"],
-                )  # fmt: skip
-            )
+            entry = _timed_entry(
+                env,
+                f"fp8/{case['model']}/{case['gemm']}/T={case['tokens']}/{layout}",
+                "fp8_gemm",
+                heuristic["samples_ms"],
+                params=params,
+                peers={n: measurement(m["samples_ms"], 6) for n, m in sorted(timed.items())},
+                bounds={"hbm_roofline": round(case["hbm_roofline_fp8_ms"], 6)},
+                config=heuristic["config"],
+            )  # fmt: skip
+            shared_failed = {n: m for n, m in methods.items() if not n.startswith(own)}
+            entries.append(_with_failed(entry, shared_failed))
     return entries
 
 

@@ -77,6 +77,8 @@ def _seconds(entry: dict, subject: str) -> float:
         return min([entry["median"]] + [peers[n] for n in BEST_PEERS if n in peers]) * scale
     if subject == "rival" and any(n in peers for n in RIVALS):
         return min(peers[n] for n in RIVALS if n in peers) * scale
+    if subject in entry.get("failed_peers", {}):
+        raise QuoteError(f"{entry['name']}: peer {subject!r} did not run: {entry['failed_peers'][subject]}")
     if subject not in peers:
         raise QuoteError(f"{entry['name']}: no peer {subject!r} (peers: {', '.join(peers) or 'none'})")
     return peers[subject] * scale
@@ -118,6 +120,8 @@ def _rate(entry: dict, subject: str) -> float:
     peers = {name: peer["median"] for name, peer in entry.get("peers", {}).items()}
     if subject == "moetune":
         return entry["median"]
+    if subject in entry.get("failed_peers", {}):
+        raise QuoteError(f"{entry['name']}: peer {subject!r} did not run: {entry['failed_peers'][subject]}")
     if subject not in peers:
         raise QuoteError(f"{entry['name']}: no peer {subject!r} (peers: {', '.join(peers) or 'none'})")
     return peers[subject]

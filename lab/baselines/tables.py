@@ -48,6 +48,24 @@ def _commands(entries: list[dict]) -> list[str]:
     return [f"    {command}" for command in dict.fromkeys(e["command"] for e in entries)] + [""]
 
 
+def _not_run(entries: list[dict]) -> list[str]:
+    """The peers a table's runs tried and could not time, each with the reason its run gave. A "-" cell
+    with no line here is a peer the run did not try, or a run older than the record of reasons."""
+    lines = [
+        f"- `{e['name']}`, {LABELS.get(peer, FP8_LABELS.get(peer, peer))}: {why}"
+        for e in entries
+        for peer, why in sorted(e.get("failed_peers", {}).items())
+    ]
+    return ["Peers that did not run, with the reason their run gave:", "", *lines, ""] if lines else []
+
+
+def _cell(e: dict, peer: str, text: str) -> str:
+    """`text` for a peer that ran, "not run" for one listed in failed_peers, else "-"."""
+    if peer in e.get("peers", {}):
+        return text
+    return "not run" if peer in e.get("failed_peers", {}) else "-"
+
+
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + [
         "| " + " | ".join(r) + " |" for r in rows
@@ -98,7 +116,7 @@ def gemm_full(data: dict) -> list[str]:
         f"{_bandwidth(entries)}.",
         "",
     ]
-    return lines + gemm_table.rows(gemm_cases(entries)) + [""]
+    return lines + gemm_table.rows(gemm_cases(entries)) + [""] + _not_run(entries)
 
 
 def gemm_summary(data: dict) -> list[str]:
@@ -140,7 +158,7 @@ def _finegrained_rows(entries: list[dict]) -> list[list[str]]:
         cells = [p["model"], p["gemm"], str(p["tokens"]), str(p["g"]), f"{e['median']:.3f}"]
         cells += [f"{tuned:.3f}" if tuned else "-", f"{best:.3f}"]
         cells += [
-            f"{peers[name]:.3f}" if name in peers else "-" for name in (*FINEGRAINED_PEERS, "cublas_torch")
+            _cell(e, name, f"{peers.get(name, 0):.3f}") for name in (*FINEGRAINED_PEERS, "cublas_torch")
         ]
         cells += [ratio(e["median"], tuned), ratio(rival, best), ratio(rival, e["median"])]
         cublas = peers.get("cublas_torch")
@@ -176,7 +194,7 @@ def finegrained_full(data: dict) -> list[str]:
         f"{_bandwidth(entries)}.",
         "",
     ]
-    return lines + _table(FINEGRAINED_HEAD, _finegrained_rows(entries)) + [""]
+    return lines + _table(FINEGRAINED_HEAD, _finegrained_rows(entries)) + [""] + _not_run(entries)
 
 
 def finegrained_summary(data: dict) -> list[str]:
@@ -271,12 +289,12 @@ def fp8_full(data: dict) -> list[str]:
         best = min(e["median"], peers.get("moetune_alternative", e["median"]))
         cells = [p["model"], p["gemm"], str(p["tokens"]), p["layout"], f"{e['median']:.4f}", f"{best:.4f}"]
         cells += [f"{p['flops'] / best / 1e9:.0f}"]
-        cells += [f"{peers[n] / best:.2f}x" if n in peers else "-" for n in FP8_PEERS]
+        cells += [_cell(e, n, f"{peers.get(n, 0) / best:.2f}x") for n in FP8_PEERS]
         cells += [f"{e['bounds']['hbm_roofline'] / best:.0%}"]
         rows.append(cells)
     head = ["model", "GEMM", "T", "scales", "heuristic", "best", "TF/s"]
     head += [f"{FP8_LABELS[n]} / moetune" for n in FP8_PEERS] + ["HBM roofline share"]
-    return lines + _table(head, rows) + [""]
+    return lines + _table(head, rows) + [""] + _not_run(entries)
 
 
 # --- the model benchmark ---------------------------------------------------------------------------------

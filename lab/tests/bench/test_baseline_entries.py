@@ -200,10 +200,14 @@ def test_a_finegrained_run_keeps_the_heuristic_the_fastest_alternative_and_the_p
     text = tables.render_full(file)
     # The heuristic over the tuned winner (0.024 / 0.020); the faster peer (torch, 0.028) over the best
     # (the tuned 0.020) and over the heuristic; cuBLAS (0.005) and the roofline (0.011) over the best.
-    row = (
-        "| qwen3-30b-a3b | gate_up | 1 | 128 | 0.024 | 0.020 | 0.020 | 0.028 | - | - | 0.005 | 1.20x | 1.40x"
+    row = "| qwen3-30b-a3b | gate_up | 1 | 128 | 0.024 | 0.020 | 0.020 | 0.028 | not run | - | 0.005 | 1.20x"
+    assert row + " | 1.40x | 1.17x | 25% | 55% |" in text
+    # tokamax failed and says why; XLA was not tried: "-" and no line.
+    assert made["failed_peers"] == {"tokamax_mosaic": "ValueError: no config"}
+    assert (
+        "- `finegrained/qwen3-30b-a3b/gate_up/T=1`, tokamax ragged_dot (mosaic): ValueError: no config"
+        in text
     )
-    assert row + " | 1.17x | 25% | 55% |" in text
 
 
 def backward_run() -> dict:
@@ -451,14 +455,15 @@ def test_an_fp8_run_keeps_the_heuristic_per_layout_the_fastest_alternative_and_t
     (made,) = entries.fp8_entries(run | {"layouts": ["row_channel", "block_1x128_128x128"]})
     assert made["name"] == "fp8/deepseek-v3/gate_up/T=4096/row_channel" and made["median"] == 2.0
     assert sorted(made["peers"]) == ["moetune_alternative", "moetune_bf16", "torch_scaled_grouped_mm"]
+    assert made["failed_peers"] == {"cublas_fp8": "RuntimeError: boom"}  # moetune's own failures are not
     assert made["peers"]["moetune_alternative"]["median"] == 1.6
     assert made["params"]["alternative_config"]["block_m"] == 128 and made["bounds"]["hbm_roofline"] == 0.8
     file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
     assert baselines.problems_of(file) == []
     text = tables.render_full(file)
     # best 1.6 ms: 2e12 FLOP -> 1250 TF/s; torch FP8 3.2 / 1.6, bf16 4.0 / 1.6; roofline 0.8 / 1.6.
-    row = "| deepseek-v3 | gate_up | 4096 | row_channel | 2.0000 | 1.6000 | 1250 | 2.00x | 2.50x | - | - |"
-    assert row + " 50% |" in text
+    row = "| deepseek-v3 | gate_up | 4096 | row_channel | 2.0000 | 1.6000 | 1250 | 2.00x | 2.50x | - |"
+    assert row + " not run | 50% |" in text
 
 
 def test_an_fp8_block_run_keeps_the_one_block_steps_variant_as_a_peer():

@@ -83,6 +83,8 @@ def test_a_valid_synthetic_file_has_no_problems():
         (lambda e: e["bounds"].update(hbm_roofline=0), "bounds.hbm_roofline must be a positive number"),
         (lambda e: e.pop("config"), "needs bounds.hbm_roofline and the config it timed"),
         (lambda e: e.update(suite="lab"), "suite='lab' is not one of"),
+        (lambda e: e.update(failed_peers={"dense": ""}), "failed_peers must map each peer"),
+        (lambda e: e.update(failed_peers={"mgpu_best": "OOM"}), "failed_peers names a peer that ran"),
     ],
 )
 def test_each_schema_break_is_named(change, problem):

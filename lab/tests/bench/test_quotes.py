@@ -21,6 +21,7 @@ def finegrained(tokens=4, ms=0.2, tuned=0.25, alternative=0.18, torch=0.3) -> di
             "moetune_alternative": {"samples": [alternative], "median": alternative},
             "torch_grouped_mm": {"samples": [torch], "median": torch},
         },
+        failed_peers={"xla_ragged_dot": "skipped: too large"},
         bounds={"hbm_roofline": 0.16},
     )
     del made["from_pack"]
@@ -140,6 +141,7 @@ def test_render_check_on_the_command_line_fails_on_a_stale_quote(tmp_path, monke
         ),
         ("finegrained/huge/* ms", "no entry matches 'finegrained/huge/*'"),
         ("finegrained/tiny/gate_up/T=4 vs:cublas_torch", "no peer 'cublas_torch' (peers: moetune_tuned, "),
+        ("finegrained/tiny/gate_up/T=4 vs:xla_ragged_dot", "peer 'xla_ragged_dot' did not run: skipped: too"),
         ("finegrained/tiny/gate_up/T=4 speed", "unknown field 'speed': one of ms, us, s, vs, tfs, roof,"),
         ("finegrained/tiny/gate_up/T=4 vs", "vs needs an argument"),
         ("finegrained/tiny/gate_up/T=4 param:colour", "params have no 'colour'"),
