@@ -2,8 +2,9 @@
 
 `render_page` rewrites every block between `<!-- baselines GPU full -->` (or `summary`) and
 `<!-- /baselines -->` of a page from that GPU's baselines and leaves the rest of the page as it is:
-`full` is docs/performance.md's section (every table, with where each came from), `summary` the
-README's (the balanced-routing GEMM table and the model's throughput).
+`full` is lab/README.md's section (every table, with where each came from), `summary` a shorter one
+(the balanced-routing GEMM table, the development shapes and the model's throughput) for a page that
+wants it. Figures in prose are quotes (quotes.py), not tables.
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ def finegrained_summary(data: dict) -> list[str]:
     lines = [
         f"Fine-grained MoE, {_days(entries)}: the expert GEMMs of the development shapes (Qwen3, "
         "DeepSeek-V3, Qwen3-Next, Mixtral) at T tokens with the heuristic's config (no tuning), CUPTI "
-        "kernel time in ms (docs/performance.md has every column and how each was measured).",
+        "kernel time in ms (lab/README.md has every column and how each was measured).",
         "",
     ]
     return lines + _commands(entries) + _table(FINEGRAINED_HEAD, _finegrained_rows(entries)) + [""]
