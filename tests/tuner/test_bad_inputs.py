@@ -22,6 +22,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -40,6 +41,8 @@ class Special(enum.Enum):
     DIRECTORY = "a directory"
     FIFO = "a FIFO"
     HUGE = "a sparse file past the pack size cap"
+    SYMLINK = "a symlink to a file beside it"
+    DEVICE = "a character device node like /dev/null (made where the test runs as root)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,6 +394,16 @@ cases(
         *("--db", "{db}"),
         db="tuned",
     ),
+    *(
+        c(
+            f"export onto {kind.value.split(' (')[0]}",
+            *("export", "--gpu", "NVIDIA H200", "--backend", "mosaic_gpu", "-o", "{tmp}/out"),
+            *("--db", "{db}"),
+            files={"out": kind},
+            db="tuned",
+        )
+        for kind in (Special.FIFO, Special.SYMLINK, Special.DEVICE)
+    ),
     c(
         "export onto a folder",
         *("export", "--gpu", "NVIDIA H200", "--backend", "mosaic_gpu", "-o", "{tmp}", "--db", "{db}"),
@@ -645,6 +658,13 @@ def _materialise(case: Case, folder: Path) -> None:
             path.mkdir()
         elif content is Special.FIFO:
             os.mkfifo(path)
+        elif content is Special.SYMLINK:
+            (folder / "target").write_text("kept\n")
+            path.symlink_to(folder / "target")
+        elif content is Special.DEVICE:
+            if os.geteuid() != 0:
+                pytest.skip("making a device node takes root")
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
         elif content is Special.HUGE:
             with open(path, "wb") as f:
                 f.truncate((16 << 20) + 1)
@@ -658,7 +678,11 @@ def _snapshot(folder: Path) -> dict[str, bytes | str]:
     found: dict[str, bytes | str] = {}
     for path in sorted(folder.rglob("*")):
         key = str(path.relative_to(folder))
-        if path.is_fifo():
+        if path.is_symlink():
+            found[key] = f"symlink to {os.readlink(path)}"
+        elif path.is_char_device():
+            found[key] = f"device {path.stat().st_rdev}"
+        elif path.is_fifo():
             found[key] = "fifo"
         elif path.is_dir():
             found[key] = "dir"

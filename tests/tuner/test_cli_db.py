@@ -6,6 +6,8 @@ import dataclasses
 import importlib.resources
 import json
 import math
+import os
+import stat
 
 import pytest
 import sqlalchemy as sa
@@ -415,6 +417,23 @@ def test_export_default_file_name(sqlite_url, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ok("export", "--gpu", "NVIDIA H200", "--backend", "fake", "--db", sqlite_url)
     assert (tmp_path / "nvidia_h200__fake.json").is_file()
+
+
+def test_an_exported_pack_gets_a_plain_file_mode(sqlite_url, tmp_path):
+    """A pack is written beside its name and renamed over it: the new file gets 0666 less the umask (mkstemp
+    alone leaves 0600, unreadable to the team it is for), a replaced file keeps its own mode."""
+    tuned(sqlite_url)
+    new, kept = tmp_path / "new.json", tmp_path / "kept.json"
+    kept.write_text("{}")
+    kept.chmod(0o640)
+    mask = os.umask(0o022)
+    try:
+        for path in (new, kept):
+            ok("export", "--gpu", "NVIDIA H200", "--backend", "fake", "-o", str(path), "--db", sqlite_url)
+    finally:
+        os.umask(mask)
+    assert (stat.S_IMODE(new.stat().st_mode), stat.S_IMODE(kept.stat().st_mode)) == (0o644, 0o640)
+    assert json.loads(kept.read_text())["entries"]
 
 
 def test_rollback_restores_the_previous_winner(db_url, fake_backend):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -83,14 +84,39 @@ def check_range(option: str, value: int | None, low: int = 1) -> None:
 
 def check_output_file(option: str, path: Path) -> None:
     """Fail before any work unless `path` can be written as a file: its folder exists and is writable,
-    and `path` is not a folder itself."""
+    and `path` is not a folder itself, nor anything else that is not a regular file (a symlink, FIFO, device
+    node or socket): the file is written beside it and renamed over it, which would replace /dev/null with a
+    regular file."""
     folder = path.parent
     if path.is_dir():
         fail(f"{option} {path} is a directory")
+    kind = not_regular_file(path)
+    if kind:
+        fail(f"{option} {path} is {kind}, not a regular file; name a new or regular file")
     if not folder.is_dir():
         fail(f"{option} {path}: the directory {folder} does not exist")
     if not os.access(folder, os.W_OK):
         fail(f"{option} {path}: the directory {folder} is not writable")
+
+
+def not_regular_file(path: Path) -> str | None:
+    """What `path` is when it exists and is not a regular file ("a symlink", "a FIFO", ...), else None.
+    The path itself is examined (lstat), so a symlink is reported as one, not as what it points to."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    kinds = [
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ]
+    return next((name for test, name in kinds if test(mode)), None)
 
 
 def printable(text: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ from moetune.tuner.cli.common import (
     err_console,
     fail,
     json_text,
+    not_regular_file,
     printable,
 )
 
@@ -218,7 +220,16 @@ def export(
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """Readers never see half a pack, and a failed write leaves no file behind."""
+    """Readers never see half a pack, and a failed write leaves no file behind. Only a regular file is
+    replaced (the rename would turn a device node, FIFO or symlink into a regular file), and the pack gets
+    the mode a plain new file gets (0666 less the umask; an existing file's own mode), not mkstemp's 0600."""
+    kind = not_regular_file(path)
+    if kind:
+        fail(f"--output {path} is {kind}, not a regular file; name a new or regular file")
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
@@ -226,10 +237,20 @@ def _write_atomically(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+            os.fchmod(f.fileno(), mode)
+        kind = not_regular_file(path)  # it may have appeared while the pack was written
+        if kind:
+            raise IsADirectoryError(f"{path} became {kind}")
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
         fail(f"cannot write {path}: {e.strerror or e}")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @app.command("import")
