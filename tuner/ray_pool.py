@@ -233,6 +233,13 @@ def default_worker_count(use_devices: bool = True, device_resource: str = "GPU")
     return max(1, int(sum(resources.get("CPU", 0) for resources in nodes)))
 
 
+def cluster_cpus() -> int:
+    """The CPUs of the joined cluster's live nodes: each worker holds one."""
+    import ray
+
+    return int(sum(node["Resources"].get("CPU", 0) for node in ray.nodes() if node.get("Alive")))
+
+
 def _device_units(resource: str) -> list[_Seat]:
     """Every unit of a custom device resource in the cluster, node by node."""
     import ray

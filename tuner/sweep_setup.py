@@ -102,6 +102,7 @@ def resolve_problems(
         requested = with_backward(requested)
     requested += maxtext_problems(spec)
     planned = dispatched_on(requested + store_problems(spec, store, backend, device), backend)
+    check_fits(planned, device)  # a compile-only stand-in has no memory_bytes: the fixed cap alone
     if not planned and (spec.misses or spec.stale) and not (spec.models or spec.problems or spec.maxtext):
         asked = " or ".join(name for name, on in (("missed", spec.misses), ("stale", spec.stale)) if on)
         raise NothingToTune(
@@ -115,6 +116,52 @@ def resolve_problems(
     return planned
 
 
+# The largest problem a sweep takes (docs/tuning.md, "Limits"). Every routing draw is G group sizes, drawn
+# by the driver and kept in the sweep's row, for each routing and verification draw; a tuned MoE has at
+# most a few hundred experts. A worker holds a problem's operands and output at once on one device, and
+# no accelerator holds a tebibyte; the device's own memory is checked once the workers report it.
+MAX_EXPERTS = 1 << 16
+MAX_OPERAND_BYTES = 1 << 40
+
+
+def check_fits(planned: list[PlannedProblem], device: DeviceFingerprint | None = None) -> None:
+    """Refuse a problem whose routing draws or operands cannot fit: G past MAX_EXPERTS, operands and output
+    past MAX_OPERAND_BYTES, or (given the workers' `device`) past its memory."""
+    for item in planned:
+        problem = item.problem
+        if problem.g > MAX_EXPERTS:
+            raise ConfigInvalid(
+                f"{item.label}: g={problem.g} experts is past the limit of {MAX_EXPERTS} (every routing draw "
+                "holds one group size per expert)"
+            )
+        size = problem.bytes_touched
+        limit, where = MAX_OPERAND_BYTES, "the limit of"
+        if device is not None and device.memory_bytes and device.memory_bytes < limit:
+            limit, where = device.memory_bytes, f"the memory of {device.device_kind},"
+        if size > limit:
+            raise ConfigInvalid(
+                f"{item.label}: its operands and output take {_gib(size)} GiB, past {where} {_gib(limit)} GiB"
+            )
+
+
+def _gib(size: int) -> str:
+    return f"{size / (1 << 30):,.1f}"
+
+
+def check_workers(spec: SweepSpec, cpus: int, where: str) -> None:
+    """--workers above the cluster's CPUs would wait forever for workers Ray cannot place (each holds one
+    CPU): refused before the cluster starts (this machine's CPUs) or, for a cluster joined, before any
+    worker or row."""
+    if spec.workers is not None and spec.workers > cpus:
+        raise ConfigInvalid(f"--workers {spec.workers} is more than the {cpus} CPUs of {where}")
+
+
+def check_local_workers(spec: SweepSpec) -> None:
+    """check_workers for the local cluster a sweep without --ray-address starts (one CPU per CPU here)."""
+    if spec.ray_address is None:
+        check_workers(spec, len(os.sched_getaffinity(0)), "this machine (the local Ray cluster's)")
+
+
 def check_before_opening(spec: SweepSpec) -> None:
     """What needs neither the workers' device nor the database, checked before either is touched, so
     that a bad argument opens no store, creates no file and starts no Ray cluster."""
@@ -126,6 +173,7 @@ def check_before_opening(spec: SweepSpec) -> None:
     if spec.with_backward:
         with_backward(requested)  # an op without a gradient is refused here
     requested += maxtext_problems(spec)  # traces the MaxText config: MaxText's refusals surface here
+    check_fits(requested)
     if not requested and not (spec.misses or spec.stale):
         raise ConfigInvalid(
             "nothing to tune: give --model, --problem, --maxtext-config, --misses or --stale (or a sweep "
@@ -203,8 +251,11 @@ def make_executor(
 
     # The devices a named backend times on (Ray's GPUs unless it names a custom resource, e.g. amd_gpu).
     backend = registry.get(spec.backend) if spec.backend != "auto" else None
+    check_local_workers(spec)
     started = ray_pool.connect(spec.ray_address)
     try:
+        if spec.ray_address is not None:
+            check_workers(spec, ray_pool.cluster_cpus(), f"the Ray cluster at {spec.ray_address}")
         executor = ray_pool.RayExecutor(
             workers=spec.workers,
             timeout_s=spec.timeout_s,

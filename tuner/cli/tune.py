@@ -320,6 +320,10 @@ def tune(
             )
             return
         spec, sweep_file = checked_spec(sweep, flags)
+        if not dry_run and not inline:  # a plan may be made for a larger cluster than this machine
+            from moetune.tuner.sweep_setup import check_local_workers
+
+            check_local_workers(spec)
         run_sweep(
             spec,
             None,
