@@ -12,7 +12,6 @@ import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, urlsplit
 
 from moetune.db.errors import DatabaseError
 
@@ -71,14 +70,16 @@ def scrub(message: str, url: URL) -> str:
 
 def has_password(text: str) -> bool:
     """Whether `text` is a URL that carries a password: in its user part (scheme://user:pw@host) or as
-    libpq's `password` query parameter (scheme://user@host/db?password=pw)."""
-    if "://" not in text:
-        return False
+    libpq's `password` query parameter (scheme://user@host/db?password=pw).
+
+    Read by the parser that connects (SQLAlchemy's make_url), never a second one: urlsplit ends the user
+    part at the first `/`, `?` or `#`, so `postgresql://u:a/b@host/db` held no password for it while
+    make_url connects with the password `a/b`."""
     try:
-        parts = urlsplit(text)
-    except ValueError:  # e.g. an unclosed IPv6 bracket: not a URL anything could connect with
+        url = parse(text)
+    except DatabaseError:  # not a URL anything could connect with
         return False
-    return parts.password is not None or "password" in parse_qs(parts.query)
+    return url.password is not None or "password" in url.query
 
 
 def refuse_password(url: str) -> None:

@@ -446,6 +446,18 @@ cases(
         db="tuned",
     ),
     c(
+        "export-optuna: a password in the storage URL's query",
+        *(
+            "export-optuna",
+            "1",
+            "--storage",
+            "postgresql://u@localhost/optuna?password=secret",
+            "--db",
+            "{db}",
+        ),
+        db="tuned",
+    ),
+    c(
         "export-optuna: no such sweep",
         *("export-optuna", "99", "--storage", "sqlite:///{tmp}/o.db", "--db", "{db}"),
         db="tuned",
@@ -479,6 +491,15 @@ cases(
         *("explain", "--m", "1", "--k", "64", "--n", "64", "--g", "1", "--op", "attention"),
     ),
     c("pack-schema is not export's option", "export", "--schema"),
+)
+
+cases(
+    "a database password on the command line",
+    *(
+        c(f"a password holding {char}", "trials", "--db", f"postgresql://moetune:s3cr{char}t@127.0.0.1:1/x")
+        for char in "/?#@:%"
+    ),
+    c("a password in the query", "trials", "--db", "postgresql://moetune@127.0.0.1:1/x?password=s3cr3t"),
 )
 
 cases(

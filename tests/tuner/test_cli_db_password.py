@@ -67,6 +67,28 @@ def test_which_urls_hold_a_password(text, holds):
     assert urls.has_password(text) is holds
 
 
+@pytest.mark.parametrize("char", list("/?#@:%"))
+def test_a_password_holding_a_url_delimiter_is_found(char):
+    """The password SQLAlchemy connects with, whichever of the URL's delimiters it holds, at any place."""
+    from sqlalchemy.engine import make_url
+
+    for password in (f"a{char}b", f"{char}ab", f"ab{char}"):
+        url = f"postgresql+psycopg://moetune:{password}@127.0.0.1:1/x"
+        assert make_url(url).password is not None, url  # what connects sees one
+        assert urls.has_password(url), url
+    assert urls.has_password(f"postgresql://u@127.0.0.1/x?password=a{char.replace('#', '%23')}b")
+
+
+@pytest.mark.parametrize("char", list("/?#@:%"))
+def test_tune_refuses_a_password_holding_a_url_delimiter(char, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    secret = f"{SECRET}{char}tail"
+    result = CliRunner().invoke(app, ["tune", "--model", "tiny", "--db", f"postgresql://u:{secret}@h:1/x"])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.startswith("error: --db holds a password") and len(result.stderr.splitlines()) == 1
+    assert SECRET not in result.output and list(tmp_path.iterdir()) == []
+
+
 def test_moetune_db_may_hold_the_password(monkeypatch, tmp_path):
     """The same URL through the environment passes the check and reaches the database (which is not
     there: the error is the connection's, with the password masked)."""

@@ -41,14 +41,14 @@ def export_optuna(
     """Export every trial of a sweep (any strategy) to an Optuna storage: value = median seconds,
     ok trials COMPLETE, failed ones FAIL with their status and error as user attributes."""
     from moetune.db import open_store
-    from moetune.db.urls import masked, parse
+    from moetune.db.urls import has_password, masked, parse
 
     if storage is not None:
         try:
-            has_password = parse(storage).password is not None
+            parse(storage)
         except MoetuneError as e:
             fail(f"--storage: {e}")
-        if has_password:
+        if has_password(storage):  # in the user part or libpq's password= query parameter
             fail(
                 f"--storage holds a password, which argv shows to every user; set ${ENV_STORAGE} "
                 "or use a pgpass file"
