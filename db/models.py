@@ -116,6 +116,9 @@ class Sweep(Base):
     owner_token: Mapped[str | None] = mapped_column(String(32))
     heartbeat_at: Mapped[datetime.datetime | None]
     device_id: Mapped[int | None] = mapped_column(ForeignKey("devices.id"), index=True)
+    # What its driver last published (moetune.db.progress), and when (the database's clock).
+    progress: Mapped[dict[str, Any] | None]
+    progress_at: Mapped[datetime.datetime | None]
 
 
 class Trial(Base):
@@ -233,6 +236,18 @@ class Job(Base):
     sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id"))
     attempts: Mapped[int]
     error: Mapped[str | None] = mapped_column(Text)
+
+
+class JobLog(Base):
+    """One line of a job's output, as its worker wrote it; the newest JOB_LOG_LINES per job are kept
+    (moetune.db.progress)."""
+
+    __tablename__ = "job_logs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    at: Mapped[datetime.datetime] = mapped_column(default=utcnow)
+    line: Mapped[str] = mapped_column(Text)
 
 
 TABLE_NAMES = frozenset(Base.metadata.tables)

@@ -415,6 +415,32 @@ class Store:
 
     # --- config packs -----------------------------------------------------------------------------
 
+    # --- live progress (moetune.db.progress) ---------------------------------------------------------
+
+    def publish_progress(self, sweep_id: int, progress: dict[str, Any]) -> None:
+        """Replace the sweep's published progress (a small JSON object), stamped with the database's clock."""
+        from moetune.db import progress as live
+
+        self._run(lambda s: live.publish(s, sweep_id, progress), write=True)
+
+    def sweep_progress(self, sweep_id: int) -> tuple[dict[str, Any] | None, float | None]:
+        """(the sweep's last published progress, its age in seconds), (None, None) before any."""
+        from moetune.db import progress as live
+
+        return self._run(lambda s: live.read(s, sweep_id), write=False)
+
+    def append_job_log(self, job_id: int, lines: list[str]) -> None:
+        """Add lines to the job's log; only its newest progress.JOB_LOG_LINES are kept."""
+        from moetune.db import progress as live
+
+        self._run(lambda s: live.append_lines(s, job_id, lines), write=True)
+
+    def job_log(self, job_id: int, *, limit: int | None = None) -> list[tuple[Any, str]]:
+        """The job's newest log lines (at most `limit`), oldest first, each with when it was written."""
+        from moetune.db import progress as live
+
+        return self._run(lambda s: live.lines(s, job_id, limit or live.JOB_LOG_LINES), write=False)
+
     def export_pack(self, *, device_kind: str, backend: str) -> Pack:
         return self._run(
             lambda s: pack_io.export_pack(s, device_kind=device_kind, backend=backend), write=False

@@ -25,12 +25,14 @@ from moetune.service import (
     misses_api,
     packs_api,
     pages,
+    pages_live,
     sweeps_api,
     winners_api,
 )
 from moetune.service.auth import require_read
 from moetune.service.hosts import HostCheck
 from moetune.service.json_body import one_line_validation_error
+from moetune.service.listing_cache import ListingCache
 from moetune.service.settings import ServiceSettings
 
 
@@ -83,11 +85,14 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         store = request.app.state.store
         return HealthOut(status="ok", revision=store.revision() or "", database=store.dialect)
 
-    routers = (winners_api, packs_api, sweeps_api, misses_api, jobs_api, metrics, api_docs, pages)
+    routers = (winners_api, packs_api, sweeps_api, misses_api, jobs_api, metrics, api_docs, pages_live, pages)
     for module in routers:
         app.include_router(module.router)
     app.add_exception_handler(RequestValidationError, one_line_validation_error)
 
+    # Middleware added later runs earlier: HostCheck, then CORS (so a kept answer gets its headers too),
+    # then the cache of listings and pages.
+    app.add_middleware(ListingCache, settings=settings)
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 

@@ -21,11 +21,14 @@ BEARER = HTTPBearer(
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
 
 
-def _authorized(request: Request) -> bool:
-    header = request.headers.get("authorization", "")
+def token_matches(header: str, expected: str) -> bool:
+    """Whether an Authorization header value is `Bearer <expected>` (constant time)."""
     scheme, _, given = header.partition(" ")
-    expected = request.app.state.settings.token
     return scheme.lower() == "bearer" and secrets.compare_digest(given.encode(), expected.encode())
+
+
+def _authorized(request: Request) -> bool:
+    return token_matches(request.headers.get("authorization", ""), request.app.state.settings.token)
 
 
 def check_token(request: Request) -> None:

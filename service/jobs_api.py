@@ -21,6 +21,7 @@ from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.typed_fields import INT32_MAX
 from moetune.service.auth import require_read, require_token
 from moetune.service.deps import store
+from moetune.service.filters import Limit, Offset
 
 # A sweep spec is under 1 kB; a request of more is refused before it is read whole.
 MAX_BODY_BYTES = 64 << 10
@@ -159,15 +160,28 @@ async def submit_job(request: Request, db: StoreDep) -> dict[str, Any]:
 def list_jobs(
     db: StoreDep,
     state: Annotated[list[str], Query(description=STATES_HELP)] = [],  # noqa: B006 (FastAPI copies it)
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+    limit: Limit = 100,
+    offset: Offset = 0,
 ) -> list[dict[str, Any]]:
-    """Jobs, newest first."""
-    return [job.to_json() for job in db.jobs(states=tuple(state), limit=limit)]
+    """Jobs, newest first, `limit` at a time from `offset`."""
+    return [job.to_json() for job in db.jobs(states=tuple(state), limit=offset + limit)[offset:]]
 
 
 @router.get("/{job_id}", dependencies=[Depends(require_read)], response_model=JobOut)
 def get_job(job_id: JobId, db: StoreDep) -> dict[str, Any]:
     return db.get_job(job_id).to_json()
+
+
+class LogLineOut(BaseModel):
+    at: datetime.datetime
+    line: str
+
+
+@router.get("/{job_id}/log", dependencies=[Depends(require_read)], response_model=list[LogLineOut])
+def job_log(job_id: JobId, db: StoreDep) -> list[dict[str, Any]]:
+    """The job's output as its worker wrote it (its stderr and how each run ended), oldest first: the
+    newest lines only (moetune.db.progress.JOB_LOG_LINES)."""
+    return [{"at": at, "line": line} for at, line in db.job_log(job_id)]
 
 
 @router.post("/{job_id}/cancel", dependencies=[Depends(require_token)], response_model=JobOut)

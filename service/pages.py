@@ -23,7 +23,8 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from moetune.db.store import Store
 from moetune.service.auth import require_read
 from moetune.service.deps import store
-from moetune.service.pages_layout import PLOTLY_PATH, document, lines, link, table
+from moetune.service.filters import Limit, Offset
+from moetune.service.pages_layout import PLOTLY_PATH, document, lines, link, pager, table
 
 StoreDep = Annotated[Store, Depends(store)]
 router = APIRouter(dependencies=[Depends(require_read)], include_in_schema=False)
@@ -35,9 +36,10 @@ def _when(value: Any) -> str:
 
 
 @router.get("/", response_class=HTMLResponse)
-def sweeps_page(db: StoreDep) -> str:
+def sweeps_page(db: StoreDep, limit: Limit = 100, offset: Offset = 0) -> str:
     rows = []
-    for r in db.sweeps():
+    found = db.sweeps(limit=offset + limit + 1)[offset:]  # one more: is there a next page?
+    for r in found[:limit]:
         status = r.status if r.status == r.stored_status else f"{r.status} (stored: {r.stored_status})"
         heartbeat = "-" if r.heartbeat_age_s is None else f"{r.heartbeat_age_s:.0f} s ago"
         rows.append(
@@ -60,6 +62,7 @@ def sweeps_page(db: StoreDep) -> str:
         "<h1>Sweeps</h1><p class=note>Newest first, times in UTC. dead: marked running, but its process "
         "stopped heartbeating; <code>moetune tune --resume ID</code> finishes it.</p>"
         + (table(header, rows) if rows else "<p>No sweep yet.</p>")
+        + pager("/", offset, limit, more=len(found) > limit)
     )
     return document("moetune sweeps", body)
 
@@ -75,10 +78,12 @@ def _optuna_note(sweep_id: int) -> str:
 
 @router.get("/sweeps/{sweep_id}", response_class=HTMLResponse)
 def sweep_page(sweep_id: int, db: StoreDep) -> str:
+    from moetune.service.pages_live import sweep_panel
     from moetune.tuner.report import sections
 
     report = sections(db, sweep_id)  # no such sweep: RecordNotFound, a 404
-    return document(report.title, report.body + _optuna_note(sweep_id), plotly=bool(report.figures))
+    body = report.body.replace("</h1>", "</h1>" + sweep_panel(db, sweep_id), 1) + _optuna_note(sweep_id)
+    return document(report.title, body, plotly=bool(report.figures), live=True)
 
 
 @router.get("/winners", response_class=HTMLResponse)
@@ -107,10 +112,11 @@ def winners_page(db: StoreDep) -> str:
 
 
 @router.get("/misses", response_class=HTMLResponse)
-def misses_page(db: StoreDep) -> str:
+def misses_page(db: StoreDep, limit: Limit = 100, offset: Offset = 0) -> str:
     from moetune.tuner.listings.misses import MissStatus
 
     status = MissStatus(db)
+    found = db.misses()
     rows = [
         [
             r.count,
@@ -124,7 +130,7 @@ def misses_page(db: StoreDep) -> str:
             _when(r.first_seen),
             _when(r.last_seen),
         ]
-        for r in db.misses()
+        for r in found[offset : offset + limit]
     ]
     header = [
         "count",
@@ -143,6 +149,7 @@ def misses_page(db: StoreDep) -> str:
         "tune next; <code>moetune tune --misses</code> tunes the unresolved ones). resolved: a later sweep "
         "tuned it on that device with the current kernel source. Times in UTC.</p>"
         + (table(header, rows) if rows else "<p>No miss recorded.</p>")
+        + pager("/misses", offset, limit, more=len(found) > offset + limit)
     )
     return document("moetune misses", body)
 

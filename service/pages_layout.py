@@ -13,7 +13,14 @@ from html import escape
 from moetune.tuner.report import STYLE
 
 PLOTLY_PATH = "/static/plotly.min.js"
-NAV = (("/", "sweeps"), ("/winners", "winners"), ("/misses", "misses"), ("/stale", "stale winners"))
+NAV = (
+    ("/", "sweeps"),
+    ("/jobs", "jobs"),
+    ("/winners", "winners"),
+    ("/misses", "misses"),
+    ("/stale", "stale winners"),
+)
+LIVE_JS = "/static/live.js"
 PAGE_STYLE = (
     STYLE
     + """
@@ -21,6 +28,10 @@ nav { margin-bottom: 1.5em; font-size: 14px; }
 nav a { margin-right: 1.2em; }
 td.cell div { white-space: nowrap; }
 code { background: #f3f3f3; padding: 1px 4px; }
+.bar { background: #eee; height: 8px; width: 100%; max-width: 600px; }
+.bar .done { background: #2a7ae2; height: 8px; }
+pre.log { background: #f7f7f7; border: 1px solid #ddd; padding: 6px; font-size: 12px; max-height: 40em;
+  overflow: auto; white-space: pre-wrap; }
 """
 )
 
@@ -49,10 +60,22 @@ def table(header: Sequence[str], rows: Iterable[Sequence[object]], *, cell_class
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def document(title: str, body: str, *, plotly: bool = False) -> str:
+def pager(path: str, offset: int, limit: int, *, more: bool) -> str:
+    """Links to the previous and next page of a paged table ("" when it fits on one)."""
+    links = []
+    if offset > 0:
+        links.append(link(f"{path}?offset={max(0, offset - limit)}&limit={limit}", "previous"))
+    if more:
+        links.append(link(f"{path}?offset={offset + limit}&limit={limit}", "next"))
+    return f"<p class=pager>{' '.join(links)}</p>" if links else ""
+
+
+def document(title: str, body: str, *, plotly: bool = False, live: bool = False) -> str:
     """A whole page: `body` is markup (its values escaped by whoever built it); `plotly`: the page has
-    charts, so it loads plotly.js from this server (cached by the browser, never from a CDN)."""
+    charts, so it loads plotly.js from this server (cached by the browser, never from a CDN); `live`: it
+    has parts that live.js refreshes (service/pages_live.py)."""
     script = f'<script src="{PLOTLY_PATH}"></script>' if plotly else ""
+    script += f'<script src="{LIVE_JS}" defer></script>' if live else ""
     nav = "".join(f'<a href="{href}">{escape(text)}</a>' for href, text in NAV)
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{escape(title)}</title>

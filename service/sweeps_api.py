@@ -60,15 +60,33 @@ class TrialOut(BaseModel):
 def sweeps(
     db: Annotated[Store, Depends(store)],
     limit: Annotated[int, Query(ge=1, le=PAGE_MAX, description="Newest N sweeps.")] = 100,
+    offset: Offset = 0,
 ) -> StrictJSON:
-    """Sweeps, newest first, with their status (dead: marked running, but its process stopped)."""
-    return StrictJSON([sweep_dict(row) for row in db.sweeps(limit=limit)])
+    """Sweeps, newest first, `limit` at a time from `offset`, with their status (dead: marked running,
+    but its process stopped)."""
+    return StrictJSON([sweep_dict(row) for row in db.sweeps(limit=offset + limit)[offset:]])
 
 
 @router.get("/{sweep_id}", response_model=SweepOut, response_class=StrictJSON)
 def sweep(sweep_id: SweepId, db: Annotated[Store, Depends(store)]) -> StrictJSON:
     """One sweep; 404 when there is none with that id."""
     return StrictJSON(sweep_dict(db.get_sweep(sweep_id)))
+
+
+class ProgressOut(BaseModel):
+    """What the sweep's driver last published (moetune.tuner.progress_db.as_json: planned, done, ok,
+    failed, counts, rate_per_min, eta_s, lanes, problems, best, ...), and how old it is."""
+
+    progress: dict[str, Any] | None
+    age_s: float | None
+
+
+@router.get("/{sweep_id}/progress", response_model=ProgressOut, response_class=StrictJSON)
+def progress(sweep_id: SweepId, db: Annotated[Store, Depends(store)]) -> StrictJSON:
+    """The sweep's live progress as its driver publishes it every few seconds; null before the first
+    publication (a sweep recorded before progress was published, or one still setting up)."""
+    published, age = db.sweep_progress(sweep_id)  # RecordNotFound: 404
+    return StrictJSON({"progress": published, "age_s": None if age is None else round(age, 1)})
 
 
 @router.get("/{sweep_id}/trials", response_model=list[TrialOut], response_class=StrictJSON)

@@ -13,7 +13,15 @@ from moetune.db.records import WINNER_STATES
 from moetune.db.store import Store
 from moetune.service.auth import require_read
 from moetune.service.deps import store
-from moetune.service.filters import BackendQuery, DeviceKindQuery, DimQuery, ProblemKeyQuery, check_known
+from moetune.service.filters import (
+    BackendQuery,
+    DeviceKindQuery,
+    DimQuery,
+    Limit,
+    Offset,
+    ProblemKeyQuery,
+    check_known,
+)
 from moetune.service.json_body import StrictJSON
 from moetune.tuner.listings.winners import STALE, Listed, Stack, database_winners, winner_dict
 
@@ -62,6 +70,7 @@ def _listed(
     problem: str | None,
     state: str | None,
     dims: dict[str, int | None],
+    page: slice | None = None,
 ) -> list[Listed]:
     from moetune.kernels import ops
 
@@ -81,6 +90,8 @@ def _listed(
         for item in listed
         if (op is None or item.winner.problem.op == op) and (state is None or item.row.state == state)
     ]
+    if page is not None:  # only the page is judged: judging reads every winner's kernel source
+        listed = listed[page]
     return _stack(request).judged(listed) if listed else []
 
 
@@ -98,13 +109,17 @@ def winners(
     problem: ProblemKeyQuery = None,
     state: Annotated[Literal[WINNER_STATES] | None, Query(description="Only winners in this state.")] = None,
     history: Annotated[bool, Query(description="Also superseded and rolled-back winners.")] = False,
+    limit: Limit = 100,
+    offset: Offset = 0,
 ) -> StrictJSON:
     """Winners per GPU model, backend and problem (the active ones, unless `history` or `state`), each
-    with the time that decided it and whether it is fresh on this server's stack."""
+    with the time that decided it and whether it is fresh on this server's stack; `limit` at a time
+    from `offset`, in `moetune best`'s order."""
     if state is None and not history:
         state = "active"
     filters = dict(device_kind=device_kind, backend=backend, op=op, problem=problem, state=state)
-    listed = _listed(request, db, **filters, dims=dict(m=m, k=k, n=n, g=g))
+    page = slice(offset, offset + limit)
+    listed = _listed(request, db, **filters, dims=dict(m=m, k=k, n=n, g=g), page=page)
     return StrictJSON([winner_dict(item) for item in listed])
 
 
@@ -114,10 +129,13 @@ def stale_winners(
     db: Annotated[Store, Depends(store)],
     device_kind: DeviceKindQuery = None,
     backend: BackendQuery = None,
+    limit: Limit = 100,
+    offset: Offset = 0,
 ) -> StrictJSON:
     """Active winners that are stale here (tuned with another kernel source than the server's, or on
     another fingerprint of the server's own GPU model), each with why: what `moetune tune --stale`
     re-tunes."""
     filters = dict(device_kind=device_kind, backend=backend, op=None, problem=None, state="active")
     listed = _listed(request, db, **filters, dims={})
-    return StrictJSON([winner_dict(item) for item in listed if item.freshness == STALE])
+    stale = [item for item in listed if item.freshness == STALE][offset : offset + limit]
+    return StrictJSON([winner_dict(item) for item in stale])

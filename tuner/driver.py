@@ -55,6 +55,7 @@ from moetune.tuner.progress import (
     problem_phase,
     setup_rows,
 )
+from moetune.tuner.progress_db import Published
 from moetune.tuner.routing import describe_routings, parse_routings, verification_draws
 from moetune.tuner.spec import SweepSpec
 from moetune.tuner.summary import SweepOutcome
@@ -245,6 +246,9 @@ class SweepDriver:
         a sweep that failed already is left out: the first failure is the one raised."""
         self.sweep_id = sweep_id
         self._started = self.clock()
+        # The display it was given, and the same progress in the sweep's row for the dashboard.
+        if not isinstance(self.progress, Published):
+            self.progress = Published(self.progress, self.store, sweep_id, clock=self.clock)
         heartbeat = self._heartbeat(sweep_id)
         status: str | None = "failed"
         failure: BaseException | None = None

@@ -84,7 +84,39 @@ def run_job(
 ) -> Ran:
     """Run `job` (claimed by `owner`) on this worker's database and cluster. Once `stop` is set (SIGTERM)
     the candidates in flight are finished and recorded, and the job goes back to the queue; so it does on
-    KeyboardInterrupt, at once."""
+    KeyboardInterrupt, at once. Its output (stderr) and how it ended go to the job's log in the database
+    (tuner/job_log.py)."""
+    from moetune.tuner.job_log import JobLog
+
+    log = JobLog(store, job.id)
+    with log.capturing():
+        again = f", resuming sweep {job.sweep_id}" if job.sweep_id is not None else ""
+        log.line(f"claimed by {owner.host}:{owner.pid} (attempt {job.attempts}){again}")
+        ran = _run_job(
+            store, job, owner, db=db, ray_address=ray_address, inline=inline, as_json=as_json, stop=stop
+        )
+        if ran.state is not None:
+            log.line(f"{ran.state}" + (f": {ran.error}" if ran.error else ""))
+        elif ran.stop:
+            log.line("stopped by its worker; back in the queue")
+        elif ran.held:
+            log.line("its sweep is still held by its last process; back in the queue")
+        else:
+            log.line("no longer this worker's (cancelled, or requeued)")
+    return ran
+
+
+def _run_job(
+    store,
+    job: JobRow,
+    owner: Owner,
+    *,
+    db: str | None,
+    ray_address: str | None,
+    inline: bool,
+    as_json: bool,
+    stop: threading.Event | None,
+) -> Ran:
     from moetune.tuner.cli import tune
 
     where = dict(db=db, ray_address=ray_address)

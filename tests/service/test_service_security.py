@@ -54,6 +54,8 @@ def _requests(sweep_id: int) -> list[tuple[str, str, dict]]:
         ("GET", "/api/misses", {}),
         ("GET", "/api/jobs", {}),
         ("GET", "/api/jobs/999", {}),
+        ("GET", "/api/jobs/999/log", {}),
+        ("GET", f"/api/sweeps/{sweep_id}/progress", {}),
         ("GET", "/metrics", {}),
         ("GET", "/api/nothing-here", {}),
         ("POST", "/api/jobs", {"json": {"models": ["tiny"]}}),
