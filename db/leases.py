@@ -44,6 +44,10 @@ HEARTBEAT_S = 5.0
 # Seconds without a heartbeat after which a lease is stale. Above SQLite's busy timeout (30 s, engine.py),
 # which one heartbeat may spend waiting for the write lock, with room for a driver stalled by swapping.
 GRACE_S = 60.0
+# Seconds a sweep's writes and heartbeat keep reconnecting to a database that went away (a server
+# restart): a beat that lands after this is still within GRACE_S of the one before, so no one may have
+# taken the lease over meanwhile.
+RECONNECT_S = GRACE_S - 2 * HEARTBEAT_S
 RUNNING = "running"
 DEAD = "dead"
 

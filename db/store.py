@@ -90,6 +90,9 @@ class Store:
         self._engine = make_engine(self._url, read_only=read_only)
         self._pid = os.getpid()
         self._ids = entities.KnownIds()
+        # Seconds to keep trying when the connection is lost (a server restart): 0, fail at once, for a
+        # command; the sweep driver sets it within its lease's grace (SweepDriver.run).
+        self.reconnect_s = 0.0
 
     @property
     def shared(self) -> bool:
@@ -118,7 +121,14 @@ class Store:
         if os.getpid() != self._pid:  # forked: never share the parent's pooled connections
             self._engine.dispose(close=False)
             self._pid = os.getpid()
-        return transaction.run(self._engine, self._url, fn, write=write, on_commit=self._ids.committed)
+        return transaction.run(
+            self._engine,
+            self._url,
+            fn,
+            write=write,
+            on_commit=self._ids.committed,
+            reconnect_s=self.reconnect_s,
+        )
 
     # --- schema -----------------------------------------------------------------------------------
 

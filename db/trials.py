@@ -21,6 +21,7 @@ from moetune.db.records import (
     check_choice,
     utcnow,
 )
+from moetune.db.transaction import MAY_HAVE_COMMITTED
 from moetune.kernels.device import DeviceFingerprint
 
 
@@ -131,11 +132,34 @@ def record_trial(
     if owner is not None and rec.sweep_id is not None:
         leases.held(session, rec.sweep_id, owner)
     ids = ids or entities.KnownIds()
+    device_id = ids.device(session, rec.device)
+    kernel_id = ids.kernel(session, rec.backend, rec.family, rec.source_hash)
+    problem_id = ids.problem(session, rec.problem)
+    if session.info.get(MAY_HAVE_COMMITTED):  # the last attempt's commit lost its connection: did it land?
+        same = select(Trial).where(
+            *(
+                column.is_(None) if value is None else column == value
+                for column, value in (
+                    (Trial.sweep_id, rec.sweep_id),
+                    (Trial.device_id, device_id),
+                    (Trial.kernel_id, kernel_id),
+                    (Trial.problem_id, problem_id),
+                    (Trial.status, rec.status),
+                    (Trial.host, rec.host),
+                    (Trial.worker, rec.worker),
+                    (Trial.started_at, rec.started_at),
+                    (Trial.finished_at, rec.finished_at),
+                )
+            )
+        )
+        for found in session.scalars(same):
+            if found.config == rec.config:
+                return found.id
     trial = Trial(
         sweep_id=rec.sweep_id,
-        device_id=ids.device(session, rec.device),
-        kernel_id=ids.kernel(session, rec.backend, rec.family, rec.source_hash),
-        problem_id=ids.problem(session, rec.problem),
+        device_id=device_id,
+        kernel_id=kernel_id,
+        problem_id=problem_id,
         config=rec.config,
         status=rec.status,
         samples_s=list(rec.samples_s),

@@ -41,7 +41,7 @@ def postgres_url():
     import sqlalchemy as sa
 
     schema = f"test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT", pool_pre_ping=True)  # survives a restart
     with admin.connect() as connection:
         connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
     url = sa.make_url(base).update_query_dict({"options": f"-csearch_path={schema}"})

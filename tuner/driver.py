@@ -246,6 +246,9 @@ class SweepDriver:
         a sweep that failed already is left out: the first failure is the one raised."""
         self.sweep_id = sweep_id
         self._started = self.clock()
+        # A lost connection (a database server restarting) is retried, by every write and the heartbeat,
+        # for as long as the lease stays this process's; the sweep fails only past that.
+        reconnect_s, self.store.reconnect_s = self.store.reconnect_s, leases.RECONNECT_S
         # The display it was given, and the same progress in the sweep's row for the dashboard.
         if not isinstance(self.progress, Published):
             self.progress = Published(self.progress, self.store, sweep_id, clock=self.clock)
@@ -274,6 +277,7 @@ class SweepDriver:
             self.progress.close(self._snapshot())
             if status is not None:
                 self._finish(sweep_id, status, failure)
+            self.store.reconnect_s = reconnect_s
         return self.outcome(status)
 
     def _heartbeat(self, sweep_id: int) -> Heartbeat | None:

@@ -11,6 +11,7 @@ import pytest
 from db_factories import GATE_UP, H200, H200_NEW_DRIVER, MI300, set_immutable, trial
 
 from moetune.db import DatabaseError, open_store
+from moetune.db import trials as trials_module
 from moetune.db.errors import InvalidRecord, RecordNotFound
 from moetune.db.leases import Owner
 from moetune.db.records import TrialRecord, canonical_config
@@ -250,3 +251,56 @@ def test_checkpoint_reports_a_database_file_that_stopped_taking_writes(tmp_path)
         finally:
             set_immutable(path, False)
         assert len(store.trials()) == 2
+
+
+def test_a_trial_whose_commit_lost_its_connection_is_written_once(store, monkeypatch):
+    """A commit may land although its connection is lost before the answer arrives: the retry finds the
+    trial it wrote instead of writing it twice (the sweep driver retries lost connections)."""
+    import sqlalchemy.exc
+
+    from moetune.db import transaction
+
+    rec = trial()
+    lost = []
+
+    def lose_the_answer(session):
+        if not lost:
+            lost.append(True)
+            raise sqlalchemy.exc.OperationalError(
+                "COMMIT", {}, ConnectionError("gone"), connection_invalidated=True
+            )
+
+    monkeypatch.setattr(transaction, "RECONNECT_DELAYS_S", (0.01,))
+    ids = store._ids
+    trial_id = transaction.run(
+        store._engine,
+        store._url,
+        lambda s: trials_module.record_trial(s, rec, ids),
+        write=True,
+        on_commit=lose_the_answer,
+        reconnect_s=5.0,
+    )
+    assert lost and [row.id for row in store.trials()] == [trial_id]
+
+
+def test_a_lost_connection_fails_at_once_unless_reconnecting(store, monkeypatch):
+    import sqlalchemy.exc
+
+    from moetune.db import transaction
+
+    calls = []
+
+    def refused(session):
+        calls.append(1)
+        raise sqlalchemy.exc.OperationalError(
+            "SELECT 1", {}, ConnectionError("refused"), connection_invalidated=True
+        )
+
+    monkeypatch.setattr(transaction, "RECONNECT_DELAYS_S", (0.01,))
+    monkeypatch.setattr(transaction, "RETRY_DELAYS_S", ())
+    with pytest.raises(DatabaseError):
+        transaction.run(store._engine, store._url, refused, write=False)
+    assert len(calls) == 1
+    with pytest.raises(DatabaseError):
+        transaction.run(store._engine, store._url, refused, write=False, reconnect_s=0.2)
+    assert len(calls) > 5  # retried until the deadline

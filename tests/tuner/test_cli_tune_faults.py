@@ -4,6 +4,10 @@ and its own exit code (tuner/cli/tune.py). Simulated workers in-process: no Ray,
 
 from __future__ import annotations
 
+import os
+import subprocess
+import threading
+
 import pytest
 from typer.testing import CliRunner
 
@@ -183,3 +187,57 @@ def test_a_database_file_made_immutable_mid_sweep_fails_the_sweep_and_keeps_its_
     with open_store(sqlite_url) as store:  # what reached the -wal is there, and the sweep is failed
         [sweep] = store.sweeps()
         assert sweep.status == "failed" and sweep.trials == len(sim_backend.TILES)
+
+
+def _postgres_cluster(url: str) -> tuple[str, str]:
+    """(version, name) of the local PostgreSQL cluster serving `url`, which this test may restart (root
+    with pg_ctlcluster, as in CI); skips the test elsewhere."""
+    import shutil
+
+    import sqlalchemy as sa
+
+    port = sa.make_url(url).port or 5432
+    if os.geteuid() != 0 or shutil.which("pg_lsclusters") is None:
+        pytest.skip("restarting PostgreSQL takes root and pg_ctlcluster")
+    listed = subprocess.run(["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=True)
+    for line in listed.stdout.splitlines():
+        version, name, cluster_port, *_ = line.split()
+        if int(cluster_port) == port:
+            return version, name
+    pytest.skip(f"no local PostgreSQL cluster on port {port}")
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_a_postgres_restart_mid_sweep_loses_and_repeats_no_trial(postgres_url, workers, monkeypatch):
+    """The server goes down for 2.5 s just before a trial is written: that write, the heartbeat and the
+    rest wait for it (connection refused, then 57P03 while it starts) and the sweep ends done."""
+    version, name = _postgres_cluster(postgres_url)
+    control = ["pg_ctlcluster", version, name]
+    record = Store.record_trial
+    written: list[int] = []
+    restart: list[threading.Thread] = []
+
+    def record_across_a_restart(self, rec, **kwargs):
+        if len(written) == 3 and not restart:
+            subprocess.run([*control, "stop", "-m", "fast"], check=True)
+            restart.append(threading.Timer(2.5, subprocess.run, ([*control, "start"],), {"check": True}))
+            restart[0].start()
+        written.append(record(self, rec, **kwargs))
+        return written[-1]
+
+    monkeypatch.setattr(Store, "record_trial", record_across_a_restart)
+    try:
+        result = tune(postgres_url, "--problem", PROBLEM, "--backend", "sim")
+    finally:
+        for thread in restart:
+            thread.join()
+        subprocess.run([*control, "start"], capture_output=True)  # up again whatever happened ("already")
+    assert restart and result.exit_code == 0, result.output
+    monkeypatch.undo()
+    with open_store(postgres_url) as store:
+        [sweep] = store.sweeps()
+        recorded = store.trials(sweep_id=sweep.id)
+    assert sweep.status == "done"
+    configs = sorted(row.config["tile"] for row in recorded)
+    assert configs == sorted(set(configs)) == list(sim_backend.TILES)  # none lost, none twice
