@@ -16,7 +16,11 @@ has none (the next writer uses and removes them); the database file itself is ne
 from __future__ import annotations
 
 import functools
+import os
+import sqlite3
 import urllib.parse
+import weakref
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moetune.db import urls
@@ -61,10 +65,74 @@ def make_engine(url: URL, *, read_only: bool = False) -> Engine:
         raise DatabaseError(f"bad database URL {urls.masked(url)}: {urls.scrub(str(e), url)}") from e
     if backend == "sqlite":
         event.listen(engine, "connect", functools.partial(_sqlite_on_connect, read_only=read_only))
+        path = urls.sqlite_file(url)
+        if path is not None and not read_only:
+            guard = _FileGuard(path, urls.masked(url))
+            _GUARDS[engine] = guard
+            event.listen(engine, "begin", guard.before_begin)  # before the BEGIN, which reads the -shm
+            event.listen(engine, "handle_error", guard.on_error)
+            event.listen(engine, "close", guard.on_close)
         event.listen(engine, "begin", _sqlite_begin)
     elif read_only and backend == "postgresql":
         event.listen(engine, "connect", _postgres_read_only)
     return engine
+
+
+class _FileGuard:
+    """A SQLite database whose files stop taking writes mid-run (made read-only or immutable) must not take
+    the process down. SQLite maps the -shm index into memory and writes to it in every transaction, read
+    ones included (read marks), and in the checkpoint that closing the last connection runs: once the file
+    refuses writes, such a write is a SIGBUS, not an error. So before each transaction the -wal and -shm
+    are checked (access(2) sees modes and the immutable flag alike), before a checkpoint the database file
+    and its folder too; and once a check or a write has failed, connections close without a checkpoint
+    (what reached the -wal stays there for the next writer)."""
+
+    def __init__(self, path: Path, url: str) -> None:
+        self.path = path
+        self.url = url
+        self.failed = False
+
+    def check(self, *, checkpoint: bool = False) -> None:
+        files = [Path(f"{self.path}-wal"), Path(f"{self.path}-shm")]
+        if checkpoint:
+            files = [self.path.parent, self.path, *files]
+        for file in files:
+            if file.exists() and not os.access(file, os.W_OK):
+                self.failed = True
+                raise DatabaseError(f"database {self.url}: {file} stopped taking writes")
+
+    def before_begin(self, _connection: Any) -> None:
+        self.check()
+
+    def on_error(self, context: Any) -> None:
+        code = getattr(context.original_exception, "sqlite_errorcode", None)
+        if code is not None and (code & 0xFF) in _SQLITE_WRITE_FAILURES:
+            self.failed = True
+
+    def on_close(self, dbapi_connection: Any, _record: Any) -> None:
+        if self.failed:
+            dbapi_connection.setconfig(sqlite3.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, True)
+
+
+# Errors of the file, not of the statement.
+_SQLITE_WRITE_FAILURES = {
+    sqlite3.SQLITE_READONLY,
+    sqlite3.SQLITE_IOERR,
+    sqlite3.SQLITE_CORRUPT,
+    sqlite3.SQLITE_FULL,
+    sqlite3.SQLITE_CANTOPEN,
+}
+_GUARDS: weakref.WeakKeyDictionary[Engine, _FileGuard] = weakref.WeakKeyDictionary()
+
+
+def check_files(engine: Engine) -> None:
+    """Before a checkpoint: DatabaseError when `engine` is a SQLite file whose files (the database's, its
+    folder, -wal, -shm) stopped taking writes, or when a write failed before (_FileGuard)."""
+    guard = _GUARDS.get(engine)
+    if guard is not None:
+        guard.check(checkpoint=True)
+        if guard.failed:
+            raise DatabaseError(f"database {guard.url}: a write failed; no checkpoint until it is reopened")
 
 
 def _read_only_uri(url: URL) -> URL:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from moetune.db import entities, jobs, leases, misses, pack_io, schema, transaction, trials, urls, winners
-from moetune.db.engine import make_engine
+from moetune.db.engine import check_files, make_engine
 from moetune.db.errors import DatabaseError, NoDatabase
 from moetune.db.jobs import JobRow
 from moetune.db.leases import Owner
@@ -159,6 +159,7 @@ class Store:
             return
         import sqlite3
 
+        check_files(self._engine)  # no checkpoint into files that stopped taking writes (SIGBUS)
         connection = self._engine.raw_connection()  # outside any transaction: a checkpoint needs that
         try:
             connection.cursor().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()

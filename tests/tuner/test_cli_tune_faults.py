@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -241,3 +243,39 @@ def test_a_postgres_restart_mid_sweep_loses_and_repeats_no_trial(postgres_url, w
     assert sweep.status == "done"
     configs = sorted(row.config["tile"] for row in recorded)
     assert configs == sorted(set(configs)) == list(sim_backend.TILES)  # none lost, none twice
+
+
+@pytest.mark.slow
+def test_a_wal_and_shm_made_read_only_mid_sweep_end_it_in_one_line_without_a_signal(tmp_path):
+    """SQLite writes its -shm index through a memory map: a write there once the file refuses writes is
+    SIGBUS (exit 135, a dump), so the files are checked before each transaction and never checkpointed
+    after they failed. Run in a child process, which SIGBUS would kill (tests/tuner/wal_fault_sweep.py)."""
+    path = tmp_path / "moetune.db"
+    scratch = tmp_path / "scratch"
+    scratch.touch()
+    if os.geteuid() == 0:
+        set_immutable(scratch, True)  # skips where chattr cannot work
+        set_immutable(scratch, False)
+    env = {k: v for k, v in os.environ.items() if k != "MOETUNE_DB"}
+    env |= {"JAX_PLATFORMS": "cpu", "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.tuner.wal_fault_sweep", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+    finally:
+        for side in ("-wal", "-shm"):
+            if Path(f"{path}{side}").exists():
+                set_immutable(Path(f"{path}{side}"), False)
+                os.chmod(f"{path}{side}", 0o644)
+    assert done.returncode == 4, (done.returncode, done.stderr[-3000:])
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "-wal stopped taking writes" in errors[0], done.stderr
+    assert "Traceback" not in done.stderr and "Fatal Python error" not in done.stderr
+    with open_store(f"sqlite:///{path}") as store:  # the trials before the freeze are there
+        [sweep] = store.sweeps()
+        assert sweep.trials >= 3
