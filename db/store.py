@@ -424,8 +424,6 @@ class Store:
         """Jobs, newest first."""
         return self._run(lambda s: jobs.jobs(s, states=states, limit=limit), write=False)
 
-    # --- config packs -----------------------------------------------------------------------------
-
     # --- live progress (moetune.db.progress) ---------------------------------------------------------
 
     def publish_progress(self, sweep_id: int, progress: dict[str, Any]) -> None:
@@ -451,6 +449,8 @@ class Store:
         from moetune.db import progress as live
 
         return self._run(lambda s: live.lines(s, job_id, limit or live.JOB_LOG_LINES), write=False)
+
+    # --- config packs -----------------------------------------------------------------------------
 
     def export_pack(self, *, device_kind: str, backend: str) -> Pack:
         return self._run(

@@ -25,7 +25,9 @@ from moetune.service import (
     misses_api,
     packs_api,
     pages,
+    pages_compare,
     pages_live,
+    static_files,
     sweeps_api,
     winners_api,
 )
@@ -85,7 +87,19 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         store = request.app.state.store
         return HealthOut(status="ok", revision=store.revision() or "", database=store.dialect)
 
-    routers = (winners_api, packs_api, sweeps_api, misses_api, jobs_api, metrics, api_docs, pages_live, pages)
+    routers = (
+        winners_api,
+        packs_api,
+        sweeps_api,
+        misses_api,
+        jobs_api,
+        metrics,
+        api_docs,
+        static_files,
+        pages_live,
+        pages_compare,
+        pages,
+    )
     for module in routers:
         app.include_router(module.router)
     app.add_exception_handler(RequestValidationError, one_line_validation_error)

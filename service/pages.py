@@ -13,7 +13,9 @@ with a long cache lifetime: nothing comes from a CDN, and no page inlines its 5 
 from __future__ import annotations
 
 import functools
+import math
 import os
+from html import escape
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,7 +26,8 @@ from moetune.db.store import Store
 from moetune.service.auth import require_read
 from moetune.service.deps import store
 from moetune.service.filters import Limit, Offset
-from moetune.service.pages_layout import PLOTLY_PATH, document, lines, link, pager, table
+from moetune.service.pages_compare import compare_form
+from moetune.service.pages_layout import PLOTLY_PATH, Html, document, lines, link, pager, table
 
 StoreDep = Annotated[Store, Depends(store)]
 router = APIRouter(dependencies=[Depends(require_read)], include_in_schema=False)
@@ -61,6 +64,7 @@ def sweeps_page(db: StoreDep, limit: Limit = 100, offset: Offset = 0) -> str:
     body = (
         "<h1>Sweeps</h1><p class=note>Newest first, times in UTC. dead: marked running, but its process "
         "stopped heartbeating; <code>moetune tune --resume ID</code> finishes it.</p>"
+        + compare_form()
         + (table(header, rows) if rows else "<p>No sweep yet.</p>")
         + pager("/", offset, limit, more=len(found) > limit)
     )
@@ -78,11 +82,13 @@ def _optuna_note(sweep_id: int) -> str:
 
 @router.get("/sweeps/{sweep_id}", response_class=HTMLResponse)
 def sweep_page(sweep_id: int, db: StoreDep) -> str:
+    from moetune.service.pages_compare import trials_table
     from moetune.service.pages_live import sweep_panel
     from moetune.tuner.report import sections
 
     report = sections(db, sweep_id)  # no such sweep: RecordNotFound, a 404
-    body = report.body.replace("</h1>", "</h1>" + sweep_panel(db, sweep_id), 1) + _optuna_note(sweep_id)
+    body = report.body.replace("</h1>", "</h1>" + sweep_panel(db, sweep_id), 1)
+    body += trials_table(db, sweep_id) + _optuna_note(sweep_id)
     return document(report.title, body, plotly=bool(report.figures), live=True)
 
 
@@ -93,7 +99,7 @@ def winners_page(db: StoreDep) -> str:
     matrix = pages_winners.build(db)
     rows = [
         [gpu, model, backend]
-        + [lines(e.text() for e in matrix.cells.get(((gpu, model, backend), c), [])) for c in matrix.columns]
+        + [winner_lines(matrix.cells.get(((gpu, model, backend), c), [])) for c in matrix.columns]
         for gpu, model, backend in matrix.rows
     ]
     body = (
@@ -101,7 +107,10 @@ def winners_page(db: StoreDep) -> str:
         "bucket T (m = T x top_k rows; a problem with no known T shows under its m). Each line: the "
         "winner's speedup over the backend's heuristic default and over XLA's ragged_dot (their time / the "
         "winner's), re-timed beside it where they were finalists of its decision, else sweep medians; - "
-        "where the sweep timed no such config. <i>other</i>: problems no shipped model plans.</p>"
+        "where the sweep timed no such config. A model tuned from a config.json or a model file is named "
+        "as its sweep named it; <i>other</i>: problems no model planned. The colour is the speedup over the "
+        "heuristic (green: faster, red: slower, grey: not compared); each line links to the sweep that "
+        "decided it (its trial in the tooltip).</p>"
         + (
             table(["GPU", "model", "backend", *matrix.columns], rows, cell_class="cell")
             if rows
@@ -109,6 +118,29 @@ def winners_page(db: StoreDep) -> str:
         )
     )
     return document("moetune winners", body)
+
+
+def _colour(entry: Any) -> str:
+    """The cell line's background: the speedup over the heuristic on a log scale, 1x white, 2x (or
+    better) full green, 0.5x (or worse) full red; grey where there is no comparison."""
+    compared = entry.vs_heuristic
+    if compared is None or compared.ratio is None or compared.ratio <= 0:
+        return "#eeeeee"
+    strength = max(-1.0, min(1.0, math.log2(compared.ratio)))
+    lightness = 97 - 35 * abs(strength)
+    return f"hsl({120 if strength >= 0 else 0}, 60%, {lightness:.0f}%)"
+
+
+def winner_lines(entries: list[Any]) -> Html:
+    """A matrix cell: each winner's line, coloured by its speedup and linked to its sweep."""
+    out = []
+    for e in entries:
+        text = escape(e.text())
+        if e.sweep_id is not None:
+            title = escape(f"sweep {e.sweep_id}, trial {e.trial_id}")
+            text = f'<a href="/sweeps/{e.sweep_id}#trial-{e.trial_id}" title="{title}">{text}</a>'
+        out.append(f'<div class=win style="background: {_colour(e)}">{text}</div>')
+    return Html("".join(out))
 
 
 @router.get("/misses", response_class=HTMLResponse)

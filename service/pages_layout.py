@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from html import escape
 
-from moetune.tuner.report import STYLE
-
 PLOTLY_PATH = "/static/plotly.min.js"
 NAV = (
     ("/", "sweeps"),
@@ -21,19 +19,8 @@ NAV = (
     ("/stale", "stale winners"),
 )
 LIVE_JS = "/static/live.js"
-PAGE_STYLE = (
-    STYLE
-    + """
-nav { margin-bottom: 1.5em; font-size: 14px; }
-nav a { margin-right: 1.2em; }
-td.cell div { white-space: nowrap; }
-code { background: #f3f3f3; padding: 1px 4px; }
-.bar { background: #eee; height: 8px; width: 100%; max-width: 600px; }
-.bar .done { background: #2a7ae2; height: 8px; }
-pre.log { background: #f7f7f7; border: 1px solid #ddd; padding: 6px; font-size: 12px; max-height: 40em;
-  overflow: auto; white-space: pre-wrap; }
-"""
-)
+TABLE_JS = "/static/table.js"
+STYLESHEET = "/static/dashboard.css"
 
 
 class Html(str):
@@ -53,11 +40,30 @@ def _cell(value: object) -> str:
     return value if isinstance(value, Html) else escape(str(value))
 
 
-def table(header: Sequence[str], rows: Iterable[Sequence[object]], *, cell_class: str = "") -> str:
+def table(
+    header: Sequence[str],
+    rows: Iterable[Sequence[object]],
+    *,
+    cell_class: str = "",
+    sortable: bool = False,
+    table_id: str = "",
+) -> str:
+    """`sortable`: table.js sorts it by a clicked header; `table_id`: what a filter box names."""
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     attribute = f' class="{escape(cell_class)}"' if cell_class else ""
     body = "".join("<tr>" + "".join(f"<td{attribute}>{_cell(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    opening = "<table"
+    opening += ' class="sortable"' if sortable else ""
+    opening += f' id="{escape(table_id)}"' if table_id else ""
+    return f"{opening}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def filter_box(table_id: str, placeholder: str) -> str:
+    """A text box that shows only the rows of table `table_id` holding every word typed (table.js)."""
+    return (
+        f'<input class="filter" type="search" data-table="{escape(table_id)}" '
+        f'placeholder="{escape(placeholder)}" aria-label="{escape(placeholder)}">'
+    )
 
 
 def pager(path: str, offset: int, limit: int, *, more: bool) -> str:
@@ -76,12 +82,15 @@ def document(title: str, body: str, *, plotly: bool = False, live: bool = False)
     has parts that live.js refreshes (service/pages_live.py)."""
     script = f'<script src="{PLOTLY_PATH}"></script>' if plotly else ""
     script += f'<script src="{LIVE_JS}" defer></script>' if live else ""
+    script += f'<script src="{TABLE_JS}" defer></script>' if "sortable" in body else ""
     nav = "".join(f'<a href="{href}">{escape(text)}</a>' for href, text in NAV)
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{escape(title)}</title>
-<link rel="icon" href="data:,"><style>{PAGE_STYLE}</style>{script}</head>
+<link rel="icon" href="data:,"><link rel="stylesheet" href="{STYLESHEET}">{script}</head>
 <body>
 <nav>{nav}</nav>
+<main>
 {body}
+</main>
 </body></html>
 """

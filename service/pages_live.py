@@ -12,21 +12,19 @@ running sweep follows it without a reload. Nothing comes from elsewhere: the scr
 
 from __future__ import annotations
 
-import functools
 import json
 from html import escape
-from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import FileResponse, HTMLResponse, Response
+from fastapi import APIRouter, Depends
+from fastapi.responses import HTMLResponse
 
 from moetune.db.store import Store
 from moetune.kernels.typed_fields import INT32_MAX
 from moetune.service.auth import require_read
 from moetune.service.deps import store
 from moetune.service.filters import Limit, Offset
-from moetune.service.pages_layout import LIVE_JS, Html, document, link, pager, table
+from moetune.service.pages_layout import Html, document, link, pager, table
 
 StoreDep = Annotated[Store, Depends(store)]
 router = APIRouter(dependencies=[Depends(require_read)], include_in_schema=False)
@@ -191,19 +189,3 @@ def job_page(job_id: int, db: StoreDep) -> str:
         + f"<h2>Spec</h2><pre>{escape(spec)}</pre>"
     )
     return document(f"moetune job {job_id}", body, live=True)
-
-
-@functools.cache
-def _live_js() -> tuple[Path, Any]:
-    path = Path(__file__).parent / "static" / "live.js"
-    return path, path.stat()
-
-
-@router.get(LIVE_JS)
-def live_js(request: Request) -> Response:
-    path, stat = _live_js()
-    headers = {"Cache-Control": "no-cache"}
-    response = FileResponse(path, media_type="text/javascript", headers=headers, stat_result=stat)
-    if request.headers.get("if-none-match") == response.headers["etag"]:
-        return Response(status_code=304, headers={"ETag": response.headers["etag"], **headers})
-    return response

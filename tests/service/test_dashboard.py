@@ -102,10 +102,7 @@ def _rows(text: str) -> list[list[str]]:
     for row in re.findall(r"<tr>(.*?)</tr>", body):
         cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
         rows.append(
-            [
-                html.unescape(re.sub(r"</div><div>", "|", c).replace("<div>", "").replace("</div>", ""))
-                for c in cells
-            ]
+            [html.unescape(re.sub(r"<[^>]+>", "", re.sub(r"</div><div[^>]*>", "|", c))) for c in cells]
         )
     return rows
 
