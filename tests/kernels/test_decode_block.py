@@ -1,0 +1,101 @@
+"""The fused decode block (two Pallas Triton kernels) on a CPU: Pallas's interpreter against the float32
+reference on small shapes, its edge cases, its config checks, and its lowering to Triton for an H200."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from moetune.kernels.errors import ConfigInvalid
+from moetune.kernels.moe import decode_block as db
+from moetune.kernels.moe.reference import moe_mlp_reference
+
+SMALL = db.DecodeConfig(block_f=16, block_k=16, block_h=16, block_fd=16)
+
+
+def _inputs(tokens, experts, hidden, inter, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 4)
+    x = jax.random.normal(ks[0], (tokens, hidden), jnp.float32)
+    logits = jax.random.normal(ks[1], (tokens, experts), jnp.float32)
+    w_gate_up = jax.random.normal(ks[2], (experts, hidden, 2 * inter), jnp.float32) / np.sqrt(hidden)
+    w_down = jax.random.normal(ks[3], (experts, inter, hidden), jnp.float32) / np.sqrt(inter)
+    return x, logits, w_gate_up, w_down
+
+
+def _check(x, logits, w_gate_up, w_down, top_k, renormalize=True, config=SMALL):
+    out = db.decode_block(
+        x, logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize, config=config, interpret=True
+    )
+    want = moe_mlp_reference(x, logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-4, atol=1e-5)
+    return out
+
+
+@pytest.mark.parametrize(
+    "tokens, experts, top_k, renormalize, split",
+    [(1, 8, 2, True, 1), (3, 8, 2, False, 1), (5, 16, 4, True, 3), (2, 4, 1, True, 2)],
+)
+def test_interpreted_block_equals_the_reference(tokens, experts, top_k, renormalize, split):
+    config = db.DecodeConfig(block_f=16, block_k=16, block_h=16, block_fd=16, down_split=split)
+    _check(*_inputs(tokens, experts, 32, 32), top_k, renormalize, config)
+
+
+def test_one_expert_takes_every_token_and_the_others_none():
+    x, logits, w_gate_up, w_down = _inputs(3, 8, 32, 16, seed=1)
+    logits = logits.at[:, 5].set(10.0)  # every token's first choice; most experts get no token
+    _check(x, logits, w_gate_up, w_down, 1)
+    _check(x, logits, w_gate_up, w_down, 2, config=db.DecodeConfig(16, 16, 1, 4, 16, 16, 1, 4, 4))
+
+
+def test_nan_in_x_shows_in_its_token_only():
+    x, logits, w_gate_up, w_down = _inputs(2, 8, 32, 16, seed=2)
+    out = db.decode_block(
+        x.at[1, 3].set(jnp.nan), logits, w_gate_up, w_down, top_k=2, config=SMALL, interpret=True
+    )
+    assert np.isnan(np.asarray(out[1])).all() and not np.isnan(np.asarray(out[0])).any()
+
+
+def test_group_offset_sums_the_local_experts_only():
+    x, logits, w_gate_up, w_down = _inputs(3, 8, 32, 16, seed=3)
+    offset = jnp.array([4], jnp.int32)
+    out = db.decode_block(
+        x, logits, w_gate_up[4:], w_down[4:], top_k=2, group_offset=offset, config=SMALL, interpret=True
+    )
+    # The whole layer with the other shard's experts zeroed is the local shard's share.
+    zero = jnp.zeros_like
+    want = moe_mlp_reference(
+        x, logits, w_gate_up.at[:4].set(zero(w_gate_up[:4])), w_down.at[:4].set(zero(w_down[:4])), top_k=2
+    )
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+def test_bounds_and_configs_are_checked_by_name():
+    assert db.fits(32, 128, 8, 2048, 768, db.DecodeConfig())
+    assert db.unfit_reason(33, 128, 8, 2048, 768, db.DecodeConfig()) == "T=33 > 32"
+    assert "T*top_k" in db.unfit_reason(32, 512, 16, 2048, 512, db.DecodeConfig())
+    assert "F=48" in db.unfit_reason(1, 8, 2, 64, 48, db.DecodeConfig())
+    with pytest.raises(ConfigInvalid, match="block_f=24"):
+        db.DecodeConfig(block_f=24)
+    with pytest.raises(ConfigInvalid, match="down_split=0"):
+        db.DecodeConfig(down_split=0)
+    with pytest.raises(ConfigInvalid, match="decode block"):
+        db.decode_block(*_inputs(1, 8, 32, 24), top_k=2, config=SMALL, interpret=True)
+
+
+def test_kernels_lower_to_two_triton_calls_for_an_h200(triton_lowering_for_h200):
+    s = jax.ShapeDtypeStruct
+    for tokens, experts, top_k, split in ((1, 128, 8, 1), (5, 512, 10, 4)):
+        config = db.DecodeConfig(down_split=split)
+        args = (
+            s((tokens, 2048), jnp.bfloat16),
+            s((tokens, experts), jnp.float32),
+            s((experts, 2048, 1024), jnp.bfloat16),
+            s((experts, 512, 2048), jnp.bfloat16),
+        )
+        block = jax.jit(
+            lambda *a, config=config, top_k=top_k: db.decode_block(*a, top_k=top_k, config=config)
+        )
+        text = block.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        assert text.count("__gpu$xla.gpu.triton") == 2 and "moetune_decode_down" in text
