@@ -42,7 +42,7 @@ from moetune.kernels.problem import Problem
 from moetune.kernels.timing import Timer, WallTimer
 
 if TYPE_CHECKING:
-    from moetune.search_spaces.space import SearchSpace
+    from moetune.kernels.space import SearchSpace
 
 KernelFn = Callable[[Any, Any, Any], Any]
 
@@ -161,12 +161,14 @@ class Backend(abc.ABC):
         """Hash of the backend's own source folder: a change makes every stored winner stale.
 
         The folder's timer.py is left out: a timer measures kernels and cannot change what they compute
-        or how fast they run, so editing it keeps every tuned winner as valid as it was.
+        or how fast they run, so editing it keeps every tuned winner as valid as it was. So are the
+        search space and the cost model (space*.py, cost_model.py, calibration data): they choose which
+        configs are tried and the untuned default, never what a given config's kernel does.
         """
         return _package_hash(type(self).__module__.rsplit(".", 1)[0] if "." in type(self).__module__ else "")
 
 
-UNHASHED_SOURCES = ("timer.py",)
+UNHASHED_SOURCES = ("timer.py", "space.py", "space_drhs.py", "cost_model.py", "calibration.py")
 
 
 @functools.cache

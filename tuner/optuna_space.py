@@ -1,7 +1,7 @@
 """A search space's parameters as Optuna distributions: the one encoding behind the TPE strategy, the
 report's parameter importance and the export of a sweep to an Optuna storage.
 
-Each domain (search_spaces/) becomes one distribution:
+Each domain (kernels/backends/<backend>/space.py) becomes one distribution:
 - strings, flags and mixed values: categorical over the domain's values;
 - an ordered numeric domain, for a sampler (`ranked=True`): the integer position in the domain, so
   that TPE's kernels see that 128 lies between 64 and 256;

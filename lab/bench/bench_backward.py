@@ -118,8 +118,8 @@ def run_case(case, args, records: list[dict]) -> None:
     import jax.numpy as jnp
 
     from moetune.kernels import registry
+    from moetune.kernels.backends.mosaic_gpu import space_drhs as space
     from moetune.kernels.device import current_fingerprint
-    from moetune.search_spaces import mosaic_gpu_drhs as space
 
     backend, device = registry.get("mosaic_gpu"), current_fingerprint()
     m = case.tokens * case.model.top_k

@@ -158,7 +158,7 @@ class Runner:
         return record
 
     def configs(self, problem, tokens: int) -> dict:
-        from moetune.search_spaces import mosaic_gpu as space
+        from moetune.kernels.backends.mosaic_gpu import space
 
         named = {"heuristic": self.backend.heuristic(problem, self.device)}
         if tokens >= ALTERNATIVES_MIN_TOKENS:

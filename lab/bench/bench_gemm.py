@@ -559,7 +559,7 @@ class DevRunner:
         self.weights: tuple | None = None  # (model, gemm) -> rhs, held for that pair's cases
 
     def configs(self, case) -> dict[str, C]:
-        from moetune.search_spaces import mosaic_gpu as space
+        from moetune.kernels.backends.mosaic_gpu import space
 
         problem = case.problem
         named = {"heuristic": self.backend.heuristic(problem, self.device)}
@@ -644,9 +644,9 @@ class DevRunner:
         return lhs, rhs, [jnp.asarray(r, jnp.int32) for r in routings], routings
 
     def run(self, case) -> dict:
+        from moetune.kernels.backends.mosaic_gpu import cost_model as cost
         from moetune.kernels.backends.mosaic_gpu import timer
         from moetune.kernels.problem import GROUPED_MATMUL_SWIGLU
-        from moetune.search_spaces import mosaic_gpu_cost as cost
 
         p = case.problem
         lhs, rhs, sizes, routings = self.inputs(case)
@@ -851,8 +851,8 @@ def compile_times(args) -> int:
     import jax.numpy as jnp
 
     from moetune.kernels import registry
+    from moetune.kernels.backends.mosaic_gpu import space
     from moetune.kernels.device import current_fingerprint
-    from moetune.search_spaces import mosaic_gpu as space
 
     backend, device = registry.get("mosaic_gpu"), current_fingerprint()
     deadline = time.monotonic() + args.budget_s

@@ -193,14 +193,14 @@ def test_a_problem_the_backend_declines_is_refused():
 def test_pruning_only_constraints_do_not_refuse_a_config():
     """pad_lhs on a problem taller than the CTA tile changes nothing: the search never times it, but it
     runs."""
-    from moetune.search_spaces import mosaic_gpu
+    from moetune.kernels.backends.mosaic_gpu import space as mosaic_gpu_space
 
     shipped = _shipped()
     tallest = max(shipped.entries, key=lambda e: e.problem.m)
     entry = packs.PackEntry(tallest.problem, {**tallest.config, "pad_lhs": True}, tallest.median_s)
     pack = dataclasses.replace(shipped, entries=(entry,))
-    config = mosaic_gpu.MosaicGpuConfig.from_dict(entry.config)
-    assert mosaic_gpu.pad_lhs_only_small_m(entry.problem, config, pack.device) is not None
+    config = mosaic_gpu_space.MosaicGpuConfig.from_dict(entry.config)
+    assert mosaic_gpu_space.pad_lhs_only_small_m(entry.problem, config, pack.device) is not None
     assert pack_io.check_pack(pack, "shipped").entries[0].config == config.to_dict()
 
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from moetune.kernels import call_op, explain, grouped_matmul, registry
+from moetune.kernels.backends.mosaic_gpu import space_drhs as space
 from moetune.kernels.device import current_fingerprint
 from moetune.kernels.problem import Problem
 from moetune.kernels.reference import relative_error
-from moetune.search_spaces import mosaic_gpu_drhs as space
 
 pytestmark = pytest.mark.gpu
 BACKEND = registry.get("mosaic_gpu")

@@ -18,11 +18,11 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
 from moetune.kernels import ops, registry  # noqa: E402
+from moetune.kernels.backends.mosaic_gpu import space  # noqa: E402
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig  # noqa: E402
 from moetune.kernels.device import current_fingerprint  # noqa: E402
 from moetune.kernels.problem import Problem  # noqa: E402
 from moetune.kernels.reference import relative_error  # noqa: E402
-from moetune.search_spaces import mosaic_gpu as space  # noqa: E402
 
 LAYOUTS = ("tensor", "row_channel", "block_1x128_128x128")
 OPS = ("grouped_matmul_fp8", "grouped_matmul_swiglu_fp8")

@@ -19,11 +19,11 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
 from moetune.kernels import registry  # noqa: E402
+from moetune.kernels.backends.mosaic_gpu import space  # noqa: E402
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig  # noqa: E402
 from moetune.kernels.device import current_fingerprint  # noqa: E402
 from moetune.kernels.problem import Problem  # noqa: E402
 from moetune.kernels.reference import reference_grouped_matmul, relative_error, tolerance  # noqa: E402
-from moetune.search_spaces import mosaic_gpu as space  # noqa: E402
 
 WS_N = MosaicGpuConfig(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n")
 WS_M = MosaicGpuConfig(block_m=64, block_n=128, block_k=64, max_concurrent_steps=3, wg_split="m")

@@ -21,11 +21,11 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
 from moetune.kernels import registry  # noqa: E402
+from moetune.kernels.backends.mosaic_gpu import space  # noqa: E402
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig  # noqa: E402
 from moetune.kernels.device import current_fingerprint  # noqa: E402
 from moetune.kernels.problem import Problem  # noqa: E402
 from moetune.kernels.reference import reference_of, relative_error, tolerance  # noqa: E402
-from moetune.search_spaces import mosaic_gpu as space  # noqa: E402
 
 OP = "grouped_matmul_swiglu"
 CONFIGS = {

@@ -33,7 +33,7 @@ def test_import_and_a_call_without_a_database_load_no_heavy_package(tmp_path):
         f"""
         import sys
         import moetune.kernels
-        import moetune.kernels.backends.xla, moetune.kernels.reference, moetune.search_spaces.xla
+        import moetune.kernels.backends.xla, moetune.kernels.reference, moetune.kernels.backends.xla.space
         heavy = {HEAVY!r}
         loaded = lambda: sorted({{m.split(".")[0] for m in sys.modules}} & set(heavy))
         print("after import:", loaded())

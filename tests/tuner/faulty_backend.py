@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from moetune.kernels.backend import Backend
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.errors import ConfigInvalid
-from moetune.search_spaces.space import SearchSpace
+from moetune.kernels.space import SearchSpace
 
 MODES = ("ok", "raise", "exit", "segfault", "exit_run", "raise_run", "hang", "wrong", "nan")
 EXPECTED_STATUS = {

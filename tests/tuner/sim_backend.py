@@ -13,7 +13,7 @@ from typing import Any
 from moetune.kernels.backend import Backend, StaticCompile
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.errors import ConfigInvalid
-from moetune.search_spaces.space import SearchSpace
+from moetune.kernels.space import SearchSpace
 from moetune.tuner.tasks import OK, WRONG_RESULT, CandidateResult, CandidateTask, RetimeResult, Task, now
 
 TILES = (1, 2, 3, 4, 5, 6, 7, 8)

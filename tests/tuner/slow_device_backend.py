@@ -25,8 +25,8 @@ import jax.numpy as jnp
 
 from moetune.kernels.backend import Backend
 from moetune.kernels.config import KernelConfig
+from moetune.kernels.space import SearchSpace
 from moetune.kernels.timing import Timer, WallTimer
-from moetune.search_spaces.space import SearchSpace
 
 VARIANTS = tuple(range(8))
 DEVICE_S = 0.3

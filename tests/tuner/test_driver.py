@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from moetune.kernels.device import DeviceFingerprint
-from moetune.search_spaces.space import SearchSpace
+from moetune.kernels.space import SearchSpace
 from moetune.tuner.driver import SweepDriver
 from moetune.tuner.executors import InlineExecutor
 from moetune.tuner.plan import PlannedProblem, parse_problem

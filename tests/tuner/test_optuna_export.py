@@ -10,8 +10,8 @@ from optuna.trial import TrialState
 from typer.testing import CliRunner
 
 from moetune.db import open_store
+from moetune.kernels.backends.xla import space as xla_space
 from moetune.kernels.problem import Problem
-from moetune.search_spaces import xla as xla_space
 from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.optuna_export import export
 from moetune.tuner.tasks import OK

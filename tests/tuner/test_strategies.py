@@ -12,7 +12,7 @@ from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.problem import Problem
-from moetune.search_spaces.space import SearchSpace
+from moetune.kernels.space import SearchSpace
 from moetune.tuner import strategies
 from moetune.tuner.strategies import CandidateSpace
 

@@ -78,7 +78,7 @@ def test_files_are_read_through_the_capped_reader(tmp_path):
 def test_every_yaml_read_of_the_package_goes_through_this_module():
     root = Path(str(importlib.resources.files("moetune.tuner"))).parent
     users = []
-    for folder in ("kernels", "tuner", "db", "search_spaces", "models", "configs"):
+    for folder in ("kernels", "tuner", "db", "service", "integrations", "configs"):
         for path in sorted((root / folder).rglob("*.py")):
             tree = ast.parse(path.read_text())
             for node in ast.walk(tree):

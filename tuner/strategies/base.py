@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.problem import Problem
-from moetune.search_spaces.space import Pruned, SearchSpace
+from moetune.kernels.space import Pruned, SearchSpace
 
 
 class CandidateSpace:

@@ -109,12 +109,12 @@ class FlyDSLBackend(Backend):
             )
 
     def search_space(self, problem: Problem, device: DeviceFingerprint):
-        from moetune.search_spaces import flydsl as flydsl_space
+        from moetune.kernels.backends.flydsl import space as flydsl_space
 
         return flydsl_space.space(problem, device)
 
     def heuristic(self, problem: Problem, device: DeviceFingerprint) -> FlyDSLConfig:
-        from moetune.search_spaces import flydsl as flydsl_space
+        from moetune.kernels.backends.flydsl import space as flydsl_space
 
         return flydsl_space.heuristic(problem, device)
 

@@ -105,9 +105,9 @@ def _space(problem: Problem) -> types.ModuleType:
     """The search space module of `problem`'s kernel: the weight gradient's for an op with one output
     slice per expert, the forward kernels' otherwise."""
     if problem.spec.out_grouped:
-        from moetune.search_spaces import mosaic_gpu_drhs
+        from moetune.kernels.backends.mosaic_gpu import space_drhs
 
-        return mosaic_gpu_drhs
-    from moetune.search_spaces import mosaic_gpu
+        return space_drhs
+    from moetune.kernels.backends.mosaic_gpu import space
 
-    return mosaic_gpu
+    return space

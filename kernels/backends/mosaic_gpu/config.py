@@ -5,7 +5,7 @@ CTA and the CTA tile is twice `block_m` (or `block_n`); with "none" one warpgrou
 tile. `block_m` always counts token rows and `block_n` weight columns; a block_m below wgmma's 64 rows
 puts the tokens on wgmma's narrow N side (`swap_ab`). Rules that need the problem or the device
 (divisibility by K and N, shared memory, registers) are constraints in
-`moetune.search_spaces.mosaic_gpu`; only config-only rules live here.
+`space.py` beside it; only config-only rules live here.
 """
 
 from __future__ import annotations

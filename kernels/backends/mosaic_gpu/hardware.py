@@ -23,7 +23,7 @@ class ArchFacts:
     # Largest L2 among the architecture's parts, used only when the driver cannot be asked: a rotation
     # sized for the largest L2 also defeats every smaller one.
     l2_bytes_fallback: int
-    # What the cost model (search_spaces/mosaic_gpu_cost.py) plans with. Shared memory of one SM, which
+    # What the cost model (cost_model.py) plans with. Shared memory of one SM, which
     # the CTAs resident on it split (cudaDevAttrMaxSharedMemoryPerMultiprocessor).
     smem_per_sm: int = 0
     # Dense 16-bit tensor-core FLOP per SM per clock, and shared-memory bytes per SM per clock (32 banks

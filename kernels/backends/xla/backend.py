@@ -51,12 +51,12 @@ class XlaBackend(Backend):
         return jax.default_backend() == "gpu"
 
     def search_space(self, problem: Problem, device: DeviceFingerprint):
-        from moetune.search_spaces import xla as xla_space
+        from moetune.kernels.backends.xla import space as xla_space
 
         return xla_space.space(problem, device)
 
     def heuristic(self, problem: Problem, device: DeviceFingerprint) -> XlaConfig:
-        from moetune.search_spaces import xla as xla_space
+        from moetune.kernels.backends.xla import space as xla_space
 
         return xla_space.heuristic(problem, device)
 

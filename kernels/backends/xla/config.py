@@ -8,7 +8,7 @@ Strategies (kernel.py has one function each):
                 its expert's weights; `items_per_step` work items are multiplied per loop step.
 
 `chunk_m` and `items_per_step` only mean something for `chunked`; the search space pins them to their
-defaults for the other strategies (search_spaces/xla.py), so each distinct kernel is tried once.
+defaults for the other strategies (space.py), so each distinct kernel is tried once.
 """
 
 from __future__ import annotations

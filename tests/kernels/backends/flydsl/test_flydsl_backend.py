@@ -94,7 +94,7 @@ def test_target_device_is_a_compile_only_stand_in():
 
 def test_importing_the_backend_loads_neither_flydsl_nor_torch_nor_hip():
     code = (
-        "import sys, json, moetune.kernels.backends.flydsl, moetune.search_spaces.flydsl;"
+        "import sys, json, moetune.kernels.backends.flydsl, moetune.kernels.backends.flydsl.space;"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in"
         " ('flydsl', 'torch', 'hip', 'ray', 'optuna', 'sqlalchemy'))))"
     )

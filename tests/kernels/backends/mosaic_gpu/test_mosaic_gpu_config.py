@@ -7,9 +7,9 @@ import itertools
 
 import pytest
 
+from moetune.kernels.backends.mosaic_gpu import space
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
 from moetune.kernels.errors import ConfigInvalid
-from moetune.search_spaces import mosaic_gpu as space
 
 
 def _valid_points(limit: int = 400):

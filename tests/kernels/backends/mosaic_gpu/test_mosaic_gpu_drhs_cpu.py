@@ -16,11 +16,11 @@ jnp = jax.numpy
 plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
 
 from moetune.kernels.backends.mosaic_gpu import BACKEND, hardware, kernel_drhs, tiling  # noqa: E402
+from moetune.kernels.backends.mosaic_gpu import space_drhs as space  # noqa: E402
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C  # noqa: E402
 from moetune.kernels.errors import Unsupported  # noqa: E402
 from moetune.kernels.ops.grouped_matmul_drhs import reference  # noqa: E402
 from moetune.kernels.problem import Problem  # noqa: E402
-from moetune.search_spaces import mosaic_gpu_drhs as space  # noqa: E402
 from tests.db.db_factories import H200  # noqa: E402
 
 PLAIN = C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, warp_specialized=False, wg_split="none")

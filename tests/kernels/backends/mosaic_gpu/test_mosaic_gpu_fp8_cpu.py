@@ -21,14 +21,17 @@ jnp = jax.numpy
 plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
 
 from moetune.kernels import ops  # noqa: E402
-from moetune.kernels.backends.mosaic_gpu import kernel_sm90, tiling  # noqa: E402
+from moetune.kernels.backends.mosaic_gpu import cost_model as cost  # noqa: E402
+from moetune.kernels.backends.mosaic_gpu import (  # noqa: E402
+    kernel_sm90,
+    space,  # noqa: E402
+    tiling,
+)
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C  # noqa: E402
 from moetune.kernels.device import DeviceFingerprint  # noqa: E402
 from moetune.kernels.ops import fp8_scales  # noqa: E402
 from moetune.kernels.problem import Problem  # noqa: E402
 from moetune.kernels.reference import relative_error  # noqa: E402
-from moetune.search_spaces import mosaic_gpu as space  # noqa: E402
-from moetune.search_spaces import mosaic_gpu_cost as cost  # noqa: E402
 
 HOPPER = DeviceFingerprint("NVIDIA H200", "gpu", 132, 0, "9.0", "", "", "", "")
 FP8 = "float8_e4m3fn"

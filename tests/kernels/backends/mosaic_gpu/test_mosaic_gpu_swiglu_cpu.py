@@ -16,13 +16,16 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
 
-from moetune.kernels.backends.mosaic_gpu import kernel_sm90, tiling  # noqa: E402
+from moetune.kernels.backends.mosaic_gpu import (  # noqa: E402
+    kernel_sm90,
+    space,  # noqa: E402
+    tiling,
+)
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C  # noqa: E402
 from moetune.kernels.device import DeviceFingerprint  # noqa: E402
 from moetune.kernels.errors import Unsupported  # noqa: E402
 from moetune.kernels.problem import Problem  # noqa: E402
 from moetune.kernels.reference import reference_of, relative_error  # noqa: E402
-from moetune.search_spaces import mosaic_gpu as space  # noqa: E402
 
 HOPPER = DeviceFingerprint("NVIDIA H200", "gpu", 132, 0, "9.0", "", "", "", "")
 PLAIN = C(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, warp_specialized=False, wg_split="none")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from moetune.kernels.backends.xla.config import DEFAULT_CHUNK_M, DEFAULT_ITEMS_PER_STEP, STRATEGIES, XlaConfig
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.problem import FP8_DTYPES, Problem
-from moetune.search_spaces.space import SearchSpace
+from moetune.kernels.space import SearchSpace
 
 CHUNK_M = (8, 16, 32, 64, 128, 256, 512)
 ITEMS_PER_STEP = (1, 2, 4, 8, 16, 32, 64)

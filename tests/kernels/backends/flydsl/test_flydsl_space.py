@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from moetune.kernels.backends.flydsl import FlyDSLConfig, target_device
+from moetune.kernels.backends.flydsl import space as space_mod
 from moetune.kernels.backends.flydsl.plan import KernelPlan
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.problem import Problem
-from moetune.search_spaces import flydsl as space_mod
-from moetune.search_spaces.space import SearchSpace
+from moetune.kernels.space import SearchSpace
 
 GATE_UP = Problem("grouped_matmul", 4096, 4096, 28672, 8)
 DOWN = Problem("grouped_matmul", 4096, 14336, 4096, 8)

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from moetune.kernels.backends.xla import XlaConfig
+from moetune.kernels.backends.xla import space as space_mod
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.problem import Problem
-from moetune.search_spaces import xla as space_mod
 
 CPU = DeviceFingerprint("cpu", "cpu", 2, 0, "x86_64", "", "", "0.11.2", "0.11.2")
 # A made-up accelerator: only its platform and memory size matter here.

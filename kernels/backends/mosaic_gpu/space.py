@@ -31,13 +31,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from moetune.kernels.backends.mosaic_gpu import cost_model as cost
 from moetune.kernels.backends.mosaic_gpu import hardware, tiling
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import Unsupported
 from moetune.kernels.problem import Problem
-from moetune.search_spaces import mosaic_gpu_cost as cost
-from moetune.search_spaces.space import Constraint, SearchSpace
+from moetune.kernels.space import Constraint, SearchSpace
 
 # Split-K pays for its float32 partial sums only while the output is small (decode).
 SPLIT_K_MAX_M = 512

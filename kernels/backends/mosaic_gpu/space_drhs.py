@@ -26,14 +26,14 @@ import dataclasses
 import functools
 import math
 
+from moetune.kernels.backends.mosaic_gpu import cost_model as cost
 from moetune.kernels.backends.mosaic_gpu import hardware, tiling
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
+from moetune.kernels.backends.mosaic_gpu.space import arch_facts
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import Unsupported
 from moetune.kernels.problem import Problem
-from moetune.search_spaces import mosaic_gpu_cost as cost
-from moetune.search_spaces.mosaic_gpu import arch_facts
-from moetune.search_spaces.space import Constraint, SearchSpace
+from moetune.kernels.space import Constraint, SearchSpace
 
 _DEFAULTS = MosaicGpuConfig()
 # Fields the kernel does not read: each stays at its default.

@@ -7,13 +7,12 @@ import time
 
 import pytest
 
-from moetune.kernels.backends.mosaic_gpu import hardware, tiling
+from moetune.kernels.backends.mosaic_gpu import cost_model as cost
+from moetune.kernels.backends.mosaic_gpu import hardware, space, tiling
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.problem import Problem
-from moetune.search_spaces import mosaic_gpu as space
-from moetune.search_spaces import mosaic_gpu_cost as cost
 
 HOPPER = DeviceFingerprint("NVIDIA H200", "gpu", 132, 0, "9.0", "", "", "", "")
 AMPERE = dataclasses.replace(HOPPER, device_kind="NVIDIA A100", compute_capability="8.0")

@@ -16,7 +16,7 @@ from moetune.kernels.backends.flydsl.config import MFMA_SIZES, TILE_ORDERS, FlyD
 from moetune.kernels.backends.flydsl.plan import ARCHS, KernelPlan
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.problem import Problem
-from moetune.search_spaces.space import SearchSpace
+from moetune.kernels.space import SearchSpace
 
 DOMAINS = {
     "tile_m": (16, 32, 64, 128, 256),
