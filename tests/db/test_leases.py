@@ -227,7 +227,16 @@ def test_heartbeat_thread_reports_a_lost_lease_and_a_failing_database():
 
     failing = Heartbeat(refuse, "sweep 4", interval_s=0.01)
     failing.start()
-    time.sleep(0.2)
+    deadline = time.monotonic() + 5  # polled, not slept: the thread's first beat may come late under load
+    while time.monotonic() < deadline:
+        try:
+            failing.check()
+        except DatabaseError as e:
+            assert "readonly" in str(e)
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail("the failing database was never reported")
     failing.stop()
     with pytest.raises(DatabaseError, match="readonly"):
         failing.check()

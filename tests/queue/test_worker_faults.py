@@ -6,7 +6,6 @@ cancelled running job stops its sweep."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -21,13 +20,17 @@ from moetune.db.jobs import GRACE_ENV, HEARTBEAT_ENV
 from moetune.tuner import queue_spec
 from moetune.tuner.spec import SweepSpec
 from moetune.tuner.tasks import canonical
+from tests.queue import held_worker
 
 pytestmark = pytest.mark.slow
 
 PROBLEM = "m=16,k=64,n=256,g=4,dtype=bf16"
 BUDGET = 4  # trials of the job's one problem
-GRID = 10  # the xla grid for PROBLEM
 CLI = [sys.executable, "-c", "from moetune.tuner.cli import main; main()"]
+# The same CLI with the candidates after the first few held until the test lets them go (held_worker.py),
+# so that a worker is stopped mid-job however slow the machine.
+HELD_CLI = [sys.executable, "-c", "import tests.queue.held_worker as w; w.main()"]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # One finalist re-timed once: the sweep's end costs little.
 SPEC = SweepSpec(
     problems=(PROBLEM,), backend="xla", baseline=False, budget=BUDGET, finalists=1, retime_rounds=1
@@ -53,6 +56,15 @@ def _cli(db_url: str, *args: str, timeout: float = 120) -> subprocess.CompletedP
 
 def _worker(db_url: str, log, *args: str) -> subprocess.Popen:
     return subprocess.Popen([*CLI, "worker", "--inline", *args], stdout=log, stderr=log, env=_env(db_url))
+
+
+def _held_worker(db_url: str, log, *args: str, after: int = 1, release=None) -> subprocess.Popen:
+    """A worker whose candidates after the first `after` wait for the file `release` (or an interrupt)."""
+    env = _env(db_url) | {held_worker.HOLD_AFTER_ENV: str(after)}
+    if release is not None:
+        env[held_worker.RELEASE_ENV] = str(release)
+    command = [*HELD_CLI, "worker", "--inline", *args]
+    return subprocess.Popen(command, stdout=log, stderr=log, env=env, cwd=ROOT)
 
 
 def _trials(db_url: str) -> dict[int, tuple[int, str]]:
@@ -91,14 +103,14 @@ def test_sigkill_mid_job_then_another_worker_resumes_it_exactly_once(db_url, tmp
     _submit(db_url)
     log_path = tmp_path / "first.log"
     with open(log_path, "w") as log:
-        first = _worker(db_url, log)
+        first = _held_worker(db_url, log, after=2)  # the third candidate waits for the kill
         _wait_for("two trials recorded", lambda: len(_trials(db_url)) >= 2, first, log_path)
         assert _stopped(first, signal.SIGKILL) == -signal.SIGKILL
     before = _trials(db_url)
     with open_store(db_url) as store:
         (job,) = store.jobs()
         assert (job.state, job.stale, job.attempts) == ("running", True, 1)
-    assert 2 <= len(before) < BUDGET
+    assert len(before) == 2
 
     second = _cli(db_url, "worker", "--inline", "--once", "--json")
     assert f"job {job.id}: its worker stopped; back in the queue" in second.stderr
@@ -138,11 +150,18 @@ def test_sigterm_puts_the_running_job_back_and_a_restarted_worker_loses_nothing(
     db_url = sqlite_url  # the claims on PostgreSQL are tested above; this test is about the worker's stop
     first_job = _submit(db_url)
     _submit(db_url, priority=-1)  # runs after the first, finding every config of its problem done
-    log_path = tmp_path / "first.log"
+    log_path, release = tmp_path / "first.log", tmp_path / "release"
     with open(log_path, "w") as log:
-        first = _worker(db_url, log)
-        _wait_for("a trial recorded", lambda: len(_trials(db_url)) >= 1, first, log_path)
-        assert _stopped(first, signal.SIGTERM) == 0
+        first = _held_worker(db_url, log, release=release)  # its second candidate is in flight, held
+        try:
+            _wait_for("a trial recorded", lambda: len(_trials(db_url)) >= 1, first, log_path)
+            first.send_signal(signal.SIGTERM)
+            _wait_for("the stop seen", lambda: "stopping:" in log_path.read_text(), first, log_path)
+            release.touch()  # the candidate in flight ends and is recorded
+            assert first.wait(timeout=60) == 0, log_path.read_text()[-3000:]
+        finally:
+            if first.poll() is None:
+                first.kill()
     output = log_path.read_text()
     assert "stopping: finishing the candidates in flight" in output
     assert "back in the queue; this worker stops" in output
@@ -161,18 +180,17 @@ def test_sigterm_puts_the_running_job_back_and_a_restarted_worker_loses_nothing(
 
 
 def test_cancelling_a_running_job_stops_its_sweep_and_the_worker_goes_on(sqlite_url, tmp_path):
-    # The whole grid: the worker sees the cancel at its next heartbeat, and BUDGET's few trials of a
-    # tiny problem can all end before that.
-    whole = dataclasses.replace(SPEC, budget=GRID)
-    job_id = _submit(sqlite_url, whole)
+    # The worker's second candidate waits for the interrupt that the cancel brings: the sweep cannot end
+    # on its own before the worker's heartbeat sees the cancel, however slow the machine.
+    job_id = _submit(sqlite_url)
     log_path = tmp_path / "worker.log"
     with open(log_path, "w") as log:
-        worker = _worker(sqlite_url, log, "--once")
+        worker = _held_worker(sqlite_url, log, "--once")  # its second candidate waits for the cancel
         try:
             _wait_for("a trial recorded", lambda: len(_trials(sqlite_url)) >= 1, worker, log_path)
             with open_store(sqlite_url) as store:
                 store.cancel_job(job_id)
-            assert worker.wait(timeout=60) == 0
+            assert worker.wait(timeout=60) == 0, log_path.read_text()[-3000:]
         finally:
             if worker.poll() is None:
                 worker.kill()
@@ -182,4 +200,4 @@ def test_cancelling_a_running_job_stops_its_sweep_and_the_worker_goes_on(sqlite_
         job = store.get_job(job_id)
         assert job.state == "cancelled"
         assert store.get_sweep(job.sweep_id).status == "interrupted"
-    assert len(_trials(sqlite_url)) < GRID
+    assert len(_trials(sqlite_url)) == 1
