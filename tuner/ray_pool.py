@@ -45,11 +45,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import ipaddress
 import itertools
 import logging
 import math
 import os
+import socket
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -193,12 +196,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
         return False
     quiet = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     if address:
-        import ray
-
-        try:
-            ray.init(address=address, **quiet)
-        except (ConnectionError, ValueError, RuntimeError) as e:
-            raise PoolError(f"cannot join the Ray cluster at {address}: {e}") from e
+        _join(address, quiet)
         return False
     cluster = local_cluster.start(num_cpus or len(os.sched_getaffinity(0)), OBJECT_STORE_BYTES)
     import ray
@@ -210,6 +208,74 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
         raise
     _local = cluster
     return True
+
+
+# Seconds a join of --ray-address may take before it is given up: Ray itself waits much longer (over ten
+# minutes for an address that drops packets) and says nothing meanwhile.
+JOIN_TIMEOUT_S = 60.0
+
+
+def _join(address: str, options: dict[str, Any]) -> None:
+    """ray.init(address), bounded by JOIN_TIMEOUT_S, failing with one line that names the address.
+
+    The GCS port is tried first (refused or unreachable: at once, or after the bound). For a loopback
+    address Ray is told to keep the node on loopback (local_cluster.LOOPBACK_ENV, read when Ray is
+    imported): otherwise it replaces 127.0.0.1 by the machine's network address, looks for the cluster's
+    raylet there, and waits for ever for a cluster that listens on loopback only."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    began = time.monotonic()
+    if "://" not in address and port.isdigit():  # HOST:PORT; "auto" and URLs go to Ray as they are
+        try:
+            socket.create_connection((host, int(port)), timeout=JOIN_TIMEOUT_S).close()
+        except OSError as e:
+            raise PoolError(f"cannot join the Ray cluster at {address}: {e.strerror or e}") from e
+    if _is_loopback(host) and "ray" not in sys.modules:  # read when Ray is imported
+        os.environ.setdefault(local_cluster.LOOPBACK_ENV, "0")
+    import ray
+
+    done: list[BaseException | None] = []
+
+    def init() -> None:
+        try:
+            ray.init(address=address, **options)
+            done.append(None)
+        except BaseException as e:  # handed to the caller's thread
+            done.append(e)
+
+    # In a thread of its own: Ray may wait inside its C++ client (for a GCS that never answers), where no
+    # signal reaches it. That thread never sets Ray's SIGTERM handler, and Ray's warning saying so is left
+    # out (the driver's default is to end at SIGTERM, which is what that handler does too).
+    worker_log = logging.getLogger("ray._private.worker")
+    level = worker_log.level
+    worker_log.setLevel(logging.ERROR)
+    try:
+        thread = threading.Thread(target=init, name="moetune-ray-join", daemon=True)
+        thread.start()
+        thread.join(max(1.0, JOIN_TIMEOUT_S - (time.monotonic() - began)))
+    finally:
+        worker_log.setLevel(level)
+    if not done:
+        raise PoolError(
+            f"cannot join the Ray cluster at {address}: no answer within {JOIN_TIMEOUT_S:.0f} s (is it a Ray "
+            "cluster's GCS address, and does it listen on an address this machine reaches?)"
+        )
+    error = done[0]
+    if isinstance(error, Exception):  # Ray's own (authentication, version mismatch) and the OS's alike
+        raise PoolError(f"cannot join the Ray cluster at {address}: {_one_line(error)}") from error
+    if error is not None:
+        raise error
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def disconnect() -> None:
