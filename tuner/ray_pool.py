@@ -197,6 +197,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
     quiet = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     if address:
         _join(address, quiet)
+        route_ray_messages()
         return False
     cluster = local_cluster.start(num_cpus or len(os.sched_getaffinity(0)), OBJECT_STORE_BYTES)
     import ray
@@ -206,8 +207,29 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
     except BaseException:
         cluster.stop()
         raise
+    route_ray_messages()
     _local = cluster
     return True
+
+
+def route_ray_messages() -> None:
+    """Send the raylet's messages that Ray's driver prints ("A worker died or was killed ...") to stderr.
+
+    Ray 2.60 prints them to stdout (worker.listen_error_messages calls print_to_stdstream with is_err
+    False, from a thread that runs while the driver is connected), where they would land before a
+    command's result (`tune --json`). Its module-level function is wrapped, since the thread looks it up
+    at each message; drop this once Ray prints them to stderr."""
+    import ray._private.worker as ray_worker
+
+    printer = getattr(ray_worker, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "_moetune_stderr", False):
+        return
+
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
+        printer({**data, "is_err": True}, ignore_prefix=ignore_prefix)
+
+    to_stderr._moetune_stderr = True  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = to_stderr
 
 
 # Seconds a join of --ray-address may take before it is given up: Ray itself waits much longer (over ten
