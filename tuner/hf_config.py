@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from moetune.kernels.errors import ConfigInvalid
+from moetune.kernels.input_files import read_input_file
 from moetune.kernels.problem import dtype_name
 from moetune.tuner.plan import DEFAULT_TOKEN_BUCKETS, ModelShapes, SharedExperts
 
@@ -146,17 +147,22 @@ def _shapes(
     )
 
 
+# A model's config.json is a few kB (DeepSeek-V3's: 1.7 kB); the cap leaves room for label maps.
+MAX_HF_CONFIG_BYTES = 1 << 20
+
+
 def _read(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigInvalid(f"{path}: not a file")
+    data = read_input_file(path, limit=MAX_HF_CONFIG_BYTES, what="--hf-config file", error=ConfigInvalid)
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigInvalid(f"{path}: cannot read it ({e})") from e
-    try:
-        config = json.loads(text)
+        config = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigInvalid(f"{path}: not UTF-8 text (byte {e.start})") from None
     except json.JSONDecodeError as e:
-        raise ConfigInvalid(f"{path}: not JSON ({e.msg} at line {e.lineno})") from e
+        raise ConfigInvalid(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise ConfigInvalid(f"{path}: JSON nested too deeply") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise ConfigInvalid(f"{path}: not valid JSON ({' '.join(str(e).split())})") from None
     if not isinstance(config, dict):
         raise ConfigInvalid(f"{path}: a config.json holds one object; this holds a {type(config).__name__}")
     return config

@@ -36,7 +36,10 @@ def load_yaml(data: bytes, source: str) -> Any:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigInvalid(f"{source}: not UTF-8 text (byte {e.start})") from None
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)  # its reader refuses control characters here, at once
+    except yaml.YAMLError as e:
+        raise ConfigInvalid(f"{source}: not valid YAML ({' '.join(str(e).split())})") from None
     try:
         node = loader.get_single_node()
         if node is None:

@@ -330,6 +330,8 @@ cases(
     tune_sweep("a date that is not one", "models: [tiny]\narch: 2026-13-01\n"),
     tune_sweep("a database URL with a newline", 'models: [tiny]\ndb: "sqlite:///a\\nb"\n'),
     tune_sweep("a path past 4096 characters", f"models: [{'x' * 5000}]\n"),
+    tune_sweep("an escape character", "models: [tiny]\nseed: 1\x1b\n"),
+    tune_sweep("a control character in a comment", "models: [tiny]  # \x08\n"),
 )
 
 cases(
@@ -363,6 +365,27 @@ cases(
     tune_model("unknown dtype", MODEL + "dtype: int8\n"),
     tune_model("unknown activation", MODEL + "activation: relu6\n"),
     tune_model("transpose_rhs a string", MODEL + 'transpose_rhs: "no"\n'),
+    tune_model("a NUL in a value", MODEL.replace("name: m", "name: m\x00")),
+    tune_model("a control character in a quoted value", MODEL.replace("name: m", 'name: "m\x01"')),
+    tune_model("DEL in a key", MODEL + "top\x7f: 1\n"),
+)
+
+
+def tune_hf(name: str, text: str | bytes | Special, **options: Any) -> Case:
+    return c(name, "tune", "--hf-config", "{tmp}/config.json", "--db", "{db}", files={"config.json": text})
+
+
+cases(
+    "tune: --hf-config files",
+    tune_hf("a directory", Special.DIRECTORY),
+    tune_hf("a FIFO", Special.FIFO),
+    c("/dev/zero", "tune", "--hf-config", "/dev/zero", "--db", "{db}"),
+    tune_hf("past the size cap", Special.HUGE),
+    tune_hf("not UTF-8", b'{"model_type": "\xff"}'),
+    tune_hf("not JSON", "{ model_type: mixtral"),
+    tune_hf("integer of 5000 digits", '{"model_type": "mixtral", "hidden_size": ' + "9" * 5000 + "}"),
+    tune_hf("nested 100,000 deep", "[" * 100_000 + "]" * 100_000),
+    tune_hf("an object nested 100,000 deep", '{"a":' * 100_000 + "1" + "}" * 100_000),
 )
 
 cases(

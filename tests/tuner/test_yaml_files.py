@@ -97,3 +97,15 @@ def test_every_yaml_read_of_the_package_goes_through_this_module():
                     ):
                         users.append(f"{path.relative_to(root)}: yaml.{node.attr}")
     assert users == [], users
+
+
+CONTROLS = [chr(c) for c in [*range(0x00, 0x20), 0x7F] if chr(c) not in "\t\n\r"]
+
+
+@pytest.mark.parametrize("char", CONTROLS, ids=lambda c: f"U+{ord(c):04X}")
+def test_every_control_character_is_one_line(char):
+    """PyYAML's reader refuses these code points when the loader is made: one line naming the file too."""
+    for text in (f"name: m{char}\n", f'name: "m{char}"\n', f"# {char}\nname: m\n"):
+        with pytest.raises(ConfigInvalid, match=r"^m\.yaml: not valid YAML") as info:
+            load_yaml(text.encode(), "m.yaml")
+        assert "\n" not in str(info.value)
