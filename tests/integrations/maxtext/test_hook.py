@@ -10,7 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-pytest.importorskip("maxtext", reason="MaxText is not installed (pip install 'moetune[maxtext]')")
+from tests.requires import require
+
+require("maxtext", extra="maxtext")
 
 from maxtext.layers import moe  # noqa: E402
 

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("maxtext", reason="MaxText is not installed (pip install 'moetune[maxtext]')")
+from tests.requires import require
+
+require("maxtext", extra="maxtext")
 
 from moetune.integrations import maxtext as plugin  # noqa: E402
 from tests.integrations.maxtext import tiny_model  # noqa: E402

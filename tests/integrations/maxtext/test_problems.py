@@ -8,7 +8,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-pytest.importorskip("maxtext", reason="MaxText is not installed (pip install 'moetune[maxtext]')")
+from tests.requires import require
+
+require("maxtext", extra="maxtext")
 
 from moetune.integrations.maxtext.problems import Target, planned_problems  # noqa: E402
 from moetune.kernels.errors import ConfigInvalid  # noqa: E402

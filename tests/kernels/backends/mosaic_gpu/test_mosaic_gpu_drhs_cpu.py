@@ -11,9 +11,11 @@ import math
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
+from tests.requires import require
+
+jax = require("jax")
 jnp = jax.numpy
-plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
+plgpu = require("jax.experimental.pallas.mosaic_gpu")
 
 from moetune.kernels.backends.mosaic_gpu import BACKEND, hardware, kernel_drhs, tiling  # noqa: E402
 from moetune.kernels.backends.mosaic_gpu import space_drhs as space  # noqa: E402

@@ -13,9 +13,11 @@ import random
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
+from tests.requires import require
+
+jax = require("jax")
 jnp = jax.numpy
-plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
+plgpu = require("jax.experimental.pallas.mosaic_gpu")
 
 from moetune.kernels.backends.mosaic_gpu import (  # noqa: E402
     kernel_sm90,

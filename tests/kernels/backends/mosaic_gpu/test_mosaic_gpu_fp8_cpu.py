@@ -16,9 +16,11 @@ import functools
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
+from tests.requires import require
+
+jax = require("jax")
 jnp = jax.numpy
-plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
+plgpu = require("jax.experimental.pallas.mosaic_gpu")
 
 from moetune.kernels import ops  # noqa: E402
 from moetune.kernels.backends.mosaic_gpu import cost_model as cost  # noqa: E402

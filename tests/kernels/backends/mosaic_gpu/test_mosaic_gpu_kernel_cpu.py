@@ -17,9 +17,11 @@ import types
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
+from tests.requires import require
+
+jax = require("jax")
 jnp = jax.numpy
-plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
+plgpu = require("jax.experimental.pallas.mosaic_gpu")
 
 from moetune.kernels.backends.mosaic_gpu import kernel_sm90, schedule, tiling, timer  # noqa: E402
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C  # noqa: E402
