@@ -16,12 +16,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LAB_NAMES = ("moetune_lab", "lab", "benchmarks")
 # Edges left out of the cycle check, each with its reason; the last test fails once one is no longer
-# needed, so the list only shrinks. Both come from the command line living in tuner/cli, above everything:
-# the MaxText integration builds the tuner's PlannedProblem while `tune --maxtext` (and a sweep file's
-# maxtext:) read the integration's targets; the service runs the tuner's jobs while `moetune serve` starts
-# the service. The way out is the CLI (and PlannedProblem) in a layer of their own.
+# needed, so the list only shrinks. The service runs the tuner's jobs while `moetune serve`, in the
+# command line that lives in tuner/cli, starts the service: the way out is the CLI in a layer of its own.
 KNOWN_EDGES = {
-    ("tuner", "integrations"): "tune --maxtext, sweep files' maxtext: read the integration's targets",
     ("tuner", "service"): "moetune serve starts the service from the tuner's CLI",
 }
 

@@ -49,7 +49,8 @@ def maxtext_problems(spec: SweepSpec) -> list[PlannedProblem]:
         return []
     from moetune.integrations.maxtext.problems import Target, planned_problems
 
-    return planned_problems(Target.from_dict(spec.maxtext, "maxtext"))
+    traced = planned_problems(Target.from_dict(spec.maxtext, "maxtext"))
+    return [PlannedProblem(t.problem, t.label, t.tokens, t.filled_rows) for t in traced]
 
 
 def store_problems(

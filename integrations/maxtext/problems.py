@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from moetune.kernels.errors import ConfigInvalid
-from moetune.tuner.plan import PlannedProblem, _positive_int
+from moetune.kernels.problem import Problem
 
 WORKLOADS = ("train", "prefill", "decode")
 # A trace imports MaxText (about ten seconds) and traces one layer per workload (under a second each).
@@ -44,6 +44,28 @@ TRACE_TIMEOUT_S = 600.0
 _OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*=.*")
 # The last line a trace prints: its result or its one-line error, as JSON.
 RESULT_PREFIX = "moetune-maxtext-trace: "
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedProblem:
+    """One GEMM a traced workload dispatched: its Problem, a label ("<config> train T=64 wi forward"), the
+    shard's tokens T, and the rows its groups fill (fewer than m where MaxText pads its buffers). The
+    tuner plans it as a PlannedProblem of the same fields; the integration stays below the tuner."""
+
+    problem: Problem
+    label: str
+    tokens: int
+    filled_rows: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"problem": self.problem.to_dict(), "label": self.label, "tokens": self.tokens,
+                "filled_rows": self.filled_rows}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TracedProblem:
+        return cls(
+            Problem.from_dict(data["problem"]), str(data["label"]), data["tokens"], data["filled_rows"]
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +87,9 @@ class Target:
         for item in self.overrides:
             if not isinstance(item, str) or not _OVERRIDE.fullmatch(item):
                 raise ConfigInvalid(f"MaxText override {item!r} is not key=value")
-        if self.devices is not None:
-            _positive_int("MaxText devices", self.devices)
+        devices = self.devices
+        if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
+            raise ConfigInvalid(f"MaxText devices={devices!r} must be a positive integer")
         unknown = sorted(set(self.workloads) - set(WORKLOADS))
         if unknown or not self.workloads:
             raise ConfigInvalid(
@@ -100,7 +123,7 @@ class Target:
         return cls(**{**data, "config": config})
 
 
-def planned_problems(target: Target) -> list[PlannedProblem]:
+def planned_problems(target: Target) -> list[TracedProblem]:
     """The problems of `target` (module docstring), from a trace in a child process, traced once per
     process (a sweep asks before it opens anything, and again when it plans). Raises ConfigInvalid with
     the trace's one-line reason when MaxText refuses the config or the plug-in cannot serve it."""
@@ -108,7 +131,7 @@ def planned_problems(target: Target) -> list[PlannedProblem]:
 
 
 @functools.cache
-def _traced(target: Target) -> tuple[PlannedProblem, ...]:
+def _traced(target: Target) -> tuple[TracedProblem, ...]:
     if not Path(target.config).is_file():
         raise ConfigInvalid(f"MaxText config {target.config}: not a file")
     command = [sys.executable, "-m", "moetune.integrations.maxtext.trace", json.dumps(target.to_dict())]
@@ -130,4 +153,4 @@ def _traced(target: Target) -> tuple[PlannedProblem, ...]:
     result = json.loads(lines[-1].removeprefix(RESULT_PREFIX))
     if "error" in result:
         raise ConfigInvalid(f"{target.config}: {result['error']}")
-    return tuple(PlannedProblem.from_dict(item) for item in result["problems"])
+    return tuple(TracedProblem.from_dict(item) for item in result["problems"])

@@ -65,8 +65,8 @@ def _workload(config: Any, mesh: Any, name: str, workload: str) -> list[Any]:
 
     from moetune.integrations.maxtext import hook
     from moetune.integrations.maxtext.layer import routed_moe
+    from moetune.integrations.maxtext.problems import TracedProblem
     from moetune.kernels.api import recording
-    from moetune.tuner.plan import PlannedProblem
 
     seq = {"train": config.max_target_length, "prefill": config.max_prefill_predict_length, "decode": 1}[
         workload
@@ -104,7 +104,7 @@ def _workload(config: Any, mesh: Any, name: str, workload: str) -> list[Any]:
         weight_rows = problem.n if problem.transpose_rhs else problem.k
         part = "wi" if weight_rows == config.emb_dim else "wo"
         label = f"{name} {workload} T={tokens} {part} {_pass(problem)}"
-        planned[problem] = PlannedProblem(problem, label, tokens, min(problem.m, rows))
+        planned[problem] = TracedProblem(problem, label, tokens, min(problem.m, rows))
     return list(planned.values())
 
 
