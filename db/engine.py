@@ -136,11 +136,22 @@ def check_files(engine: Engine) -> None:
 
 
 def _read_only_uri(url: URL) -> URL:
-    """The SQLite URL as a `mode=ro` URI: the file is opened for reading and never created."""
+    """The SQLite URL as a `mode=ro` URI: the file is opened for reading and never created.
+
+    A WAL database in a folder nobody can write to (a read-only mount, an archive) has no -shm that a
+    reader could create, so SQLite cannot open it even to read; it is opened `immutable` then, with no
+    locks and no -shm. No writer can be at work there (it could not make its -wal either); a -wal and
+    -shm left there by one are read as they are, without `immutable`."""
     database = url.database or ""
+    path = urls.sqlite_file(url)
+    query = {"mode": "ro", "uri": "true"}
+    if path is not None and not os.access(path.parent, os.W_OK):
+        sides = [Path(f"{path}{side}") for side in ("-wal", "-shm")]
+        if not all(side.exists() for side in sides):
+            query["immutable"] = "1"
     if not database.startswith("file:"):
         database = "file:" + urllib.parse.quote(database)
-    return url.set(database=database).update_query_dict({"mode": "ro", "uri": "true"})
+    return url.set(database=database).update_query_dict(query)
 
 
 def writer(engine: Engine) -> Engine:

@@ -212,6 +212,7 @@ cases(
     tune_flags("the same routing twice", "--routing", "balanced,balanced"),
     tune_flags("empty routing", "--routing", ","),
     tune_flags("missing routing file", "--routing", "{tmp}/missing.npy"),
+    tune_flags("a plan for a backend this machine cannot run", "--backend", "mosaic_gpu", "--dry-run"),
     tune_flags("compile-only without a backend", "--compile-only"),
     tune_flags("compile-only on a backend without it", "--compile-only", "--backend", "xla"),
     tune_flags("compile-only with tpe", "--compile-only", "--strategy", "tpe", "--backend", "xla"),
@@ -447,6 +448,11 @@ cases(
         *("--db", "{db}"),
         db="tuned",
     ),
+    c(
+        "rollback of a database not created",
+        *("rollback", "--gpu", "NVIDIA H200", "--backend", "mosaic_gpu", "--problem", "nokey"),
+        *("--db", "{db}"),
+    ),
     c("db upgrade: unknown revision", "db", "upgrade", "--revision", "nosuch", "--db", "{db}"),
     c("db upgrade: not a URL", "db", "upgrade", "--db", "not a url"),
     c("db downgrade without --yes", "db", "downgrade", "base", "--db", "{db}", db="tuned"),
@@ -664,6 +670,7 @@ cases(
     c("jobs cancel: no such job", "jobs", "cancel", "9", "--db", "{db}", db="tuned"),
     c("jobs cancel of a database not created", "jobs", "cancel", "1", "--db", "{db}"),
     c("worker: not a database URL", "worker", "--once", "--db", "not a url"),
+    c("worker --once of a database not created", "worker", "--once", "--db", "{db}"),
 )
 
 cases(

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from moetune.db import open_store
 from moetune.db.leases import Owner
 from moetune.tuner.cli import _load_commands, app
-from tests.db.db_factories import H200, age_heartbeat, trial
+from tests.db.db_factories import H200, age_heartbeat, set_immutable, trial
 from tests.tuner.test_cli_db import snapshot
 
 _load_commands()
@@ -140,3 +140,20 @@ def test_best_on_a_fresh_install_lists_the_shipped_packs_and_creates_nothing(tmp
     # Without the packs there is nothing to list: the missing database is the error.
     result = CliRunner().invoke(app, ["best", "--no-packs"])
     assert result.exit_code == 2 and "no database at" in result.stderr
+
+
+@pytest.mark.parametrize("args", [a for a in READERS if "OUT" not in a], ids=lambda a: a[0])
+def test_a_wal_database_in_a_folder_nobody_can_write_is_read(tmp_path, args, fake_backend):
+    """No reader can create the -shm a WAL database needs there: it is opened immutable instead."""
+    folder = tmp_path / "archive"
+    folder.mkdir()
+    url = f"sqlite:///{folder / 'moetune.db'}"
+    filled(url)
+    assert sorted(p.name for p in folder.iterdir()) == ["moetune.db"]  # WAL mode, its -wal checkpointed
+    set_immutable(folder, True)  # a read-only folder, root included
+    try:
+        result = cli(args, url, tmp_path / "out.file")
+    finally:
+        set_immutable(folder, False)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in folder.iterdir()) == ["moetune.db"]

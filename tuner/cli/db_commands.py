@@ -53,12 +53,18 @@ app.add_typer(db_app, name="db")
 
 
 @contextlib.contextmanager
-def opened_store(db: str | None, *, check_schema: bool = True, read_only: bool = False) -> Iterator[Store]:
+def opened_store(
+    db: str | None, *, check_schema: bool = True, read_only: bool = False, existing: bool = False
+) -> Iterator[Store]:
     """The store for --db (one that never writes, with `read_only`); any moetune error (database,
-    schema, pack) ends the command via fail()."""
+    schema, pack) ends the command via fail(). With `existing`, a database not created yet (or holding
+    no tables) is refused as it is, not created and migrated: a command that changes what is there
+    (rollback) has nothing to work on in it."""
     from moetune.db import open_store
 
     try:
+        if existing:
+            refuse_missing_database(db)
         store = open_store(db, check_schema=check_schema, read_only=read_only)
     except MoetuneError as e:
         fail(str(e))
@@ -68,6 +74,17 @@ def opened_store(db: str | None, *, check_schema: bool = True, read_only: bool =
         fail(str(e))
     finally:
         store.close()
+
+
+def refuse_missing_database(db: str | None) -> None:
+    """NoDatabase (naming the fix) when `db` does not exist yet or holds no tables; creates nothing."""
+    from moetune.db import Store
+
+    probe = Store(db)
+    try:
+        probe.check_readable()
+    finally:
+        probe.close()
 
 
 def say(message: str) -> None:
@@ -303,7 +320,7 @@ def rollback(
 
     if (gpu is None) == (fingerprint is None):
         fail("give exactly one of --gpu or --fingerprint")
-    with opened_store(db) as store:
+    with opened_store(db, existing=True) as store:
         restored = store.rollback(
             backend=backend, problem_key=problem, fingerprint_hash=fingerprint, device_kind=gpu
         )

@@ -448,7 +448,7 @@ def run_sweep(
     from moetune.db import open_store
     from moetune.db.leases import Owner
 
-    store = open_store(spec.db)
+    store = _plan_store(spec.db) if dry_run else open_store(spec.db)
     owner = Owner.here()
     try:
         if dry_run:
@@ -468,6 +468,21 @@ def run_sweep(
             )
     finally:
         store.close()
+
+
+def _plan_store(db: str | None):
+    """What a plan (--dry-run) reads, which it never writes: the database read-only where it exists,
+    else an empty one in memory (a plan of a database not created yet creates none)."""
+    from moetune.db import Store, open_store
+
+    probe = Store(db)
+    try:
+        state = probe.schema_state()  # creates nothing
+    finally:
+        probe.close()
+    if state.status in ("missing", "empty"):
+        return open_store("sqlite://")
+    return open_store(db, read_only=True)
 
 
 def _sweep(

@@ -89,6 +89,10 @@ def worker(
 
     try:
         jobs.grace_s(), jobs.heartbeat_s()  # a bad $MOETUNE_JOB_* fails now, in one line
+        if once:  # a database not created holds no jobs: nothing to create it for
+            from moetune.tuner.cli.db_commands import refuse_missing_database
+
+            refuse_missing_database(db)
         store = open_store(db)
     except MoetuneError as e:
         fail(str(e))
