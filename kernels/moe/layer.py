@@ -54,7 +54,7 @@ import jax.numpy as jnp
 from moetune.kernels import ops
 from moetune.kernels.api import call_op, explain, grouped_matmul, problem_of
 from moetune.kernels.errors import ConfigInvalid, Unsupported
-from moetune.kernels.moe import pallas_mode, routing_kernel
+from moetune.kernels.moe import decode_block, pallas_mode, routing_kernel
 from moetune.kernels.moe.reference import check_moe_args, gated_activation
 from moetune.kernels.problem import GROUPED_MATMUL, Problem, dtype_name
 
@@ -263,6 +263,7 @@ def moe_mlp(
     w_down_scale: Array | None = None,
     scale_layout: str = "none",
     transpose_weights: bool = False,
+    decode_mode: str = "auto",
 ) -> Array:
     """Routed MoE MLP: out[t] = sum over t's top-k experts e of w[t, e] * down_e(act(gate_up_e(x[t]))).
 
@@ -283,6 +284,9 @@ def moe_mlp(
     `scale_layout`; the activations are then quantized on the fly in that layout (kernels/moe/fp8.py).
     With `transpose_weights` FP8 weights are K-major, [E, 2F, H] and [E, H, F]: the layout the Hopper
     FP8 kernel reads (quantize_weights(..., transpose=True) makes them).
+    `decode_mode` says when the fused decode block (decode_block.py: two kernels, routing included)
+    replaces this path: "auto" where `decode_choice` picks it, "kernel" wherever it fits on a GPU,
+    "interpret" wherever it fits in Pallas's interpreter (CPU tests), "xla" never.
     """
     if scale_layout != "none":
         if group_offset is not None:
@@ -301,9 +305,108 @@ def moe_mlp(
     # A local slice is checked as the whole layer's weights would be.
     whole = [w if group_offset is None else _all_experts(w, router_logits) for w in (w_gate_up, w_down)]
     check_moe_args(x, router_logits, *whole, top_k=top_k, activation=activation)
+    choice = decode_choice(x, router_logits, w_gate_up, top_k, activation, backend, fuse, decode_mode)
+    if choice.config is not None:
+        return _decode_forward(
+            (top_k, renormalize, choice.config, choice.interpret, backend),
+            x, router_logits, w_gate_up, w_down, group_offset,
+        )  # fmt: skip
     routing, rows = route_rows(router_logits, top_k, renormalize, routing_mode)
     options = dict(activation=activation, backend=backend, fuse=fuse, group_offset=group_offset)
     return moe_mlp_sorted(_permute(x, rows), routing, rows, w_gate_up, w_down, **options)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeChoice:
+    """Whether `moe_mlp` runs the fused decode block (`config` set) or the unfused path, and why."""
+
+    config: decode_block.DecodeConfig | None
+    interpret: bool
+    reason: str
+
+
+# Where the fused block beat the unfused path on the H200 (bf16, CUPTI, 2026-12-04): fine-grained
+# experts (F <= 1024, E <= 128) at T*top_k <= 8, with this config: Qwen3-30B-A3B at T=1 ran in 0.039 ms
+# against 0.054 ms. It lost everywhere else it was timed (Mixtral-8x7B, Qwen3-Next-80B-A3B, T >= 8), so
+# "auto" keeps the unfused path there until the op is tuned.
+DECODE_WIN_ROWS = 8
+DECODE_WIN_EXPERTS = 128
+DECODE_WIN_INTERMEDIATE = 1024
+DECODE_CONFIG = decode_block.DecodeConfig(block_h=128, down_split=8)
+
+
+def decode_choice(
+    x: Any,
+    router_logits: Any,
+    w_gate_up: Any,
+    top_k: int,
+    activation: str = "swiglu",
+    backend: str | None = None,
+    fuse: bool = True,
+    decode_mode: str = "auto",
+) -> DecodeChoice:
+    """The fused decode block's config where `moe_mlp` takes it for these operands, with the reason
+    (16-bit experts only: FP8 ones take moe_mlp_fp8's unfused path)."""
+    mode = pallas_mode.check(decode_mode, "decode_mode")
+    tokens, hidden = x.shape
+    experts = router_logits.shape[1]
+    inter = w_gate_up.shape[2] // 2
+    decline = lambda why: DecodeChoice(None, False, why)  # noqa: E731
+    if mode == "xla":
+        return decline("decode_mode='xla'")
+    if not fuse or activation != "swiglu":
+        return decline(f"fuse={fuse}, activation={activation!r}: the block fuses swiglu only")
+    if jnp.dtype(x.dtype) not in (jnp.bfloat16, jnp.float16, jnp.float32) or w_gate_up.dtype != x.dtype:
+        return decline(f"x {x.dtype}, weights {w_gate_up.dtype}: the block takes one 16- or 32-bit dtype")
+    reason = decode_block.unfit_reason(tokens, experts, top_k, hidden, inter, DECODE_CONFIG)
+    if reason is not None:
+        return decline(reason)
+    if mode == "interpret":
+        return DecodeChoice(DECODE_CONFIG, True, "decode_mode='interpret'")
+    if mode == "auto" and jax.default_backend() != "gpu":
+        return decline("not on a GPU")
+    capability = str(getattr(jax.devices()[0], "compute_capability", ""))
+    if backend not in (None, "mosaic_gpu") or capability != "9.0":
+        return decline(
+            f"backend={backend}, compute capability {capability!r}: the block is for mosaic_gpu on sm90"
+        )
+    if mode == "kernel":
+        return DecodeChoice(DECODE_CONFIG, False, "decode_mode='kernel'")
+    if tokens * top_k > DECODE_WIN_ROWS or experts > DECODE_WIN_EXPERTS or inter > DECODE_WIN_INTERMEDIATE:
+        return decline(
+            f"T*top_k={tokens * top_k}, E={experts}, F={inter}: measured slower than the unfused path "
+            f"beyond T*top_k {DECODE_WIN_ROWS}, E {DECODE_WIN_EXPERTS}, F {DECODE_WIN_INTERMEDIATE}"
+        )
+    return DecodeChoice(DECODE_CONFIG, False, "measured faster than the unfused path at these sizes")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _decode_forward(static, x, router_logits, w_gate_up, w_down, group_offset):
+    """The fused block forward; its backward is the unfused path's (recomputed), since the block has none."""
+    top_k, renormalize, config, interpret, _ = static
+    return decode_block.decode_block(
+        x, router_logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize,
+        group_offset=group_offset, config=config, interpret=interpret,
+    )  # fmt: skip
+
+
+def _decode_fwd(static, x, router_logits, w_gate_up, w_down, group_offset):
+    out = _decode_forward(static, x, router_logits, w_gate_up, w_down, group_offset)
+    return out, (x, router_logits, w_gate_up, w_down, group_offset)
+
+
+def _decode_bwd(static, saved, cotangent):
+    top_k, renormalize, _, _, backend = static
+    *diff, group_offset = saved
+    unfused = lambda *a: moe_mlp(  # noqa: E731
+        *a, top_k=top_k, renormalize=renormalize, backend=backend, group_offset=group_offset,
+        decode_mode="xla",
+    )  # fmt: skip
+    _, vjp = jax.vjp(unfused, *diff)
+    return (*vjp(cotangent), None)
+
+
+_decode_forward.defvjp(_decode_fwd, _decode_bwd)
 
 
 def _all_experts(local: Array, router_logits: Array) -> jax.ShapeDtypeStruct:

@@ -91,3 +91,27 @@ def test_rows_gathered_elsewhere_with_nan_padding_give_the_same_layer(weights, t
     want = jax.jit(lambda *a: moe_mlp(*a, top_k=TOP_K, fuse=fuse))(x, logits, w_gate_up, w_down)
     assert bool(jnp.all(jnp.isfinite(got)))
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 64])
+def test_group_offset_shard_sums_its_local_experts_against_the_reference(weights, tokens):
+    # The unfused expert-parallel forward: each shard's result is the layer's with the other experts
+    # zeroed, and the shards add up to the whole layer.
+    w_gate_up, w_down = weights
+    k1, k2 = jax.random.split(jax.random.key(100 + tokens))
+    x = jax.random.normal(k1, (tokens, HIDDEN), jnp.bfloat16)
+    logits = jax.random.normal(k2, (tokens, EXPERTS), jnp.float32)
+    half = EXPERTS // 2
+    shard = jax.jit(lambda x, g, a, b, o: moe_mlp(x, g, a, b, top_k=TOP_K, group_offset=o, decode_mode="xla"))
+    reference = jax.jit(lambda *a: moe_mlp_reference(*a, top_k=TOP_K))
+    f32 = [a.astype(jnp.float32) for a in (x, logits, w_gate_up, w_down)]
+    total = 0
+    for start in (0, half):
+        offset = jnp.array([start], jnp.int32)
+        out = shard(x, logits, w_gate_up[start : start + half], w_down[start : start + half], offset)
+        keep = (jnp.arange(EXPERTS) >= start) & (jnp.arange(EXPERTS) < start + half)
+        masked = [jnp.where(keep[:, None, None], w, 0) for w in f32[2:]]
+        want = reference(f32[0], f32[1], *masked)
+        assert _rel_l2(out, want) < 2e-2
+        total = total + out.astype(jnp.float32)
+    assert _rel_l2(total, reference(*f32)) < 2e-2

@@ -99,3 +99,33 @@ def test_kernels_lower_to_two_triton_calls_for_an_h200(triton_lowering_for_h200)
         )
         text = block.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
         assert text.count("__gpu$xla.gpu.triton") == 2 and "moetune_decode_down" in text
+
+
+def test_moe_mlp_chooses_the_block_by_mode_and_bound_and_says_why():
+    from moetune.kernels.moe import layer
+
+    x, logits, w_gate_up, w_down = _inputs(2, 8, 256, 128)
+    choose = lambda **kw: layer.decode_choice(x, logits, w_gate_up, 2, **kw)  # noqa: E731
+    assert choose().config is None and choose().reason == "not on a GPU"
+    assert choose(decode_mode="interpret").interpret and choose(decode_mode="interpret").config is not None
+    assert choose(decode_mode="xla").reason == "decode_mode='xla'"
+    assert choose(decode_mode="interpret", fuse=False).config is None
+    assert choose(decode_mode="interpret", activation="geglu").config is None
+    with pytest.raises(ConfigInvalid, match="decode_mode"):
+        choose(decode_mode="fast")
+    big = jnp.zeros((40, 256), jnp.float32)
+    assert (
+        layer.decode_choice(big, jnp.zeros((40, 8)), w_gate_up, 2, decode_mode="interpret").reason
+        == "T=40 > 32"
+    )
+    out = layer.moe_mlp(x, logits, w_gate_up, w_down, top_k=2, decode_mode="interpret")
+    want = moe_mlp_reference(x, logits, w_gate_up, w_down, top_k=2)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-4, atol=1e-5)
+    # Its backward is the unfused path's.
+    grad = jax.grad(
+        lambda x: layer.moe_mlp(x, logits, w_gate_up, w_down, top_k=2, decode_mode="interpret").sum()
+    )
+    unfused = jax.grad(
+        lambda x: layer.moe_mlp(x, logits, w_gate_up, w_down, top_k=2, decode_mode="xla").sum()
+    )
+    np.testing.assert_allclose(np.asarray(grad(x)), np.asarray(unfused(x)), rtol=1e-5, atol=1e-6)
