@@ -4,12 +4,14 @@ layer.py           routing, sort by expert, gate_up (+ SwiGLU), down, combine: `
 fp8.py             `moe_mlp` on FP8 expert weights, activations quantized on the fly
 reference.py       argument checks, gated activations, the dense all-experts reference
 routing_kernel.py  decode-sized routing and sort in one Pallas Triton kernel
+decode_block.py    the whole block at decode sizes in two Pallas Triton kernels (routing included)
 """
 
 from moetune.kernels.moe.fp8 import moe_mlp_fp8, quantize_weights
 from moetune.kernels.moe.layer import (
     Routing,
     SortedRows,
+    decode_choice,
     moe_mlp,
     moe_mlp_sorted,
     moe_mlp_using,
@@ -25,6 +27,7 @@ from moetune.kernels.moe.reference import moe_mlp_reference
 __all__ = [
     "Routing",
     "SortedRows",
+    "decode_choice",
     "moe_mlp",
     "moe_mlp_fp8",
     "moe_mlp_reference",
