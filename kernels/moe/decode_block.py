@@ -29,8 +29,9 @@ router logits, 2026-12-04), against the touched experts' weight bytes at 4.69 TB
 (2.1 TB/s), kernel 2 15.2 us for 25 MB (1.7 TB/s). Slower than the unfused path everywhere else timed:
 Mixtral-8x7B at T=1 0.31 ms against 0.17 ms (kernel 2 streams at 1.4 TB/s: too few H tiles x splits in
 flight); Qwen3-Next-80B-A3B at T=1 0.055 ms, a tie (kernel 1 spends most of its 42 us routing E=512 in
-every program), and from T=8 (Qwen models) the per-program routing grows with T*E until T=32 at E=512 is
-milliseconds. So `moe_mlp` takes this block only where it won (layer.decode_choice); reaching the roofline
+every program). At T=2 and 4 kernel 1 is the larger share (Qwen3-30B-A3B T=4: 77 of 110 us); at T=32 and
+E=512 the block takes milliseconds, which (by inference, not profiled) is the per-program routing over
+[32, 512] arrays: the weight bytes there are a few times T=8's. So `moe_mlp` takes this block only where it won (layer.decode_choice); reaching the roofline
 needs kernel 1's routing done once (not per program) and deeper weight streams in both kernels.
 
 Numerics: GEMMs take the inputs' dtype and accumulate in float32; hidden is rounded to x's dtype (as the
