@@ -106,7 +106,9 @@ def create_app(settings: ServiceSettings) -> FastAPI:
 
     # Middleware added later runs earlier: HostCheck, then CORS (so a kept answer gets its headers too),
     # then the cache of listings and pages.
-    app.add_middleware(ListingCache, settings=settings)
+    app.add_middleware(
+        ListingCache, settings=settings, version=lambda: packs_api.winners_version(app.state.store)
+    )
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 

@@ -12,7 +12,8 @@ ASGI middleware) and keeps each 200 answer of a cached GET, keyed by its path an
   - older: still served at once, and one re-render is started in the background (stale while
     revalidate), so a slow render holds up no client after the first;
   - never rendered: the first request renders it, and every request meanwhile awaits that one render
-    (single flight), as the packs' cache does (service/packs_api.py).
+    (single flight), as the packs' cache does (service/packs_api.py). A pack (FRESH_ONLY) is never served
+    stale: once older than CACHE_S the next request awaits its re-read.
 
 Each body carries a strong ETag (a hash of its bytes); a request whose If-None-Match names it gets 304.
 Data is at most about CACHE_S old, plus one render. Only 200s are kept; errors pass through every time.
@@ -28,8 +29,10 @@ import dataclasses
 import hashlib
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from moetune.service.auth import token_matches
@@ -41,26 +44,36 @@ MAX_ENTRIES = 512
 MAX_BODY_BYTES = 8 << 20  # a larger answer is served but not kept
 # GET routes whose answers are kept (prefixes of the path): the read API's listings and the pages.
 # /api/health too: it reads the database's schema revision, which costs as much as a listing.
-CACHED = ("/api/health", "/api/winners", "/api/sweeps", "/api/misses", "/api/jobs")
-CACHED_PAGES = ("/", "/winners", "/misses", "/stale", "/jobs")
+CACHED = ("/api/health", "/api/winners", "/api/sweeps", "/api/misses", "/api/jobs", "/api/packs")
+# Never served older than CACHE_S: an expired pack is read again before it is answered (single flight,
+# as packs_api's own cache does), so a client that polls after a promotion gets the new winner, never the
+# copy before it. The packs' ETag here is packs_api's (the same hash of the same bytes).
+FRESH_ONLY = ("/api/packs",)
+CACHED_PAGES = ("/", "/winners", "/misses", "/stale", "/jobs", "/compare")
 CACHED_PAGE_PREFIXES = ("/sweeps/", "/jobs/", "/parts/")
 
 
 @dataclasses.dataclass
 class _Entry:
     read_at: float
-    lifetime_s: float
+    render_s: float  # what reading it took
     used_at: float
     status: int
     headers: list[tuple[bytes, bytes]]
     body: bytes
     etag: bytes
+    version: Any = None  # a FRESH_ONLY answer's data version when it was read (`version`)
 
 
 def cached_path(path: str) -> bool:
     return (
         path.startswith(CACHED) or path in CACHED_PAGES or path.startswith(("/sweeps/", "/jobs/", "/parts/"))
     )
+
+
+def _lifetime_s(path: str, entry: _Entry) -> float:
+    """How long a kept answer is served as it is: CACHE_S, or RENDER_SHARE times its render."""
+    return CACHE_S if path.startswith(FRESH_ONLY) else max(CACHE_S, RENDER_SHARE * entry.render_s)
 
 
 def etag_of(body: bytes) -> bytes:
@@ -73,9 +86,14 @@ def _matches(if_none_match: bytes, etag: bytes) -> bool:
 
 
 class ListingCache:
-    def __init__(self, app: ASGIApp, settings: Any) -> None:
+    """`version`: a cheap read of what FRESH_ONLY answers are made from (the winners table's count and
+    newest changes): an expired pack whose version has not moved is kept another CACHE_S without being
+    rendered again, so the requests waiting on it wait for one small query, not a render."""
+
+    def __init__(self, app: ASGIApp, settings: Any, version: Callable[[], Any] | None = None) -> None:
         self.app = app
         self.settings = settings
+        self.version = version
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
         self._rendering: dict[bytes, asyncio.Task] = {}
 
@@ -106,8 +124,14 @@ class ListingCache:
             if entry is None:  # not a 200, or too large to keep: the app answers this request itself
                 await self.app(scope, receive, send)
                 return
-        elif now - entry.read_at > entry.lifetime_s and key not in self._rendering:
-            self._start(key, scope)  # stale while revalidate: this request gets the copy at hand
+        elif now - entry.read_at > _lifetime_s(scope["path"], entry):
+            if scope["path"].startswith(FRESH_ONLY):
+                entry = await self._render(key, scope)
+                if entry is None:
+                    await self.app(scope, receive, send)
+                    return
+            elif key not in self._rendering:
+                self._start(key, scope)  # stale while revalidate: this request gets the copy at hand
         entry.used_at = now
         self._entries.move_to_end(key)
         await _send(send, entry, headers.get(b"if-none-match"))
@@ -124,6 +148,16 @@ class ListingCache:
     async def _run(self, key: bytes, scope: Scope) -> _Entry | None:
         try:
             read_at = time.monotonic()
+            version = None
+            if self.version is not None and scope["path"].startswith(FRESH_ONLY):
+                try:
+                    version = await run_in_threadpool(self.version)
+                except Exception:  # the database: the render below meets it too, and answers it (503)
+                    version = None
+                kept = self._entries.get(key)
+                if version is not None and kept is not None and kept.version == version:
+                    kept.read_at = time.monotonic()  # nothing it is made of changed
+                    return kept
             start: dict[str, Any] = {}
             chunks: list[bytes] = []
 
@@ -142,8 +176,8 @@ class ListingCache:
                 self._entries.pop(key, None)
                 return None
             kept = [(k, v) for k, v in start.get("headers", []) if k.lower() in (b"content-type",)]
-            lifetime = max(CACHE_S, RENDER_SHARE * (time.monotonic() - read_at))
-            entry = _Entry(read_at, lifetime, read_at, 200, kept, body, etag_of(body))
+            took = time.monotonic() - read_at
+            entry = _Entry(read_at, took, read_at, 200, kept, body, etag_of(body), version)
             self._entries[key] = entry
             self._entries.move_to_end(key)
             self._evict(read_at)

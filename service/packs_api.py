@@ -72,6 +72,25 @@ def _render(db: Store, device_kind: str, backend: str) -> tuple[bytes, str]:
     return body, etag_of(body)
 
 
+def winners_version(store: Store) -> tuple:
+    """What every pack is made of, in one small query: the winners' count, the active ones' count and
+    their newest id, promotion and retirement. A pack changes only when one of these does (its trials,
+    devices and kernels rows never change once written)."""
+    from sqlalchemy import case, func, select
+
+    from moetune.db.models import Winner
+
+    query = select(
+        func.count(),
+        func.sum(case((Winner.state == "active", 1), else_=0)),
+        func.max(Winner.id),
+        func.max(Winner.promoted_at),
+        func.max(Winner.retired_at),
+    )
+    # Store._run: a read transaction with the store's error mapping, as every Store method uses it.
+    return tuple(store._run(lambda s: s.execute(query).one(), write=False))
+
+
 def etag_of(body: bytes) -> str:
     return '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
 

@@ -1,10 +1,15 @@
-"""Load on the pack endpoint: N concurrent clients for S seconds against a `moetune serve` it starts on
-loopback, over a database seeded with the shipped H200 pack; prints p50/p99/max latency, requests/s
-and errors.
+"""Load on the service: N concurrent clients for S seconds against a `moetune serve` it starts on
+loopback, over a database seeded with the shipped H200 pack (and a sweep of trials, misses and jobs);
+prints p50/p99/max latency, requests/s and errors.
 
-    python3 lab/bench/serve_load.py                     # 50 clients, 60 s, fresh fetches (200s)
+    python3 lab/bench/serve_load.py                     # the pack, 50 clients, 60 s, fresh fetches (200s)
     python3 lab/bench/serve_load.py --revalidate --json # clients send If-None-Match (304s)
     python3 lab/bench/serve_load.py --rate 10           # each client paced at 10 requests/s
+    python3 lab/bench/serve_load.py --target winners    # another route (TARGETS); repeat for a mix
+    python3 lab/bench/serve_load.py --each --seconds 25 # each target in turn, then all of them mixed
+    python3 lab/bench/serve_load.py --workers 2         # the server as 2 processes (serve --workers)
+
+With several targets (a mix) each client asks them in turn, and the summary has each one's latencies.
 
 Each client is one connection that asks again as soon as it has its answer (a closed loop), so
 requests/s is what the server sustains and latency includes queueing behind the other clients; with
@@ -31,17 +36,37 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 SHIPPED_PACK = "nvidia_h200__mosaic_gpu.json"
 START_TIMEOUT_S = 60
+SEEDED_TRIALS = 300  # one sweep's, beside the pack's winners
+SEEDED_MISSES = 40
+SEEDED_JOBS = 20
+# A target's name -> its path ({pack}: the seeded pack's; {sweep}: the seeded sweep's id).
+TARGETS = {
+    "packs": "{pack}",
+    "health": "/api/health",
+    "winners": "/api/winners",
+    "stale": "/api/winners/stale",
+    "sweeps": "/api/sweeps",
+    "trials": "/api/sweeps/{sweep}/trials",
+    "misses": "/api/misses",
+    "jobs": "/api/jobs",
+    "page-sweeps": "/",
+    "page-winners": "/winners",
+    "page-misses": "/misses",
+    "page-sweep": "/sweeps/{sweep}",
+}
 
 
-def seed(url: str) -> tuple[str, str]:
-    """The shipped pack's winners, promoted in the database at `url`: (device_kind, backend). Written as
-    trials and promoted rather than through `moetune import`, whose check of every config against its
-    backend's search space would take longer than a short run."""
+def seed(url: str) -> tuple[str, str, int]:
+    """The shipped pack's winners, promoted in the database at `url`, and a sweep of SEEDED_TRIALS trials
+    over its problems, SEEDED_MISSES misses and SEEDED_JOBS queued jobs: (device_kind, backend, the
+    sweep's id). Written as trials and promoted rather than through `moetune import`, whose check of every
+    config against its backend's search space would take longer than a short run."""
     from moetune.db import open_store
     from moetune.db.records import TrialRecord
     from moetune.kernels import packs
@@ -65,7 +90,35 @@ def seed(url: str) -> tuple[str, str]:
                 median_s=median,
             )
             store.promote(store.record_trial(trial), reason=f"from {SHIPPED_PACK}")
-    return pack.device.device_kind, pack.backend
+        sweep_id = store.create_sweep(
+            backend=pack.backend, strategy="grid", spec={}, host="load", user="load", device=pack.device
+        )
+        for i in range(SEEDED_TRIALS):
+            entry = pack.entries[i % len(pack.entries)]
+            median = (entry.median_s or 1e-3) * (1 + i / SEEDED_TRIALS)
+            trial = TrialRecord(
+                sweep_id=sweep_id,
+                device=pack.device,
+                backend=pack.backend,
+                family="",
+                source_hash=pack.kernel_source_hash,
+                problem=entry.problem,
+                config=entry.config,
+                status="ok" if i % 10 else "compile_error",
+                samples_s=(median,) if i % 10 else (),
+                median_s=median if i % 10 else None,
+                error="" if i % 10 else "load: a seeded failure",
+            )
+            store.record_trial(trial)
+        store.finish_sweep(sweep_id, "done")
+        for i in range(SEEDED_MISSES):
+            problem = pack.entries[i % len(pack.entries)].problem
+            store.record_miss(
+                device=pack.device, backend=pack.backend, problem=problem.with_m(problem.m + 8 * i)
+            )
+        for i in range(SEEDED_JOBS):
+            store.submit_job({"problems": [f"m={16 * (i + 1)},k=64,n=256,g=4,dtype=bf16"], "backend": "xla"})
+    return pack.device.device_kind, pack.backend, sweep_id
 
 
 def _free_port() -> int:
@@ -75,11 +128,13 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(url: str) -> Iterator[str]:
-    """`moetune serve` on a free loopback port, in a process of its own; its base URL."""
+def server(url: str, workers: int = 1) -> Iterator[str]:
+    """`moetune serve` on a free loopback port, in a process of its own (`workers` processes); its base
+    URL."""
     port = _free_port()
     env = os.environ | {"MOETUNE_SERVER_TOKEN": secrets.token_urlsafe(24)}
     command = [sys.executable, "-m", "moetune.tuner.cli", "serve", "--db", url, "--port", str(port)]
+    command += ["--workers", str(workers)] if workers > 1 else []
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -98,17 +153,66 @@ def server(url: str) -> Iterator[str]:
         process.wait(timeout=30)
 
 
+class _Connection:
+    """One keep-alive HTTP/1.1 connection that GETs a path and reads the whole answer: the least a
+    client can do per request. On a small machine the clients share the cores with the server, and a
+    full HTTP client library (httpx) costs more CPU per request than the server's answer does, so it
+    would measure itself."""
+
+    def __init__(self, base: str) -> None:
+        parsed = urllib.parse.urlsplit(base)
+        self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 80
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> None:
+        self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(OSError):
+                await self._writer.wait_closed()
+            self._reader = self._writer = None
+
+    async def get(self, path: str, headers: dict[str, str]) -> tuple[int, str | None]:
+        """(status, ETag); OSError when the exchange fails or takes over 10 s (the next call
+        reconnects)."""
+        try:
+            return await asyncio.wait_for(self._get(path, headers), 10)
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
+            await self.close()
+            raise OSError("the request failed") from None
+
+    async def _get(self, path: str, headers: dict[str, str]) -> tuple[int, str | None]:
+        if self._writer is None:
+            await self.open()
+        assert self._reader is not None and self._writer is not None
+        lines = [f"GET {path} HTTP/1.1", f"Host: {self.host}:{self.port}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        self._writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        head = (await self._reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        status = int(head[0].split(" ", 2)[1])
+        fields = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:] if h)}
+        length = int(fields.get("content-length", "0"))
+        if length:
+            await self._reader.readexactly(length)
+        if fields.get("connection", "").lower() == "close":
+            await self.close()
+        return status, fields.get("etag")
+
+
 async def _client(
-    client: httpx.AsyncClient,
-    path: str,
+    client: _Connection,
+    paths: list[str],
     until: float,
     revalidate: bool,
     results: dict,
     rate: float | None,
     phase: float = 0.0,
 ) -> None:
-    headers: dict[str, str] = {}
-    expected = 200
+    tags: dict[str, str] = {}  # path -> the ETag its last 200 carried (revalidate)
+    turn = int(phase * len(paths))  # clients start at different targets of a mix
     # Paced clients start out of step (phase: a fraction of one interval), as independent processes
     # would; in step, all of them would ask in the same instant and measure a burst.
     scheduled = time.perf_counter() + (phase / rate if rate else 0.0)
@@ -122,42 +226,53 @@ async def _client(
             started = scheduled
         else:
             started = time.perf_counter()
+        path = paths[turn % len(paths)]
+        turn += 1
+        headers = {"If-None-Match": tags[path]} if path in tags else {}
+        etag = None
         try:
-            response = await client.get(path, headers=headers)
-            status = response.status_code
-        except httpx.HTTPError:
+            status, etag = await client.get(path, headers)
+        except OSError:
             status = None
-        results["latencies_s"].append(time.perf_counter() - started)
-        if status != expected:
+        latency = time.perf_counter() - started
+        results["latencies_s"].append(latency)
+        results["by_path"].setdefault(path, []).append(latency)
+        if status != (304 if path in tags else 200):
             results["errors"] += 1
-        elif revalidate and status == 200:
-            headers, expected = {"If-None-Match": response.headers["etag"]}, 304
+        elif revalidate and status == 200 and etag:
+            tags[path] = etag
 
 
 async def _load(
-    base: str, path: str, clients: int, seconds: float, revalidate: bool, rate: float | None = None
+    base: str, paths: list[str], clients: int, seconds: float, revalidate: bool, rate: float | None = None
 ) -> dict:
-    results: dict = {"latencies_s": [], "errors": 0}
-    async with contextlib.AsyncExitStack() as stack:
-        # Every client is made and connected before the clock starts: making one (its TLS context) and
-        # opening its connection are not what is measured.
-        limits = httpx.Limits(max_connections=1)
-        made = [
-            await stack.enter_async_context(httpx.AsyncClient(base_url=base, limits=limits, timeout=10))
-            for _ in range(clients)
-        ]
-        await asyncio.gather(*(client.get("/api/health") for client in made))
+    results: dict = {"latencies_s": [], "errors": 0, "by_path": {}}
+    made = [_Connection(base) for _ in range(clients)]
+    try:
+        # Every client is connected before the clock starts: opening a connection is not what is measured.
+        await asyncio.gather(*(client.get("/api/health", {}) for client in made))
         started = time.perf_counter()
         until = started + seconds
         phases = [i / clients for i in range(clients)]
         await asyncio.gather(
             *(
-                _client(c, path, until, revalidate, results, rate, phase)
+                _client(c, paths, until, revalidate, results, rate, phase)
                 for c, phase in zip(made, phases, strict=True)
             )
         )
         elapsed = time.perf_counter() - started
+    finally:
+        await asyncio.gather(*(client.close() for client in made))
     return results | {"elapsed_s": elapsed}
+
+
+def _run(coroutine: Any) -> Any:
+    """asyncio.run, on uvloop where it is installed (the clients' own overhead is smaller there)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return asyncio.run(coroutine, loop_factory=uvloop.new_event_loop)
 
 
 def _percentile(sorted_values: list[float], fraction: float) -> float:
@@ -169,6 +284,12 @@ def summary(
 ) -> dict:
     latencies = sorted(results["latencies_s"])
     ms = lambda seconds: round(seconds * 1e3, 2)  # noqa: E731
+    by_path = {}
+    if len(results.get("by_path", {})) > 1:
+        for path, values in results["by_path"].items():
+            values = sorted(values)
+            by_path[path] = {"requests": len(values), "p50_ms": ms(statistics.median(values))}
+            by_path[path] |= {"p99_ms": ms(_percentile(values, 0.99)), "max_ms": ms(values[-1])}
     return {
         "clients": clients,
         "seconds": seconds,
@@ -181,10 +302,10 @@ def summary(
         "p99_ms": ms(_percentile(latencies, 0.99)) if latencies else None,
         "max_ms": ms(latencies[-1]) if latencies else None,
         "cpu_count": os.cpu_count(),
-    }
+    } | ({"by_path": by_path} if by_path else {})
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict | list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=50, help="concurrent clients (default 50)")
     parser.add_argument("--seconds", type=float, default=60.0, help="how long they ask (default 60)")
@@ -192,29 +313,63 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--rate", type=float, default=None, help="requests/s of each client, paced (default: back to back)"
     )
+    parser.add_argument(
+        "--target",
+        action="append",
+        choices=sorted(TARGETS),
+        help="what the clients ask (default: packs); repeated: a mix, each client asking them in turn",
+    )
+    parser.add_argument("--each", action="store_true", help="every target in turn, then all mixed")
+    parser.add_argument("--workers", type=int, default=1, help="server processes (serve --workers)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     args = parser.parse_args(argv)
-    if args.clients < 1 or args.seconds <= 0 or (args.rate is not None and args.rate <= 0):
-        parser.error("--clients must be at least 1, --seconds and --rate more than 0")
+    if (
+        args.clients < 1
+        or args.seconds <= 0
+        or (args.rate is not None and args.rate <= 0)
+        or args.workers < 1
+    ):
+        parser.error("--clients and --workers must be at least 1, --seconds and --rate more than 0")
+    if args.each:
+        runs = [[name] for name in TARGETS] + [list(TARGETS)]
+    else:
+        runs = [args.target or ["packs"]]
+    results = []
     with tempfile.TemporaryDirectory(prefix="moetune-load-") as folder:
         url = f"sqlite:///{Path(folder) / 'moetune.db'}"
-        device_kind, backend = seed(url)
-        path = f"/api/packs/{urllib.parse.quote(device_kind)}/{backend}"
-        with server(url) as base:
-            results = asyncio.run(_load(base, path, args.clients, args.seconds, args.revalidate, args.rate))
-    options = dict(clients=args.clients, seconds=args.seconds, revalidate=args.revalidate, rate=args.rate)
-    result = summary(results, **options)
+        device_kind, backend, sweep_id = seed(url)
+        fill = {"pack": f"/api/packs/{urllib.parse.quote(device_kind)}/{backend}", "sweep": str(sweep_id)}
+        with server(url, args.workers) as base:
+            for targets in runs:
+                paths = [TARGETS[name].format(**fill) for name in targets]
+                measured = asyncio.run(
+                    _load(base, paths, args.clients, args.seconds, args.revalidate, args.rate)
+                )
+                options = dict(
+                    clients=args.clients, seconds=args.seconds, revalidate=args.revalidate, rate=args.rate
+                )
+                result = summary(measured, **options)
+                result |= {"target": "+".join(targets) if len(targets) < len(TARGETS) else "mixed"}
+                result |= {"workers": args.workers}
+                results.append(result)
+                if not args.json:
+                    _print(result)
     if args.json:
-        print(json.dumps(result))
-    else:
-        revalidating = " (revalidating)" if args.revalidate else ""
-        revalidating += f" at {args.rate:g}/s each" if args.rate else ""
-        print(
-            f"{result['clients']} clients, {result['seconds']:g} s{revalidating}: "
-            f"{result['requests']} requests, {result['requests_per_s']} /s, {result['errors']} errors; "
-            f"p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, max {result['max_ms']} ms"
-        )
-    return result
+        print(json.dumps(results[0] if len(results) == 1 else results))
+    return results[0] if len(results) == 1 else results
+
+
+def _print(result: dict) -> None:
+    revalidating = " (revalidating)" if result["revalidate"] else ""
+    revalidating += f" at {result['rate_per_client']:g}/s each" if result["rate_per_client"] else ""
+    print(
+        f"{result['target']}: {result['clients']} clients, {result['seconds']:g} s{revalidating}: "
+        f"{result['requests']} requests, {result['requests_per_s']} /s, {result['errors']} errors; "
+        f"p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, max {result['max_ms']} ms"
+    )
+    for path, figures in result.get("by_path", {}).items():
+        p50, p99 = figures["p50_ms"], figures["p99_ms"]
+        print(f"    {path}: {figures['requests']} requests, p50 {p50} ms, p99 {p99} ms")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from moetune.kernels import server_client
 from moetune.kernels.backends.xla import BACKEND
 from moetune.kernels.lookup import LOOKUP
 from moetune.kernels.server_client import ServerClient
-from moetune.service import packs_api
+from moetune.service import listing_cache, packs_api
 from tests.service.live_server import TOKEN, serving
 from tests.service.seeds import DENSE, FP, FRESH, MISSED, SEGMENTS, record, seed
 
@@ -72,7 +72,8 @@ def test_a_fetched_pack_serves_the_next_trace_and_is_cached_with_its_etag(server
 
 
 def test_a_long_running_process_sees_a_new_winner_at_its_next_refresh(server, via, sqlite_url, monkeypatch):
-    monkeypatch.setattr(packs_api, "CACHE_S", 0.0)  # the server renders each request afresh
+    monkeypatch.setattr(packs_api, "CACHE_S", 0.0)
+    monkeypatch.setattr(listing_cache, "CACHE_S", 0.0)  # the server renders each request afresh
     client = via(server)
     resolve()
     assert client.wait_idle(WAIT_S) and resolve().config == SEGMENTS

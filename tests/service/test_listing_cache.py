@@ -90,3 +90,27 @@ def test_protected_reads_are_refused_without_the_token_even_when_kept(sqlite_url
         assert c.get("/api/winners", headers={"Authorization": "Bearer " + "x" * 24}).status_code == 401
         assert c.get("/", headers=AUTH).status_code == 200
         assert c.get("/").status_code == 401
+
+
+def test_an_expired_pack_is_rendered_again_only_when_the_winners_changed(client, sqlite_url, monkeypatch):
+    from moetune.kernels.backends.xla import BACKEND
+    from moetune.service import packs_api
+    from tests.service.seeds import DENSE, FP, FRESH, record
+
+    renders = []
+    render = packs_api._render
+    monkeypatch.setattr(packs_api, "_render", lambda *a: renders.append(1) or render(*a))
+    monkeypatch.setattr(packs_api, "CACHE_S", 0.0)
+    monkeypatch.setattr(listing_cache, "CACHE_S", 0.0)
+    path = f"/api/packs/{FP.device_kind}/xla"
+    first = client.get(path)
+    for _ in range(3):
+        assert client.get(path).content == first.content
+    assert len(renders) == 1  # expired each time, the winners unchanged: the same copy
+    with open_store(sqlite_url) as store:
+        store.promote(
+            store.record_trial(record(FRESH, DENSE, sweep_id=None, source_hash=BACKEND.source_hash()))
+        )
+    changed = client.get(path)
+    assert changed.content != first.content and changed.headers["etag"] != first.headers["etag"]
+    assert len(renders) == 2

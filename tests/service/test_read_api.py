@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from moetune.db import open_store
 from moetune.kernels import packs
 from moetune.kernels.backends.xla import BACKEND
-from moetune.service import packs_api
+from moetune.service import listing_cache, packs_api
 from moetune.service.app import create_app
 from moetune.service.settings import ServiceSettings
 from moetune.tuner.cli import _load_commands, app
@@ -81,7 +81,8 @@ def test_stale_winners_say_why(api):
 
 
 def test_a_pack_is_the_export_and_revalidates_with_its_etag(api, seeded, tmp_path, monkeypatch):
-    monkeypatch.setattr(packs_api, "CACHE_S", 0.0)  # every request reads the database
+    monkeypatch.setattr(packs_api, "CACHE_S", 0.0)
+    monkeypatch.setattr(listing_cache, "CACHE_S", 0.0)  # every request reads the database
     url, _ = seeded
     path = f"/api/packs/{FP.device_kind}/xla"
     response = api.get(path)
@@ -117,6 +118,7 @@ def test_a_rendered_pack_is_served_for_a_moment_without_the_database(api, seeded
         )
     assert api.get(path).content == first.content  # within CACHE_S of the first read
     monkeypatch.setattr(packs_api, "CACHE_S", 0.0)
+    monkeypatch.setattr(listing_cache, "CACHE_S", 0.0)
     assert api.get(path).content != first.content
 
 

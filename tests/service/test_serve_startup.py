@@ -81,3 +81,38 @@ def test_a_server_answers_its_names_and_refuses_a_foreign_host(tmp_path):
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_several_server_processes_share_the_address_and_end_with_it(tmp_path):
+    db, token = _files(tmp_path)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    command = [sys.executable, "-m", "moetune.tuner.cli", "serve", "--port", str(port), "--db", db]
+    command += ["--token-file", token, "--workers", "2"]
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    server = subprocess.Popen(command, cwd=tmp_path, **pipes)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert httpx.get(f"{base}/api/health", timeout=2).status_code == 200
+                break
+            except httpx.TransportError:
+                assert server.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+        assert "2 processes" in server.stdout.readline()
+        children = subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True, text=True)
+        (child,) = children.stdout.split()
+        # Each connection lands in one process or the other; both answer.
+        for _ in range(20):
+            assert httpx.get(f"{base}/api/jobs", headers={"Connection": "close"}).status_code == 200
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{child}")  # the second process ended with the first

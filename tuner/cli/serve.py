@@ -54,6 +54,14 @@ def serve(
             show_default="127.0.0.1, ::1, localhost and --host",
         ),
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            help="Server processes sharing the address (each its own caches and database connections); "
+            "as many as the machine has cores under heavy load.",
+        ),
+    ] = 1,
     tune_misses: Annotated[
         int,
         typer.Option(
@@ -78,6 +86,7 @@ def serve(
 
     check_range("--port", port, low=1)
     check_range("--tune-misses", tune_misses, low=0)
+    check_range("--workers", workers, low=1)
     check_range("--tune-misses-budget", tune_misses_budget)
     if port > 65535:
         fail(f"--port {port} is not in [1, 65535]")
@@ -110,10 +119,71 @@ def serve(
     except MoetuneError as e:
         listening.close()
         fail(str(e))
-    where = f"moetune serving on http://{_shown(host)}:{port} (write token: {source})"
-    console.print(where, markup=False, highlight=False)
-    config = uvicorn.Config(application, log_level="info", server_header=False)
-    uvicorn.Server(config).run(sockets=[listening])
+    processes = f", {workers} processes" if workers > 1 else ""
+    where = f"moetune serving on http://{_shown(host)}:{port} (write token: {source}{processes})"
+    console.print(where, markup=False, highlight=False, soft_wrap=True)  # one line, however long
+    children = [_fork_server(settings, listening) for _ in range(workers - 1)]
+    try:
+        config = uvicorn.Config(application, log_level="info", server_header=False)
+        uvicorn.Server(config).run(sockets=[listening])
+    finally:
+        _stop(children)
+
+
+def _fork_server(settings: object, listening: socket.socket) -> int:
+    """One more server process on the same socket (the kernel spreads connections over them); its pid.
+    It tunes no misses (the first process does) and ends with its parent."""
+    import os
+
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 0
+    try:
+        import signal
+
+        import uvicorn
+
+        from moetune.service.app import create_app
+
+        _die_with_parent(signal.SIGTERM)
+        application = create_app(settings.model_copy(update={"tune_misses": 0}))  # type: ignore[attr-defined]
+        uvicorn.Server(uvicorn.Config(application, log_level="warning", server_header=False)).run(
+            sockets=[listening]
+        )
+    except BaseException:  # noqa: BLE001 (a forked child must never return into the parent's code)
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _die_with_parent(signal_number: int) -> None:
+    """Linux: the kernel sends `signal_number` to this process when its parent dies (prctl
+    PR_SET_PDEATHSIG), so a killed server leaves no process behind. Elsewhere nothing."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.prctl(1, signal_number)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _stop(children: list[int]) -> None:
+    import os
+    import signal
+
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for pid in children:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
 
 
 WILDCARDS = ("0.0.0.0", "::", "")

@@ -26,3 +26,17 @@ def test_paced_clients_send_about_their_rate(capsys):
     assert result["rate_per_client"] == 5 and result["errors"] == 0
     # 2 clients x 5/s x 2 s, give or take the last request of each: paced, not back to back.
     assert 16 <= result["requests"] <= 24
+
+
+@pytest.mark.slow
+def test_a_mix_of_listings_and_pages_on_two_server_processes(capsys):
+    """What CI runs of the service's load: every target once in a mix, on `serve --workers 2`."""
+    args = ["--clients", "4", "--seconds", "2", "--workers", "2", "--revalidate", "--json"]
+    for target in serve_load.TARGETS:
+        args += ["--target", target]
+    result = serve_load.main(args)
+    assert result["errors"] == 0 and result["workers"] == 2
+    assert set(result["by_path"]) == {
+        path.format(pack="/api/packs/NVIDIA%20H200/mosaic_gpu", sweep="1")
+        for path in serve_load.TARGETS.values()
+    }
