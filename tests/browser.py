@@ -43,8 +43,9 @@ def _skip_or_fail(reason: str):
 
 
 @contextlib.contextmanager
-def chromium(tmp_path: Path) -> Iterator[Any]:
-    """A Selenium driver of headless Chromium with a fresh profile under `tmp_path`."""
+def chromium(tmp_path: Path, *flags: str) -> Iterator[Any]:
+    """A Selenium driver of headless Chromium with a fresh profile under `tmp_path`; `flags`: more of
+    Chromium's command-line flags."""
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
@@ -54,7 +55,7 @@ def chromium(tmp_path: Path) -> Iterator[Any]:
         _skip_or_fail("chromium or chromedriver is not on PATH (apt-get install chromium chromium-driver)")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in FLAGS:
+    for flag in (*FLAGS, *flags):
         options.add_argument(flag)
     profile = tmp_path / "chromium-profile"
     profile.mkdir()
