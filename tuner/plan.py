@@ -313,11 +313,16 @@ def parse_problem(text: str) -> PlannedProblem:
     values: dict[str, Any] = {}
     dtype = None
     op = OP
+    given: dict[str, str] = {}  # field -> the name it was given by (t and transpose_rhs are one field)
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, value = item.partition("=")
         name = name.strip()
         if not sep:
             raise ConfigInvalid(f"problem {text!r}: {item!r} is not name=value")
+        field = _PROBLEM_FIELDS.get(name, name)
+        if field in given:
+            raise ConfigInvalid(f"problem {text!r}: {name} is given twice (as {given[field]} before)")
+        given[field] = name
         if name == "dtype":
             dtype = value.strip()
         elif name == "op":

@@ -3,8 +3,8 @@
 yaml.safe_load builds no Python objects beyond plain data, but it bounds nothing: a 385-byte document
 of nested aliases ("billion laughs") expands to millions of nodes, and a parse error prints a caret
 block over several lines. Here a document is at most MAX_YAML_BYTES of UTF-8 and MAX_YAML_NODES nodes
-once every alias is expanded (counted before anything is built), and every failure is a ConfigInvalid
-of one line: "file:line:column: problem".
+once every alias is expanded (counted before anything is built), no mapping gives a key twice, and
+every failure is a ConfigInvalid of one line: "file:line:column: problem".
 """
 
 from __future__ import annotations
@@ -90,9 +90,28 @@ def _check_size(root: yaml.Node, source: str) -> None:
             continue
         if key in on_path:
             raise ConfigInvalid(f"{source}: a YAML alias refers to the node that contains it")
+        _check_unique_keys(node, source)
         on_path.add(key)
         stack.append((node, True))
         stack.extend((child, False) for child in children if id(child) not in sizes)
+
+
+def _check_unique_keys(node: yaml.Node, source: str) -> None:
+    """Refuse a mapping that gives a key twice: PyYAML keeps the last silently, so `experts: 8` added
+    below a model's `experts: 4` would win unseen. Keys are compared as scalars of one type ("1" and 1
+    differ); merge keys (<<) are YAML's own."""
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: set[tuple[str, str]] = set()
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        if (key.tag, key.value) in seen:
+            mark = key.start_mark
+            raise ConfigInvalid(
+                f"{source}:{mark.line + 1}:{mark.column + 1}: key {key.value!r} is given twice"
+            )
+        seen.add((key.tag, key.value))
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:

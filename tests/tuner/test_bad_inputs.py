@@ -269,6 +269,9 @@ cases(
     tune_problem("every dimension 2^31-1", "m=2147483647,k=2147483647,n=2147483647,g=2147483647"),
     tune_problem("operands past 1 TiB", "m=2147483647,k=256,n=64,g=1"),
     tune_problem("experts past 65,536", "m=8,k=64,n=64,g=65537"),
+    tune_problem("m twice", f"m=8,m=16,{PROBLEM_ARGS}"),
+    tune_problem("dtype twice", f"m=8,{PROBLEM_ARGS},dtype=bf16,dtype=fp16"),
+    tune_problem("t and transpose_rhs both", f"m=8,{PROBLEM_ARGS},t=1,transpose_rhs=0"),
 )
 
 
@@ -331,6 +334,8 @@ cases(
     tune_sweep("a date that is not one", "models: [tiny]\narch: 2026-13-01\n"),
     tune_sweep("a database URL with a newline", 'models: [tiny]\ndb: "sqlite:///a\\nb"\n'),
     tune_sweep("a path past 4096 characters", f"models: [{'x' * 5000}]\n"),
+    tune_sweep("seed twice", "models: [tiny]\nseed: 1\nseed: 2\n"),
+    tune_sweep("a key twice in a nested mapping", "models: [tiny]\nspace: {block_m: [64], block_m: [128]}\n"),
     tune_sweep("an escape character", "models: [tiny]\nseed: 1\x1b\n"),
     tune_sweep("a control character in a comment", "models: [tiny]  # \x08\n"),
 )
@@ -366,6 +371,8 @@ cases(
     tune_model("unknown dtype", MODEL + "dtype: int8\n"),
     tune_model("unknown activation", MODEL + "activation: relu6\n"),
     tune_model("transpose_rhs a string", MODEL + 'transpose_rhs: "no"\n'),
+    tune_model("experts twice", MODEL + "experts: 8\n"),
+    tune_model("a key twice, quoted once", MODEL + '"hidden": 32\n'),
     tune_model("a NUL in a value", MODEL.replace("name: m", "name: m\x00")),
     tune_model("a control character in a quoted value", MODEL.replace("name: m", 'name: "m\x01"')),
     tune_model("DEL in a key", MODEL + "top\x7f: 1\n"),
@@ -651,6 +658,25 @@ cases(
     import_pack("into a tuned database", pack(change(_config, block_m=96)), db="tuned"),
 )
 
+
+def xla_pack(items_per_step: int) -> Callable[[dict], None]:
+    """The shipped pack as an xla pack: every entry chunked, the first with `items_per_step`."""
+
+    def mutate(data: dict) -> None:
+        data["backend"] = "xla"
+        for entry in data["entries"]:
+            entry["config"] = {"strategy": "chunked", "chunk_m": 128, "items_per_step": 8}
+        _config(data)["items_per_step"] = items_per_step
+
+    return mutate
+
+
+cases(
+    "import: configs outside their domain",
+    import_pack("items_per_step of 10^6", pack(xla_pack(10**6))),
+    import_pack("items_per_step of 3", pack(xla_pack(3))),
+)
+
 cases(
     "the tuning queue",
     c("submit: nothing to tune", "submit", "--db", "{db}"),
@@ -671,6 +697,8 @@ cases(
     c("jobs cancel of a database not created", "jobs", "cancel", "1", "--db", "{db}"),
     c("worker: not a database URL", "worker", "--once", "--db", "not a url"),
     c("worker --once of a database not created", "worker", "--once", "--db", "{db}"),
+    c("worker: an empty device kind", "worker", "--once", "--device-kind", "", "--db", "{db}", db="tuned"),
+    c("worker: a blank device kind", "worker", "--once", "--device-kind", "  ", "--db", "{db}", db="tuned"),
 )
 
 cases(

@@ -87,6 +87,9 @@ def worker(
     from moetune.kernels.errors import MoetuneError
     from moetune.tuner.job_runner import run_job
 
+    if device_kind is not None and (not device_kind.strip() or not device_kind.isprintable()):
+        # An empty kind would match no job's device and, stored with a claim, name no device.
+        fail(f"--device-kind {device_kind!r}: give a device kind as jax names it, e.g. 'NVIDIA H200'")
     try:
         jobs.grace_s(), jobs.heartbeat_s()  # a bad $MOETUNE_JOB_* fails now, in one line
         if once:  # a database not created holds no jobs: nothing to create it for

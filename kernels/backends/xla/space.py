@@ -39,6 +39,16 @@ def max_work_items(problem: Problem, chunk_m: int) -> int:
     return -(-problem.m // chunk_m) + problem.g - 1
 
 
+def chunk_params_in_domain(problem: Problem, config: XlaConfig, device: DeviceFingerprint) -> str | None:
+    # Validity: the chunk parameters come from their domains, so a pack cannot carry a value no sweep
+    # tries (items_per_step=1000000: a loop step gathering a million expert matrices).
+    for name, domain in (("chunk_m", CHUNK_M), ("items_per_step", ITEMS_PER_STEP)):
+        value = getattr(config, name)
+        if value not in domain:
+            return f"{name}={value} is not in its domain {', '.join(map(str, domain))}"
+    return None
+
+
 def chunk_params_only_for_chunked(
     problem: Problem, config: XlaConfig, device: DeviceFingerprint
 ) -> str | None:
@@ -107,6 +117,7 @@ def gathered_weights_fit(problem: Problem, config: XlaConfig, device: DeviceFing
 
 
 CONSTRAINTS = (
+    chunk_params_in_domain,
     chunk_params_only_for_chunked,
     all_experts_work_bounded,
     dense_products_fit,
@@ -121,6 +132,7 @@ def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
         config_cls=XlaConfig,
         domains={"strategy": STRATEGIES, "chunk_m": CHUNK_M, "items_per_step": ITEMS_PER_STEP},
         constraints=CONSTRAINTS,
+        validity=(chunk_params_in_domain,),
     )
 
 

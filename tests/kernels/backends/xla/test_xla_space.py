@@ -83,8 +83,22 @@ def test_gathered_weights_fit():
     assert check(wide, XlaConfig(strategy="segments"), CPU) is None
 
 
+def test_chunk_params_come_from_their_domains_and_say_validity():
+    """A pack's xla config with items_per_step=1000000 is refused (import and dispatch), not only pruned."""
+    check = space_mod.chunk_params_in_domain
+    p = problem(m=4096, g=8)
+    assert check(p, XlaConfig(strategy="chunked", chunk_m=128, items_per_step=8), CPU) is None
+    assert "items_per_step=1000000 is not in its domain" in check(
+        p, XlaConfig(strategy="chunked", items_per_step=10**6), CPU
+    )
+    assert "chunk_m=24 is not in its domain" in check(p, XlaConfig(strategy="chunked", chunk_m=24), CPU)
+    bad = XlaConfig(strategy="chunked", items_per_step=10**6)
+    assert space_mod.space(p, CPU).invalid(p, bad, CPU).startswith("chunk_params_in_domain: ")
+
+
 def test_every_constraint_is_tested():
     tested = {
+        "chunk_params_in_domain",
         "chunk_params_only_for_chunked",
         "all_experts_work_bounded",
         "dense_products_fit",
