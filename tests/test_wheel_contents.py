@@ -60,3 +60,5 @@ def test_the_wheel_holds_the_product_and_no_lab_code(tmp_path):
     assert {name.split("/")[0] for name in names} <= {"moetune", wheel.name.split("-py3")[0] + ".dist-info"}
     assert not [n for n in names if "moetune_lab" in n or "benchmark" in n or n.endswith("mixtral.py")]
     assert "moetune/kernels/api.py" in names and "moetune/configs/tuned/nvidia_h200__mosaic_gpu.json" in names
+    # The cost model's calibration is package data beside the code that reads it.
+    assert "moetune/kernels/backends/mosaic_gpu/calibration/nvidia_h200.json" in names

@@ -29,11 +29,12 @@ The model, per config:
              issues no copies meanwhile).
   fixed      the launch, the row-tile table's XLA prologue, split-K's reduction, pad_lhs's copy.
 
-Constants marked empirical are first guesses from the H200 measurements in lab/README.md; the
-device benchmark (lab/device/finegrained.sh) records what each config takes beside its estimate,
-so that they can be refitted. What the model leaves out: skewed routing (it plans for balanced rows),
-L2 capacity beyond one strip's reuse, instruction-cache pressure of the walk at large G (the space prunes
-the walk there instead), and power throttling beyond the sustained clock.
+The fitted constants come from the part's calibration file (calibration.py), which holds the
+measurements each one was fitted to; the device benchmark (lab/device/finegrained.sh) records what each
+config takes beside its estimate, so that they can be refitted. What the model leaves out: skewed
+routing (it plans for balanced rows), L2 capacity beyond one strip's reuse, instruction-cache pressure
+of the walk at large G (the space prunes the walk there instead), and power throttling beyond the
+sustained clock.
 """
 
 from __future__ import annotations
@@ -42,53 +43,48 @@ import dataclasses
 import itertools
 import math
 
-from moetune.kernels.backends.mosaic_gpu import hardware, tiling
+from moetune.kernels.backends.mosaic_gpu import calibration, hardware, tiling
 from moetune.kernels.backends.mosaic_gpu.config import WGMMA_M, MosaicGpuConfig
 from moetune.kernels.backends.mosaic_gpu.schedule import ROW_ALIGN
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.problem import Problem
 
-# Empirical (first guesses; see the module docstring).
-LAUNCH_S = 3e-6  # a kernel's launch and ramp as CUPTI times it
-PROLOGUE_S = 5e-6  # the row-tile table's XLA fusions (two cumulative sums and a compare-and-count)
-REDUCTION_S = 2e-6  # split-K's XLA sum, beyond its bytes
-PAD_S = 2e-6  # pad_lhs's XLA copy, beyond its bytes
-# One group of the walk: a chain of dependent loads and integer ops. Fitted to the same config under the
-# walk and the table on an H200 (2026-12-04; 32 experts, expert order, DeepSeek-V3 EP=8's down at 1024
-# tokens: 0.621 against 0.453 ms, the development table's rows before and after this term): about 100 ns
-# per group, not the few ns of its arithmetic alone.
-WALK_S_PER_GROUP = 100e-9
-EPILOGUE_S = 0.4e-6  # an item's store: barrier, TMA issue and the wait for the slot
-CTA_S = 0.3e-6  # a CTA's start and exit in a grid of one CTA per item
-WGMMA_ISSUE_CYCLES = 2
-PLAIN_MMA_EFFICIENCY = 0.85
-# Two consumers splitting a CTA tile's rows (wg_split "m") against two splitting its columns: in 29
-# same-CTA pairs on 12 compute-bound development shapes (H200, 2026-12-04) the M split took 0.95-1.52x
-# the N split's time (median 1.05), worst on DeepSeek-V3's gate_up, and the model cannot tell which
-# pairs lose. The handicap lets the M split win only by a clear estimated margin: choosing the N split
-# where the M split would have won cost at most 5% there. Cause not isolated (docs/performance.md).
-M_SPLIT_MMA_EFFICIENCY = 0.9
-# FP8 block scales: after each K step's wgmmas a consumer waits for them, then promotes every accumulator
-# value of each of the step's scale blocks into the float32 total (a multiply-add and a reset on the CUDA
-# cores, which issue LANE_OPS_PER_CLOCK a clock per SM). A CTA's consumers wait on the same stages, so
-# they promote at once and the tensor cores idle meanwhile. Measured on an H200 (2026-12-04, the baselines
-# file's rows of Mixtral-8x7B's down at T=4096): the same 64x128 consumers took 1.131 ms under block scales
-# and 0.891 ms under per-token x per-channel scales, about PROMOTE_OPS lane-ops per value; two 128x64
-# consumers (two wgmma row tiles each) took 1.433 ms against 1.123 for two 64x128 in one run (the row
-# before this term), which the model ranked within 10% without TALL_PROMOTION (cause not isolated). The
-# wait costs about STEP_WAIT_S a step: the same tiles at one scale block per step against two (the rows'
-# one-block-step peers).
-PROMOTE_OPS = 2.0
+# Fitted constants come from the part's calibration file (calibration/nvidia_h200.json beside this module:
+# each one's value, the measurements it was fitted to and its fit, or why it has none); a Hopper part
+# without a file of its own plans with the H200's. tests/kernels/backends/mosaic_gpu/test_calibration.py
+# re-derives each fitted one from its measurements.
+_CALIBRATION = calibration.load()
+LAUNCH_S = _CALIBRATION.value("LAUNCH_S")  # a kernel's launch and ramp as CUPTI times it
+PROLOGUE_S = _CALIBRATION.value("PROLOGUE_S")  # the row-tile table's XLA fusions (cumulative sums, a count)
+REDUCTION_S = _CALIBRATION.value("REDUCTION_S")  # split-K's XLA sum, beyond its bytes
+PAD_S = _CALIBRATION.value("PAD_S")  # pad_lhs's XLA copy, beyond its bytes
+# One group of the walk: a chain of dependent loads and integer ops, not the few ns of its arithmetic alone
+# (fitted to the same config under the walk and the table).
+WALK_S_PER_GROUP = _CALIBRATION.value("WALK_S_PER_GROUP")
+EPILOGUE_S = _CALIBRATION.value("EPILOGUE_S")  # an item's store: barrier, TMA issue and the wait for the slot
+CTA_S = _CALIBRATION.value("CTA_S")  # a CTA's start and exit in a grid of one CTA per item
+WGMMA_ISSUE_CYCLES = _CALIBRATION.value("WGMMA_ISSUE_CYCLES")
+PLAIN_MMA_EFFICIENCY = _CALIBRATION.value("PLAIN_MMA_EFFICIENCY")
+# Two consumers splitting a CTA tile's rows (wg_split "m") against two splitting its columns: the M split
+# was slower on most same-tile pairs of compute-bound development shapes, worst on DeepSeek-V3's gate_up,
+# and the model cannot tell which pairs lose. The handicap lets the M split win only by a clear estimated
+# margin. Cause not isolated (docs/performance.md).
+M_SPLIT_MMA_EFFICIENCY = _CALIBRATION.value("M_SPLIT_MMA_EFFICIENCY")
+# FP8 block scales: after each K step's wgmmas a consumer waits for them (STEP_WAIT_S a step), then
+# promotes every accumulator value of each of the step's scale blocks into the float32 total (a
+# multiply-add and a reset on the CUDA cores, which issue LANE_OPS_PER_CLOCK a clock per SM: PROMOTE_OPS
+# lane-ops per value, TALL_PROMOTION times that for consumers of two wgmma row tiles, cause not isolated).
+# A CTA's consumers wait on the same stages, so they promote at once and the tensor cores idle meanwhile.
+PROMOTE_OPS = _CALIBRATION.value("PROMOTE_OPS")
 LANE_OPS_PER_CLOCK = 128
-TALL_PROMOTION = 1.8
-STEP_WAIT_S = 0.2e-6
-# lhs rows past its end that TMA zero-fills, against rows it copies from L2 (H200: without pad_lhs the T=1
-# weight stream fell from 91% to 79% of the read bandwidth).
-ZERO_FILL_COST = 1.5
-SMOOTH_MAX_POWER = 6
+TALL_PROMOTION = _CALIBRATION.value("TALL_PROMOTION")
+STEP_WAIT_S = _CALIBRATION.value("STEP_WAIT_S")
+# lhs rows past its end that TMA zero-fills, against rows it copies from L2.
+ZERO_FILL_COST = _CALIBRATION.value("ZERO_FILL_COST")
+SMOOTH_MAX_POWER = _CALIBRATION.value("SMOOTH_MAX_POWER")
 # Near-ties go to the earlier config of the family (the measured preference that the family's order
 # encodes): the model cannot tell configs apart that closely.
-TIE = 0.01
+TIE = _CALIBRATION.value("TIE")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
