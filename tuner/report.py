@@ -4,7 +4,8 @@ plotly.js is embedded inline (about 5 MB), so the page renders offline and loads
 Sections: the sweep's settings and device; the winners (winner vs heuristic default vs XLA's ragged_dot,
 and the decision that promoted each winner); winner vs heuristic and winner vs XLA per token bucket, one
 ratio per chart; failures by status and reason; per problem, time per config, the optimisation history,
-parameter importance and the failed trials. Everything comes from the database, so a report can be
+parameter importance, slices and parallel coordinates (as optuna-dashboard draws them) and the failed
+trials. Everything comes from the database, so a report can be
 written anywhere, any time after the sweep. The service's sweep page shows the same sections
 (`sections`), around which it puts its own page.
 
@@ -369,6 +370,20 @@ def _importance(d: _ProblemData, plots: _Plots) -> str:
     return plots.html(figures.importance(importances, title))
 
 
+def _slices(d: _ProblemData, plots: _Plots) -> str:
+    """The slice and parallel-coordinate views of the ok trials over the parameters that varied, as
+    optuna-dashboard draws them; nothing with fewer than three ok trials or no varying parameter."""
+    ok = d.ok()
+    varying, _ = _varying([t.config for t in ok])
+    if len(ok) < MIN_SLICE_TRIALS or not varying:
+        return ""
+    params = {name: [t.config.get(name) for t in ok] for name in varying}
+    seconds = [t.median_s for t in ok]
+    slices = figures.slices(params, seconds, f"{d.label}: time by parameter value")
+    lines = figures.parallel(params, seconds, f"{d.label}: parameters of every ok trial")
+    return plots.html(slices) + plots.html(lines)
+
+
 def _failed_trials(d: _ProblemData) -> str:
     failed = d.failed()
     if not failed:
@@ -381,12 +396,14 @@ def _failed_trials(d: _ProblemData) -> str:
 def _problem_section(i: int, d: _ProblemData, plots: _Plots) -> str:
     parts = [f'<h3 id="problem-{i}">{escape(d.label)}</h3>']
     if d.ok():
-        parts += [_time_per_config(d, plots), _history(d, plots), _importance(d, plots)]
+        parts += [_time_per_config(d, plots), _history(d, plots), _importance(d, plots), _slices(d, plots)]
     else:
         parts.append("<p>No candidate passed.</p>")
     parts.append(_failed_trials(d))
     return "".join(parts)
 
+
+MIN_SLICE_TRIALS = 3  # fewer ok trials show no trend worth a chart
 
 STYLE = """
 body { font-family: sans-serif; margin: 2em; color: #222; max-width: 1200px; }

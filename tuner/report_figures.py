@@ -184,3 +184,59 @@ def ratio_by_bucket(ratios: Sequence[Ratio], title: str, axis_title: str) -> go.
     figure.update_yaxes(title_text=escape(axis_title), rangemode="tozero")
     figure.update_layout(barmode="group")
     return _layout(figure, title, height=380)
+
+
+def _axis_values(values: Sequence[object]) -> tuple[list[float], list[float] | None, list[str] | None]:
+    """Values as numbers for an axis: numbers as they are, anything else by its rank among the distinct
+    values (with those as tick labels)."""
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return [float(v) for v in values], None, None  # type: ignore[arg-type]
+    names = sorted({str(v) for v in values})
+    rank = {name: i for i, name in enumerate(names)}
+    return [float(rank[str(v)]) for v in values], [float(i) for i in range(len(names))], names
+
+
+def slices(params: Mapping[str, Sequence[object]], seconds: Sequence[float], title: str) -> go.Figure:
+    """One panel per parameter that varied: each ok trial's time against that parameter's value (as
+    optuna-dashboard's slice plot), so a parameter whose value decides the time shows as a trend."""
+    from plotly.subplots import make_subplots
+
+    names = list(params)
+    titles = [escape(n) for n in names]
+    figure = make_subplots(rows=1, cols=len(names), shared_yaxes=True, subplot_titles=titles)
+    for i, name in enumerate(names, 1):
+        x, ticks, labels = _axis_values(params[name])
+        figure.add_trace(
+            go.Scatter(
+                mode="markers",
+                x=x,
+                y=[s * 1e3 for s in seconds],
+                marker={"color": COLOURS["other"], "size": 6, "opacity": 0.7},
+                hovertemplate=f"{escape(name)}=%{{x}}: %{{y:.4~g}} ms<extra></extra>",
+                showlegend=False,
+            ),
+            row=1,
+            col=i,
+        )
+        if ticks is not None:
+            figure.update_xaxes(tickvals=ticks, ticktext=[escape(t) for t in labels or ()], row=1, col=i)
+    figure.update_yaxes(type="log")
+    figure.update_yaxes(title_text="median time (ms, log scale)", row=1, col=1)
+    return _layout(figure, title, height=320)
+
+
+def parallel(params: Mapping[str, Sequence[object]], seconds: Sequence[float], title: str) -> go.Figure:
+    """Every ok trial as a line through its parameters' values to its time (as optuna-dashboard's
+    parallel coordinates), coloured by the time: the fast configs' shared values line up."""
+    dimensions = []
+    for name, values in params.items():
+        x, ticks, labels = _axis_values(values)
+        dimension: dict[str, object] = {"label": escape(name), "values": x}
+        if ticks is not None:
+            dimension |= {"tickvals": ticks, "ticktext": [escape(t) for t in labels or ()]}
+        dimensions.append(dimension)
+    times = [s * 1e3 for s in seconds]
+    dimensions.append({"label": "median ms", "values": times})
+    line = {"color": times, "colorscale": "Viridis", "reversescale": True, "showscale": True}
+    figure = go.Figure(go.Parcoords(line=line, dimensions=dimensions))
+    return _layout(figure, title, height=360)

@@ -93,7 +93,7 @@ def test_every_page_loads_and_the_sweep_page_draws_its_charts(server, browser, t
     _open(browser, f"{base}/sweeps/{sweep_id}")
     drawn = (
         "return Array.from(document.querySelectorAll('.plotly-graph-div'))"
-        ".filter(div => div.querySelector('.plot-container svg.main-svg .trace')).length"
+        ".filter(div => div.querySelector('.plot-container svg.main-svg :is(.trace, .parcoords)')).length"
     )
     WebDriverWait(browser, DRAW_TIMEOUT_S).until(lambda d: d.execute_script(drawn) == charts)
     assert charts >= 4  # two speedup charts, failures, and a problem's time per config at least

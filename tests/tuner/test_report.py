@@ -44,9 +44,9 @@ def test_report_of_a_sweep_with_failures(sweep):
     store, sweep_id, report = sweep
     html = report.html
     assert html.startswith("<!DOCTYPE html>")
-    # Two ratio charts, the failures chart, per problem time per config and history, and importance for
-    # the problem with enough ok trials.
-    assert len(report.figures) == 2 + 1 + 2 * 2 + 1
+    # Two ratio charts, the failures chart, per problem time per config and history, and importance, the
+    # slices and the parallel coordinates for the problem with enough ok trials.
+    assert len(report.figures) == 2 + 1 + 2 * 2 + 1 + 2
     assert html.count('class="plotly-graph-div"') == len(report.figures)
     assert "failed trials by status" in html and "wrong_result" in html and "simulated wrong result" in html
     assert "m=8,k=64,n=64,g=4" in html and "tile=3" in html
@@ -209,15 +209,25 @@ def test_every_text_is_escaped_in_the_page_and_in_the_charts(store, fake_backend
     assert "<img" not in page_without_plotly_js and "<script>alert" not in page_without_plotly_js
     assert "&lt;script&gt;alert(2)&lt;/script&gt;" in report.html and "&lt;i&gt;x&lt;/i&gt;" in report.html
     labels = [
-        label
-        for f in report.figures
-        for trace in f.data
-        for label in (trace.y if trace.y is not None else ())
+        label for f in report.figures for trace in f.data for label in (getattr(trace, "y", None) or ())
     ]
     texts = [str(label) for label in labels if "img" in str(label)]
     assert texts and all("<img" not in text and "&lt;img" in text for text in texts)
     [importance] = titled(report, "parameter importance")
     assert set(importance.data[0].y) == {"block_n", "tag"}  # block_m took one value only
+
+
+def test_slices_and_parallel_coordinates_show_every_ok_trial_by_its_varying_parameters(sweep):
+    store, sweep_id, report = sweep
+    ok = [t for t in problem_trials(store, sweep_id, 8) if t.status == OK]
+    [slices] = titled(report, "m=8,k=64,n=64,g=4: time by parameter value")
+    [tiles] = slices.data
+    expected = sorted((t.config["tile"], t.median_s * 1e3) for t in ok)
+    assert sorted(zip(tiles.x, tiles.y, strict=True)) == expected
+    [lines] = titled(report, "m=8,k=64,n=64,g=4: parameters of every ok trial")
+    tile, median = lines.data[0].dimensions
+    assert (tile.label, median.label) == ("tile", "median ms") and len(tile.values) == len(ok)
+    assert not titled(report, "m=4,k=64,n=64,g=4: time by parameter value")  # 2 ok trials: no chart
 
 
 def test_a_winner_kept_from_an_earlier_sweep_is_shown_and_said_to_be(store, sim):

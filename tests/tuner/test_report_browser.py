@@ -43,14 +43,16 @@ def test_every_chart_is_drawn_without_console_errors(sqlite_url, sim, tmp_path, 
     browser.get(page.as_uri())
     drawn = "return document.querySelectorAll('.plotly-graph-div .main-svg .trace').length > 0 && " + (
         "Array.from(document.querySelectorAll('.plotly-graph-div'))"
-        ".every(div => div.querySelector('.main-svg .trace'))"
+        ".every(div => div.querySelector('.main-svg .trace, .main-svg .parcoords'))"
     )
     WebDriverWait(browser, DRAW_TIMEOUT_S).until(lambda d: d.execute_script(drawn))
     graphs = browser.execute_script(
         "return Array.from(document.querySelectorAll('.plotly-graph-div'))"
-        ".map(div => [div.querySelectorAll('.main-svg').length, div.querySelectorAll('.trace').length])"
+        ".map(div => [div.querySelectorAll('.main-svg').length, "
+        "div.querySelectorAll('.trace, .parcoords').length])"
     )
-    assert len(graphs) == len(report.figures) == 2 + 1 + 3 + 2  # ratios, failures, m=8: 3, m=4: 2
+    # ratios, failures; m=8: time per config, history, importance, slices, parallel coordinates; m=4: 2
+    assert len(graphs) == len(report.figures) == 2 + 1 + 5 + 2
     assert all(svgs >= 1 and traces >= 1 for svgs, traces in graphs), graphs
     assert console_errors(browser) == []
     assert fetched(browser) == []
