@@ -68,6 +68,9 @@ class Explanation:
     stale: tuple[str, ...]
     declined: tuple[str, ...]
     median_s: float | None = None  # the winner's tuned time, when it came from a tuned winner
+    # What the heuristic planned with, when the config is the heuristic's (e.g. which part's calibration
+    # fitted the backend's cost model, and whether it is another part's).
+    heuristic_basis: str | None = None
 
     @property
     def resolution(self) -> Resolution:
@@ -86,12 +89,15 @@ class Explanation:
             "stale": list(self.stale),
             "declined": list(self.declined),
             "median_s": self.median_s,
+            "heuristic_basis": self.heuristic_basis,
         }
 
     def __str__(self) -> str:
         source = self.source if self.from_m is None else f"{self.source} (from m={self.from_m})"
         if self.median_s is not None:
             source += f", tuned at {self.median_s * 1e3:.4g} ms"
+        if self.heuristic_basis is not None:
+            source += f" ({self.heuristic_basis})"
         lines = [
             f"problem:  {self.problem.key}",
             f"device:   {self.device.device_kind} (fingerprint {self.device.hash})",
@@ -566,6 +572,7 @@ def _dispatch(
             stale=resolution.stale,
             declined=tuple(map(str, declined)),
             median_s=resolution.median_s,
+            heuristic_basis=candidate.heuristic_basis(device) if resolution.source == "heuristic" else None,
         )
         return explanation, kernel
     raise ExceptionGroup(f"no backend can compute {problem.key} on {device.device_kind}", declined)

@@ -157,6 +157,21 @@ class Backend(abc.ABC):
         """A stand-in fingerprint for compile-only sweeps of `target`, never a timing device's."""
         raise Unsupported(f"backend {self.name} has no stand-in device for compile-only targets")
 
+    def heuristic_basis(self, device: DeviceFingerprint) -> str | None:
+        """What the backend's heuristic plans with on `device`, in one line, where its folder holds a
+        calibration module (calibration.py with describe(device_kind)): which part's measurements fitted
+        its cost model, and whether they are another part's. None for a backend without one."""
+        package = type(self).__module__.rpartition(".")[0]
+        if not package:
+            return None
+        try:
+            module = importlib.import_module(f"{package}.calibration")
+        except ModuleNotFoundError as e:
+            if e.name != f"{package}.calibration":
+                raise
+            return None
+        return module.describe(device.device_kind)
+
     def source_hash(self) -> str:
         """Hash of the backend's own source folder: a change makes every stored winner stale.
 

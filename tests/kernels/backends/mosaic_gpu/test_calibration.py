@@ -9,6 +9,7 @@ import statistics
 
 import pytest
 
+from moetune.kernels.api import Explanation
 from moetune.kernels.backends.mosaic_gpu import calibration, cost_model
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
 from moetune.kernels.device import DeviceFingerprint
@@ -101,3 +102,20 @@ def test_an_unknown_hopper_part_plans_with_the_h200s_file_and_says_so():
     assert "no calibration for NVIDIA H100 80GB HBM3" in h100.describe()
     assert not CAL.fallback and "no calibration" not in CAL.describe()
     assert calibration.file_name("NVIDIA H200") == "nvidia_h200.json"
+
+
+def test_explain_shows_which_calibration_the_heuristic_planned_with():
+    from moetune.kernels.backends.mosaic_gpu import BACKEND
+    from moetune.kernels.backends.xla import BACKEND as XLA
+
+    h100 = DeviceFingerprint("NVIDIA H100 80GB HBM3", "gpu", 132, 0, "9.0", "", "", "", "")
+    assert BACKEND.heuristic_basis(h100) == calibration.describe("NVIDIA H100 80GB HBM3")
+    assert "no calibration" not in BACKEND.heuristic_basis(H200)
+    assert XLA.heuristic_basis(H200) is None  # a backend folder without a calibration module
+    problem = Problem("grouped_matmul", m=4096, k=2048, n=768, g=128)
+    explanation = Explanation(
+        problem, h100, "mosaic_gpu", "backend argument", BACKEND.heuristic(problem, h100), "heuristic", None,
+        (), (), heuristic_basis=BACKEND.heuristic_basis(h100),
+    )  # fmt: skip
+    assert "source:   heuristic (cost model calibrated on NVIDIA H200" in str(explanation)
+    assert "no calibration for NVIDIA H100 80GB HBM3" in explanation.to_dict()["heuristic_basis"]
