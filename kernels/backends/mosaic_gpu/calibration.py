@@ -27,6 +27,9 @@ class Calibration:
     constants: dict[str, dict[str, Any]]
     measurements: dict[str, dict[str, Any]]
     requested: str  # the part asked for; differs from device_kind on a fallback
+    # hardware.py's measured facts and the bounds it takes from measurements, with their evidence: they
+    # stay in hardware.py, which the kernel source hash covers, and the replay test holds them equal.
+    hardware: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     @property
     def fallback(self) -> bool:
@@ -62,6 +65,7 @@ def load(device_kind: str = DEFAULT_KIND) -> Calibration:
         constants=data["constants"],
         measurements=data["measurements"],
         requested=device_kind,
+        hardware=data.get("hardware", {}),
     )
 
 

@@ -119,3 +119,38 @@ def test_explain_shows_which_calibration_the_heuristic_planned_with():
     )  # fmt: skip
     assert "source:   heuristic (cost model calibrated on NVIDIA H200" in str(explanation)
     assert "no calibration for NVIDIA H100 80GB HBM3" in explanation.to_dict()["heuristic_basis"]
+
+
+def test_hardware_facts_taken_from_measurements_hold_their_evidence():
+    """hardware.py keeps its facts (the kernel source hash covers it); those that are measurements or
+    bounds from them are recorded with their evidence in the calibration file, and must equal it."""
+    import math
+
+    from moetune.kernels.backends.mosaic_gpu import hardware, tiling
+
+    facts = hardware.ARCHS["9.0"]
+    values = {
+        'PART_HBM_BYTES_PER_S["NVIDIA H200"]': hardware.PART_HBM_BYTES_PER_S["NVIDIA H200"],
+        'ARCHS["9.0"].l2_bytes_per_s': facts.l2_bytes_per_s,
+        'ARCHS["9.0"].sustained_clock_hz': facts.sustained_clock_hz,
+        'ARCHS["9.0"].memory_latency_s': facts.memory_latency_s,
+    }
+    assert set(values) == set(CAL.hardware)
+    for name, value in values.items():
+        fact = CAL.hardware[name]
+        assert fact["value"] == value, name
+        assert fact["evidence"] is not None or fact["reason"].strip(), name
+    # HBM: the largest read rate the rows measured, rounded up to 0.1 TB/s.
+    hbm = CAL.hardware['PART_HBM_BYTES_PER_S["NVIDIA H200"]']
+    fastest = max(hbm["evidence"]["read_GBps"].values()) * 1e9
+    assert hbm["value"] == math.ceil(fastest / 1e11) * 1e11
+    assert fastest <= hbm["value"] <= fastest * hbm["evidence"]["tolerance"]
+    # L2: at least the operand tiles the measured config copied into shared memory over its time.
+    l2 = CAL.hardware['ARCHS["9.0"].l2_bytes_per_s']
+    side = CAL.measurements[l2["evidence"]["measurement"]]["sides"][l2["evidence"]["side"]]
+    problem, config = Problem(**side["problem"]), MosaicGpuConfig(**side["config"])
+    geo = tiling.geometry(problem, config)
+    items = cost_model.estimate(problem, config, H200).items
+    copied = items * (geo.cta_m + tiling.weight_tiles(problem) * geo.cta_n) * problem.k / geo.split_k * 2
+    bound = copied / (side["median"] * 1e-3)
+    assert bound <= l2["value"] <= bound * l2["evidence"]["tolerance"]
