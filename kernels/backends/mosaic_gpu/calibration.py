@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import json
 import re
+import statistics
 from collections.abc import Callable
 from importlib import resources
 from typing import Any
@@ -93,28 +94,49 @@ def bisect(error: Callable[[float], float], lo: float, hi: float, steps: int = 6
     return (lo + hi) / 2
 
 
+def pairs(evidence: dict[str, Any]) -> list[dict[str, str]]:
+    """A "difference" fit's pairs of timed sides: one (measurement, slower, faster), or a list of them."""
+    if "pairs" in evidence:
+        return list(evidence["pairs"])
+    return [{key: evidence[key] for key in ("measurement", "slower", "faster")}]
+
+
 def refit(
-    cal: Calibration, name: str, estimate: Callable[[dict, dict, dict[str, float]], float]
+    cal: Calibration,
+    name: str,
+    estimate: Callable[[dict, dict, dict[str, float]], float],
+    keep: Callable[[dict[str, str]], bool] | None = None,
 ) -> float | None:
     """Re-derive constant `name` from its evidence with its named fit. `estimate(problem, config,
     constants)` is the model's seconds for a side's problem and config (dicts as the file holds them)
-    with `constants` overriding the model's; every other constant stays at its value in `cal`."""
+    with `constants` overriding the model's; every other constant stays at its value in `cal`.
+
+    "difference": per pair, the constant's root over its bracket of the model's slower-minus-faster
+    estimate against the measured median difference; over several pairs, the median of their roots
+    (`keep` picks the pairs to fit, e.g. all but one shape's for a leave-one-out)."""
     evidence = cal.constants[name]["evidence"]
     if evidence is None:
         return None
     if evidence["fit"] != "difference":
         raise ValueError(f"{name}: unknown fit {evidence['fit']!r}")
-    sides = cal.measurements[evidence["measurement"]]["sides"]
-    slower, faster = sides[evidence["slower"]], sides[evidence["faster"]]
-    scale = 1e-3 if cal.measurements[evidence["measurement"]]["unit"] == "ms" else 1.0
-    measured = (slower["median"] - faster["median"]) * scale
     held = {k: c["value"] for k, c in cal.constants.items()}
+    roots = []
+    for pair in pairs(evidence):
+        if keep is not None and not keep(pair):
+            continue
+        measurement = cal.measurements[pair["measurement"]]
+        slower, faster = measurement["sides"][pair["slower"]], measurement["sides"][pair["faster"]]
+        scale = 1e-3 if measurement["unit"] == "ms" else 1.0
+        measured = (slower["median"] - faster["median"]) * scale
 
-    def error(value: float) -> float:
-        consts = dict(held, **{name: value})
-        gap = estimate(slower["problem"], slower["config"], consts) - estimate(
-            faster["problem"], faster["config"], consts
-        )
-        return gap - measured
+        def error(value: float, slower=slower, faster=faster, measured=measured) -> float:
+            consts = dict(held, **{name: value})
+            gap = estimate(slower["problem"], slower["config"], consts) - estimate(
+                faster["problem"], faster["config"], consts
+            )
+            return gap - measured
 
-    return bisect(error, *evidence["bracket"])
+        root = bisect(error, *evidence["bracket"])
+        if root is not None:
+            roots.append(root)
+    return statistics.median(roots) if roots else None
