@@ -85,7 +85,8 @@ def test_constants_without_evidence_say_why():
 def test_measurements_are_recorded_whole():
     """Each measurement names its date, GPU, versions and command, and each timed side its problem,
     config and raw samples, whose median is the one the fits use."""
-    used = {CAL.constants[name]["evidence"]["measurement"] for name in FITTED}
+    evidence = [CAL.constants[name]["evidence"] for name in FITTED]
+    used = {pair["measurement"] for e in evidence for pair in calibration.pairs(e)}
     assert used <= set(CAL.measurements)
     for key, m in CAL.measurements.items():
         assert m["date"] and m["gpu"] == CAL.device_kind and m["versions"] and m["command"], key
