@@ -110,5 +110,7 @@ def test_a_bad_lease_time_stops_the_worker_before_it_opens_a_database(value, tmp
 
 
 def test_a_worker_with_once_on_an_empty_queue_exits_cleanly(sqlite_url):
+    with open_store(sqlite_url):
+        pass  # the queue's database exists, with no job in it (--once refuses one not created)
     result = invoke("worker", "--once", "--db", sqlite_url)
     assert result.exit_code == 0 and "the queue is empty" in result.stderr
