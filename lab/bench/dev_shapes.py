@@ -31,6 +31,8 @@ MODELS = {
         Model("deepseek-v3-ep8", 32, 8, 7168, 2048),  # one of 8 expert-parallel shards
         Model("qwen3-next-80b-a3b", 512, 10, 2048, 512),
         Model("mixtral-8x7b", 8, 2, 4096, 14336),
+        # Hidden and FFN widths of 2880 (22.5 x 128): full-width tiles with a partial last step or tile.
+        Model("gpt-oss-120b", 128, 4, 2880, 2880),
     )
 }
 TOKENS = (1, 16, 128, 1024, 4096, 16384)

@@ -201,10 +201,18 @@ def estimate(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprin
     past_end = geo.cta_m - problem.m if problem.m < geo.cta_m and not config.pad_lhs else 0
     lhs_rows = geo.cta_m - past_end + past_end * ZERO_FILL_COST
     item_bytes = (lhs_rows + weight_tiles * geo.cta_n) * k_len * in_bytes
+    # A partial last K step or column tile: the operands past K and N are zero-filled, not read, and
+    # the tile multiplies them all the same (whole steps and tiles below).
+    k_run = geo.k_steps * config.block_k  # the K one item multiplies over, its last step's fill included
+    cols = problem.out_n / geo.col_tiles  # output columns of an average column tile
+    if k_run != k_len or cols != geo.cta_n:
+        filled = (geo.cta_m + weight_tiles * geo.cta_n) * (k_run - k_len)
+        filled += weight_tiles * (geo.cta_n - cols) * k_len
+        item_bytes = ((lhs_rows + weight_tiles * cols) * k_len + filled * ZERO_FILL_COST) * in_bytes
     stage_bytes = (geo.cta_m + weight_tiles * geo.cta_n) * config.block_k * in_bytes
 
-    # One item's multiplies: whole windows of rows (the tokens exactly under swap_ab).
-    flops = 2 * geo.cta_m * geo.cta_n * k_len * weight_tiles
+    # One item's multiplies: whole windows of rows (the tokens exactly under swap_ab), whole K steps.
+    flops = 2 * geo.cta_m * geo.cta_n * k_run * weight_tiles
     mma_rate = facts.mma_flops_per_clock * mma_rate_factor(problem) * clock * mma_efficiency(config, facts)
     # Waves of `resident` items on each busy SM. In a full wave an SM's items take its share of the
     # shared bandwidths (HBM, L2), their FLOPs at the tensor cores' rate (two near their limit at once
@@ -286,8 +294,8 @@ _TILES = (
     (64, 64, "none", False),
     (128, 128, "none", True),
 )
-# 64-column CTAs with a producer, ranked only where the output's width is an odd multiple of 64
-# (gpt-oss's 2880): that rules out every CTA of 128 or more columns above, which leaves 64x64 plain.
+# 64-column CTAs with a producer, ranked only where the output's width is no multiple of 128 (gpt-oss's
+# 2880): every wider CTA above then has a partial last column tile, whose zero-filled columns it multiplies.
 _NARROW_TILES = ((64, 64, "m", True), (128, 64, "none", True))
 # swap_ab tile shapes: token rows (wgmma's N) x weight columns.
 _SWAPPED_ROWS = (8, 16, 32)

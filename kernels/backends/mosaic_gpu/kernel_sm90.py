@@ -25,6 +25,13 @@ step, gate columns [c, c + cta_n) and the matching up columns F + c onwards, mul
 accumulators; the epilogue writes silu(gate) * up, so the [M, 2F] product never reaches memory. Output
 column tiles then cover F, not 2F.
 
+Widths that no step or tile divides (gpt-oss's 2880 = 22.5 x 128) run whole steps and tiles, the last
+one partial: TMA zero-fills the operands past K and N, so a partial K step adds nothing, and the stores
+clip the columns past N (a store chunk wholly past them is skipped). Under swiglu the gate tile of a
+partial column tile reaches into the up columns, products the clipped stores drop, and its up tile is
+indexed by element, F columns on. Mosaic GPU tiles the global operands by the shared-memory tiles, so
+the swizzle narrows to what divides K (64 bytes for K = 1440 in 128-wide steps).
+
 The FP8 ops ("grouped_matmul_fp8", "grouped_matmul_swiglu_fp8") run the same pipelines on float8 operands
 (wgmma e4m3/e5m2, float32 accumulators). Hopper's 8-bit wgmma takes both operands K-major, so the
 weights must be [G, N, K] (`transpose_rhs`, as checkpoints store them). Scales constant along K
@@ -41,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -70,6 +78,7 @@ class _Static:
     """Everything the kernel body needs that is known at trace time."""
 
     m: int
+    k: int
     g: int
     block_m: int
     block_n: int
@@ -93,6 +102,7 @@ class _Static:
     store_dtype: Any
     swiglu: bool = False
     up_col_offset: int = 0  # column tiles between a gate tile and its up tile (F / cta_n) under swiglu
+    out_n: int = 0  # output columns (F under swiglu): the last column tile may reach past them
     # Warp-specialized, persistent, and k_steps a multiple of stages: a CTA's tile pipelines run as one
     # chain, so the producer loads the next tile's first stages while the consumers finish this one.
     chain: bool = False
@@ -114,6 +124,11 @@ class _Static:
     def tiles(self) -> int:
         return self.row_tiles * self.col_tiles * self.split_k
 
+    @property
+    def n_tail(self) -> bool:
+        """Whether the last column tile reaches past the output's columns (a partial tile)."""
+        return self.out_n % self.cta_n != 0
+
     def loop_items(self, sched_ref: Any) -> int | jax.Array:
         """The nd_loop's work items: the static grid, or under the table with a persistent grid only
         the real tiles' items (read from the table), so that no CTA loops over idle ones."""
@@ -129,7 +144,10 @@ class _Static:
 
 
 def _operand_transforms(s: _Static) -> tuple:
-    swizzle = plgpu.find_swizzle(s.block_k * jnp.dtype(s.in_dtype).itemsize * 8, "lhs")
+    """The operand tiles' shared-memory tiling and swizzle. Mosaic GPU tiles the global operand by the
+    same (8, swizzle) tiles, so its contiguous dimension must be a whole number of them: with a partial
+    last K step, K = 1440 takes no 128-byte swizzle (64 columns) but a 64-byte one (32 columns)."""
+    swizzle = plgpu.find_swizzle(math.gcd(s.block_k, s.k) * jnp.dtype(s.in_dtype).itemsize * 8, "lhs")
     elems = swizzle // jnp.dtype(s.in_dtype).itemsize
     return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
 
@@ -146,7 +164,8 @@ def _out_smem(s: _Static, warpgroups: int) -> Any:
 def _in_specs(s: _Static, row0: jax.Array, col: jax.Array, k0: jax.Array, delay_release: int) -> list:
     """lhs rows [row0, row0 + cta_m) (element-indexed: row0 is any multiple of ROW_ALIGN), then one weight
     tile per accumulator: column tile `col` (the gate under swiglu), and under swiglu the up tile
-    `up_col_offset` column tiles further."""
+    `up_col_offset` column tiles further (F columns further, indexed by element, when F is no whole
+    number of column tiles)."""
     transforms = _operand_transforms(s)
     lhs = plgpu.BlockSpec(
         (pl.Element(s.cta_m), s.block_k),
@@ -155,21 +174,28 @@ def _in_specs(s: _Static, row0: jax.Array, col: jax.Array, k0: jax.Array, delay_
         delay_release=delay_release,
     )
 
+    # Under swiglu with a partial last column tile, F is no whole number of tiles: the columns are
+    # indexed by element, the up tile's from F + col * cta_n (in bounds up to 2F, zero-filled past it).
+    by_element = s.swiglu and s.n_tail
+    cols = pl.Element(s.cta_n) if by_element else s.cta_n
+
     def rhs(c):
         if s.transpose_rhs:
             return plgpu.BlockSpec(
-                (s.cta_n, s.block_k),
+                (cols, s.block_k),
                 lambda kk: (c, k0 + kk),
                 transforms=transforms,
                 delay_release=delay_release,
             )
         return plgpu.BlockSpec(
-            (s.block_k, s.cta_n),
+            (s.block_k, cols),
             lambda kk: (k0 + kk, c),
             transforms=transforms,
             delay_release=delay_release,
         )
 
+    if by_element:
+        return [lhs, rhs(col * s.cta_n), rhs(col * s.cta_n + s.out_n)]
     if s.swiglu:
         return [lhs, rhs(col), rhs(col + s.up_col_offset)]
     return [lhs, rhs(col)]
@@ -248,9 +274,9 @@ def _swapped_operands(s: _Static, a_smem: Any, b_smem: Any, wg: Any = None) -> t
 
 
 def _col_offsets(s: _Static) -> tuple[int, ...]:
-    """Per weight tile, its columns' offset from the gate tile's: under swiglu the up tile starts F =
-    up_col_offset column tiles after the gate's."""
-    return (0, s.up_col_offset * s.cta_n)[: _weight_tiles(s)]
+    """Per weight tile, its columns' offset from the gate tile's: under swiglu the up tile starts F
+    columns after the gate's."""
+    return (0, s.out_n)[: _weight_tiles(s)]
 
 
 def _epilogue(s: _Static, acc_refs: tuple, scale: Any = None) -> jax.Array:
@@ -337,7 +363,9 @@ def _store_rows(
 
     `acc` None writes zeros. The result leaves in [epi_m, epi_n] chunks through two shared-memory
     slots. Every chunk commits exactly one bulk group (empty when it holds none of the rows), so "at most
-    one group in flight" always means the slot about to be overwritten has been read out.
+    one group in flight" always means the slot about to be overwritten has been read out. In a partial
+    last column tile the TMA stores clip the columns past the output's; a chunk that starts past them
+    copies nothing.
     """
     first = jnp.clip(lo - row0, 0, s.block_m)
     end = jnp.clip(hi - row0, 0, s.block_m)
@@ -367,8 +395,11 @@ def _store_rows(
                 start = lo_in - r
                 for size in s.ladder:
                     take = count & size
+                    copies = take != 0
+                    if s.n_tail:
+                        copies = copies & (col0 + c < s.out_n)
 
-                    @pl.when(take != 0)
+                    @pl.when(copies)
                     def _copy(start=start, size=size, slot=slot, r=r, c=c):
                         plgpu.copy_smem_to_gmem(
                             smem.at[slot, pl.ds(start, size)],
@@ -668,8 +699,7 @@ def grouped_matmul_swiglu(
     row_start: jax.Array | None = None,
 ) -> jax.Array:
     """silu(gate) * up of ragged_dot(lhs [M, K], rhs [G, K, 2F] or [G, 2F, K]) -> [M, F] on Hopper, from
-    the float32 accumulators. Needs split_k == 1 and F a multiple of the CTA tile's columns. `row_start`
-    as grouped_matmul's."""
+    the float32 accumulators. Needs split_k == 1. `row_start` as grouped_matmul's."""
     return _grouped(
         GROUPED_MATMUL_SWIGLU, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype, rows,
         row_start=row_start,
@@ -717,11 +747,14 @@ def _check_operands(lhs: jax.Array, rhs: jax.Array, transpose_rhs: bool, scale_l
         raise ValueError(f"scale_layout={scale_layout!r} is not one of {SCALE_LAYOUTS}")
 
 
-def _kernel_scales(scale_layout: str, lhs_scale: jax.Array, rhs_scale: jax.Array, lhs_rows: int, cta_m: int):
+def _kernel_scales(
+    scale_layout: str, lhs_scale: jax.Array, rhs_scale: jax.Array, lhs_rows: int, cta_m: int, cols: int
+):
     """The scales as the kernel reads them (_Scales): one scalar and one per expert (tensor); the token
     scales [rows] padded past the last window's end (a window may start at row M - 1 and is cta_m rows
-    tall) and the channel scales [G, N] (row_channel); the token scales transposed, [K / 128, rows]
-    padded likewise, and the weight blocks' as they are (block)."""
+    tall) and the channel scales [G, N] (row_channel), padded to `cols` where a partial last column tile
+    reads past N; the token scales transposed, [K / 128, rows] padded likewise, and the weight blocks'
+    as they are (block)."""
     g = rhs_scale.shape[0]
     lhs_scale, rhs_scale = lhs_scale.astype(jnp.float32), rhs_scale.astype(jnp.float32)
     if scale_layout == "tensor":
@@ -729,7 +762,11 @@ def _kernel_scales(scale_layout: str, lhs_scale: jax.Array, rhs_scale: jax.Array
     if scale_layout == BLOCK_SCALE_LAYOUT:
         return jnp.pad(lhs_scale.T, ((0, 0), (0, lhs_rows + cta_m - lhs_scale.shape[0]))), rhs_scale
     token = lhs_scale.reshape(-1)
-    return jnp.pad(token, (0, lhs_rows + cta_m - token.shape[0])), rhs_scale.reshape(g, -1)
+    token = jnp.pad(token, (0, lhs_rows + cta_m - token.shape[0]))
+    channel = rhs_scale.reshape(g, -1)
+    if cols > channel.shape[1]:
+        channel = jnp.pad(channel, ((0, 0), (0, cols - channel.shape[1])))
+    return token, channel
 
 
 def _grouped(
@@ -763,13 +800,12 @@ def _grouped(
         scale_layout=scale_layout,
     )  # fmt: skip
     swiglu = problem.spec.rhs_columns_per_out_column == 2
-    if swiglu and (config.split_k > 1 or problem.out_n % config.cta_n):
-        raise ValueError(
-            f"{op} needs split_k=1 and F={problem.out_n} a multiple of cta_n={config.cta_n}; got {config}"
-        )
+    if swiglu and config.split_k > 1:
+        raise ValueError(f"{op} needs split_k=1; got {config}")
     geo = tiling.geometry(problem, config)
     s = _Static(
         m=problem.m,
+        k=problem.k,
         g=problem.g,
         block_m=config.block_m,
         block_n=config.block_n,
@@ -796,6 +832,7 @@ def _grouped(
         store_dtype=jnp.dtype(jnp.float32) if config.split_k > 1 else out_dtype,
         swiglu=swiglu,
         up_col_offset=problem.out_n // geo.cta_n if swiglu else 0,
+        out_n=problem.out_n,
         chain=chains(problem, config),
         table=config.tile_schedule == "table",
         persistent=config.persistent,
@@ -835,7 +872,11 @@ def _grouped(
         sizes = schedule.build_table(
             sizes, m=problem.m, cta_m=geo.cta_m, rows=s.row_tiles, row_start=row_start
         )
-    scale_args = () if scales is None else _kernel_scales(scale_layout, *scales, lhs.shape[0], geo.cta_m)
+    # The last column tile's channel scales: up to its end, F columns on under swiglu.
+    cols = s.col_tiles * s.cta_n + (problem.out_n if swiglu else 0)
+    scale_args = (
+        () if scales is None else _kernel_scales(scale_layout, *scales, lhs.shape[0], geo.cta_m, cols)
+    )
     out = kernel(sizes, lhs, rhs, *scale_args)
     if config.split_k > 1:
         out = out.sum(axis=0).astype(out_dtype)

@@ -41,6 +41,10 @@ from moetune.kernels.space import Constraint, SearchSpace
 
 # Split-K pays for its float32 partial sums only while the output is small (decode).
 SPLIT_K_MAX_M = 512
+# 16-bit ops: K need only be a multiple of this, and N (F under swiglu) of 64; the last K step and
+# column tile may be partial (k_steps_fit, n_tiles_fit).
+K_GRANULE = 16
+FP8_K_GRANULE = 32
 
 DOMAINS: dict[str, tuple] = {
     "block_m": (64, 128),
@@ -74,16 +78,35 @@ FEW_ROWS_DOMAINS: dict[str, tuple] = {
 WALK_MAX_GROUPS = 64
 
 
-def k_divisible(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
-    if problem.k % (config.block_k * config.split_k):
-        return f"K={problem.k} is not a multiple of block_k * split_k = {config.block_k * config.split_k}"
+def k_steps_fit(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    # The last K step may be partial (TMA zero-fills the operands past K, so it adds nothing), and the
+    # steps split evenly over split_k CTAs, so that no CTA's step lies wholly past K. Example: K=2880 in
+    # 128-wide steps is 22 whole steps and one of 64 columns. Block scales take whole steps: a step's
+    # scale blocks are read per step.
+    if problem.scale_layout == tiling.BLOCK_SCALE_LAYOUT:
+        if problem.k % (config.block_k * config.split_k):
+            product = config.block_k * config.split_k
+            return f"K={problem.k} is not a multiple of block_k * split_k = {product} (block scales)"
+        return None
+    steps = tiling.cdiv(problem.k, config.block_k)
+    if steps % config.split_k:
+        return (
+            f"K={problem.k} makes {steps} steps of block_k={config.block_k}, "
+            f"not a multiple of split_k={config.split_k}"
+        )
     return None
 
 
-def n_divisible(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
-    # Under swiglu the tiles cover the F output columns, and an up tile sits F columns after its gate.
-    if problem.out_n % config.cta_n:
-        return f"{_out_columns(problem)} is not a multiple of the CTA tile's {config.cta_n} columns"
+def n_tiles_fit(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    # The last column tile may be partial (its weight columns past N zero-filled, or under swiglu the
+    # gate tile's reaching into the up columns, whose products the clipped stores drop; per-channel
+    # scales padded past N). Block scales' weight blocks are read per tile and take none yet. Under
+    # swiglu the tiles cover the F columns.
+    if problem.scale_layout == tiling.BLOCK_SCALE_LAYOUT and problem.out_n % config.cta_n:
+        return (
+            f"{_out_columns(problem)} is not a multiple of the CTA tile's {config.cta_n} columns "
+            f"(block scales take no partial column tile)"
+        )
     return None
 
 
@@ -206,8 +229,8 @@ def cta_rows_not_wasted(problem: Problem, config: MosaicGpuConfig, device: Devic
 
 
 VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (
-    k_divisible,
-    n_divisible,
+    k_steps_fit,
+    n_tiles_fit,
     split_k_linear,
     tma_box_fits,
     epilogue_rows_aligned,
@@ -233,15 +256,22 @@ def check_problem(problem: Problem) -> None:
     backend's check declines the other ops first)."""
     if problem.scale_layout != "none":
         _check_fp8(problem)
-    elif problem.lhs_dtype != problem.rhs_dtype or problem.lhs_dtype not in ("bfloat16", "float16"):
+        if problem.out_n % 64:
+            raise Unsupported(f"{_out_columns(problem)} is not a multiple of 64 (the smallest block_n)")
+        return
+    if problem.lhs_dtype != problem.rhs_dtype or problem.lhs_dtype not in ("bfloat16", "float16"):
         raise Unsupported(
             f"mosaic_gpu needs bfloat16 or float16 operands of one dtype, not "
             f"lhs={problem.lhs_dtype} rhs={problem.rhs_dtype}"
         )
-    if problem.k % 32:
-        raise Unsupported(f"K={problem.k} is not a multiple of 32 (the smallest block_k)")
+    # A partial last K step is zero-filled by TMA, whose rows must start on 16 bytes; the operand tiles'
+    # swizzle narrows to what divides K (kernel_sm90). The output's rows are stored through 128-byte
+    # swizzled tiles of 64 columns, and Mosaic GPU tiles the global output by them (jax 0.11.2 rounds
+    # no tiled dimension up): N (F under swiglu) a multiple of 64, its last CTA tile partial or not.
+    if problem.k % K_GRANULE:
+        raise Unsupported(f"K={problem.k} is not a multiple of {K_GRANULE}")
     if problem.out_n % 64:
-        raise Unsupported(f"{_out_columns(problem)} is not a multiple of 64 (the smallest block_n)")
+        raise Unsupported(f"{_out_columns(problem)} is not a multiple of 64 (the output's swizzled tiles)")
 
 
 FP8_OPERANDS = ("float8_e4m3fn", "float8_e5m2")
@@ -260,8 +290,12 @@ def _check_fp8(problem: Problem) -> None:
         )
     if problem.scale_layout not in tiling.SCALE_LAYOUTS:
         raise Unsupported(f"mosaic_gpu serves scale layouts {', '.join(tiling.SCALE_LAYOUTS)}")
-    if problem.k % tiling.SCALE_BLOCK:
-        raise Unsupported(f"K={problem.k} is not a multiple of {tiling.SCALE_BLOCK} (an FP8 K step)")
+    block_scaled = problem.scale_layout == tiling.BLOCK_SCALE_LAYOUT
+    if block_scaled and problem.k % tiling.SCALE_BLOCK:
+        raise Unsupported(f"K={problem.k} is not a multiple of {tiling.SCALE_BLOCK} (a scale block)")
+    # 32 bytes: the narrowest swizzle the operand tiles narrow to for a partial last K step.
+    if problem.k % FP8_K_GRANULE:
+        raise Unsupported(f"K={problem.k} is not a multiple of {FP8_K_GRANULE}")
     gated = problem.spec.rhs_columns_per_out_column == 2
     if gated and problem.scale_layout == tiling.BLOCK_SCALE_LAYOUT and problem.out_n % tiling.SCALE_BLOCK:
         raise Unsupported(
@@ -329,7 +363,8 @@ def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
 SEEDS = 6
 # Places of the ranking where near-ties are broken by the family's order (cost.ranked).
 RANKED_PLACES = 64
-# Valid for every problem check_problem() accepts: K % 32 == 0, N (or F) % 64 == 0, 16-bit operands.
+# Valid for every 16-bit problem check_problem() accepts (K a multiple of 16, N or F of 64; a partial
+# last K step), and with 128-wide K steps for every FP8 one.
 _ALWAYS_VALID = MosaicGpuConfig(
     block_m=64, block_n=64, block_k=32, max_concurrent_steps=2, warp_specialized=False, wg_split="none"
 )

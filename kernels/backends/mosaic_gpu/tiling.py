@@ -46,7 +46,7 @@ class TileGeometry:
     cta_m: int
     cta_n: int
     consumers: int
-    k_steps: int  # pipeline steps per tile: K / (block_k * split_k)
+    k_steps: int  # pipeline steps per tile: cdiv(cdiv(K, block_k), split_k), the last one maybe partial
     stages: int  # pipeline depth actually allocated: min(max_concurrent_steps, k_steps)
     row_tiles: int  # static bound on row tiles (see module docstring)
     col_tiles: int
@@ -80,7 +80,7 @@ def row_tiles(problem: Problem, config: MosaicGpuConfig) -> int:
 
 
 def geometry(problem: Problem, config: MosaicGpuConfig) -> TileGeometry:
-    k_steps = max(1, problem.k // (config.block_k * config.split_k))
+    k_steps = max(1, cdiv(cdiv(problem.k, config.block_k), config.split_k))
     return TileGeometry(
         cta_m=config.cta_m,
         cta_n=config.cta_n,

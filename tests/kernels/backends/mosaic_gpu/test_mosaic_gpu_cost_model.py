@@ -230,32 +230,45 @@ def test_family_holds_buildable_configs_and_swapped_tiles_only_for_few_rows():
         assert all(c.split_k == 1 for c in family if c.swap_ab)
 
 
-def test_a_width_that_rules_out_128_column_ctas_still_gets_a_producer_warpgroup():
-    # gpt-oss's down GEMM: N = 2880 is 45 x 64, so every CTA of 128 or more columns is invalid.
+def test_a_width_of_odd_64s_gets_full_width_tiles_with_a_partial_last_one():
+    # gpt-oss's down GEMM: N = 2880 is 45 x 64. A 256-column CTA covers it in 11.25 tiles, the last one a
+    # quarter full, and the model counts its zero-filled columns as whole tiles: 2% more tiles than
+    # columns, against 64-column tiles' twice as many weight-tile copies per lhs row.
     odd = Problem("grouped_matmul", m=16384 * 4, k=2880, n=2880, g=128)
     ranked = space.ranking(odd, HOPPER)  # the family's configs that every constraint admits, best first
-    narrow = [(c, e.seconds) for c, e in ranked if c.cta_n == 64 and c.warp_specialized]
-    others = [(c, e.seconds) for c, e in ranked if not (c.cta_n == 64 and c.warp_specialized)]
-    assert narrow and others and all(c.cta_m == 128 for c, _ in narrow)
-    assert space.heuristic(odd, HOPPER) == narrow[0][0] == ranked[0][0]
-    assert narrow[0][1] < min(seconds for _, seconds in others)
-    # Where 128-column CTAs fit, the family is as it was: no 64-column CTA with a producer.
+    narrow = [e.seconds for c, e in ranked if c.cta_n == 64]
+    pick = space.heuristic(odd, HOPPER)
+    assert pick == ranked[0][0] and pick.cta_n >= 128 and odd.n % pick.cta_n
+    assert narrow and ranked[0][1].seconds < min(narrow)
+    # Where 128-column CTAs divide the width, the family is as it was: no 64-column CTA with a producer.
     for problem in PROBLEMS:
         assert not any(c.cta_n == 64 and c.warp_specialized for c in _family(problem))
 
 
-def test_a_k_that_only_32_wide_steps_divide_is_ranked_not_left_to_the_fallback():
-    # gpt-oss's down GEMM at TP=2: K = 1440 per shard is 45 x 32. The last resort, when the ranking is
-    # empty, is a two-stage 64x64 tile without a producer.
+def test_a_k_of_odd_32s_gets_wide_k_steps_with_a_partial_last_one():
+    # gpt-oss's down GEMM at TP=2: K = 1440 per shard is 45 x 32, 11.25 steps of 128. The last resort,
+    # when the ranking is empty, is a two-stage 64x64 tile without a producer.
     last_resort = C(
         block_m=64, block_n=64, block_k=32, max_concurrent_steps=2, warp_specialized=False, wg_split="none"
     )
     for m in (8, 4096, 65536):
         odd = Problem("grouped_matmul", m=m, k=1440, n=2880, g=128)
         ranked = space.ranking(odd, HOPPER)
-        assert ranked and all(c.block_k == 32 for c, _ in ranked)
-        assert space.heuristic(odd, HOPPER) == ranked[0][0]
+        assert ranked and space.heuristic(odd, HOPPER) == ranked[0][0]
+        assert ranked[0][0].block_k > 32 and odd.k % ranked[0][0].block_k
         assert ranked[0][1].seconds < cost.estimate(odd, last_resort, HOPPER).seconds
+
+
+def test_a_partial_last_step_or_tile_costs_its_whole_multiplies_and_its_fill():
+    # The same tile on K = 1440 (11.25 steps of 128) and on K = 1536 (12 whole steps): the same FLOPs
+    # and steps, so about the same time (the fill's bytes cost no less than the real ones'), not 6% less.
+    config = C(block_m=128, block_n=128, block_k=128, max_concurrent_steps=2, wg_split="n")
+    tail, whole = (Problem("grouped_matmul", m=65536, k=k, n=2816, g=128) for k in (1440, 1536))
+    assert tiling.geometry(tail, config).k_steps == tiling.geometry(whole, config).k_steps == 12
+    assert cost.estimate(tail, config, HOPPER).seconds > 0.98 * cost.estimate(whole, config, HOPPER).seconds
+    # N = 2816 is 11 tiles of 256 columns; 2880 takes a 12th for its last 64.
+    wider = dataclasses.replace(tail, n=2880)
+    assert cost.estimate(wider, config, HOPPER).seconds > 1.05 * cost.estimate(tail, config, HOPPER).seconds
 
 
 def test_every_width_and_depth_the_backend_accepts_gets_a_ranked_config():

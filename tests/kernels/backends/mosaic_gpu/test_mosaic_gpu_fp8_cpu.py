@@ -112,6 +112,54 @@ def test_block_scales_lower_for_hopper(op, config):
     assert "moetune_gmm_" in exported.mlir_module()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "op, layout, config, k, n",
+    [
+        # 1.25 K steps of 128 (a 32-byte swizzle: K = 160); 2.5 CTA tiles of 128 columns
+        ("grouped_matmul_fp8", "row_channel", WS, 160, 320),
+        # F = 192: 1.5 CTA tiles, the channel scales padded past the up columns
+        ("grouped_matmul_swiglu_fp8", "row_channel", SWAB, 160, 384),
+        ("grouped_matmul_swiglu_fp8", "tensor", PLAIN, 224, 384),  # 1.75 K steps (64-byte swizzle)
+    ],
+)
+def test_interpreted_partial_last_k_step_and_column_tile(op, layout, config, k, n):
+    problem = _problem(op, layout, k=k, n=n)
+    assert k % config.block_k  # and, but for the last case, a partial last column tile
+    args = _inputs(problem)
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
+        out = np.asarray(_kernel(problem, config, num_sms=3)(*args).astype(jnp.float32))
+    assert np.isfinite(out).all(), "the interpreter's NaN-filled output was not fully overwritten"
+    ref = np.asarray(ops.get(op).reference(*args, transpose_rhs=True))
+    assert relative_error(out, ref) < ops.get(op).tolerance["bfloat16"]
+    assert not out[sum(SIZES) :].any()
+
+
+@pytest.mark.parametrize("tokens", [4096, pytest.param(16384, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "op, k, n",
+    [
+        ("grouped_matmul_fp8", 2880, 2880),
+        ("grouped_matmul_fp8", 1440, 2880),
+        ("grouped_matmul_swiglu_fp8", 2880, 5760),
+    ],
+)
+def test_heuristic_tail_configs_lower_for_hopper_at_gpt_oss_shapes(op, k, n, tokens):
+    # gpt-oss-120b (128 experts, top-4, H = F = 2880) in FP8 with per-token x per-channel scales.
+    problem = _problem(op, "row_channel", m=4 * tokens, k=k, n=n, g=128)
+    config = space.heuristic(problem, HOPPER)
+    assert k % config.block_k or problem.out_n % config.cta_n
+    args = [
+        jax.ShapeDtypeStruct((problem.m, problem.k), jnp.float8_e4m3fn),
+        jax.ShapeDtypeStruct(fp8_scales.scale_shape(problem, "lhs"), jnp.float32),
+        jax.ShapeDtypeStruct(problem.rhs_shape, jnp.float8_e4m3fn),
+        jax.ShapeDtypeStruct(fp8_scales.scale_shape(problem, "rhs"), jnp.float32),
+        jax.ShapeDtypeStruct((problem.g,), jnp.int32),
+    ]
+    exported = jax.export.export(jax.jit(_kernel(problem, config, 132)), platforms=["cuda"])(*args)
+    assert "moetune_gmm_" in exported.mlir_module()
+
+
 def test_fp8_operands_must_be_k_major_and_ocp():
     problem = _problem("grouped_matmul_fp8", "row_channel")
     lhs, lhs_scale, rhs, rhs_scale, sizes = _inputs(problem)

@@ -23,12 +23,14 @@ jax = require("jax")
 jnp = jax.numpy
 plgpu = require("jax.experimental.pallas.mosaic_gpu")
 
-from moetune.kernels.backends.mosaic_gpu import kernel_sm90, schedule, tiling, timer  # noqa: E402
+from moetune.kernels.backends.mosaic_gpu import kernel_sm90, schedule, space, tiling, timer  # noqa: E402
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C  # noqa: E402
+from moetune.kernels.device import DeviceFingerprint  # noqa: E402
 from moetune.kernels.problem import Problem, problem_of  # noqa: E402
 from moetune.kernels.reference import reference_grouped_matmul, relative_error  # noqa: E402
 
 PLAIN = dict(warp_specialized=False, wg_split="none")
+HOPPER = DeviceFingerprint("NVIDIA H200", "gpu", 132, 0, "9.0", "", "", "", "")
 
 
 def _tiles(sizes, m, cta_m):
@@ -159,6 +161,7 @@ def _interpret(config, m, k, n, sizes, transpose=False):
         )
     out = np.asarray(out.astype(jnp.float32))
     ref = np.asarray(reference_grouped_matmul(lhs, rhs, group_sizes, transpose_rhs=transpose))
+    assert np.isfinite(out).all(), "the interpreter's NaN-filled output was not fully overwritten"
     assert relative_error(out, ref) < 1e-2
     assert not out[min(sum(sizes), m) :].any()
 
@@ -235,6 +238,32 @@ def _lhs_rows(config, m) -> set[int]:
     return {a.shape[0] for a in avals if a.shape[1:] == (128,) and a.dtype == jnp.bfloat16 and a.ndim == 2}
 
 
+# Widths that are no multiple of the tile, scaled down so that the interpreter runs them in seconds but
+# keeping their tails: gpt-oss's 2880 (22.5 x 128, 11.25 x 256: a last tile of 64), its down at TP=2 with
+# K=1440 (11.25 x 128: a last K step of 32), 5760 (22.5 x 256), 1408 and 2816 (5.5 and 11 x 256).
+TAIL_WS = C(block_m=64, block_n=128, block_k=128, max_concurrent_steps=2, wg_split="n")
+TAIL_PLAIN = C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=2, **PLAIN)
+
+
+@pytest.mark.parametrize(
+    "config, k, n, transpose",
+    [
+        (TAIL_WS, 192, 384, True),  # 2880's K tail (1.5 steps of 128); 1408's column tail (1.5 x 256)
+        # swap-AB (16 token rows on wgmma's N side): 2.5 CTA tiles of 128 columns, 1.25 K steps of 128
+        (C(block_m=16, block_n=64, block_k=128, max_concurrent_steps=2, wg_split="n"), 160, 320, False),
+        # 11.25 K steps of 128; 320 = 1.25 CTA tiles of 256 (as 2880)
+        pytest.param(TAIL_WS, 1440, 320, False, marks=pytest.mark.slow),
+        # 2880 itself: 22.5 tiles of 128; K=96 is 1.5 steps of 64
+        pytest.param(TAIL_PLAIN, 96, 2880, False, marks=pytest.mark.slow),
+        # 12 steps (the last partial), 6 a split
+        pytest.param(dataclasses.replace(TAIL_WS, split_k=2), 1440, 320, False, marks=pytest.mark.slow),
+    ],
+)
+def test_interpreted_partial_last_k_step_and_column_tile(config, k, n, transpose):
+    assert k % (config.block_k * config.split_k) or n % config.cta_n
+    _interpret(config, 40, k, n, [17, 0, 13], transpose=transpose)
+
+
 def _lower(config, m, k, n, g):
     lhs = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
     rhs = jax.ShapeDtypeStruct((g, k, n), jnp.bfloat16)
@@ -269,6 +298,18 @@ def test_kernel_name_tags_the_config():
     name = kernel_sm90.kernel_name(C(wg_split="m", persistent=False, split_k=2, block_m=64))
     assert name == "moetune_gmm_m64n128k64s4_m8_np_wsm_e64x64_sk2"
     assert "_expert16_" in kernel_sm90.kernel_name(C(grid_minor_dim="expert", grid_tile_width=16))
+
+
+GPT_OSS_WIDTHS = [(2880, 2880), (1440, 2880), (2880, 5760), (2048, 1408), (1408, 2816)]
+
+
+@pytest.mark.parametrize("tokens", [4096, 16384])
+@pytest.mark.parametrize("k, n", GPT_OSS_WIDTHS)
+def test_heuristic_tail_configs_lower_for_hopper_at_full_size(k, n, tokens):
+    # gpt-oss-120b (128 experts, top-4): its down (K=N=2880), at TP=2 (K=1440), and the widths 1408/2816.
+    problem = Problem("grouped_matmul", m=tokens * 4, k=k, n=n, g=128)
+    config = space.heuristic(problem, HOPPER)
+    assert "mosaic_gpu" in _lower(config, problem.m, k, n, problem.g).mlir_module()
 
 
 def test_expert_order_lowers_for_hopper_mixtral_gate_up():

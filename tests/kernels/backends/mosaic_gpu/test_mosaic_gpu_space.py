@@ -49,18 +49,43 @@ def _reason(constraint, problem, config, device=HOPPER):
     return constraint(problem, config, device)
 
 
-def test_k_divisible():
-    assert _reason(space.k_divisible, GATE_UP, DEFAULT) is None
-    odd_k = dataclasses.replace(GATE_UP, k=4096 + 32)
-    assert "K=4128 is not a multiple of block_k * split_k = 64" in _reason(space.k_divisible, odd_k, DEFAULT)
+def _fp8(k, n, layout="block_1x128_128x128"):
+    fp8 = "float8_e4m3fn"
+    return Problem(
+        "grouped_matmul_fp8", 4096, k, n, 8, fp8, fp8, "bfloat16", transpose_rhs=True, scale_layout=layout
+    )
+
+
+def test_k_steps_fit_takes_a_partial_last_step_split_evenly():
+    assert _reason(space.k_steps_fit, GATE_UP, DEFAULT) is None
+    # K=4128 in 64-wide steps: 64 whole steps and one of 32 columns.
+    assert _reason(space.k_steps_fit, dataclasses.replace(GATE_UP, k=4096 + 32), DEFAULT) is None
     split = C(block_m=64, block_k=128, split_k=4, wg_split="n")
-    assert "= 512" in _reason(space.k_divisible, dataclasses.replace(GATE_UP, k=4096 + 128), split)
+    # 33 steps (the last partial) do not split over 4 CTAs; 36 (K=4512: 35 whole and one of 32) do.
+    reason = _reason(space.k_steps_fit, dataclasses.replace(GATE_UP, k=4096 + 128), split)
+    assert "makes 33 steps of block_k=128, not a multiple of split_k=4" in reason
+    assert _reason(space.k_steps_fit, dataclasses.replace(GATE_UP, k=4512), split) is None
+    # FP8 with scales constant along K takes a partial step; block scales whole steps only.
+    assert _reason(space.k_steps_fit, _fp8(2880, 4096, "row_channel"), C(block_k=256)) is None
+    assert "(block scales)" in _reason(space.k_steps_fit, _fp8(4096 + 128, 4096), C(block_k=256))
 
 
-def test_n_divisible_uses_the_cta_tile():
+def test_n_tiles_fit_takes_a_partial_last_tile_but_not_under_block_scales():
     n_320 = dataclasses.replace(GATE_UP, n=320)
-    assert "CTA tile's 256 columns" in _reason(space.n_divisible, n_320, DEFAULT)
-    assert _reason(space.n_divisible, n_320, C(block_n=64, wg_split="none")) is None
+    assert _reason(space.n_tiles_fit, n_320, DEFAULT) is None
+    assert _reason(space.n_tiles_fit, _fp8(4096, 320, "row_channel"), DEFAULT) is None
+    assert "CTA tile's 256 columns" in _reason(space.n_tiles_fit, _fp8(4096, 384), DEFAULT)
+    assert _reason(space.n_tiles_fit, _fp8(4096, 384), C(block_n=128, wg_split="none")) is None
+
+
+@pytest.mark.parametrize("k, n", [(2880, 2880), (1440, 2880), (2880, 5760), (2048, 1408), (1408, 2816)])
+def test_partial_widths_are_problems_and_full_width_tail_configs_pass_every_validity_constraint(k, n):
+    problem = dataclasses.replace(GATE_UP, k=k, n=n)
+    space.check_problem(problem)
+    wide = C(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, wg_split="n")
+    assert all(c(problem, wide, HOPPER) is None for c in space.VALIDITY_CONSTRAINTS)
+    with pytest.raises(Unsupported, match="K=2888 is not a multiple of 16"):
+        space.check_problem(dataclasses.replace(problem, k=2888))
 
 
 def test_tma_box_fits():
