@@ -15,6 +15,8 @@ from moetune.kernels.backends.xla.config import XlaConfig
 from moetune.kernels.errors import Unsupported
 from tests.kernels.test_kernels_subprocess import run_python
 
+pytestmark = pytest.mark.slow  # the second tier: seconds per case on a CPU
+
 G, LOCAL, OFFSET = 6, 2, 3  # the slice holds experts 3 and 4 of 6
 SIZES = jnp.asarray([4, 0, 7, 5, 0, 6], jnp.int32)  # 22 real rows; expert 4 is empty
 M, K, N = 26, 8, 12  # 4 rows past the groups

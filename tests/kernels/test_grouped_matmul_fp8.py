@@ -19,6 +19,8 @@ from moetune.kernels.reference import reference_of, relative_error
 from moetune.tuner import verify
 from moetune.tuner.input_cache import InputCache, Reference
 
+pytestmark = pytest.mark.slow  # the second tier: seconds per case on a CPU
+
 LAYOUTS = SCALE_LAYOUTS[1:]
 FP8 = "float8_e4m3fn"
 SIZES = [10, 0, 17, 5]  # 32 of 40 rows: the last 8 belong to no group

@@ -20,6 +20,8 @@ from moetune.kernels.moe.reference import gated_activation
 from moetune.kernels.ops.spec import TOLERANCE
 from moetune.kernels.reference import relative_error
 
+pytestmark = pytest.mark.slow  # the second tier: seconds per case on a CPU
+
 # (m, k, n, group sizes): an empty expert, rows past the groups, one expert holding every row.
 SHAPES = [
     (40, 16, 24, [10, 0, 21, 4]),

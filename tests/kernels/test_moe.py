@@ -13,6 +13,8 @@ from moetune.kernels.moe import layer as moe_module
 from moetune.kernels.moe import moe_mlp, moe_problems, route, sort_by_expert
 from moetune.kernels.moe.reference import combine_matrix, moe_mlp_reference
 
+pytestmark = pytest.mark.slow  # the second tier: seconds per case on a CPU
+
 # Jitted: the reference run op by op costs more compile time than the whole layer.
 reference = jax.jit(moe_mlp_reference, static_argnames=("top_k", "renormalize", "activation"))
 routed = jax.jit(moe_mlp, static_argnames=("top_k", "renormalize", "activation", "backend", "fuse"))

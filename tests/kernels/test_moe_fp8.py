@@ -10,6 +10,8 @@ import pytest
 from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.moe import moe_mlp, quantize_weights
 
+pytestmark = pytest.mark.slow  # the second tier: seconds per case on a CPU
+
 T, H, F, E, TOP_K = 16, 256, 128, 4, 2
 # Relative Frobenius error ||fp8 - bf16|| / ||bf16|| of the layer's output. e4m3 keeps 4 significant
 # bits: each quantized value is off by at most 2^-4 relative, about 2^-4/sqrt(3) = 3.6% RMS. Each GEMM's

@@ -13,6 +13,8 @@ from moetune.kernels.lookup import LOOKUP
 from moetune.kernels.moe import layer as moe
 from moetune.kernels.moe import routing_kernel
 
+pytestmark = pytest.mark.slow  # the second tier: seconds per case on a CPU
+
 
 @pytest.fixture(autouse=True)
 def no_database():

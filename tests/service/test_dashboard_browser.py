@@ -19,6 +19,8 @@ from tests.browser import DRAW_TIMEOUT_S, PNG_MAGIC, chromium, console_errors, f
 from tests.service.dashboard_seed import OTHER_GPU, seeded
 from tests.tuner.sim_sweeps import DEVICE
 
+pytestmark = pytest.mark.slow  # a headless browser
+
 START_TIMEOUT_S = 20
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from examples.train_moe import TrainConfig, main, train
 
+pytestmark = pytest.mark.slow  # the second tier: seconds per case on a CPU
+
 SMALL = TrainConfig(
     vocab=64, dim=32, heads=2, layers=1, experts=4, top_k=2, ffn=32, seq=16, batch=4, steps=5, log_every=0
 )

@@ -11,6 +11,8 @@ from tests.browser import DRAW_TIMEOUT_S, PNG_MAGIC, chromium, console_errors, f
 from tests.db import db_factories
 from tests.tuner.sim_sweeps import DEVICE, run_sim_sweep
 
+pytestmark = pytest.mark.slow  # a headless browser
+
 
 @pytest.fixture
 def browser(tmp_path):

@@ -14,6 +14,8 @@ from moetune.kernels.backends.xla.config import STRATEGIES
 from moetune.kernels.problem import Problem
 from moetune.kernels.reference import reference_grouped_matmul, relative_error, tolerance
 
+pytestmark = pytest.mark.slow  # the second tier: seconds per case on a CPU
+
 # Per strategy, the configs exercised: chunked with chunks smaller than, near and larger than M, and
 # steps of one item, a few, and more than there are.
 CONFIGS = {
