@@ -122,6 +122,10 @@ def test_every_command_that_prints_data_has_json():
 
 def test_plan_sweeps_doctor_and_db_current_print_numbers_as_numbers(tmp_path):
     url = f"sqlite:///{tmp_path / 'x.db'}"
+    from moetune.db import open_store
+
+    with open_store(url):
+        pass  # a database that exists: a dry run creates none, and read commands refuse a missing one
     plan = json.loads(
         invoke("tune", "--model", "tiny", "--backend", "xla", "--dry-run", "--json", "--db", url).stdout
     )
