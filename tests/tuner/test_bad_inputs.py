@@ -675,6 +675,8 @@ cases(
     "import: configs outside their domain",
     import_pack("items_per_step of 10^6", pack(xla_pack(10**6))),
     import_pack("items_per_step of 3", pack(xla_pack(3))),
+    import_pack("grid_tile_width of 10^6", pack(change(_config, grid_tile_width=10**6))),
+    import_pack("split_k of 3", pack(change(_config, split_k=3))),
 )
 
 cases(

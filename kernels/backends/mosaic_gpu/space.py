@@ -228,7 +228,18 @@ def cta_rows_not_wasted(problem: Problem, config: MosaicGpuConfig, device: Devic
     return None
 
 
+def domain_values(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    """The fields that the config itself bounds only from below (the tile order's width, split-K) take a
+    value of their domain, so a pack cannot carry one no sweep would ever try (grid_tile_width=10**6)."""
+    for name in ("grid_tile_width", "split_k"):
+        allowed = sorted(set(DOMAINS[name]) | set(FEW_ROWS_DOMAINS.get(name, ())))
+        if getattr(config, name) not in allowed:
+            return f"{name}={getattr(config, name)} is not one of {', '.join(map(str, allowed))}"
+    return None
+
+
 VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (
+    domain_values,
     k_steps_fit,
     n_tiles_fit,
     split_k_linear,
