@@ -4,7 +4,8 @@ gpt-oss-120b (128 experts, top-4, hidden and FFN 2880) at T = 4096 and 16384 tok
 SwiGLU epilogue (F = 2880, 22.5 tiles of 128) and its down (K = N = 2880; at TP=2, K = 1440: a last K
 step of 32 columns under a 64-byte swizzle), the heuristic's config and fixed full-width ones with a
 partial last K step and column tile; the widths 5760, 1408 and 2816; and the FP8 forms with scales
-constant along K (per tensor, per token x per channel). The output buffer is poisoned (a NaN allocation
+constant along K (per tensor, per token x per channel); and the weight gradient (K = N = 2880, 2F = 5760:
+22.5 tiles of 128 along P and Q). The output buffer is poisoned (a NaN allocation
 freed just before the call), so an unwritten element shows as NaN.
 """
 
@@ -119,3 +120,25 @@ def test_gpt_oss_fp8(op, k, n, layout, fixed):
     assert np.isfinite(out).all(), "NaN/inf in the output: some elements were not written"
     err = relative_error(out, ref)
     assert err < spec.tolerance["bfloat16"], f"relative error {err:.3e} for {config}"
+
+
+@pytest.mark.parametrize("n", [2880, 5760])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_gpt_oss_weight_gradient(n, transpose):
+    m = 4096 * TOP_K
+    problem = Problem("grouped_matmul_drhs", m, 2880, n, EXPERTS, transpose_rhs=transpose)
+    config = registry.get("mosaic_gpu").heuristic(problem, current_fingerprint())
+    print(f"grouped_matmul_drhs T=4096 K=2880 N={n} transpose={transpose}: {config}")
+    key_l, key_d = jax.random.split(jax.random.key(n))
+    lhs = jax.random.normal(key_l, (m, 2880), jnp.bfloat16)
+    dout = jax.random.normal(key_d, (m, n), jnp.bfloat16)
+    group_sizes = _sizes(m, EXPERTS, seed=2)
+    fn = jax.jit(registry.get("mosaic_gpu").build(problem, config))
+    shape = (EXPERTS, n, 2880) if transpose else (EXPERTS, 2880, n)
+    jax.block_until_ready(jnp.full(shape, jnp.nan, jnp.bfloat16)).delete()
+    out = np.asarray(fn(lhs, dout, group_sizes).astype(jnp.float32))
+    ref = np.asarray(reference_of(problem)(lhs, dout, group_sizes))
+    assert out.shape == shape
+    assert np.isfinite(out).all(), "NaN/inf in the output: some elements were not written"
+    err = relative_error(out, ref)
+    assert err < tolerance(jnp.bfloat16), f"relative error {err:.3e} for {config}"

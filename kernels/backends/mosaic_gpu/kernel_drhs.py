@@ -26,6 +26,10 @@ grid_tile_width lay its [P, Q] tiles in strips of that many tiles along P or Q, 
 at once share operand tiles in L2 (with "m" and width 1 every P tile streams the expert's whole dout: at
 Mixtral's 28672 columns that is the expert's 58 MB of dout again for each of K's tiles). The epilogue
 chunks, split-K, pad_lhs and the tile schedule play no part and stay at their defaults.
+
+Output sides that no tile divides (gpt-oss's K = N = 2880 in 128-wide tiles) take a partial last tile:
+TMA zero-fills the operand columns past them and the stores clip; a consumer's tile wholly past Q stores
+nothing. The sides must be multiples of 64: Mosaic GPU tiles the global arrays by the swizzled tiles.
 """
 
 from __future__ import annotations
@@ -61,10 +65,16 @@ class _Static:
     out_dtype: Any
     minor_dim: str = "m"
     tile_width: int = 1
+    q: int = 0  # output columns of an expert: the last CTA tile may reach past them
 
     @property
     def cta_q(self) -> int:
         return self.tile_q * self.consumers
+
+    @property
+    def q_tail(self) -> bool:
+        """Whether the last CTA tile along Q is partial (a consumer's tile may lie wholly past Q)."""
+        return self.q % self.cta_q != 0
 
     @property
     def items(self) -> int:
@@ -142,7 +152,16 @@ def _store(acc: jax.Array | None, out_ref: Any, smem: Any, g: Any, p0: Any, q0: 
     else:
         smem[...] = acc.astype(s.out_dtype)
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(smem, out_ref.at[g, pl.ds(p0, s.tile_p), pl.ds(q0, s.tile_q)])
+
+    # A partial last tile: TMA stores clip the rows and columns past P and Q (the operands past them were
+    # zero-filled); a consumer's tile wholly past Q stores nothing.
+    def copy():
+        plgpu.copy_smem_to_gmem(smem, out_ref.at[g, pl.ds(p0, s.tile_p), pl.ds(q0, s.tile_q)])
+
+    if s.q_tail:
+        pl.when(q0 < s.q)(copy)
+    else:
+        copy()
 
 
 def _tile_out(s: _Static, steps: jax.Array, accumulate: Any, out_ref: Any, smem: Any, g, p0, q0) -> None:
@@ -350,8 +369,9 @@ def grouped_matmul_drhs(
     lhs, dout = lhs[:m], dout[:m]
     a, b = (dout, lhs) if transpose_rhs else (lhs, dout)
     t = tiling.drhs_tiles(lhs.shape[1], dout.shape[1], transpose_rhs, config)
-    if t.p % t.tile_p or t.q % t.cta_q:
-        raise ValueError(f"output [{t.p}, {t.q}] is not whole tiles of [{t.tile_p}, {t.cta_q}]")
+    # Mosaic GPU tiles the global operands and output by the swizzled shared-memory tiles (64 columns).
+    if t.p % 64 or t.q % 64:
+        raise ValueError(f"output [{t.p}, {t.q}] must have sides that are multiples of 64")
     s = _Static(
         m=m,
         g=group_sizes.shape[0],
@@ -361,12 +381,13 @@ def grouped_matmul_drhs(
         consumers=t.consumers,
         warp_specialized=config.warp_specialized,
         stages=config.max_concurrent_steps,
-        p_tiles=t.p // t.tile_p,
-        q_tiles=t.q // t.cta_q,
+        p_tiles=tiling.cdiv(t.p, t.tile_p),
+        q_tiles=tiling.cdiv(t.q, t.cta_q),
         in_dtype=lhs.dtype,
         out_dtype=out_dtype,
         minor_dim=config.grid_minor_dim,
         tile_width=config.grid_tile_width,
+        q=t.q,
     )
     # TMA boxes of the swizzled tiles need whole 8-row tiles; the padding rows belong to no group.
     if a.shape[0] % 8:

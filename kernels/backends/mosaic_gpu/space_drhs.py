@@ -100,13 +100,6 @@ def kernel_shape_supported(
     return None
 
 
-def tiles_divide(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
-    t = tiling.drhs_tiles(problem.k, problem.n, problem.transpose_rhs, config)
-    if t.p % t.tile_p or t.q % t.cta_q:
-        return f"the [{t.p}, {t.q}] output of an expert is not whole [{t.tile_p}, {t.cta_q}] tiles"
-    return None
-
-
 def tma_box_fits(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
     t = tiling.drhs_tiles(problem.k, problem.n, problem.transpose_rhs, config)
     if max(config.block_m, t.tile_p, t.cta_q) > tiling.TMA_BOX_MAX:
@@ -148,7 +141,6 @@ def pipeline_depth_useful(problem: Problem, config: MosaicGpuConfig, device: Dev
 VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (
     fixed_fields_at_defaults,
     kernel_shape_supported,
-    tiles_divide,
     tma_box_fits,
     accumulator_fits_registers,
     smem_fits,
@@ -164,10 +156,10 @@ def check_problem(problem: Problem) -> None:
             f"mosaic_gpu's weight gradient needs bfloat16 or float16 lhs and dout of one dtype, not "
             f"lhs={problem.lhs_dtype} dout={problem.rhs_dtype}"
         )
+    # Any tile takes a partial last one (kernel_drhs), but Mosaic GPU tiles the global arrays by the
+    # swizzled 64-column tiles.
     if problem.k % 64 or problem.n % 64:
-        raise Unsupported(
-            f"K={problem.k} and N={problem.n} must be multiples of 64 (the smallest output tile)"
-        )
+        raise Unsupported(f"K={problem.k} and N={problem.n} must be multiples of 64 (the swizzled tiles)")
 
 
 def expected_steps(problem: Problem, config: MosaicGpuConfig) -> float:

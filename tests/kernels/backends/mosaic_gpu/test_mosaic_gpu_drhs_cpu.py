@@ -172,9 +172,47 @@ def test_space_fixes_the_fields_the_kernel_does_not_read_and_build_refuses_them(
     reason = space.fixed_fields_at_defaults(problem, C(epi_tile_n=128, split_k=2), H200)
     assert "epi_tile_n=128, split_k=2" in reason
     assert "one after another" in space.kernel_shape_supported(problem, C(grid_minor_dim="expert"), H200)
-    assert space.tiles_divide(
-        Problem("grouped_matmul_drhs", 64, 64, 192, 2), C(block_n=128, wg_split="n"), H200
+    # N = 192 in 256-column CTA tiles: a partial tile, valid (the kernel zero-fills and clips).
+    partial = Problem("grouped_matmul_drhs", 64, 64, 192, 2)
+    wide = dataclasses.replace(SPLIT_N, block_n=128)
+    assert all(c(partial, wide, H200) is None for c in space.VALIDITY_CONSTRAINTS)
+
+
+# gpt-oss's K = N = 2880 is 22.5 tiles of 128, scaled down: K = 192 (1.5 tiles of 128 along P) and
+# N = 320 (2.5 CTA tiles of 128 along Q, so the last one's second consumer lies wholly past N).
+@pytest.mark.parametrize(
+    "config, transpose",
+    [
+        (dataclasses.replace(SPLIT_N, block_k=128), False),
+        pytest.param(dataclasses.replace(PLAIN, block_k=128, block_n=128), True, marks=pytest.mark.slow),
+    ],
+)
+def test_interpreted_partial_last_output_tiles(config, transpose):
+    sizes = [70, 0, 50]
+    lhs, dout = _operands(128, 192, 320)
+    out = _interpret(config, lhs, dout, sizes, transpose=transpose)
+    assert np.isfinite(out).all(), "the interpreter's NaN-filled output was not fully overwritten"
+    np.testing.assert_allclose(out, _expected(lhs, dout, sizes, transpose), rtol=1e-5, atol=1e-3)
+    assert not out[1].any()
+
+
+@pytest.mark.parametrize("transpose", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_heuristic_partial_tiles_lower_for_hopper_at_gpt_oss_shapes(transpose):
+    # gpt-oss-120b's gate_up weight gradient (128 experts, T=4096 at top-4; K = 2880, 2F = 5760): no
+    # 128-wide tile divides 2880.
+    problem = Problem("grouped_matmul_drhs", 16384, 2880, 5760, 128, transpose_rhs=transpose)
+    config = BACKEND.heuristic(problem, H200)
+    t = tiling.drhs_tiles(problem.k, problem.n, transpose, config)
+    assert t.p % t.tile_p or t.q % t.cta_q
+    kernel = functools.partial(
+        kernel_drhs.grouped_matmul_drhs, config=config, num_sms=132, transpose_rhs=transpose
     )
+    args = [
+        jax.ShapeDtypeStruct((problem.m, problem.k), jnp.bfloat16),
+        jax.ShapeDtypeStruct((problem.m, problem.n), jnp.bfloat16),
+        jax.ShapeDtypeStruct((problem.g,), jnp.int32),
+    ]
+    assert "mosaic_gpu" in jax.export.export(jax.jit(kernel), platforms=["cuda"])(*args).mlir_module()
 
 
 def test_the_tile_order_streams_the_wide_operand_once():
