@@ -172,8 +172,8 @@ def _with_first(pack, *, problem=None, **config):
         (dict(persistent=1), "persistent=1: input should be a valid boolean"),
         (dict(block_m=96), "block_m=96 is not a multiple of 8 below 64, nor 64, 128, 192, 256"),
         (dict(tile_q=1), "tile_q: unknown field"),
-        # K=4096 is 32 steps of 128, which do not split over 64 CTAs: the kernel cannot run it.
-        (dict(block_k=128, split_k=64), "k_steps_fit: K=4096 makes 32 steps of block_k=128"),
+        # K=4096 is 43 steps of 96 (the last partial), not splitting over 2 CTAs: the kernel cannot run it
+        (dict(block_k=96, split_k=2), "k_steps_fit: K=4096 makes 43 steps of block_k=96"),
     ],
 )
 def test_a_config_is_checked_against_its_backend(change, expect):
