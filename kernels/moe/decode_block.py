@@ -23,16 +23,13 @@ hidden are gathered by index vectors, which sm90 TMA (boxes of consecutive rows)
 program's weight stream is pipelined `stages` tiles deep by Triton's cp.async pipeliner, and the grids
 put hundreds of programs on the SMs, which is what reading at the HBM roofline needs.
 
-Measured on one H200 (jax 0.11.2, bf16, CUPTI sum of the block's kernels, median of 10 calls on fresh
-router logits, 2026-12-04), against the touched experts' weight bytes at 4.69 TB/s. Qwen3-30B-A3B at T=1:
-0.039 ms, 41% of the roofline (unfused moe_mlp: 0.054 ms, 14 kernels); kernel 1 took 24.5 us for 50 MB
-(2.1 TB/s), kernel 2 15.2 us for 25 MB (1.7 TB/s). Slower than the unfused path everywhere else timed:
-Mixtral-8x7B at T=1 0.31 ms against 0.17 ms (kernel 2 streams at 1.4 TB/s: too few H tiles x splits in
-flight); Qwen3-Next-80B-A3B at T=1 0.055 ms, a tie (kernel 1 spends most of its 42 us routing E=512 in
-every program). At T=2 and 4 kernel 1 is the larger share (Qwen3-30B-A3B T=4: 77 of 110 us); at T=32 and
-E=512 the block takes milliseconds, which (by inference, not profiled) is the per-program routing over
-[32, 512] arrays: the weight bytes there are a few times T=8's. So `moe_mlp` takes this block only where it won (layer.decode_choice); reaching the roofline
-needs kernel 1's routing done once (not per program) and deeper weight streams in both kernels.
+On the H200 (CUPTI, against the touched experts' weight bytes at the HBM read rate) the block beats the
+unfused path only at one token on small experts (Qwen3-30B-A3B); everywhere else it ties or loses, for
+two reasons read off each kernel's own time: every program of kernel 1 routes the whole batch itself,
+which dominates once E or T grows (Qwen3-Next's 512 experts; T >= 2), and neither kernel keeps enough
+weight bytes in flight (Mixtral's large experts stream at a fraction of the read rate). So `moe_mlp`
+takes this block only where it won (layer.decode_choice); reaching the roofline needs the routing done
+once per batch and deeper weight streams in both kernels.
 
 Numerics: GEMMs take the inputs' dtype and accumulate in float32; hidden is rounded to x's dtype (as the
 fused gate_up GEMM of the unfused path rounds it); the down products and the weighted combine stay in

@@ -285,8 +285,8 @@ def moe_mlp(
     With `transpose_weights` FP8 weights are K-major, [E, 2F, H] and [E, H, F]: the layout the Hopper
     FP8 kernel reads (quantize_weights(..., transpose=True) makes them).
     `decode_mode` says when the fused decode block (decode_block.py: two kernels, routing included)
-    replaces this path: "auto" where `decode_choice` picks it, "kernel" wherever it fits on a GPU,
-    "interpret" wherever it fits in Pallas's interpreter (CPU tests), "xla" never.
+    replaces this path: "kernel" wherever it fits on a Hopper GPU, "interpret" wherever it fits in Pallas's
+    interpreter (CPU tests), "xla" and "auto" (for now: see DECODE_CONFIG) never.
     """
     if scale_layout != "none":
         if group_offset is not None:
@@ -325,13 +325,10 @@ class DecodeChoice:
     reason: str
 
 
-# Where the fused block beat the unfused path on the H200 (bf16, CUPTI, 2026-12-04): fine-grained
-# experts (F <= 1024, E <= 128) at T*top_k <= 8, with this config: Qwen3-30B-A3B at T=1 ran in 0.039 ms
-# against 0.054 ms. It lost everywhere else it was timed (Mixtral-8x7B, Qwen3-Next-80B-A3B, T >= 8), so
-# "auto" keeps the unfused path there until the op is tuned.
-DECODE_WIN_ROWS = 8
-DECODE_WIN_EXPERTS = 128
-DECODE_WIN_INTERMEDIATE = 1024
+# The fused block's config where a caller asks for it (decode_mode="kernel" or "interpret"). "auto" does not
+# take it yet: on the H200 it beat the unfused path on one development shape only (Qwen3-30B-A3B at one
+# token) and lost on the others, and a box drawn around that one shape is no rule for the models nobody
+# here measured. It becomes "auto"'s choice once it is an op with a search space and a heuristic.
 DECODE_CONFIG = decode_block.DecodeConfig(block_h=128, down_split=8)
 
 
@@ -372,12 +369,7 @@ def decode_choice(
         )
     if mode == "kernel":
         return DecodeChoice(DECODE_CONFIG, False, "decode_mode='kernel'")
-    if tokens * top_k > DECODE_WIN_ROWS or experts > DECODE_WIN_EXPERTS or inter > DECODE_WIN_INTERMEDIATE:
-        return decline(
-            f"T*top_k={tokens * top_k}, E={experts}, F={inter}: measured slower than the unfused path "
-            f"beyond T*top_k {DECODE_WIN_ROWS}, E {DECODE_WIN_EXPERTS}, F {DECODE_WIN_INTERMEDIATE}"
-        )
-    return DecodeChoice(DECODE_CONFIG, False, "measured faster than the unfused path at these sizes")
+    return decline("decode_mode='auto' keeps the unfused path until the fused block is tuned as an op")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
