@@ -25,6 +25,7 @@ from moetune.service.auth import require_read
 from moetune.service.deps import store
 from moetune.service.filters import Limit, Offset
 from moetune.service.pages_layout import Html, document, link, pager, table
+from moetune.tuner.progress import duration
 
 StoreDep = Annotated[Store, Depends(store)]
 router = APIRouter(dependencies=[Depends(require_read)], include_in_schema=False)
@@ -37,14 +38,6 @@ MAX_PROBLEM_ROWS = 40
 def live(url: str, inner: str, *, every_ms: int = POLL_MS) -> str:
     """A part of a page that live.js refreshes from `url`."""
     return f'<div class=live data-poll="{escape(url)}" data-every="{every_ms}">{inner}</div>'
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def _when(value: Any) -> str:
@@ -65,11 +58,11 @@ def progress_part(db: Store, sweep_id: int) -> str:
         return f"<p class=progress>{status}: setting up ({escape(progress['stage'])}).</p>"
     planned, done = progress.get("planned", 0), progress.get("done", 0)
     share = min(100.0, 100.0 * done / planned) if planned else 0.0
-    eta = "-" if sweep.status in ENDED_SWEEP else _duration(progress.get("eta_s"))
+    eta = "-" if sweep.status in ENDED_SWEEP else duration(progress.get("eta_s"))
     facts = (
         f"{done} / {planned} trials ({progress.get('ok', 0)} ok, {progress.get('failed', 0)} failed), "
         f"{progress.get('rate_per_min', 0):.1f} / min on {progress.get('workers', 1)} workers, "
-        f"elapsed {_duration(progress.get('elapsed_s'))}, ETA {eta}; published {_duration(age)} ago"
+        f"elapsed {duration(progress.get('elapsed_s'))}, ETA {eta}; published {duration(age)} ago"
     )
     parts = [
         f"<p class=progress>{status}: <span class=figures>{escape(facts)}</span></p>",

@@ -70,7 +70,8 @@ class Snapshot:
         return left / (self.recorded / self.elapsed_s) if self.recorded and self.elapsed_s > 0 else None
 
 
-def _duration(seconds: float | None) -> str:
+def duration(seconds: float | None) -> str:
+    """Seconds as m:ss or h:mm:ss ("?" when unknown), as the progress line and the live pages show them."""
     if seconds is None:
         return "?"
     minutes, secs = divmod(int(seconds), 60)
@@ -119,11 +120,11 @@ def problem_phase(phase: str, in_flight: list[str], activity: dict[str, str]) ->
 def summary_line(s: Snapshot) -> str:
     if s.stage:
         doing = "; ".join(f"{worker} {what}" for worker, what in s.setup.items())
-        return f"set-up: {s.stage}, elapsed {_duration(s.elapsed_s)}" + (f" ({doing})" if doing else "")
+        return f"set-up: {s.stage}, elapsed {duration(s.elapsed_s)}" + (f" ({doing})" if doing else "")
     statuses = " ".join(f"{k}={v}" for k, v in sorted(s.counts.items())) or "no trials yet"
     return (
         f"{s.done}/{s.planned} trials ({statuses}), {s.rate_per_min:.1f}/min on {s.workers} workers, "
-        f"elapsed {_duration(s.elapsed_s)}, ETA {_duration(s.eta_s)}"
+        f"elapsed {duration(s.elapsed_s)}, ETA {duration(s.eta_s)}"
     )
 
 
