@@ -46,6 +46,11 @@ class SchemaState:
     def usable(self) -> bool:
         return self.status in ("missing", "empty", "current")
 
+    @property
+    def holds_tables(self) -> bool:
+        """The database exists and holds moetune's tables (of any revision)."""
+        return self.status not in ("missing", "empty")
+
     def problem(self) -> str | None:
         """The one-line error for a database that cannot be used as it is, else None."""
         if self.status == "outdated":

@@ -52,6 +52,15 @@ def open_store(url: str | None = None, *, check_schema: bool = True, read_only: 
     return store
 
 
+def schema_state_of(url: str | None) -> schema.SchemaState:
+    """Where the database at `url` stands, read without creating or migrating anything."""
+    probe = Store(url)
+    try:
+        return probe.schema_state()
+    finally:
+        probe.close()
+
+
 @contextlib.contextmanager
 def open_any_revision(url: str) -> Iterator[Store]:
     """A store that reads `url` whatever its schema revision, and changes nothing: a SQLite file of an
@@ -171,7 +180,7 @@ class Store:
     def check_readable(self) -> None:
         """NoDatabase for a database not created yet; SchemaMismatch for any revision but head."""
         state = self.schema_state()
-        if state.status in ("missing", "empty"):
+        if not state.holds_tables:
             path = urls.sqlite_file(self._url)
             where = f"no database at {path}" if path is not None else f"no moetune tables in {self.url}"
             raise NoDatabase(f"{where}; run a sweep or moetune db upgrade first")

@@ -174,7 +174,7 @@ def db_downgrade(
     _check_revision(revision, "base")
     with opened_store(db, check_schema=False) as store:
         before = store.schema_state()
-        if before.status in ("missing", "empty"):  # nothing to downgrade; create nothing
+        if not before.holds_tables:  # nothing to downgrade; create nothing
             fail(f"{store.url} holds no moetune tables to downgrade")
         store.downgrade(revision)
         after = store.revision()

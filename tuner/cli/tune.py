@@ -416,15 +416,12 @@ def _leased(store, resume_id: int | None, owner) -> Iterator[_Lease]:
 def _store_holding_sweeps(db: str | None, sweep_id: int):
     """The store to resume a sweep from; a database that does not exist yet, or holds no tables, is
     refused without being created or migrated."""
-    from moetune.db import Store, open_store
+    from moetune.db import open_store
     from moetune.db.errors import RecordNotFound
+    from moetune.db.store import schema_state_of
 
-    probe = Store(db)
-    try:
-        state = probe.schema_state()  # creates nothing
-    finally:
-        probe.close()
-    if state.status in ("missing", "empty"):
+    state = schema_state_of(db)
+    if not state.holds_tables:
         raise RecordNotFound(f"no sweep with id {sweep_id}: database {state.url} holds no sweeps")
     return open_store(db)
 
@@ -473,14 +470,10 @@ def run_sweep(
 def _plan_store(db: str | None):
     """What a plan (--dry-run) reads, which it never writes: the database read-only where it exists,
     else an empty one in memory (a plan of a database not created yet creates none)."""
-    from moetune.db import Store, open_store
+    from moetune.db import open_store
+    from moetune.db.store import schema_state_of
 
-    probe = Store(db)
-    try:
-        state = probe.schema_state()  # creates nothing
-    finally:
-        probe.close()
-    if state.status in ("missing", "empty"):
+    if not schema_state_of(db).holds_tables:
         return open_store("sqlite://")
     return open_store(db, read_only=True)
 
