@@ -26,6 +26,31 @@ def _files(tmp_path) -> tuple[str, str]:
     return f"sqlite:///{tmp_path / 'moetune.db'}", str(tmp_path / "token")
 
 
+def _started(tmp_path, *args: str, stderr=subprocess.PIPE) -> tuple[subprocess.Popen, str]:
+    """`moetune serve ARGS` on a free loopback port, once its health route answers: (process, base URL).
+    A server that exits or does not answer within a minute fails the test, and is ended."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    command = [sys.executable, "-m", "moetune.tuner.cli", "serve", "--port", str(port), *args]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            try:
+                assert httpx.get(f"{base}/api/health", timeout=2).status_code == 200
+                return server, base
+            except httpx.TransportError:
+                said = server.stderr.read() if server.poll() is not None and server.stderr else ""
+                assert server.poll() is None and time.monotonic() < deadline, said
+                time.sleep(0.2)
+    except BaseException:
+        server.kill()
+        server.wait(timeout=30)
+        raise
+
+
 def test_a_port_in_use_is_one_line_exit_2_and_nothing_is_created(tmp_path):
     db, token = _files(tmp_path)
     with socket.socket() as taken:
@@ -59,24 +84,9 @@ def test_a_bad_address_or_origin_is_one_line_exit_2_and_nothing_is_created(tmp_p
 @pytest.mark.slow
 def test_a_server_answers_its_names_and_refuses_a_foreign_host(tmp_path):
     db, token = _files(tmp_path)
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    command = [sys.executable, "-m", "moetune.tuner.cli", "serve", "--port", str(port), "--db", db]
-    command += ["--token-file", token, "--allowed-host", "tuner.internal"]
-    server = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path
-    )
+    server, base = _started(tmp_path, "--db", db, "--token-file", token, "--allowed-host", "tuner.internal")
     try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                assert httpx.get(f"{base}/api/health", timeout=2).status_code == 200
-                break
-            except httpx.TransportError:
-                assert server.poll() is None and time.monotonic() < deadline, server.stderr.read()
-                time.sleep(0.2)
+        port = base.rsplit(":", 1)[1]
         for host, status in ((f"localhost:{port}", 200), ("tuner.internal", 200), ("evil.example", 400)):
             assert httpx.get(f"{base}/api/health", headers={"Host": host}).status_code == status, host
     finally:
@@ -87,23 +97,9 @@ def test_a_server_answers_its_names_and_refuses_a_foreign_host(tmp_path):
 @pytest.mark.slow
 def test_several_server_processes_share_the_address_and_end_with_it(tmp_path):
     db, token = _files(tmp_path)
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    command = [sys.executable, "-m", "moetune.tuner.cli", "serve", "--port", str(port), "--db", db]
-    command += ["--token-file", token, "--workers", "2"]
-    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    server = subprocess.Popen(command, cwd=tmp_path, **pipes)
+    args = ("--db", db, "--token-file", token, "--workers", "2")
+    server, base = _started(tmp_path, *args, stderr=subprocess.DEVNULL)
     try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                assert httpx.get(f"{base}/api/health", timeout=2).status_code == 200
-                break
-            except httpx.TransportError:
-                assert server.poll() is None and time.monotonic() < deadline
-                time.sleep(0.2)
         assert "2 processes" in server.stdout.readline()
         children = subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True, text=True)
         (child,) = children.stdout.split()
