@@ -1,16 +1,19 @@
 """The MoE MLP block at decode sizes in two Pallas Triton kernels, routing included.
 
-    kernel 1  grid (P, F / block_f), P = min(T*k, E_local) work slots
+    kernel 1  grid (P, F / block_f, up_split), P = min(T*k, E_local) work slots
               every program routes the whole batch itself from router_logits [T, E] (softmax scores,
-              top-k by repeated argmax, weights renormalized or not, as `moe.route`), takes the p-th
-              touched local expert in ascending order (a cumulative sum over the touched mask), and runs
-              gate_up over its F tile for every token with SwiGLU from the float32 accumulators, storing
-              only the rows of the tokens routed to it into hidden[T*k, F] at flat slot t*k + j.
-              Programs with f == 0 also write the expert's row of three small tables for kernel 2
+              top-k by repeated argmax, weights renormalized or not, as `moe.route`) on the batch's own
+              rows, takes the p-th touched local expert in ascending order (a cumulative sum over the
+              touched mask), and runs gate_up over its F tile and its share of H for every token. With
+              up_split == 1 it applies SwiGLU to the float32 accumulators and stores only the rows of
+              the tokens routed to it into hidden[T*k, F] at flat slot t*k + j; with up_split > 1 it
+              stores its float32 gate and up partial sums, which kernel 2 adds in split order before
+              the SwiGLU (more programs where experts are few and F is narrow, wider column tiles).
+              The expert's first program also writes its row of three small tables for kernel 2
               (expert id, flat slot of each token or -1, each token's routing weight or 0).
     kernel 2  grid (H / block_h, down_split)
-              each program streams w_down[e, :, its H tile] of its share of the touched experts (a flat
-              loop over (expert, F step), so the weight loads pipeline across experts) and sums the
+              each program streams w_down[e, :, its H tile] of its share of the flat list of (touched
+              expert, F step) pairs (one loop, so the weight loads pipeline across experts) and sums the
               weighted products in float32 in ascending expert order. With down_split == 1 it owns its
               H tile and writes out[T, H] directly; with down_split > 1 the programs of one H tile write
               float32 partial sums, and the last to arrive (an integer counter zeroed by kernel 1) adds
@@ -74,13 +77,15 @@ class DecodeConfig:
     stages_down: int = 4
     warps_down: int = 4
     down_split: int = 1  # kernel 2 programs per H tile; > 1: partial sums meet in a fixed-order pass
+    up_split: int = 1  # kernel 1 programs per (expert, F tile), each over H / up_split rows of K; > 1:
+    # they write float32 gate and up partials that kernel 2 sums in split order before the SwiGLU
 
     def __post_init__(self):
         for name in ("block_f", "block_k", "block_h", "block_fd"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ConfigInvalid(f"{name}={value} must be a power of two >= 16")
-        for name in ("stages_up", "stages_down", "down_split"):
+        for name in ("stages_up", "stages_down", "down_split", "up_split"):
             if getattr(self, name) < 1:
                 raise ConfigInvalid(f"{name}={getattr(self, name)} must be >= 1")
         for name in ("warps_up", "warps_down"):
@@ -106,8 +111,10 @@ def unfit_reason(
         return (
             f"F={intermediate} is not a multiple of block_f={config.block_f} and block_fd={config.block_fd}"
         )
-    if hidden % config.block_k or hidden % config.block_h:
-        return f"H={hidden} is not a multiple of block_k={config.block_k} and block_h={config.block_h}"
+    if hidden % config.block_h:
+        return f"H={hidden} is not a multiple of block_h={config.block_h}"
+    if hidden % (config.block_k * config.up_split):
+        return f"H={hidden} is not a multiple of block_k={config.block_k} x up_split={config.up_split}"
     return None
 
 
@@ -125,47 +132,67 @@ def decode_block(
     renormalize: bool = True,
     group_offset: Array | None = None,
     config: DecodeConfig = DecodeConfig(),
+    transpose_weights: bool = False,
+    w_gate_up_scale: Array | None = None,
+    w_down_scale: Array | None = None,
     interpret: bool = False,
 ) -> Array:
     """out[T, H] = sum over t's top-k experts e of w[t, e] * down_e(silu(gate_e(x[t])) * up_e(x[t])).
 
-    x [T, H]; router_logits [T, E]; w_gate_up [E_local, H, 2F] (gate columns first); w_down [E_local, F, H].
+    x [T, H]; router_logits [T, E]; w_gate_up [E_local, H, 2F] (gate columns first); w_down [E_local, F, H];
+    with `transpose_weights` K-major instead: [E_local, 2F, H] and [E_local, H, F].
     `group_offset` ((1,) int32): the weights hold experts [offset, offset + E_local) of the router's E and
-    out sums over those only. Shapes are checked by the caller (`moe_mlp`); this raises ConfigInvalid
-    where `fits` is False."""
+    out sums over those only. FP8 weights come with float32 scales (`w_gate_up_scale`, `w_down_scale`),
+    one per block of each weight in its own layout, as kernels/ops/fp8_scales.py lays them out ([E, 1, 1]
+    per tensor, [E, 1, N] per channel, [E, K/128, N/128] in 128x128 blocks; K-major: the last two
+    swapped): each tile is widened to x's dtype on chip and its product scaled, so the weights cross
+    HBM once at one byte per value and x is never quantized. Shapes are checked by the caller
+    (`moe_mlp`); this raises ConfigInvalid where `fits` is False or a scale does not fit."""
     tokens, hidden = x.shape
     experts = router_logits.shape[1]
-    local, _, two_f = w_gate_up.shape
-    inter = two_f // 2
+    local = w_gate_up.shape[0]
+    inter = w_gate_up.shape[1 if transpose_weights else 2] // 2
     reason = unfit_reason(tokens, experts, top_k, hidden, inter, config)
     if reason is not None:
         raise ConfigInvalid(f"decode block: {reason}")
+    scales = _scale_blocks(w_gate_up, w_gate_up_scale, w_down, w_down_scale, transpose_weights, config)
     rows = max(DOT_ROWS, pow2_at_least(tokens))
     slots = min(tokens * top_k, local)
     offset = jnp.zeros((1,), jnp.int32) if group_offset is None else group_offset.reshape(1).astype(jnp.int32)
     h_tiles = hidden // config.block_h
     i32, f32 = jnp.int32, jnp.float32
+    up_split = config.up_split
+    # One split: hidden rows after the SwiGLU, in x's dtype. More: each split's float32 gate and up
+    # partial sums side by side ([split, T*k, 2F]), which kernel 2 adds in split order.
+    hidden_shape = (
+        jax.ShapeDtypeStruct((tokens * top_k, inter), x.dtype)
+        if up_split == 1
+        else jax.ShapeDtypeStruct((up_split, tokens * top_k, 2 * inter), f32)
+    )
     hidden_rows, expert_of, slot_of, weight_of, count, counter = pl.pallas_call(
         functools.partial(
             _up_kernel, tokens=tokens, experts=experts, local=local, top_k=top_k, renormalize=renormalize,
-            rows=rows, config=config,
+            rows=rows, inter=inter, config=config, transposed=transpose_weights, scale_block=scales[0],
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((tokens * top_k, inter), x.dtype),
+            hidden_shape,
             jax.ShapeDtypeStruct((slots,), i32),
             jax.ShapeDtypeStruct((slots, rows), i32),
             jax.ShapeDtypeStruct((slots, rows), f32),
             jax.ShapeDtypeStruct((1,), i32),
             jax.ShapeDtypeStruct((h_tiles,), i32),
         ),
-        grid=(slots, inter // config.block_f),
+        grid=(slots, inter // config.block_f, up_split),
         compiler_params=pltriton.CompilerParams(num_warps=config.warps_up, num_stages=config.stages_up),
         interpret=interpret,
         name="moetune_decode_up",
-    )(x, router_logits, w_gate_up, offset)  # fmt: skip
+    )(x, router_logits, w_gate_up, offset, *([w_gate_up_scale] if scales[0] else []))  # fmt: skip
     split = config.down_split
     out, _, _ = pl.pallas_call(
-        functools.partial(_down_kernel, tokens=tokens, rows=rows, config=config, interpret=interpret),
+        functools.partial(
+            _down_kernel, tokens=tokens, rows=rows, inter=inter, dtype=x.dtype, config=config,
+            transposed=transpose_weights, scale_block=scales[1], interpret=interpret,
+        ),
         out_shape=(
             jax.ShapeDtypeStruct((tokens, hidden), x.dtype),
             jax.ShapeDtypeStruct((split if split > 1 else 1, tokens, hidden), f32),
@@ -176,8 +203,39 @@ def decode_block(
         compiler_params=pltriton.CompilerParams(num_warps=config.warps_down, num_stages=config.stages_down),
         interpret=interpret,
         name="moetune_decode_down",
-    )(hidden_rows, w_down, expert_of, slot_of, weight_of, count, counter)
+    )(
+        hidden_rows, w_down, expert_of, slot_of, weight_of, count, counter,
+        *([w_down_scale] if scales[1] else []),
+    )  # fmt: skip
     return out
+
+
+def _scale_blocks(w_gate_up, gate_up_scale, w_down, down_scale, transposed, config):
+    """Per weight, None (16- or 32-bit weights) or the (K rows, N columns) one scale covers; ConfigInvalid
+    where scales come without FP8 weights or do not divide them, or where a K tile would straddle two
+    scale blocks."""
+    if (gate_up_scale is None) != (down_scale is None):
+        raise ConfigInvalid("decode block: give both weight scales or neither")
+    if gate_up_scale is None:
+        return None, None
+    blocks = []
+    for name, w, scale, k_tile in (
+        ("w_gate_up", w_gate_up, gate_up_scale, config.block_k),
+        ("w_down", w_down, down_scale, config.block_fd),
+    ):
+        if jnp.dtype(w.dtype).itemsize != 1:
+            raise ConfigInvalid(f"decode block: {name} is {w.dtype}; scales come with FP8 weights")
+        _, k, n = (w.shape[0], w.shape[2], w.shape[1]) if transposed else w.shape
+        sk, sn = (scale.shape[2], scale.shape[1]) if transposed else scale.shape[1:]
+        if scale.ndim != 3 or scale.shape[0] != w.shape[0] or k % sk or n % sn:
+            raise ConfigInvalid(f"decode block: {name}_scale {scale.shape} does not divide {name} {w.shape}")
+        block = (k // sk, n // sn)
+        if sk > 1 and block[0] % k_tile:
+            raise ConfigInvalid(
+                f"decode block: a K tile of {k_tile} straddles {name}'s scale blocks of {block[0]} rows"
+            )
+        blocks.append(block)
+    return tuple(blocks)
 
 
 def _silu(gate):
@@ -218,19 +276,53 @@ def route_in_kernel(logits, *, tokens: int, experts: int, top_k: int, renormaliz
     return ids, weights, taken & real_token[:, None]
 
 
+def _dot_weights(rows_in, w_ref, expert, ks, cols, transposed: bool, precision, scale=None):
+    """rows_in [rows, K tile] @ the expert's weight tile (K rows ks, columns cols) in float32; a K-major
+    weight ([E, N, K]) is read as its [N tile, K tile] block and contracted on its second dim. `scale`
+    (scale_ref, (K rows, N columns) per scale, first column index): FP8 weights, widened to rows_in's dtype
+    and the product scaled by the tile's column scales."""
+    w = w_ref[expert, cols, ks] if transposed else w_ref[expert, ks, cols]
+    if scale is not None:
+        w = w.astype(rows_in.dtype)
+    dims = (((1,), (1,)), ((), ())) if transposed else (((1,), (0,)), ((), ()))
+    part = jax.lax.dot_general(rows_in, w, dims, precision=precision, preferred_element_type=jnp.float32)
+    if scale is None:
+        return part
+    scale_ref, (k_block, n_block), first = scale
+    k_index = ks.start // k_block
+    n_index = (first + jnp.arange(part.shape[1])) // n_block
+    factor = scale_ref[expert, n_index, k_index] if transposed else scale_ref[expert, k_index, n_index]
+    return part * factor[None, :]
+
+
+def _widen(values, rows: int):
+    """[R] per-token values of the routing's rows onto the dot's `rows` (R <= rows, both powers of
+    two); rows past R get 0 (False)."""
+    (narrow,) = values.shape
+    if narrow == rows:
+        return values
+    same = jnp.arange(rows)[:, None] == jnp.arange(narrow)[None, :]
+    if values.dtype == jnp.bool_:
+        return jnp.max(jnp.where(same, values.astype(jnp.int32)[None, :], 0), axis=1) > 0
+    return jnp.sum(jnp.where(same, values[None, :], jnp.zeros((), values.dtype)), axis=1)
+
+
 def _up_kernel(
-    x_ref, logits_ref, w_ref, offset_ref,
-    hidden_ref, expert_ref, slot_ref, weight_ref, count_ref, counter_ref,
-    *, tokens, experts, local, top_k, renormalize, rows, config,
+    x_ref, logits_ref, w_ref, offset_ref, *refs,
+    tokens, experts, local, top_k, renormalize, rows, inter, config, transposed, scale_block,
 ):  # fmt: skip
-    p, f = pl.program_id(0), pl.program_id(1)
+    scale_ref = refs[0] if scale_block else None
+    hidden_ref, expert_ref, slot_ref, weight_ref, count_ref, counter_ref = refs[1:] if scale_block else refs
+    p, f, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     hidden_size = x_ref.shape[1]
-    inter = hidden_ref.shape[1]
     ep, kp = pow2_at_least(experts), pow2_at_least(top_k)
-    token, expert, slot = jnp.arange(rows), jnp.arange(ep), jnp.arange(kp)
+    # The routing runs on the batch's own rows (a power of two), not on the dot's padded 16: at one
+    # token that is a sixteenth of the work every program does before its first weight load.
+    narrow = pow2_at_least(tokens)
+    token, expert, slot = jnp.arange(narrow), jnp.arange(ep), jnp.arange(kp)
     real_token = token < tokens
     logits = pltriton.load(
-        logits_ref.at[pl.ds(0, rows), pl.ds(0, ep)],
+        logits_ref.at[pl.ds(0, narrow), pl.ds(0, ep)],
         mask=real_token[:, None] & (expert < experts)[None, :],
         other=-jnp.inf,
     ).astype(jnp.float32)
@@ -247,53 +339,60 @@ def _up_kernel(
     count = jnp.sum(touched.astype(jnp.int32))
     active = p < count
     e = jnp.sum(jnp.where(touched & (running == p + 1), expert, 0))
-    routed = (ids == e) & (slot < top_k)[None, :]  # [rows, kp]: at most one slot per token
-    mine = (jnp.max(routed.astype(jnp.int32), axis=1) > 0) & real_token & active
-    flat_slot = token * top_k + jnp.sum(jnp.where(routed, slot[None, :], 0), axis=1)
+    routed = (ids == e) & (slot < top_k)[None, :]  # [narrow, kp]: at most one slot per token
+    mine = _widen((jnp.max(routed.astype(jnp.int32), axis=1) > 0) & real_token & active, rows)
+    flat_slot = _widen(token * top_k + jnp.sum(jnp.where(routed, slot[None, :], 0), axis=1), rows)
+    weight = _widen(jnp.sum(jnp.where(routed, weights, 0.0), axis=1), rows)
     local_e = jnp.where(active, e - offset, 0)
 
     bf, bk = config.block_f, config.block_k
     dtype = x_ref.dtype
     precision = jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
-    clamped = jnp.minimum(token, tokens - 1)  # padding rows read the last token and are never stored
+    dot_token = jnp.arange(rows)
+    clamped = jnp.minimum(dot_token, tokens - 1)  # padding rows read the last token and are never stored
     gate_cols = pl.ds(pl.multiple_of(f * bf, bf), bf)
     up_cols = pl.ds(pl.multiple_of(inter + f * bf, bf), bf)
-    steps = jnp.where(active, jnp.int32(hidden_size // bk), jnp.int32(0))  # an idle program streams nothing
+    k_rows = hidden_size // config.up_split
+    k_start = s * k_rows
+    steps = jnp.where(active, jnp.int32(k_rows // bk), jnp.int32(0))  # an idle program streams nothing
 
     def step(i, acc):
         gate, up = acc
-        ks = pl.ds(pl.multiple_of(i * bk, bk), bk)
+        ks = pl.ds(pl.multiple_of(k_start + i * bk, bk), bk)
         xs = x_ref[clamped, ks]
-        gate += jax.lax.dot(
-            xs, w_ref[local_e, ks, gate_cols], precision=precision, preferred_element_type=jnp.float32
-        )
-        up += jax.lax.dot(
-            xs, w_ref[local_e, ks, up_cols], precision=precision, preferred_element_type=jnp.float32
-        )
+        gate_scale = up_scale = None
+        if scale_block:
+            gate_scale, up_scale = (scale_ref, scale_block, f * bf), (scale_ref, scale_block, inter + f * bf)
+        gate += _dot_weights(xs, w_ref, local_e, ks, gate_cols, transposed, precision, gate_scale)
+        up += _dot_weights(xs, w_ref, local_e, ks, up_cols, transposed, precision, up_scale)
         return gate, up
 
     zeros = jnp.zeros((rows, bf), jnp.float32)
     gate, up = jax.lax.fori_loop(0, steps, step, (zeros, zeros))
-    out = (_silu(gate) * up).astype(dtype)
     # Rows not stored point one past the end: a masked lane touches no memory on the GPU, and the
     # interpreter (which stores every lane, masked ones with the value read) drops out-of-bounds lanes
     # rather than letting a duplicate index overwrite a real row.
-    row = jnp.where(mine, flat_slot, tokens * top_k)
-    columns = f * bf + jnp.arange(bf)  # index arrays, not a slice: the interpreter's stores take one kind
-    pltriton.store(hidden_ref.at[row[:, None], columns[None, :]], out, mask=mine[:, None])
+    row = jnp.where(mine, flat_slot, tokens * top_k)[:, None]
+    columns = (f * bf + jnp.arange(bf))[
+        None, :
+    ]  # index arrays, not slices: the interpreter's stores take one kind
+    if config.up_split == 1:
+        pltriton.store(hidden_ref.at[row, columns], (_silu(gate) * up).astype(dtype), mask=mine[:, None])
+    else:
+        pltriton.store(hidden_ref.at[s, row, columns], gate, mask=mine[:, None])
+        pltriton.store(hidden_ref.at[s, row, inter + columns], up, mask=mine[:, None])
 
-    # Kernel 2's tables: written once per expert (by its f == 0 program), the count and the zeroed
+    # Kernel 2's tables: written once per expert (by its first program), the count and the zeroed
     # arrival counters once per call.
-    first = active & (f == 0)
+    first = active & (f == 0) & (s == 0)
     pltriton.store(expert_ref.at[pl.ds(p, 1)], jnp.full((1,), local_e, jnp.int32), mask=jnp.full((1,), first))
     pltriton.store(
         slot_ref.at[p, pl.ds(0, rows)], jnp.where(mine, flat_slot, -1), mask=jnp.full((rows,), first)
     )
-    weight = jnp.sum(jnp.where(routed, weights, 0.0), axis=1)
     pltriton.store(
         weight_ref.at[p, pl.ds(0, rows)], jnp.where(mine, weight, 0.0), mask=jnp.full((rows,), first)
     )
-    once = (p == 0) & (f == 0)
+    once = (p == 0) & (f == 0) & (s == 0)
     pltriton.store(count_ref.at[pl.ds(0, 1)], jnp.full((1,), count, jnp.int32), mask=jnp.full((1,), once))
     h_tiles = counter_ref.shape[0]
     for start in range(0, h_tiles, 1024):
@@ -306,38 +405,50 @@ def _up_kernel(
 
 
 def _down_kernel(
-    hidden_ref, w_ref, expert_ref, slot_ref, weight_ref, count_ref, _counter_in,
-    out_ref, partial_ref, counter_ref, *, tokens, rows, config, interpret,
+    hidden_ref, w_ref, expert_ref, slot_ref, weight_ref, count_ref, _counter_in, *refs,
+    tokens, rows, inter, dtype, config, transposed, scale_block, interpret,
 ):  # fmt: skip
+    scale_ref = refs[0] if scale_block else None
+    out_ref, partial_ref, counter_ref = refs[1:] if scale_block else refs
     h, s = pl.program_id(0), pl.program_id(1)
     split = config.down_split
-    inter = hidden_ref.shape[1]
     bh, bk = config.block_h, config.block_fd
-    dtype = hidden_ref.dtype
     precision = jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
     cols = pl.ds(pl.multiple_of(h * bh, bh), bh)
     columns = (h * bh + jnp.arange(bh))[None, :]  # for stores: index arrays, as in _up_kernel
-    count = count_ref[0]
-    # Split s takes the touched experts [lo, hi): contiguous shares, in ascending order.
-    share = (count + split - 1) // split
-    lo = jnp.minimum(s * share, count)
-    hi = jnp.minimum(lo + share, count)
+    # The work is the flat list of (touched expert, F step) pairs in ascending order; split s takes a
+    # contiguous share of it, so few experts with wide F (Mixtral at one token) split as well as many.
     f_steps = jnp.int32(inter // bk)
+    work = count_ref[0] * f_steps
+    share = (work + split - 1) // split
+    lo = jnp.minimum(s * share, work)
+    hi = jnp.minimum(lo + share, work)
+
+    def hidden_rows(slot, f0):
+        """The [rows, bk] SwiGLU outputs of these flat slots at F columns [f0, f0 + bk), in x's dtype."""
+        at = jnp.maximum(slot, 0)
+        if config.up_split == 1:
+            return hidden_ref[at, pl.ds(pl.multiple_of(f0, bk), bk)]
+        gate = jnp.zeros((rows, bk), jnp.float32)
+        up = jnp.zeros((rows, bk), jnp.float32)
+        for part in range(config.up_split):  # kernel 1's K splits, added in split order
+            gate += hidden_ref[part, at, pl.ds(pl.multiple_of(f0, bk), bk)]
+            up += hidden_ref[part, at, pl.ds(pl.multiple_of(inter + f0, bk), bk)]
+        return (_silu(gate) * up).astype(dtype)
 
     def step(i, acc):
-        p = lo + i // f_steps
-        ks = pl.ds(pl.multiple_of((i % f_steps) * bk, bk), bk)
+        p = i // f_steps
+        f0 = (i % f_steps) * bk
         e = expert_ref[p]
         slot = slot_ref[p, pl.ds(0, rows)]
         weight = weight_ref[p, pl.ds(0, rows)]
-        rows_in = hidden_ref[jnp.maximum(slot, 0), ks]
-        rows_in = jnp.where((slot >= 0)[:, None], rows_in, 0)
-        part = jax.lax.dot(
-            rows_in, w_ref[e, ks, cols], precision=precision, preferred_element_type=jnp.float32
-        )
+        rows_in = jnp.where((slot >= 0)[:, None], hidden_rows(slot, f0), 0)
+        ks = pl.ds(pl.multiple_of(f0, bk), bk)
+        scale = (scale_ref, scale_block, h * bh) if scale_block else None
+        part = _dot_weights(rows_in, w_ref, e, ks, cols, transposed, precision, scale)
         return acc + part * weight[:, None]
 
-    acc = jax.lax.fori_loop(0, (hi - lo) * f_steps, step, jnp.zeros((rows, bh), jnp.float32))
+    acc = jax.lax.fori_loop(lo, hi, step, jnp.zeros((rows, bh), jnp.float32))
     token = jnp.arange(rows)
     real = (token < tokens)[:, None]
     beyond = jnp.where(token < tokens, token, tokens)[

@@ -21,7 +21,11 @@ MODELS = {
     "qwen3-next": (512, 10, 2048, 512),
     "mixtral": (8, 2, 4096, 14336),
 }
-CONFIGS = [db.DecodeConfig(), db.DecodeConfig(block_h=128, down_split=8)]
+CONFIGS = [
+    db.DecodeConfig(),
+    db.DecodeConfig(block_h=128, down_split=8),
+    db.DecodeConfig(block_f=64, up_split=2, block_h=128, down_split=8),
+]
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +53,7 @@ def _reference(x, logits, w_gate_up, w_down, top_k, renormalize=True):
     return jax.jit(lambda *a: moe_mlp_reference(*a, top_k=top_k, renormalize=renormalize))(*f32)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"split{c.down_split}")
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"up{c.up_split}_down{c.down_split}")
 @pytest.mark.parametrize("tokens", [1, 3, 8, 32])
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_block_matches_the_reference_and_repeats_bitwise(model, tokens, config):

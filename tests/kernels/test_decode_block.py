@@ -34,12 +34,32 @@ def _check(x, logits, w_gate_up, w_down, top_k, renormalize=True, config=SMALL):
 
 
 @pytest.mark.parametrize(
-    "tokens, experts, top_k, renormalize, split",
-    [(1, 8, 2, True, 1), (3, 8, 2, False, 1), (5, 16, 4, True, 3), (2, 4, 1, True, 2)],
+    "tokens, experts, top_k, renormalize, split, up_split",
+    [
+        (1, 8, 2, True, 1, 1),
+        (3, 8, 2, False, 1, 2),
+        (5, 16, 4, True, 3, 1),
+        (2, 4, 1, True, 2, 2),
+        (1, 8, 3, True, 2, 2),
+    ],
 )
-def test_interpreted_block_equals_the_reference(tokens, experts, top_k, renormalize, split):
-    config = db.DecodeConfig(block_f=16, block_k=16, block_h=16, block_fd=16, down_split=split)
+def test_interpreted_block_equals_the_reference(tokens, experts, top_k, renormalize, split, up_split):
+    config = db.DecodeConfig(
+        block_f=16, block_k=16, block_h=16, block_fd=16, down_split=split, up_split=up_split
+    )
     _check(*_inputs(tokens, experts, 32, 32), top_k, renormalize, config)
+
+
+@pytest.mark.parametrize("up_split", [1, 2])
+def test_k_major_weights_give_the_same_block(up_split):
+    x, logits, w_gate_up, w_down = _inputs(3, 8, 32, 16, seed=4)
+    config = db.DecodeConfig(block_f=16, block_k=16, block_h=16, block_fd=16, up_split=up_split)
+    out = db.decode_block(
+        x, logits, w_gate_up.transpose(0, 2, 1), w_down.transpose(0, 2, 1), top_k=2, config=config,
+        transpose_weights=True, interpret=True,
+    )  # fmt: skip
+    want = moe_mlp_reference(x, logits, w_gate_up, w_down, top_k=2)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-4, atol=1e-5)
 
 
 def test_one_expert_takes_every_token_and_the_others_none():
@@ -80,22 +100,30 @@ def test_bounds_and_configs_are_checked_by_name():
         db.DecodeConfig(block_f=24)
     with pytest.raises(ConfigInvalid, match="down_split=0"):
         db.DecodeConfig(down_split=0)
+    assert "up_split=3" in db.unfit_reason(1, 8, 2, 256, 128, db.DecodeConfig(block_k=64, up_split=3))
     with pytest.raises(ConfigInvalid, match="decode block"):
         db.decode_block(*_inputs(1, 8, 32, 24), top_k=2, config=SMALL, interpret=True)
 
 
 def test_kernels_lower_to_two_triton_calls_for_an_h200(triton_lowering_for_h200):
     s = jax.ShapeDtypeStruct
-    for tokens, experts, top_k, split in ((1, 128, 8, 1), (5, 512, 10, 4)):
-        config = db.DecodeConfig(down_split=split)
+    for tokens, experts, top_k, split, k_major in ((1, 128, 8, 1, False), (5, 512, 10, 4, True)):
+        config = db.DecodeConfig(down_split=split, up_split=split)
+        gate_up, down = (
+            ((experts, 1024, 2048), (experts, 2048, 512))
+            if k_major
+            else ((experts, 2048, 1024), (experts, 512, 2048))
+        )
         args = (
             s((tokens, 2048), jnp.bfloat16),
             s((tokens, experts), jnp.float32),
-            s((experts, 2048, 1024), jnp.bfloat16),
-            s((experts, 512, 2048), jnp.bfloat16),
+            s(gate_up, jnp.bfloat16),
+            s(down, jnp.bfloat16),
         )
         block = jax.jit(
-            lambda *a, config=config, top_k=top_k: db.decode_block(*a, top_k=top_k, config=config)
+            lambda *a, config=config, top_k=top_k, k_major=k_major: db.decode_block(
+                *a, top_k=top_k, config=config, transpose_weights=k_major
+            )
         )
         text = block.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
         assert text.count("__gpu$xla.gpu.triton") == 2 and "moetune_decode_down" in text
@@ -129,3 +157,47 @@ def test_moe_mlp_chooses_the_block_by_mode_and_bound_and_says_why():
         lambda x: layer.moe_mlp(x, logits, w_gate_up, w_down, top_k=2, decode_mode="xla").sum()
     )
     np.testing.assert_allclose(np.asarray(grad(x)), np.asarray(unfused(x)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("k_major", [False, True], ids=["kn", "k_major"])
+@pytest.mark.parametrize("layout", ["tensor", "row_channel", "block_1x128_128x128"])
+def test_fp8_weights_are_widened_on_chip_and_scaled_per_block(layout, k_major):
+    from moetune.kernels.moe.fp8 import quantize_weights
+    from moetune.kernels.ops.fp8_scales import expand
+
+    x, logits, w_gate_up, w_down = _inputs(3, 4, 128, 64 if layout != "block_1x128_128x128" else 128, seed=5)
+    config = db.DecodeConfig(block_f=16, block_k=32, block_h=32, block_fd=32, up_split=2, down_split=2)
+    quantized = [quantize_weights(w, layout, transpose=k_major) for w in (w_gate_up, w_down)]
+    out = db.decode_block(
+        x.astype(jnp.bfloat16), logits, quantized[0][0], quantized[1][0], top_k=2, config=config,
+        transpose_weights=k_major, w_gate_up_scale=quantized[0][1], w_down_scale=quantized[1][1],
+        interpret=True,
+    )  # fmt: skip
+    # The reference on the weights the FP8 values and scales stand for.
+    dequantized = []
+    for values, scale in quantized:
+        w = values.astype(jnp.float32) * expand(scale, values.shape)
+        dequantized.append(jnp.swapaxes(w, 1, 2) if k_major else w)
+    want = moe_mlp_reference(x.astype(jnp.bfloat16).astype(jnp.float32), logits, *dequantized, top_k=2)
+    error = np.linalg.norm(np.asarray(out, np.float32) - np.asarray(want)) / np.linalg.norm(np.asarray(want))
+    assert error < 1e-2  # the hidden rows and out are rounded to bf16 once each
+
+
+def test_fp8_scales_are_checked_by_name():
+    from moetune.kernels.moe.fp8 import quantize_weights
+
+    x, logits, w_gate_up, w_down = _inputs(1, 4, 256, 128)
+    (qg, sg), (qd, sd) = (quantize_weights(w, "block_1x128_128x128") for w in (w_gate_up, w_down))
+    call = lambda config=SMALL, **kw: db.decode_block(  # noqa: E731
+        x, logits, qg, qd, top_k=2, config=config, interpret=True, **kw
+    )
+    with pytest.raises(ConfigInvalid, match="both weight scales"):
+        call(w_gate_up_scale=sg)
+    with pytest.raises(ConfigInvalid, match="straddles"):
+        call(
+            config=db.DecodeConfig(block_f=16, block_k=256, block_h=16, block_fd=16),
+            w_gate_up_scale=sg,
+            w_down_scale=sd,
+        )
+    with pytest.raises(ConfigInvalid, match="does not divide"):
+        call(w_gate_up_scale=jnp.concatenate([sg, sg[:, :, :1]], axis=2), w_down_scale=sd)
