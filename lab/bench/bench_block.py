@@ -9,14 +9,21 @@ The block is route (top-k of the router logits, renormalised over the chosen k),
 [T, E] logits in, [T, H] out, bf16 tokens and weights (bench_layer_grad.parameters). The logits, the
 block's input, are computed once per case from a bf16 router in float32, so that no two experts tie and
 every method routes each token to the same experts. Methods:
-  * moetune: `moe_mlp` as a model calls it (routing_mode "auto", the SwiGLU fused into the gate_up GEMM
-    where the backend serves that op);
+  * moetune: `moe_mlp` as a model calls it (routing_mode and decode_mode "auto", the SwiGLU fused into
+    the gate_up GEMM where the backend serves that op): what a user gets;
+  * moetune_unfused: `moe_mlp` with decode_mode "xla", the block as separate kernels (route, sort,
+    permute, the two grouped GEMMs, combine);
+  * moetune_fused: `moe_mlp` with decode_mode "kernel", the fused decode block (two kernels, routing
+    included; kernels/moe/decode_block.py), where it fits (T <= its bound) and a skipped record elsewhere;
   * tokamax: `moe_mlp_using` on tokamax.ragged_dot(implementation="mosaic"), the surroundings identical;
   * xla: `moe_mlp_using` on jax.lax.ragged_dot, skipped past a ~40 GB [G, M, K] expansion;
   * torch_grouped_mm: the block in PyTorch (no autograd) on DLPack views of the same arrays.
 Each peer's output is compared with moetune's before it is timed; one off by more than PARITY_MAX_REL_ERR
-is an error record. The stages are moetune's own functions (kernels/moe/layer.py), each jitted on the
-materialised outputs of the stage before, so that their sum can be read beside the whole block. Times
+is an error record. Each JAX method's record also has its kernel count (the kernels of one call) and
+its share of the HBM roofline: the bytes of the touched experts' weights (gate_up and down of every
+expert some token chose) over the part's HBM read rate, against its median time. The stages are
+moetune's own functions (kernels/moe/layer.py), each jitted on the materialised outputs of the stage
+before, so that their sum can be read beside the whole block. Times
 are CUPTI kernel time (every kernel of a call), the median over --runs calls.
 
     python3 lab/bench/bench_block.py --models qwen3-30b-a3b deepseek-v3 --tokens 1 128 4096 --out block.json
@@ -37,7 +44,7 @@ from moetune_lab.bench.bench_layer_grad import parameters
 
 DEFAULT_MODELS = ("qwen3-30b-a3b", "deepseek-v3", "deepseek-v3-ep8", "qwen3-next-80b-a3b")
 DEFAULT_TOKENS = (1, 128, 4096)
-METHODS = ("moetune", "tokamax", "xla", "torch_grouped_mm")
+METHODS = ("moetune", "moetune_unfused", "moetune_fused", "tokamax", "xla", "torch_grouped_mm")
 STAGES = ("route", "permute", "gate_up", "down", "combine")
 PEERS_OF_INTEREST = ("tokamax", "torch_grouped_mm")  # the fast peers; xla is the slow baseline
 # bf16 blocks: the paths round the gate_up product and sum the GEMMs in different places and orders.
@@ -80,11 +87,18 @@ def timed_ms(entries: dict[str, dict]) -> dict[str, float]:
     return {name: entry["median_ms"] for name, entry in entries.items() if "median_ms" in entry}
 
 
-def case_record(model: dev_shapes.Model, tokens: int, methods: dict, stages: dict) -> dict:
+def case_record(
+    model: dev_shapes.Model, tokens: int, methods: dict, stages: dict, roofline_ms: float | None = None
+) -> dict:
     """One case of the JSON: the shape, every method's and stage's entry, the stages' sum (where every
-    stage was timed) and the ratios to moetune."""
+    stage was timed), the HBM roofline and each timed method's share of it, and the ratios to moetune."""
     record = {"model": model.name, "tokens": tokens, "top_k": model.top_k, "experts": model.experts,
               "hidden": model.hidden, "ffn": model.ffn, "methods": methods, "stages": stages}  # fmt: skip
+    if roofline_ms is not None:
+        record["roofline_ms"] = roofline_ms
+        for entry in methods.values():
+            if "median_ms" in entry:
+                entry["roofline_share"] = roofline_ms / entry["median_ms"]
     stage_ms = timed_ms(stages)
     if set(stage_ms) == set(STAGES):
         record["stage_sum_ms"] = sum(stage_ms.values())
@@ -101,9 +115,13 @@ def case_line(record: dict) -> str:
         return f"{head} {record.get('skipped') or record.get('error')}"
     cells = []
     for name, entry in record["methods"].items():
-        cell = (
-            f"{entry['median_ms']:.3f} ms" if "median_ms" in entry else entry.get("skipped") or entry["error"]
-        )
+        if "median_ms" in entry:
+            cell = f"{entry['median_ms']:.3f} ms"
+            extras = [f"{entry['kernels']} kernels"] if "kernels" in entry else []
+            extras += [f"{entry['roofline_share']:.0%} of roofline"] if "roofline_share" in entry else []
+            cell += f" ({', '.join(extras)})" if extras else ""
+        else:
+            cell = entry.get("skipped") or entry["error"]
         cells.append(f"{name} {cell}")
     stage_sum, peer = record.get("stage_sum_ms"), record.get("peer_vs_moetune")
     cells.append("stages " + (f"{stage_sum:.3f} ms" if stage_sum is not None else "incomplete"))
@@ -132,8 +150,9 @@ def jax_block(model: dev_shapes.Model, method: str):
 
     from moetune.kernels.moe.layer import moe_mlp, moe_mlp_using
 
-    if method == "moetune":
-        return jax.jit(functools.partial(moe_mlp, top_k=model.top_k))
+    own = {"moetune": "auto", "moetune_unfused": "xla", "moetune_fused": "kernel"}
+    if method in own:
+        return jax.jit(functools.partial(moe_mlp, top_k=model.top_k, decode_mode=own[method]))
     return jax.jit(functools.partial(moe_mlp_using, peer_gemm(method), top_k=model.top_k))
 
 
@@ -231,14 +250,56 @@ def parity(out, reference) -> dict:
     return {"rel_err": err}
 
 
-def measure_jax(model, method, args, runs, reference, timer) -> tuple[dict, object]:
-    """A JAX method's entry and its output: compiled, checked against `reference`, timed."""
+def kernel_names(fn, args) -> list[str]:
+    """The names of the kernels one call of `fn` runs, in order (CUPTI)."""
+    from jax.experimental.mosaic.gpu import profiler
+
+    _, timings = profiler.measure(fn, aggregate=False)(*args)
+    return [name for name, _ in timings]
+
+
+def touched_experts(logits, top_k: int) -> int:
+    """How many experts some token routes to: the experts whose weights the block must read."""
+    import jax
+    import numpy as np
+
+    return int(np.unique(np.asarray(jax.lax.top_k(logits, top_k)[1])).size)
+
+
+def roofline_ms(model: dev_shapes.Model, logits) -> float:
+    """The block's HBM bound: the touched experts' gate_up and down weights (bf16) over the part's HBM
+    read rate."""
+    import jax
+
+    from moetune.kernels.backends.mosaic_gpu.hardware import hbm_bytes_per_s
+
+    device = jax.devices()[0]
+    rate = hbm_bytes_per_s(device.device_kind, str(getattr(device, "compute_capability", "")))
+    per_expert = 3 * model.hidden * model.ffn * 2
+    return touched_experts(logits, model.top_k) * per_expert / rate * 1e3
+
+
+def measure_jax(model, method, args, runs, reference, timer, counter) -> tuple[dict, object]:
+    """A JAX method's entry and its output: compiled, checked against `reference`, timed, its kernels
+    counted by `counter(fn, args)`."""
     import jax
 
     fn = jax_block(model, method).lower(*args).compile()
     out = jax.block_until_ready(fn(*args))
     checked = parity(out, reference)
-    return torch_timing.summary(timer(fn, args, runs)) | checked, out
+    names = counter(fn, args)
+    counted = {"kernels": len(names), "kernel_names": names}
+    return torch_timing.summary(timer(fn, args, runs)) | checked | counted, out
+
+
+def fused_skip_reason(model: dev_shapes.Model, args) -> str | None:
+    """Why moe_mlp with decode_mode="kernel" does not run the fused block on these operands (None: it
+    does)."""
+    from moetune.kernels.moe.layer import decode_choice
+
+    x, logits, w_gate_up, _ = args
+    choice = decode_choice(x, logits, w_gate_up, model.top_k, decode_mode="kernel")
+    return None if choice.config is not None else choice.reason
 
 
 def measure_torch(model, args, runs, reference) -> dict:
@@ -254,18 +315,21 @@ def measure_torch(model, args, runs, reference) -> dict:
     return torch_timing.summary(samples) | checked | {"timing": how}
 
 
-def measure_methods(model, tokens, args, runs, methods, timer) -> dict:
+def measure_methods(model, tokens, args, runs, methods, timer, counter) -> dict:
     """Every method's entry; moetune first, its output the reference the others are checked against."""
     entries, reference = {}, None
     for method in [m for m in METHODS if m in methods]:
         if method == "xla" and (reason := xla_skip_reason(model, tokens)):
             entries[method] = {"skipped": reason}
             continue
+        if method == "moetune_fused" and (reason := fused_skip_reason(model, args)):
+            entries[method] = {"skipped": f"the fused block does not run: {reason}"}
+            continue
         try:
             if method == "torch_grouped_mm":
                 entries[method] = measure_torch(model, args, runs, reference)
                 continue
-            entries[method], out = measure_jax(model, method, args, runs, reference, timer)
+            entries[method], out = measure_jax(model, method, args, runs, reference, timer, counter)
             if method == "moetune":
                 reference = out
         except Exception as e:  # noqa: BLE001 - a method that fails is a record, not the end of the run
@@ -302,11 +366,15 @@ def block_inputs(params, tokens: int) -> tuple:
     return jax.block_until_ready((x, logits, w_gate_up, w_down))
 
 
-def run_case(model, tokens: int, params, runs: int, methods, timer=time_jax) -> dict:
-    """One (model, T) case's record; `timer(fn, args, runs)` gives the seconds of each call."""
+def run_case(
+    model, tokens: int, params, runs: int, methods, timer=time_jax, counter=kernel_names, roofline=roofline_ms
+) -> dict:
+    """One (model, T) case's record; `timer(fn, args, runs)` gives the seconds of each call,
+    `counter(fn, args)` the kernels of one call and `roofline(model, logits)` the HBM bound in ms."""
     args = block_inputs(params, tokens)
-    entries = measure_methods(model, tokens, args, runs, methods, timer)
-    return case_record(model, tokens, entries, measure_stages(model, args, runs, timer))
+    entries = measure_methods(model, tokens, args, runs, methods, timer, counter)
+    stages = measure_stages(model, args, runs, timer)
+    return case_record(model, tokens, entries, stages, roofline(model, args[1]))
 
 
 # --- the command line ----------------------------------------------------------------------------------

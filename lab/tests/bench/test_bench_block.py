@@ -36,12 +36,23 @@ def test_the_stages_compose_to_moe_mlp(block_args):
     assert np.abs(np.asarray(whole, np.float32)).max() > 0.1  # not a vacuous comparison of zeros
 
 
+def fake_counter(fn, args):
+    return ["route", "gemm"]  # CUPTI needs a GPU
+
+
 def test_a_case_records_every_method_and_stage():
     params = bench_block.parameters(TINY, 2 * TOKENS)
-    record = bench_block.run_case(TINY, TOKENS, params, 2, bench_block.METHODS, timer=fake_timer)
+    record = bench_block.run_case(
+        TINY, TOKENS, params, 2, bench_block.METHODS, timer=fake_timer, counter=fake_counter,
+        roofline=lambda model, logits: 0.5,
+    )  # fmt: skip
     methods = record["methods"]
     assert list(methods) == list(bench_block.METHODS)
     assert methods["moetune"]["median_ms"] == 1.0 and methods["moetune"]["samples_ms"] == [1.0, 1.0]
+    assert methods["moetune"]["kernels"] == 2 and methods["moetune"]["roofline_share"] == 0.5
+    assert record["roofline_ms"] == 0.5 and methods["moetune_unfused"]["kernels"] == 2
+    # The fused block needs a Hopper GPU: here it is a skipped record naming why.
+    assert "the fused block does not run" in methods["moetune_fused"]["skipped"]
     assert methods["xla"]["rel_err"] < bench_block.PARITY_MAX_REL_ERR
     for peer in ("tokamax", "torch_grouped_mm"):  # absent or GPU-only here: a record, not a crash
         assert "median_ms" in methods[peer] or len(methods[peer]["error"]) <= 300
@@ -49,7 +60,17 @@ def test_a_case_records_every_method_and_stage():
     assert record["stage_sum_ms"] == pytest.approx(5.0)
     assert record["speedup"]["xla"] == 1.0
     assert (record["model"], record["tokens"], record["top_k"], record["experts"]) == ("tiny", TOKENS, 2, 8)
-    assert "T=16" in bench_block.case_line(record)
+    assert "T=16" in bench_block.case_line(record) and "2 kernels, 50% of roofline" in bench_block.case_line(
+        record
+    )
+
+
+def test_the_roofline_counts_the_experts_some_token_touches():
+    import jax.numpy as jnp
+
+    logits = jnp.array([[5.0, 4.0, 0.0, 0.0], [5.0, 0.0, 4.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    assert bench_block.touched_experts(logits, 1) == 2  # experts 0 and 3
+    assert bench_block.touched_experts(logits, 2) == 4
 
 
 def test_xla_is_skipped_past_its_expansion():
