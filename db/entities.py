@@ -162,5 +162,7 @@ def problem_value(row: ProblemRow) -> Problem:
         rhs_dtype=row.rhs_dtype,
         out_dtype=row.out_dtype,
         transpose_rhs=row.transpose_rhs,
-        scale_layout=Problem.scale_layout_of_key(row.key),  # no column of its own: the key has it
+        # No columns of their own: the key has them (written only for the problems that have them).
+        scale_layout=Problem.scale_layout_of_key(row.key),
+        top_k=Problem.top_k_of_key(row.key),
     )

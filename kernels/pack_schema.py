@@ -51,7 +51,8 @@ from moetune.kernels.typed_fields import (
 SCHEMA = "moetune.pack"
 SCHEMA_VERSION = 1  # a pack of problems without scales: every pack written before FP8 ops, byte for byte
 SCALED_SCHEMA_VERSION = 2  # a pack that holds a problem with FP8 operands and scales (Problem v2)
-SCHEMA_VERSIONS = (SCHEMA_VERSION, SCALED_SCHEMA_VERSION)
+ROUTED_SCHEMA_VERSION = 3  # a pack that holds a problem of an op routing its tokens itself (Problem v3)
+SCHEMA_VERSIONS = (SCHEMA_VERSION, SCALED_SCHEMA_VERSION, ROUTED_SCHEMA_VERSION)
 
 # String(N) lengths of the columns the text lands in (db/models.py).
 NAME_LENGTH = 64  # backend, op (String(64)); config parameter names and values, by the same measure
@@ -169,10 +170,20 @@ class ScaledProblemModel(ProblemModel):
     scale_layout: ScaleLayout
 
 
+class RoutedProblemModel(ProblemModel):
+    """A Problem of an op that routes its tokens itself (schema_version 3: the fused MoE decode block),
+    whose m is T tokens: the experts each token's router picks are part of it."""
+
+    schema_version: Literal[Problem.ROUTED_SCHEMA_VERSION]
+    top_k: Dim
+
+
 class EntryModel(_Strict):
     """One winner: the problem, the backend's config for it, and its median time."""
 
-    problem: Annotated[ProblemModel | ScaledProblemModel, Field(discriminator="schema_version")]
+    problem: Annotated[
+        ProblemModel | ScaledProblemModel | RoutedProblemModel, Field(discriminator="schema_version")
+    ]
     config: Annotated[
         dict[Name, ConfigValue],
         # Names outside the pattern are refused too (pydantic writes the pattern as patternProperties).

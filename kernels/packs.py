@@ -3,7 +3,9 @@
 A pack is plain data (never pickle), validated completely on load: every field is typed and bounded by
 the pydantic models in moetune.kernels.pack_schema (configs/pack.schema.json is their JSON Schema).
 Layout (schema_version 1; a pack that holds a problem with FP8 operands and scales, a Problem of
-schema_version 2, is schema_version 2, and only such a pack may hold one):
+schema_version 2, is schema_version 2, and one that holds a problem of an op routing its tokens itself, a
+Problem of schema_version 3 with its top_k, is schema_version 3: a pack's version is its newest problem's,
+and a pack holds no problem newer than itself):
 
     {"schema": "moetune.pack", "schema_version": 1, "created": "2026-11-29T12:00:00Z",
      "device": {<DeviceFingerprint fields>}, "backend": "mosaic_gpu", "kernel_source_hash": "ab12...",
@@ -26,13 +28,7 @@ from pydantic import ValidationError
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import ConfigInvalid, PackInvalid
 from moetune.kernels.input_files import read_input_file
-from moetune.kernels.pack_schema import (
-    SCALED_SCHEMA_VERSION,
-    SCHEMA,
-    SCHEMA_VERSION,
-    SCHEMA_VERSIONS,
-    PackModel,
-)
+from moetune.kernels.pack_schema import SCHEMA, SCHEMA_VERSION, SCHEMA_VERSIONS, PackModel
 from moetune.kernels.problem import Problem
 from moetune.kernels.typed_fields import describe
 
@@ -57,9 +53,9 @@ class Pack:
 
     @property
     def schema_version(self) -> int:
-        """1 unless an entry's problem has scales (then 2): a pack of bf16 winners reads as it always did."""
-        scaled = any(e.problem.schema_version != Problem.SCHEMA_VERSION for e in self.entries)
-        return SCALED_SCHEMA_VERSION if scaled else SCHEMA_VERSION
+        """Its newest problem's version: 1 unless an entry's problem has scales (2) or a top_k (3), so a
+        pack of bf16 winners reads as it always did."""
+        return max((e.problem.schema_version for e in self.entries), default=SCHEMA_VERSION)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -92,7 +88,7 @@ def parse(data: Any, source: str = "<pack>") -> Pack:
     version = data.get("schema_version")
     if isinstance(version, bool) or version not in SCHEMA_VERSIONS:
         shown = repr(version) if len(repr(version)) <= 40 else "(not a version number)"
-        readable = " and ".join(map(str, SCHEMA_VERSIONS))
+        readable = ", ".join(map(str, SCHEMA_VERSIONS[:-1])) + f" and {SCHEMA_VERSIONS[-1]}"
         raise PackInvalid(f"{source}: pack schema_version={shown}; this moetune reads {readable}")
     try:
         model = PackModel.model_validate(data)
@@ -105,8 +101,9 @@ def parse(data: Any, source: str = "<pack>") -> Pack:
         except ConfigInvalid as e:
             raise PackInvalid(f"{source}: entries[{i}].problem: {e}") from None
         if problem.schema_version > version:
+            what = "a top_k" if problem.top_k else "scales"
             raise PackInvalid(
-                f"{source}: entries[{i}].problem has scales (problem schema_version "
+                f"{source}: entries[{i}].problem has {what} (problem schema_version "
                 f"{problem.schema_version}), which a schema_version={version} pack cannot hold"
             )
         entries.append(PackEntry(problem, dict(entry.config), entry.median_s))

@@ -78,15 +78,21 @@ class Problem:
     ``grouped_matmul/m=4096,k=4096,n=28672,g=8,lhs=bfloat16,rhs=bfloat16,out=bfloat16,t=0/v1``.
 
     `scale_layout` (SCALE_LAYOUTS) says how the float32 scales of FP8 operands cover them; "none" for an
-    op without scale operands, and an op with them needs another. Key versions: v1 is every problem
-    without scales, its key and dict exactly as before scales existed (shipped packs and stored winners
-    match them byte for byte); v2 adds ``,s=<layout>`` after ``t=`` and is written only for a scaled
-    problem, e.g. ``grouped_matmul_fp8/m=4096,...,lhs=float8_e4m3fn,rhs=float8_e4m3fn,out=bfloat16,t=0,
-    s=row_channel/v2``.
+    op without scale operands, and an op with them needs another. `top_k` is the experts each token's
+    router picks, for an op that routes its tokens itself (`OpSpec.routed`: the fused MoE decode block,
+    whose m is T tokens, not T * top_k rows); 0 for every other op, and a routed op needs 1 <= top_k <= g.
+
+    Key versions: v1 is every problem without scales or top_k, its key and dict exactly as before either
+    existed (shipped packs and stored winners match them byte for byte); v2 adds ``,s=<layout>`` after
+    ``t=`` and is written only for a scaled problem, e.g. ``grouped_matmul_fp8/m=4096,...,
+    lhs=float8_e4m3fn,rhs=float8_e4m3fn,out=bfloat16,t=0,s=row_channel/v2``; v3 adds ``,top_k=<k>`` and
+    is written only for a routed one, e.g. ``moe_decode_block/m=8,k=2048,n=1536,g=128,lhs=bfloat16,
+    rhs=bfloat16,out=bfloat16,t=0,top_k=8/v3``.
     """
 
-    SCHEMA_VERSION: ClassVar[int] = 1  # of problems without scales (the only version packs hold)
+    SCHEMA_VERSION: ClassVar[int] = 1  # of problems without scales or top_k
     SCALED_SCHEMA_VERSION: ClassVar[int] = 2
+    ROUTED_SCHEMA_VERSION: ClassVar[int] = 3
 
     op: str
     m: int
@@ -98,6 +104,7 @@ class Problem:
     out_dtype: str = "bfloat16"
     transpose_rhs: bool = False
     scale_layout: str = "none"
+    top_k: int = 0
 
     def __post_init__(self) -> None:
         for name in ("m", "k", "n", "g"):
@@ -115,11 +122,22 @@ class Problem:
         if bool(spec.scale_operands) != (self.scale_layout != "none"):
             wanted = f"one of {', '.join(SCALE_LAYOUTS[1:])}" if spec.scale_operands else "'none'"
             raise ConfigInvalid(f"op={self.op} takes scale_layout {wanted}, not {self.scale_layout!r}")
+        top_k = self.top_k
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
+            raise ConfigInvalid(f"top_k={top_k!r} must be a non-negative integer")
+        if spec.routed and not 1 <= top_k <= self.g:
+            raise ConfigInvalid(
+                f"op={self.op} routes its tokens: it takes top_k in [1, g={self.g}], not {top_k}"
+            )
+        if not spec.routed and top_k:
+            raise ConfigInvalid(f"op={self.op} takes no top_k (its rows come grouped); got top_k={top_k}")
         spec.check(self)
 
     @property
     def schema_version(self) -> int:
         """The key and dict version this problem is written with (see the class docstring)."""
+        if self.top_k:
+            return self.ROUTED_SCHEMA_VERSION
         return self.SCHEMA_VERSION if self.scale_layout == "none" else self.SCALED_SCHEMA_VERSION
 
     @property
@@ -130,9 +148,10 @@ class Problem:
     def shape_key(self) -> str:
         """The key without m: problems that share it differ only in token count (nearest-M lookup)."""
         scales = "" if self.scale_layout == "none" else f",s={self.scale_layout}"
+        routed = f",top_k={self.top_k}" if self.top_k else ""
         return (
             f"{self.op}/k={self.k},n={self.n},g={self.g},lhs={self.lhs_dtype},rhs={self.rhs_dtype},"
-            f"out={self.out_dtype},t={int(self.transpose_rhs)}{scales}/v{self.schema_version}"
+            f"out={self.out_dtype},t={int(self.transpose_rhs)}{scales}{routed}/v{self.schema_version}"
         )
 
     @property
@@ -146,6 +165,13 @@ class Problem:
         that keep a problem's fields in columns and its key beside them read the layout back from here."""
         fields = key.split("/")[1].split(",")
         return next((f[2:] for f in fields if f.startswith("s=")), "none")
+
+    @staticmethod
+    def top_k_of_key(key: str) -> int:
+        """The top_k a key names: its ``top_k=`` field, 0 for a v1 or v2 key (which has none); read back
+        as `scale_layout_of_key` is."""
+        fields = key.split("/")[1].split(",")
+        return next((int(f[6:]) for f in fields if f.startswith("top_k=")), 0)
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -174,22 +200,31 @@ class Problem:
         return dataclasses.replace(self, m=m)
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields and the schema version; a v1 dict has no scale_layout (it is the v1 dict of old)."""
+        """The fields and the schema version; a dict holds scale_layout only for a scaled problem and top_k
+        only for a routed one (a v1 dict is the v1 dict of old)."""
         data = {"schema_version": self.schema_version, **dataclasses.asdict(self)}
         if self.scale_layout == "none":
             del data["scale_layout"]
+        if not self.top_k:
+            del data["top_k"]
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Problem:
         data = dict(data)
         version = data.pop("schema_version", cls.SCHEMA_VERSION)
-        if version not in (cls.SCHEMA_VERSION, cls.SCALED_SCHEMA_VERSION):
+        versions = (cls.SCHEMA_VERSION, cls.SCALED_SCHEMA_VERSION, cls.ROUTED_SCHEMA_VERSION)
+        if version not in versions:
             raise ConfigInvalid(
-                f"problem schema_version={version} is not {cls.SCHEMA_VERSION} or {cls.SCALED_SCHEMA_VERSION}"
+                f"problem schema_version={version} is not one of {', '.join(map(str, versions))}"
             )
         if version == cls.SCHEMA_VERSION and data.get("scale_layout", "none") != "none":
             raise ConfigInvalid(f"a schema_version={version} problem has no scale_layout")
+        if (version == cls.ROUTED_SCHEMA_VERSION) != bool(data.get("top_k", 0)):
+            raise ConfigInvalid(
+                f"a schema_version={version} problem "
+                + ("needs a top_k" if version == cls.ROUTED_SCHEMA_VERSION else "has no top_k")
+            )
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:

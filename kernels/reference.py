@@ -113,22 +113,39 @@ def chunked_grouped_matmul(
     return out[:m]
 
 
-@functools.partial(jax.jit, static_argnames=("op", "transpose_rhs"), compiler_options=UNTUNED_COMPILE)
-def _reference(*operands: jax.Array, op: str, transpose_rhs: bool) -> jax.Array:
-    return ops.get(op).reference(*operands, transpose_rhs=transpose_rhs)
+@functools.partial(jax.jit, static_argnames=("op", "options"), compiler_options=UNTUNED_COMPILE)
+def _reference(*operands: jax.Array, op: str, options: tuple[tuple[str, Any], ...]) -> jax.Array:
+    return ops.get(op).reference(*operands, **dict(options))
 
 
-@functools.partial(jax.jit, static_argnames=("op", "transpose_rhs", "axis"), compiler_options=UNTUNED_COMPILE)
+@functools.partial(jax.jit, static_argnames=("op", "options", "axis"), compiler_options=UNTUNED_COMPILE)
 def _reference_of_rows(
-    lhs: jax.Array, rows: jax.Array, *operands: jax.Array, op: str, transpose_rhs: bool, axis: int
+    lhs: jax.Array,
+    rows: jax.Array,
+    *operands: jax.Array,
+    op: str,
+    options: tuple[tuple[str, Any], ...],
+    axis: int,
 ) -> jax.Array:
     spec = ops.get(op)
-    # A scale of lhs with one entry per lhs row (FP8 per token or per 1x128 block) is sampled with it.
+    # An operand with one entry per lhs row is sampled with it: a scale of lhs per row (FP8 per token or
+    # per 1x128 block), a routed op's router logits.
     operands = tuple(
-        jnp.take(x, rows, axis=0) if axis == 0 and o.scales == "lhs" and x.shape[0] == lhs.shape[0] else x
+        jnp.take(x, rows, axis=0) if axis == 0 and _per_lhs_row(o, x, lhs) else x
         for o, x in zip(spec.operands[1:], operands, strict=True)
     )
-    return spec.reference(jnp.take(lhs, rows, axis=axis), *operands, transpose_rhs=transpose_rhs)
+    return spec.reference(jnp.take(lhs, rows, axis=axis), *operands, **dict(options))
+
+
+def _per_lhs_row(operand: Any, value: jax.Array, lhs: jax.Array) -> bool:
+    if operand.kind == "routing":
+        return True
+    return operand.scales == "lhs" and value.shape[0] == lhs.shape[0]
+
+
+def _options(problem: Problem) -> tuple[tuple[str, Any], ...]:
+    """The op's keyword options of `problem` (OpSpec.options), hashable: a static argument of the jits."""
+    return tuple(sorted(problem.spec.options(problem).items()))
 
 
 @functools.lru_cache(maxsize=64)
@@ -143,7 +160,7 @@ def rows_reference_program(problem: Problem, rows: int, axis: int = 0) -> Callab
         jax.ShapeDtypeStruct((rows,), jnp.int32),
         *others,
         op=problem.op,
-        transpose_rhs=problem.transpose_rhs,
+        options=_options(problem),
         axis=axis,
     ).compile()
 
@@ -152,7 +169,7 @@ def reference_of(problem: Problem) -> Callable[..., jax.Array]:
     """(the op's operands: lhs, rhs, group_sizes) -> the float32 result a kernel for `problem` must match,
     [m, out_n]: one compiled program per shape (without autotuning, UNTUNED_COMPILE). Call it outside
     jit: options like these are only taken by a top-level jit."""
-    return functools.partial(_reference, op=problem.op, transpose_rhs=problem.transpose_rhs)
+    return functools.partial(_reference, op=problem.op, options=_options(problem))
 
 
 def tolerance(dtype: Any) -> float:

@@ -93,8 +93,9 @@ class PlannedProblem:
 
     @property
     def rows(self) -> int:
-        """The rows the sweep's routings spread over the groups."""
-        return self.problem.m if self.filled_rows is None else self.filled_rows
+        """The rows the sweep's routings spread over the groups: m, or the filled rows, or for an op that
+        routes its tokens itself each token's top_k choices (OpSpec.routing_rows)."""
+        return self.problem.spec.routing_rows(self.problem) if self.filled_rows is None else self.filled_rows
 
     def to_dict(self) -> dict[str, Any]:
         data = {"problem": self.problem.to_dict(), "label": self.label}
@@ -300,7 +301,7 @@ def _shipped_name(name: str) -> bool:
 
 _PROBLEM_FIELDS = {"m": "m", "k": "k", "n": "n", "g": "g", "lhs": "lhs_dtype", "rhs": "rhs_dtype"}
 _PROBLEM_FIELDS |= {"out": "out_dtype", "t": "transpose_rhs", "transpose_rhs": "transpose_rhs"}
-_PROBLEM_FIELDS |= {"s": "scale_layout", "scale_layout": "scale_layout"}
+_PROBLEM_FIELDS |= {"s": "scale_layout", "scale_layout": "scale_layout", "top_k": "top_k"}
 _FLAGS = {"0": False, "1": True, "false": False, "true": True, "no": False, "yes": True}
 
 
@@ -309,7 +310,9 @@ def parse_problem(text: str) -> PlannedProblem:
     `op=grouped_matmul_swiglu` names another registered op (default: the plain grouped_matmul). An FP8
     problem names its op, its operands' dtype and its scales, as its key does:
     'op=grouped_matmul_fp8,m=4096,k=7168,n=4096,g=256,dtype=e4m3,s=block_1x128_128x128'; an FP8 dtype
-    sets the operands only, the output staying bfloat16 unless `out` says otherwise."""
+    sets the operands only, the output staying bfloat16 unless `out` says otherwise. An op routing its
+    tokens itself names its top_k, as its key does: 'op=moe_decode_block,m=8,k=2048,n=1536,g=128,top_k=8'
+    (m is T tokens there)."""
     values: dict[str, Any] = {}
     dtype = None
     op = OP
@@ -338,7 +341,9 @@ def parse_problem(text: str) -> PlannedProblem:
     missing = [name for name in ("m", "k", "n", "g") if name not in values]
     if missing:
         raise ConfigInvalid(f"problem {text!r}: missing {', '.join(missing)}")
-    for name in ("m", "k", "n", "g"):
+    for name in ("m", "k", "n", "g", "top_k"):
+        if name not in values:
+            continue
         digits = values[name]
         if not (digits.isascii() and digits.isdigit()) or len(digits) > len(str(INT32_MAX)):
             raise ConfigInvalid(f"problem {text!r}: {name}={digits!r} is not a positive integer")
@@ -362,6 +367,8 @@ def parse_problem(text: str) -> PlannedProblem:
     label = f"m={problem.m},k={problem.k},n={problem.n},g={problem.g}"
     if problem.scale_layout != "none":
         label += f",{problem.lhs_dtype},s={problem.scale_layout}"
+    if problem.top_k:
+        label += f",top_k={problem.top_k}"
     return PlannedProblem(problem, label if op == OP else f"{op} {label}")
 
 

@@ -15,7 +15,10 @@ transpose_rhs). Its spec gives, as functions of the Problem:
   * `vjp`: the ops computing its cotangents (`Vjp`), each dispatched as its own Problem, so each is
     tuned and looked up apart from the forward; None for an op without a gradient;
   * `out_grouped`: the output is one slice per expert ([g, ...], the weight gradient) rather than one
-    row per lhs row, so "rows past the groups are zero" reads "an expert with no rows is zero".
+    row per lhs row, so "rows past the groups are zero" reads "an expert with no rows is zero";
+  * `routed`: the op routes its tokens itself from a router's logits (the fused MoE decode block,
+    kernels/ops/moe_decode_block.py): its Problem carries `top_k`, which its reference and kernels take
+    as a keyword (`options`), and its routing operand (kind "routing") is made from each routing draw.
 
 The weight-gradient op (kernels/ops/grouped_matmul_drhs.py) and the FP8 ops (grouped_matmul_fp8.py,
 scales in the layout the Problem names: `layout="by_problem"`) are built on these fields. The tuner
@@ -30,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -46,8 +49,10 @@ if TYPE_CHECKING:
 TOLERANCE: Mapping[str, float] = {"bfloat16": 1e-2, "float16": 1e-3, "float32": 1e-5}
 
 # What an operand is to the tuner: "data" is drawn at random (never zeros), "group_sizes" is the routing
-# (runtime data the tuner draws as routings, never part of a key), "scale" scales another operand.
-OPERAND_KINDS = ("data", "group_sizes", "scale")
+# (runtime data the tuner draws as routings, never part of a key), "scale" scales another operand,
+# "routing" is made from a routing draw by the operand's `from_routing` (a router's logits that pick
+# exactly the drawn experts: the routing of an op that routes its tokens itself).
+OPERAND_KINDS = ("data", "group_sizes", "scale", "routing")
 # How a scale operand covers the operand it scales; "by_problem": as the Problem's scale_layout says (the
 # FP8 ops, one op for every layout: kernels/ops/fp8_scales.py).
 SCALE_LAYOUTS = ("tensor", "row", "column", "block_1x128", "block_128x128", "by_problem")
@@ -68,10 +73,15 @@ class Operand:
     # The layer's weights: fixed while the token count varies, so the problems that differ only in M
     # share one draw of them (the tuner's input cache; they are most of the bytes).
     weights: bool = False
+    # kind "routing": (problem, group sizes of one routing draw, seed) -> the operand's values, one row
+    # per lhs row (the tuner samples them with lhs's rows).
+    from_routing: Callable[[Problem, Sequence[int], int], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in OPERAND_KINDS:
             raise ConfigInvalid(f"operand {self.name}: kind={self.kind!r} is not one of {OPERAND_KINDS}")
+        if (self.kind == "routing") != (self.from_routing is not None):
+            raise ConfigInvalid(f"operand {self.name}: from_routing is set exactly for kind='routing'")
         if (self.kind == "scale") != bool(self.scales) or (self.kind == "scale") != bool(self.layout):
             raise ConfigInvalid(f"operand {self.name}: scales and layout are set exactly for kind='scale'")
         if self.layout and self.layout not in SCALE_LAYOUTS:
@@ -119,6 +129,10 @@ class OpSpec:
     out_columns: str = "N"  # what messages call the output's columns ("F" under a gated epilogue)
     vjp: Vjp | None = None
     out_grouped: bool = False
+    routed: bool = False
+    # What a kernel reads and writes when that is less than every operand (`bytes_touched`): the decode
+    # block reads only its tokens' experts' weights. None: every operand and the output.
+    touched_bytes: Callable[[Problem], int] | None = None
 
     def __post_init__(self) -> None:
         names = [o.name for o in self.operands]
@@ -127,6 +141,8 @@ class OpSpec:
         for operand in self.operands:
             if operand.kind == "scale" and operand.scales not in names:
                 raise ConfigInvalid(f"op {self.name}: {operand.name} scales unknown operand {operand.scales}")
+        if self.routed != any(o.kind == "routing" for o in self.operands):
+            raise ConfigInvalid(f"op {self.name}: a routed op has a routing operand, and only a routed op")
 
     @property
     def linear_in_k(self) -> bool:
@@ -140,9 +156,27 @@ class OpSpec:
 
     @property
     def drawn_operands(self) -> tuple[Operand, ...]:
-        """The operands the tuner draws at random, in call order: all but the group sizes and the scales,
-        which `draw` gives together with the operand they scale (values, scale)."""
-        return tuple(o for o in self.operands if o.kind not in ("group_sizes", "scale"))
+        """The operands the tuner draws at random, in call order: all but the routing (group sizes, or a
+        router's logits made from them) and the scales, which `draw` gives together with the operand they
+        scale (values, scale)."""
+        return tuple(o for o in self.operands if o.kind not in ("group_sizes", "scale", "routing"))
+
+    def options(self, problem: Problem) -> dict[str, Any]:
+        """The Problem's fields the reference and the kernels take as keywords: the weights' layout, and a
+        routed op's top_k."""
+        routed = {"top_k": problem.top_k} if self.routed else {}
+        return {"transpose_rhs": problem.transpose_rhs, **routed}
+
+    def routing_rows(self, problem: Problem) -> int:
+        """The rows a routing draw spreads over the g experts: m, or for a routed op its m tokens' top_k
+        choices each."""
+        return problem.m * problem.top_k if self.routed else problem.m
+
+    def expert_capacity(self, problem: Problem) -> int | None:
+        """The most rows one expert may take in a routing draw: a router picks each token's top_k experts
+        apart, so at most m for a routed op (which also routes every token: no row is left out); None for
+        grouped rows, which any expert may take all of."""
+        return problem.m if self.routed else None
 
     def operand(self, name: str) -> Operand:
         for operand in self.operands:
@@ -177,7 +211,9 @@ class OpSpec:
 
     def bytes_touched(self, problem: Problem) -> int:
         """Bytes of every operand (all experts' weights) and of the output: what a kernel reads and writes
-        at most, the memory side of a roofline."""
+        at most, the memory side of a roofline; `touched_bytes` where the op says less."""
+        if self.touched_bytes is not None:
+            return self.touched_bytes(problem)
 
         def nbytes(shape: tuple[int, ...], dtype: str) -> int:
             return math.prod(shape) * jnp.dtype(dtype).itemsize

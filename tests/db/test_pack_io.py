@@ -348,3 +348,21 @@ def test_an_fp8_winner_exports_in_a_v2_pack_and_imports_with_its_scale_layout(db
     with open_store(f"sqlite:///{tmp_path / 'other.db'}") as target:
         assert target.import_pack(packs.load(path), source=str(path)) == 2
         assert {w.problem for w in target.winners()} == {GATE_UP, fp8}
+
+
+def test_a_routed_winner_exports_in_a_v3_pack_and_imports_with_its_top_k(db_url, tmp_path):
+    from moetune.kernels.problem import Problem
+
+    block = Problem("moe_decode_block", 8, 2048, 1536, 128, top_k=8)
+    with open_store(db_url) as source:
+        for problem in (GATE_UP, block):  # on xla, which serves both ops
+            record = trial(problem=problem, backend="xla", config={"strategy": "ragged_dot"})
+            source.promote(source.record_trial(record))
+        pack = source.export_pack(device_kind="NVIDIA H200", backend="xla")
+    assert pack.schema_version == 3 and {e.problem for e in pack.entries} == {GATE_UP, block}
+    path = tmp_path / "block.json"
+    path.write_text(pack.dumps())
+    assert json.loads(path.read_text())["schema_version"] == 3
+    with open_store(f"sqlite:///{tmp_path / 'other.db'}") as target:
+        assert target.import_pack(packs.load(path), source=str(path)) == 2
+        assert {w.problem for w in target.winners()} == {GATE_UP, block}

@@ -304,3 +304,16 @@ def test_a_lost_connection_fails_at_once_unless_reconnecting(store, monkeypatch)
     with pytest.raises(DatabaseError):
         transaction.run(store._engine, store._url, refused, write=False, reconnect_s=0.2)
     assert len(calls) > 5  # retried until the deadline
+
+
+def test_a_routed_problem_reads_back_with_its_top_k(store):
+    from moetune.kernels.problem import Problem
+
+    block = Problem("moe_decode_block", 8, 2048, 1536, 128, top_k=8)
+    other = Problem("moe_decode_block", 8, 2048, 1536, 128, top_k=4)
+    for problem in (block, other):  # one row each: the key holds top_k, no column does
+        store.promote(
+            store.record_trial(trial(problem=problem, backend="xla", config={"strategy": "ragged_dot"}))
+        )
+    assert {t.problem for t in store.trials()} == {block, other}
+    assert {w.problem for w in store.winners(backend="xla")} == {block, other}

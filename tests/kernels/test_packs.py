@@ -49,7 +49,9 @@ def _config(d):
         (lambda d: _problem(d).update(group_sizes=[1, 2]), "entries[0].problem.group_sizes: unknown field"),
         # Version 2 is a problem with scales: without them it is incomplete.
         (lambda d: _problem(d).update(schema_version=2), "entries[0].problem.scale_layout: missing field"),
-        (lambda d: _problem(d).update(schema_version=3), "entries[0].problem="),
+        # Version 3 is a problem of an op routing its tokens: without a top_k it is incomplete.
+        (lambda d: _problem(d).update(schema_version=3), "entries[0].problem.top_k: missing field"),
+        (lambda d: _problem(d).update(schema_version=4), "entries[0].problem="),
         (
             lambda d: _problem(d).update(op="grouped_matmul_swiglu", n=28673),
             "entries[0].problem: op=grouped_matmul_swiglu needs an even n",
@@ -110,12 +112,12 @@ def test_the_models_name_the_fields_of_the_values_they_build():
     assert set(pack_schema.DeviceModel.model_fields) == {
         f.name for f in dataclasses.fields(DeviceFingerprint)
     }
-    # v1 problems have no scale_layout (Problem.to_dict leaves it out for them); v2 problems have it.
-    assert set(pack_schema.ProblemModel.model_fields) == {f.name for f in dataclasses.fields(Problem)} - {
-        "scale_layout"
-    } | {"schema_version"}
+    # v1 problems have no scale_layout or top_k (Problem.to_dict leaves them out for them); v2 problems
+    # have a scale_layout, v3 problems a top_k.
     fields = {f.name for f in dataclasses.fields(Problem)} | {"schema_version"}
-    assert set(pack_schema.ScaledProblemModel.model_fields) == fields
+    assert set(pack_schema.ProblemModel.model_fields) == fields - {"scale_layout", "top_k"}
+    assert set(pack_schema.ScaledProblemModel.model_fields) == fields - {"top_k"}
+    assert set(pack_schema.RoutedProblemModel.model_fields) == fields - {"scale_layout"}
 
 
 def test_the_published_schema_is_the_one_the_models_generate():
@@ -190,9 +192,9 @@ def test_the_pack_schema_command_prints_the_published_schema():
     from typer.testing import CliRunner
 
     # Imported for their commands (with one command alone, Typer would make it the whole app).
-    import moetune.tuner.cli.db_commands  # noqa: F401
-    import moetune.tuner.cli.pack_schema  # noqa: F401
-    from moetune.tuner.cli import app
+    import moetune.cli.db_commands  # noqa: F401
+    import moetune.cli.pack_schema  # noqa: F401
+    from moetune.cli import app
 
     result = CliRunner().invoke(app, ["pack-schema"])
     assert result.exit_code == 0
@@ -221,3 +223,32 @@ def test_a_pack_of_scaled_problems_is_version_2_and_a_version_1_pack_cannot_hold
         with pytest.raises(PackInvalid):
             packs.parse(scaled | {"entries": [entry | {"problem": bad}]}, "bad")
     assert packs.parse(shipped | {"schema_version": 1, "entries": unscaled}, "old").schema_version == 1
+
+
+def test_a_pack_of_routed_problems_is_version_3_and_older_packs_cannot_hold_one(shipped):
+    block = {
+        "schema_version": 3, "op": "moe_decode_block", "m": 8, "k": 2048, "n": 1536, "g": 128,
+        "lhs_dtype": "bfloat16", "rhs_dtype": "bfloat16", "out_dtype": "bfloat16", "transpose_rhs": False,
+        "top_k": 8,
+    }  # fmt: skip
+    entry = {"problem": block, "config": {"strategy": "ragged_dot"}, "median_s": 1e-5}
+    routed = shipped | {"schema_version": 3, "entries": [*shipped["entries"], entry]}
+    pack = packs.parse(routed, "routed")
+    assert pack.schema_version == 3 and pack.entries[-1].problem.top_k == 8
+    assert json.loads(pack.dumps()) == routed
+    last = len(routed["entries"]) - 1
+    with pytest.raises(PackInvalid, match=rf"entries\[{last}\].problem has a top_k .* schema_version=2 pack"):
+        packs.parse(routed | {"schema_version": 2}, "old")
+    with pytest.raises(PackInvalid, match=r"entries\[0\].problem has a top_k .* schema_version=1 pack"):
+        packs.parse(routed | {"schema_version": 1, "entries": [entry]}, "old")
+    # A v3 problem without a top_k, a top_k in an older problem, and a top_k outside [1, g] are refused.
+    for bad in (
+        {k: v for k, v in block.items() if k != "top_k"},
+        block | {"schema_version": 1},
+        block | {"top_k": 0},
+        block | {"top_k": 129},
+    ):
+        with pytest.raises(PackInvalid):
+            packs.parse(routed | {"entries": [entry | {"problem": bad}]}, "bad")
+    # The shipped pack itself stays what it was: no problem of it is routed.
+    assert packs.parse(shipped, "shipped").schema_version == shipped["schema_version"] < 3

@@ -162,10 +162,20 @@ def test_an_fp8_problem_is_written_as_its_key_reads_and_its_output_stays_bfloat1
     assert swiglu.problem.scale_layout == "tensor" and swiglu.problem.out_dtype == "bfloat16"
 
 
+def test_a_routed_problem_names_its_top_k_as_its_key_reads():
+    planned = parse_problem("op=moe_decode_block,m=8,k=2048,n=1536,g=128,top_k=8")
+    assert planned.problem.key.endswith(",t=0,top_k=8/v3") and planned.problem.m == 8
+    assert planned.label == "moe_decode_block m=8,k=2048,n=1536,g=128,top_k=8"
+    assert planned.rows == 64  # the routing draws spread the tokens' 8 choices each
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
         ("m=1,k=2,n=3", "missing g"),
+        ("op=moe_decode_block,m=8,k=64,n=64,g=8", "routes its tokens: it takes top_k"),
+        ("op=moe_decode_block,m=8,k=64,n=64,g=8,top_k=x", "top_k='x' is not a positive integer"),
+        ("m=8,k=64,n=64,g=8,top_k=2", "op=grouped_matmul takes no top_k"),
         ("m=x,k=2,n=3,g=1", "m='x' is not a positive integer"),
         ("m=1,k=2,n=3,g=1,z=4", "unknown field 'z'"),
         ("m=1,k=2,n=3,g=1,dtype=int8", "dtype='int8'"),

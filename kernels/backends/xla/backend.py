@@ -2,9 +2,10 @@
 
 It closes every fallback chain, so it serves every op: the fused ones as the plain fallback, the grouped
 GEMM in float32 followed by the epilogue as a separate XLA op ("grouped_matmul_swiglu",
-"grouped_matmul_geglu"), the grouped GEMM's weight gradient ("grouped_matmul_drhs"), and the FP8 ops in
+"grouped_matmul_geglu"), the grouped GEMM's weight gradient ("grouped_matmul_drhs"), the FP8 ops in
 every scale layout ("grouped_matmul_fp8", "grouped_matmul_swiglu_fp8"; kernel.py says per layout whether
-the scales apply after the sum or inside the dot).
+the scales apply after the sum or inside the dot), and the MoE decode block ("moe_decode_block") as the
+unfused MoE path on its grouped GEMM.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class XlaBackend(Backend):
         "grouped_matmul_drhs": "grouped_matmul_drhs",
         "grouped_matmul_fp8": "grouped_matmul_fp8",
         "grouped_matmul_swiglu_fp8": "grouped_matmul_swiglu_fp8",
+        "moe_decode_block": "moe_decode_block",
     }
     kernel_module = "moetune.kernels.backends.xla.kernel"
 
@@ -69,9 +71,11 @@ class XlaBackend(Backend):
         kernel = functools.partial(
             self.kernel_for(problem.op),
             config=config,
-            transpose_rhs=problem.transpose_rhs,
             out_dtype=jnp.dtype(problem.out_dtype),
+            **problem.spec.options(problem),
         )
+        if problem.spec.routed:  # its operands are its tokens': no lhs rows past m to drop
+            return kernel
         if problem.scale_layout != "none":
             return _first_scaled_rows(functools.partial(kernel, scale_layout=problem.scale_layout), problem.m)
         return _first_rows(kernel, problem.m)

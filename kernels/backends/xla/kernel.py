@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from moetune.kernels.backends.xla.config import XlaConfig
+from moetune.kernels.moe.layer import moe_mlp_using
 from moetune.kernels.moe.reference import gated_activation
 from moetune.kernels.ops import fp8_scales
 from moetune.kernels.ops.grouped_matmul_drhs import RAGGED_CONTRACTION
@@ -351,3 +352,26 @@ def _scaled(
 
 grouped_matmul_fp8 = functools.partial(_scaled, "")
 grouped_matmul_swiglu_fp8 = functools.partial(_scaled, "swiglu")
+
+
+def moe_decode_block(
+    x: jax.Array,
+    router_logits: jax.Array,
+    w_gate_up: jax.Array,
+    w_down: jax.Array,
+    *,
+    config: XlaConfig,
+    transpose_rhs: bool,
+    out_dtype: jnp.dtype,
+    top_k: int,
+    renormalize: bool = True,
+) -> jax.Array:
+    """The MoE decode block (op "moe_decode_block") as XLA runs it: moe_mlp's unfused path (routing and
+    sort by XLA ops, gate_up, SwiGLU, down, combine) on this backend's grouped GEMM in `config`'s strategy;
+    ragged_dot's is XLA's own block, the baseline a sweep times beside the fused kernels."""
+    del transpose_rhs  # the op takes [E, H, 2F] and [E, F, H] weights only
+    gemm = functools.partial(grouped_matmul, config=config, transpose_rhs=False, out_dtype=x.dtype)
+    out = moe_mlp_using(
+        gemm, x, router_logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize, routing_mode="xla"
+    )
+    return out.astype(out_dtype)
