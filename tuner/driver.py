@@ -189,9 +189,19 @@ class SweepDriver:
         if self.spec.space:  # a narrowed space means only those configs, warm starts included
             warm = [config for config in warm if search_space.contains(config)]
         strategy = strategies.get(self.spec.strategy)(space, seed=self.spec.seed, warm_start=warm)
-        timing = [r.group_sizes(planned.rows, problem.g, seed=self.spec.seed) for r in self.routings]
+        # An op routing its tokens itself draws each token's choices, at most one per expert (routing.py).
+        capacity = problem.spec.expert_capacity(problem)
+        timing = [
+            r.group_sizes(planned.rows, problem.g, seed=self.spec.seed, capacity=capacity)
+            for r in self.routings
+        ]
         draws = verification_draws(
-            self.routings, planned.rows, problem.g, seed=self.spec.seed, count=self.spec.verify_draws
+            self.routings,
+            planned.rows,
+            problem.g,
+            seed=self.spec.seed,
+            count=self.spec.verify_draws,
+            capacity=capacity,
         )
         run = ProblemRun(
             planned,

@@ -22,7 +22,7 @@ import collections
 import dataclasses
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -113,12 +113,34 @@ class Inputs:
         indices = _weight_indices(self.problem)
         return tuple(tuple(arrays[i] for i in indices) for arrays in self.sets)
 
-    def call_args(self, drawn: tuple[jax.Array, ...], group_sizes: jax.Array) -> tuple[jax.Array, ...]:
-        """One set's operands with `group_sizes` in the op's call order (the kernels' arguments)."""
+    def call_args(
+        self, drawn: tuple[jax.Array, ...], routed: Mapping[str, jax.Array]
+    ) -> tuple[jax.Array, ...]:
+        """One set's operands with the routing operands of one draw (`routed`, by name: the group sizes, or
+        a routed op's router logits) in the op's call order (the kernels' arguments)."""
         arrays = iter(jax.tree.leaves(drawn))  # an FP8 operand is drawn as (values, scale)
         return tuple(
-            group_sizes if o.kind == "group_sizes" else next(arrays) for o in self.problem.spec.operands
+            routed[o.name] if o.kind in ROUTING_KINDS else next(arrays) for o in self.problem.spec.operands
         )
+
+
+# The operands a routing draw makes rather than the random draw: the group sizes themselves, and a routed
+# op's router logits (Operand.from_routing).
+ROUTING_KINDS = ("group_sizes", "routing")
+
+
+def routing_operands(
+    problem: Problem, group_sizes: Sequence[int], seed: int, *, grouped: Sequence[int] | None = None
+) -> dict[str, jax.Array]:
+    """The routing operands of one draw by name: the group sizes as an int32 array (`grouped`, when given,
+    in their place: a reference sample's own), a routed op's logits made from `group_sizes`."""
+    made = {}
+    for operand in problem.spec.operands:
+        if operand.kind == "group_sizes":
+            made[operand.name] = _group_sizes_array(group_sizes if grouped is None else grouped)
+        elif operand.kind == "routing":
+            made[operand.name] = jnp.asarray(operand.from_routing(problem, group_sizes, seed))
+    return made
 
 
 def call_args(pair: tuple[Any, Any], group_sizes: jax.Array) -> tuple[jax.Array, ...]:
@@ -226,13 +248,13 @@ def sampled_group_sizes(group_sizes: Sequence[int], rows: np.ndarray) -> np.ndar
 @dataclasses.dataclass
 class _Entry:
     inputs: Inputs
-    sizes: dict[tuple[int, ...], jax.Array] = dataclasses.field(default_factory=dict)
+    routed: dict[tuple[int, ...], dict[str, jax.Array]] = dataclasses.field(default_factory=dict)
     references: dict[tuple[int, ...], Reference] = dataclasses.field(default_factory=dict)
     rotations: dict[tuple[tuple[int, ...], Timer], Rotation] = dataclasses.field(default_factory=dict)
     checks_compiled: bool = False  # verify.warm ran for this problem
 
     def arrays(self) -> list[jax.Array]:
-        held = jax.tree.leaves(self.inputs.sets) + list(self.sizes.values())
+        held = jax.tree.leaves(self.inputs.sets) + jax.tree.leaves(self.routed)
         held += [a for ref in self.references.values() for a in (ref.values, ref.rows)]
         held += [leaf for rotation in self.rotations.values() for leaf in jax.tree.leaves(rotation.sets)]
         return held
@@ -270,18 +292,18 @@ class InputCache:
     def inputs(self, problem: Problem, seed: int) -> Inputs:
         return self._entry(problem, seed).inputs
 
-    def group_sizes(self, inputs: Inputs, group_sizes: Sequence[int]) -> jax.Array:
-        """`group_sizes` as an int32 device array, made once."""
+    def routed(self, inputs: Inputs, group_sizes: Sequence[int]) -> dict[str, jax.Array]:
+        """The routing operands of the draw `group_sizes` (`routing_operands`), made once."""
         entry = self._entry(inputs.problem, inputs.seed)
         sizes = tuple(int(s) for s in group_sizes)
-        if sizes not in entry.sizes:
-            entry.sizes[sizes] = _group_sizes_array(sizes)
-        return entry.sizes[sizes]
+        if sizes not in entry.routed:
+            entry.routed[sizes] = routing_operands(inputs.problem, sizes, inputs.seed)
+        return entry.routed[sizes]
 
     def verify_args(self, inputs: Inputs, group_sizes: Sequence[int]) -> tuple[jax.Array, ...]:
         """The operands of the first input set (lhs, rhs, group sizes for the grouped GEMM): what
         candidates are verified on."""
-        return inputs.call_args(inputs.sets[0], self.group_sizes(inputs, group_sizes))
+        return inputs.call_args(inputs.sets[0], self.routed(inputs, group_sizes))
 
     def checks_compiled(self, inputs: Inputs) -> bool:
         """Whether verify.warm compiled this problem's reference and check programs in this worker."""
@@ -297,9 +319,11 @@ class InputCache:
         if sizes not in entry.references:
             problem = inputs.problem
             rows = reference_rows(problem, sizes, inputs.seed)
-            # A row sample holds fewer rows per group; a K sample keeps every row.
+            # A row sample holds fewer rows per group; a K sample keeps every row. A router's logits are
+            # made from the whole draw: the reference samples their rows with lhs's.
             sampled = sampled_group_sizes(sizes, rows) if sample_axes(problem)[0] == 0 else sizes
-            lhs, *others = inputs.call_args(inputs.sets[0], _group_sizes_array(sampled))
+            routed = routing_operands(problem, sizes, inputs.seed, grouped=sampled)
+            lhs, *others = inputs.call_args(inputs.sets[0], routed)
             program = reference.rows_reference_program(problem, len(rows), sample_axes(problem)[0])
             values = program(lhs, jnp.asarray(rows), *others)
             entry.references[sizes] = Reference(jax.block_until_ready(values), jnp.asarray(rows))
@@ -312,8 +336,8 @@ class InputCache:
         entry = self._entry(inputs.problem, inputs.seed)
         key = (tuple(int(s) for s in group_sizes), timer)
         if key not in entry.rotations:
-            sizes = self.group_sizes(inputs, key[0])
-            entry.rotations[key] = timer.rotation([inputs.call_args(drawn, sizes) for drawn in inputs.sets])
+            routed = self.routed(inputs, key[0])
+            entry.rotations[key] = timer.rotation([inputs.call_args(drawn, routed) for drawn in inputs.sets])
             self.made["rotation"] += 1
         return entry.rotations[key]
 

@@ -13,6 +13,11 @@ tile is full and no expert is idle), so skewed draws matter:
                     its time is their mean, so one winner serves both (group sizes are not in the key)
 
 The driver computes all group sizes and ships them inside tasks, so workers never read routing files.
+
+An op that routes its tokens itself (the fused MoE decode block, `OpSpec.routed`) takes no group sizes
+but a router's logits, made from each draw (OpSpec.expert_capacity): its draws spread each token's top_k
+choices over the experts with at most one per token on an expert (`capacity`, the token count), and leave
+no row out, as a router leaves no token unrouted.
 """
 
 from __future__ import annotations
@@ -59,8 +64,8 @@ class Routing:
     def __str__(self) -> str:
         return {"balanced": "balanced", "zipf": f"zipf:{self.s:g}", "recorded": self.path}[self.kind]
 
-    def group_sizes(self, m: int, g: int, *, seed: int) -> np.ndarray:
-        """int32 [g] summing to m."""
+    def group_sizes(self, m: int, g: int, *, seed: int, capacity: int | None = None) -> np.ndarray:
+        """int32 [g] summing to m, none above `capacity` when given (`capped`)."""
         rng = np.random.default_rng(seed)
         if self.kind == "balanced":
             sizes = np.full(g, m // g, dtype=np.int64)
@@ -76,7 +81,36 @@ class Routing:
             start = int(rng.integers(len(ids)))
             window = np.take(ids, np.arange(start, start + m), mode="wrap")
             sizes = np.bincount(window, minlength=g)
+        if capacity is not None:
+            sizes = capped(sizes, capacity, rng)
         return sizes.astype(np.int32)
+
+
+def capped(
+    sizes: np.ndarray, capacity: int, rng: np.random.Generator, *, empty: int | None = None
+) -> np.ndarray:
+    """`sizes` with at most `capacity` rows on an expert (and none on expert `empty`, when given): the rows
+    above it move, in order, to the experts with room, visited in a random order (a skewed draw stays
+    skewed: its largest experts stay full). Example, capacity 2: [4, 0, 1, 1] -> [2, 1, 2, 1] or
+    [2, 2, 1, 1], as the order visits them."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    open_experts = len(sizes) - (empty is not None)
+    if int(sizes.sum()) > capacity * open_experts:
+        raise ConfigInvalid(
+            f"{int(sizes.sum())} rows do not fit {open_experts} experts of at most {capacity}"
+        )
+    room = np.full(len(sizes), capacity)
+    if empty is not None:
+        room[empty] = 0
+    excess = int(np.maximum(sizes - room, 0).sum())
+    sizes = np.minimum(sizes, room)
+    for expert in rng.permutation(len(sizes)):
+        if not excess:
+            break
+        moved = min(int(room[expert] - sizes[expert]), excess)
+        sizes[expert] += moved
+        excess -= moved
+    return sizes
 
 
 def parse_routings(text: str) -> tuple[Routing, ...]:
@@ -100,27 +134,34 @@ def describe_routings(routings: tuple[Routing, ...], draws: list[np.ndarray], *,
 
 
 def verification_draws(
-    routings: tuple[Routing, ...], m: int, g: int, *, seed: int, count: int
+    routings: tuple[Routing, ...], m: int, g: int, *, seed: int, count: int, capacity: int | None = None
 ) -> list[np.ndarray]:
     """Group sizes to verify a candidate on: each routing's timing draw first, then draws that stress the
     edges (at least one, and `count` draws in all when that is more).
 
     The extra draws are uniformly random and leave the last rows unassigned (as a padded token bucket
     does), so the check that rows past sum(group_sizes) are zero has rows to look at; alternate draws
-    also leave one expert empty.
+    also leave one expert empty. With a `capacity` (a router's draws: module docstring) every row is
+    assigned, at most `capacity` to an expert, and an expert is left empty only where the others hold
+    every row.
     """
     if count < 2:
         raise ConfigInvalid(f"verify_draws={count}: verify on at least two routing draws")
-    draws = [routing.group_sizes(m, g, seed=seed) for routing in routings]
+    draws = [routing.group_sizes(m, g, seed=seed, capacity=capacity) for routing in routings]
     rng = np.random.default_rng(seed + 1)
     edge_draws = max(1, count - len(draws))
     for i in range(1, edge_draws + 1):
-        assigned = m - max(1, m // 8) if m > 1 else m
+        assigned = m - max(1, m // 8) if m > 1 and capacity is None else m
         probabilities = np.full(g, 1.0 / g)
-        if g > 1 and i % 2 == 1:
-            probabilities[rng.integers(g)] = 0.0
+        empty = None
+        if g > 1 and i % 2 == 1 and (capacity is None or capacity * (g - 1) >= m):
+            empty = int(rng.integers(g))
+            probabilities[empty] = 0.0
             probabilities /= probabilities.sum()
-        draws.append(rng.multinomial(assigned, probabilities).astype(np.int32))
+        sizes = rng.multinomial(assigned, probabilities)
+        if capacity is not None:
+            sizes = capped(sizes, capacity, rng, empty=empty)
+        draws.append(sizes.astype(np.int32))
     return draws
 
 

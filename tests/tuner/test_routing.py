@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from moetune.kernels.errors import ConfigInvalid
-from moetune.tuner.routing import Routing, describe_routings, parse_routings, verification_draws
+from moetune.tuner.routing import Routing, capped, describe_routings, parse_routings, verification_draws
 
 
 def test_balanced_splits_evenly_with_the_remainder_first():
@@ -92,3 +92,33 @@ def test_several_routings_verify_on_each_timing_draw_then_an_edge_draw():
     described = describe_routings(routings, draws[:2], seed=3)
     assert described["routing"] == "balanced,zipf:1.2"
     assert described["group_sizes"] == [d.tolist() for d in draws[:2]]
+
+
+def test_a_capacity_keeps_a_skewed_draw_skewed_with_at_most_that_many_rows_an_expert():
+    # A router's draw (the decode block: 8 tokens x top_k 4 over 16 experts): at most 8 rows an expert.
+    for routing in ("zipf:2", "balanced", "zipf:0"):
+        sizes = Routing.parse(routing).group_sizes(32, 16, seed=3, capacity=8)
+        assert sizes.sum() == 32 and sizes.max() <= 8 and sizes.dtype == np.int32
+    skewed = Routing.parse("zipf:2").group_sizes(32, 16, seed=3, capacity=8)
+    assert sorted(skewed)[-2:] == [8, 8]  # the largest experts stay full
+    # Below the capacity nothing moves: the draw is the one without it.
+    assert np.array_equal(
+        Routing.parse("zipf:0").group_sizes(32, 16, seed=1, capacity=32),
+        Routing.parse("zipf:0").group_sizes(32, 16, seed=1),
+    )
+    rng = np.random.default_rng(0)
+    assert capped(np.array([4, 0, 1, 1]), 2, rng).tolist() in ([2, 1, 2, 1], [2, 2, 1, 1], [2, 1, 1, 2])
+    assert capped(np.array([4, 0, 1, 1]), 2, rng, empty=1).tolist() in ([2, 0, 2, 2],)
+    with pytest.raises(ConfigInvalid, match="7 rows do not fit 3 experts of at most 2"):
+        capped(np.array([4, 0, 3]), 2, rng)
+
+
+def test_a_routers_verification_draws_route_every_row_within_the_capacity():
+    routings = parse_routings("zipf:1.2")
+    draws = verification_draws(routings, 24, 8, seed=0, count=3, capacity=4)
+    assert len(draws) == 3
+    assert all(d.sum() == 24 and d.max() <= 4 for d in draws)  # no row left out
+    assert (draws[1] == 0).sum() >= 1  # an edge draw leaves an expert empty where the rest hold every row
+    # top_k == E: every token takes every expert, so no expert can be left empty.
+    full = verification_draws(routings, 12, 4, seed=0, count=2, capacity=3)
+    assert all(d.tolist() == [3, 3, 3, 3] for d in full)
