@@ -330,39 +330,30 @@ def test_an_xla_chunk_that_would_break_every_trace_is_refused(chunk_m, expect, t
     assert expect in str(caught.value)
 
 
-def test_an_fp8_winner_exports_in_a_v2_pack_and_imports_with_its_scale_layout(db_url, tmp_path):
+@pytest.mark.parametrize(
+    "newer, version",
+    [
+        (("grouped_matmul_fp8", 256, 1024, 512, 8, "float8_e4m3fn", "float8_e4m3fn"), 2),
+        (("moe_decode_block", 8, 2048, 1536, 128), 3),
+    ],
+    ids=["fp8-scale_layout", "routed-top_k"],
+)
+def test_a_newer_problems_winner_exports_in_its_pack_version_and_imports_whole(
+    db_url, tmp_path, newer, version
+):
     from moetune.kernels.problem import Problem
 
-    fp8 = Problem(
-        "grouped_matmul_fp8", 256, 1024, 512, 8, "float8_e4m3fn", "float8_e4m3fn", scale_layout="row_channel"
-    )
+    fields = {2: {"scale_layout": "row_channel"}, 3: {"top_k": 8}}[version]
+    problem = Problem(*newer, **fields)
     with open_store(db_url) as source:
-        for problem in (GATE_UP, fp8):  # on xla, which serves both ops
-            record = trial(problem=problem, backend="xla", config={"strategy": "ragged_dot"})
+        for each in (GATE_UP, problem):  # on xla, which serves every op
+            record = trial(problem=each, backend="xla", config={"strategy": "ragged_dot"})
             source.promote(source.record_trial(record))
         pack = source.export_pack(device_kind="NVIDIA H200", backend="xla")
-    assert pack.schema_version == 2 and {e.problem for e in pack.entries} == {GATE_UP, fp8}
-    path = tmp_path / "fp8.json"
+    assert pack.schema_version == version and {e.problem for e in pack.entries} == {GATE_UP, problem}
+    path = tmp_path / "newer.json"
     path.write_text(pack.dumps())
-    assert json.loads(path.read_text())["schema_version"] == 2
+    assert json.loads(path.read_text())["schema_version"] == version
     with open_store(f"sqlite:///{tmp_path / 'other.db'}") as target:
         assert target.import_pack(packs.load(path), source=str(path)) == 2
-        assert {w.problem for w in target.winners()} == {GATE_UP, fp8}
-
-
-def test_a_routed_winner_exports_in_a_v3_pack_and_imports_with_its_top_k(db_url, tmp_path):
-    from moetune.kernels.problem import Problem
-
-    block = Problem("moe_decode_block", 8, 2048, 1536, 128, top_k=8)
-    with open_store(db_url) as source:
-        for problem in (GATE_UP, block):  # on xla, which serves both ops
-            record = trial(problem=problem, backend="xla", config={"strategy": "ragged_dot"})
-            source.promote(source.record_trial(record))
-        pack = source.export_pack(device_kind="NVIDIA H200", backend="xla")
-    assert pack.schema_version == 3 and {e.problem for e in pack.entries} == {GATE_UP, block}
-    path = tmp_path / "block.json"
-    path.write_text(pack.dumps())
-    assert json.loads(path.read_text())["schema_version"] == 3
-    with open_store(f"sqlite:///{tmp_path / 'other.db'}") as target:
-        assert target.import_pack(packs.load(path), source=str(path)) == 2
-        assert {w.problem for w in target.winners()} == {GATE_UP, block}
+        assert {w.problem for w in target.winners()} == {GATE_UP, problem}
