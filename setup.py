@@ -7,7 +7,7 @@ any list.
 
 from setuptools import find_packages, setup
 
-ROOTS = ("kernels", "tuner", "db", "configs", "service", "integrations")
+ROOTS = ("kernels", "tuner", "db", "configs", "service", "integrations", "cli")
 
 packages = []
 for root in ROOTS:

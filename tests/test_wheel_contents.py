@@ -1,6 +1,6 @@
 """A built wheel of moetune holds the product and only the product: the kernels, tuner, database, service,
-integrations and shipped configs under `moetune/`, and nothing of the lab next door (its benchmarks, the
-benchmark model, the measured baselines)."""
+integrations, command line and shipped configs under `moetune/`, and nothing of the lab next door (its
+benchmarks, the benchmark model, the measured baselines)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_the_wheel_holds_the_product_and_no_lab_code(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     packages = {name.split("/")[1] for name in names if name.startswith("moetune/") and name.count("/") > 1}
     # A backend's space and cost model live in its folder, kernels/backends/<name>/.
-    assert packages == {"kernels", "tuner", "db", "service", "integrations", "configs"}
+    assert packages == {"kernels", "tuner", "db", "service", "integrations", "configs", "cli"}
     assert {name.split("/")[0] for name in names} <= {"moetune", wheel.name.split("-py3")[0] + ".dist-info"}
     assert not [n for n in names if "moetune_lab" in n or "benchmark" in n or n.endswith("mixtral.py")]
     assert "moetune/kernels/api.py" in names and "moetune/configs/tuned/nvidia_h200__mosaic_gpu.json" in names

@@ -1,4 +1,4 @@
-"""One claimed job run to its end as `moetune tune` runs a sweep (the same code: tune.run_sweep), by the
+"""One claimed job run to its end as `moetune tune` runs a sweep (the same code: sweep_run.run_sweep), by the
 worker that claimed it (`moetune worker`).
 
 A job's first run creates its sweep and records the sweep's id in the job at once; a later run (the job was
@@ -22,10 +22,14 @@ from moetune.db.jobs import JobRow
 from moetune.db.leases import Owner
 from moetune.kernels.errors import MoetuneError
 from moetune.tuner import queue_spec
+from moetune.tuner.sweep_run import EXIT_INCOMPLETE, EXIT_STOPPED
 from moetune.tuner.sweep_setup import NothingToTune, load_sweep
 
-# tune's exit codes (tuner/cli/tune.py) as what became of the job.
-_EXIT_REASONS = {3: "incomplete (re-timing failed twice)", 4: "stopped (database failure or lease lost)"}
+# tune's exit codes (tuner/sweep_run.py) as what became of the job.
+_EXIT_REASONS = {
+    EXIT_INCOMPLETE: "incomplete (re-timing failed twice)",
+    EXIT_STOPPED: "stopped (database failure or lease lost)",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +121,7 @@ def _run_job(
     as_json: bool,
     stop: threading.Event | None,
 ) -> Ran:
-    from moetune.tuner.cli import tune
+    from moetune.tuner import sweep_run
 
     where = dict(db=db, ray_address=ray_address)
     heartbeat = _JobHeartbeat(store, job.id, owner)
@@ -130,7 +134,7 @@ def _run_job(
             else:
                 spec, planned = load_sweep(store, job.sweep_id)
                 spec, sweep_file = spec.override(**where), None
-            tune.run_sweep(
+            sweep_run.run_sweep(
                 spec,
                 planned,
                 resume_id=job.sweep_id,

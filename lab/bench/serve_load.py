@@ -133,7 +133,7 @@ def server(url: str, workers: int = 1) -> Iterator[str]:
     URL."""
     port = _free_port()
     env = os.environ | {"MOETUNE_SERVER_TOKEN": secrets.token_urlsafe(24)}
-    command = [sys.executable, "-m", "moetune.tuner.cli", "serve", "--db", url, "--port", str(port)]
+    command = [sys.executable, "-m", "moetune.cli", "serve", "--db", url, "--port", str(port)]
     command += ["--workers", str(workers)] if workers > 1 else []
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"

@@ -13,7 +13,7 @@ python3 -c 'import alembic, optuna, platformdirs, ray, sqlalchemy' || {
   echo "env.sh: .devdeps lacks a dependency; rebuild it: ../shared/tools/device-bundle platformdirs" >&2
   exit 1
 }
-MOETUNE=(python3 -m moetune.tuner.cli)
+MOETUNE=(python3 -m moetune.cli)
 export PYTHONUNBUFFERED=1
 # Many worker processes share one GPU: no preallocation, and memory goes back to the driver when freed,
 # so that the largest shapes' verification buffers of one worker never starve another. Kernel times are

@@ -1,4 +1,4 @@
-"""`moetune explain` (tuner/cli/explain.py): the dispatch decision for a shape, as text and JSON."""
+"""`moetune explain` (cli/explain.py): the dispatch decision for a shape, as text and JSON."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import pytest
 import typer
 from click.testing import CliRunner
 
-import moetune.tuner.cli.explain  # noqa: F401 - registers the command
+import moetune.cli.explain  # noqa: F401 - registers the command
+from moetune.cli import app
 from moetune.kernels.backends.xla import BACKEND, XlaConfig
 from moetune.kernels.device import current_fingerprint
 from moetune.kernels.problem import Problem
-from moetune.tuner.cli import app
 
 # As a group, so `explain` is a subcommand whichever other commands are loaded.
 CLI = typer.main.get_group(app)

@@ -37,7 +37,7 @@ def _held_evaluate(self, task):
 
 
 def main() -> None:
-    from moetune.tuner.cli import main as cli_main
+    from moetune.cli import main as cli_main
 
     CandidateRunner.evaluate = _held_evaluate
     cli_main()

@@ -8,8 +8,8 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
 from moetune.db import open_store
-from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.spec import SweepSpec
 
 PROBLEM = "m=16,k=64,n=256,g=4,dtype=bf16"
@@ -27,7 +27,7 @@ def _options(name: str) -> set[str]:
 
 
 def test_submit_takes_tunes_flags_less_those_of_where_it_runs():
-    from moetune.tuner.cli.submit import NOT_QUEUED
+    from moetune.cli.submit import NOT_QUEUED
 
     tune_only = {"--ray-address", "--resume", "--dry-run", "--inline", "--force"}
     assert len(NOT_QUEUED) == len(tune_only) + 1  # and --json, which submit has for its own output

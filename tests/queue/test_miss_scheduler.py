@@ -91,9 +91,9 @@ def test_a_queued_miss_is_tuned_by_a_worker_and_its_winner_then_found(sqlite_url
     the winner the next lookup finds, and no second job for it."""
     from typer.testing import CliRunner
 
+    from moetune.cli import _load_commands, app
     from moetune.db import open_store
     from moetune.kernels.device import current_fingerprint
-    from moetune.tuner.cli import _load_commands, app
 
     device = current_fingerprint()
     with open_store(sqlite_url) as store:

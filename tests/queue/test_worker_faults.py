@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 PROBLEM = "m=16,k=64,n=256,g=4,dtype=bf16"
 BUDGET = 4  # trials of the job's one problem
-CLI = [sys.executable, "-c", "from moetune.tuner.cli import main; main()"]
+CLI = [sys.executable, "-c", "from moetune.cli import main; main()"]
 # The same CLI with the candidates after the first few held until the test lets them go (held_worker.py),
 # so that a worker is stopped mid-job however slow the machine.
 HELD_CLI = [sys.executable, "-c", "import tests.queue.held_worker as w; w.main()"]

@@ -14,12 +14,12 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
 from moetune.db import open_store
 from moetune.service.app import create_app
 from moetune.service.hosts import host_name
 from moetune.service.settings import ServiceSettings
 from moetune.tuner import hf_config, queue_spec
-from moetune.tuner.cli import _load_commands, app
 from tests.service.local_client import local_client
 
 TOKEN = "t" * 24

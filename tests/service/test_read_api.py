@@ -9,13 +9,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
 from moetune.db import open_store
 from moetune.kernels import packs
 from moetune.kernels.backends.xla import BACKEND
 from moetune.service import listing_cache, packs_api
 from moetune.service.app import create_app
 from moetune.service.settings import ServiceSettings
-from moetune.tuner.cli import _load_commands, app
 from tests.service.live_server import TOKEN
 from tests.service.local_client import local_client
 from tests.service.seeds import DENSE, FP, FRESH, MISSED, STALE, record, seed

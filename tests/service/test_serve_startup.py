@@ -18,7 +18,7 @@ TOKEN = "t" * 24
 
 def _run(*args: str, tmp_path, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("MOETUNE_DB", "MOETUNE_SERVER_TOKEN")}
-    command = [sys.executable, "-m", "moetune.tuner.cli", "serve", *args]
+    command = [sys.executable, "-m", "moetune.cli", "serve", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
 
 
@@ -32,7 +32,7 @@ def _started(tmp_path, *args: str, stderr=subprocess.PIPE) -> tuple[subprocess.P
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
-    command = [sys.executable, "-m", "moetune.tuner.cli", "serve", "--port", str(port), *args]
+    command = [sys.executable, "-m", "moetune.cli", "serve", "--port", str(port), *args]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=tmp_path)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

@@ -83,7 +83,7 @@ def test_a_database_password_is_in_no_response_and_no_log_line(postgres_url, tmp
         "MOETUNE_SERVER_TOKEN": TOKEN,
         "XDG_DATA_HOME": str(tmp_path),
     }
-    command = [sys.executable, "-m", "moetune.tuner.cli", "serve", "--port", str(port)]
+    command = [sys.executable, "-m", "moetune.cli", "serve", "--port", str(port)]
     with log.open("w") as out:
         server = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:

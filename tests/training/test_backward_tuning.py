@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
 from moetune.db import open_store
 from moetune.kernels import grouped_matmul
 from moetune.kernels.errors import WrongResult
@@ -20,7 +21,6 @@ from moetune.kernels.lookup import LOOKUP
 from moetune.kernels.problem import Problem
 from moetune.kernels.reference import reference_of
 from moetune.tuner import input_cache, verify
-from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.input_cache import InputCache, Inputs
 
 _load_commands()

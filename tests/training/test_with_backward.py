@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import pytest
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
 from moetune.kernels import call_op
 from moetune.kernels.api import cotangent_problems
 from moetune.kernels.problem import Problem
-from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.plan import load_model
 
 _load_commands()

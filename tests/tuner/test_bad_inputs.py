@@ -52,7 +52,7 @@ class Case:
     files: Mapping[str, str | bytes | Special] = dataclasses.field(default_factory=dict)
     db: str = "absent"  # or "tuned"
     code: int = 2
-    subprocess: bool = False  # run `python -m moetune.tuner.cli` instead of CliRunner
+    subprocess: bool = False  # run `python -m moetune.cli` instead of CliRunner
 
 
 CATEGORIES: dict[str, list[Case]] = {}
@@ -788,7 +788,7 @@ def _run(case: Case, folder: Path) -> tuple[int, str, str]:
     if case.subprocess:
         env = {k: v for k, v in os.environ.items() if k != "MOETUNE_DB"} | {"JAX_PLATFORMS": "cpu"}
         done = subprocess.run(
-            [sys.executable, "-m", "moetune.tuner.cli", *_argv(case, folder)],
+            [sys.executable, "-m", "moetune.cli", *_argv(case, folder)],
             capture_output=True,
             text=True,
             cwd=folder,
@@ -798,7 +798,7 @@ def _run(case: Case, folder: Path) -> tuple[int, str, str]:
         return done.returncode, done.stdout, done.stderr
     from typer.testing import CliRunner
 
-    from moetune.tuner.cli import _load_commands, app
+    from moetune.cli import _load_commands, app
 
     _load_commands()
     result = CliRunner().invoke(app, _argv(case, folder))
@@ -925,7 +925,7 @@ def test_the_documented_table_is_the_list_of_cases():
 def test_the_list_covers_every_command():
     from typer.main import get_command
 
-    from moetune.tuner.cli import _load_commands, app
+    from moetune.cli import _load_commands, app
 
     _load_commands()
     root = get_command(app)

@@ -11,8 +11,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
 from moetune.db import urls
-from moetune.tuner.cli import _load_commands, app
 
 _load_commands()
 SECRET = "pw-of-the-environment"

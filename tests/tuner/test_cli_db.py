@@ -13,6 +13,8 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
+from moetune.cli.common import json_text
 from moetune.db import open_store, schema, urls
 from moetune.db.models import TABLE_NAMES
 from moetune.db.records import TrialRecord
@@ -20,8 +22,6 @@ from moetune.kernels import device as device_module
 from moetune.kernels import lookup, packs, registry
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.problem import Problem
-from moetune.tuner.cli import _load_commands, app
-from moetune.tuner.cli.common import json_text
 from tests.db.db_factories import trial
 
 _load_commands()  # the commands register themselves on the shared app when their modules are imported
@@ -658,7 +658,7 @@ def test_trials_show_compile_only_details(db_url, monkeypatch):
 
 
 def test_details_summary_names_the_binary_registers_and_spills():
-    from moetune.tuner.cli.trials import _details_summary
+    from moetune.cli.trials import _details_summary
 
     metrics = {"vgpr_count": 96, "agpr_count": 0, "lds_bytes": 16384, "vgpr_spill_count": 0, "args": 4}
     details = {"target": "gfx950", "binary_hash": "abcdef0123456789", "metrics": metrics, "duplicate_of": 9}

@@ -7,8 +7,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
 from moetune.db import urls
-from moetune.tuner.cli import _load_commands, app
 
 SECRET = "hunter2-not-in-argv"
 WITH_PASSWORD = [

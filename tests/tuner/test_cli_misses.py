@@ -8,9 +8,9 @@ import json
 
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
 from moetune.db import open_store
 from moetune.kernels.device import current_fingerprint
-from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.plan import parse_problem
 
 _load_commands()

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
+from moetune.cli.common import cell, printable
 from moetune.db import open_store
-from moetune.tuner.cli import _load_commands, app
-from moetune.tuner.cli.common import cell, printable
 from tests.db.db_factories import H200, trial
 
 _load_commands()

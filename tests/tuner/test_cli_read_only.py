@@ -9,9 +9,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
 from moetune.db import open_store
 from moetune.db.leases import Owner
-from moetune.tuner.cli import _load_commands, app
 from tests.db.db_factories import H200, age_heartbeat, set_immutable, trial
 from tests.tuner.test_cli_db import snapshot
 

@@ -8,11 +8,11 @@ import re
 import pytest
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
 from moetune.db import open_store
 from moetune.kernels import registry
 from moetune.kernels.device import current_fingerprint
 from moetune.kernels.errors import MoetuneError
-from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.plan import load_model, parse_problem
 
 _load_commands()

@@ -1,6 +1,6 @@
 """`moetune tune` when it cannot simply run: a sweep another process runs, a device another sweep times on,
 a re-timing that fails twice, a database that stops accepting writes. Each ends with one line on stderr
-and its own exit code (tuner/cli/tune.py). Simulated workers in-process: no Ray, no device."""
+and its own exit code (cli/tune.py). Simulated workers in-process: no Ray, no device."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
 from moetune.db import open_store
 from moetune.db.errors import DatabaseError
 from moetune.db.leases import Owner
 from moetune.db.store import Store
 from moetune.tuner import sweep_setup
 from moetune.tuner.candidate import CandidateRunner
-from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.executors import InlineExecutor
 from moetune.tuner.tasks import CRASHED, CompileOnlyTask, RetimeTask, failed
 from tests.db.db_factories import age_heartbeat, set_immutable

@@ -10,9 +10,9 @@ import re
 import pytest
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
 from moetune.kernels.problem import GROUPED_MATMUL, GROUPED_MATMUL_SWIGLU
 from moetune.tuner import config_diff
-from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.durations import unit_for
 
 _load_commands()
@@ -113,7 +113,7 @@ def test_explain_takes_the_op(tuned):
 
 
 def test_a_cell_wider_than_the_table_is_folded_whole_not_cut(capsys):
-    from moetune.tuner.cli.common import emit
+    from moetune.cli.common import emit
 
     config = ",".join(f"field_{i}=value_{i}" for i in range(30))  # wider than the 200 columns of a pipe
     emit([{"op": "grouped_matmul", "config": config}], as_json=False)

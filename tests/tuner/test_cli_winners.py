@@ -15,8 +15,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
 from moetune.tuner import sweep_setup
-from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.executors import InlineExecutor
 from moetune.tuner.tasks import RetimeTask
 from tests.tuner import sim_backend

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
 from moetune.kernels.errors import ConfigInvalid
-from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.hf_config import FAMILIES, load_hf_config, load_reference, reference
 from moetune.tuner.plan import SharedExperts, load_model
 

@@ -9,10 +9,10 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
+from moetune.cli import _load_commands, app
 from moetune.db import open_store
 from moetune.kernels.backends.xla import space as xla_space
 from moetune.kernels.problem import Problem
-from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.optuna_export import export
 from moetune.tuner.tasks import OK
 from tests.tuner.sim_sweeps import recorded_sweep, run_sim_sweep

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 PROBLEM = "m=16,k=64,n=256,g=4,dtype=bf16"
 VALID = 10  # configs of the xla backend's pruned grid for PROBLEM
-CLI = [sys.executable, "-c", "from moetune.tuner.cli import main; main()"]
+CLI = [sys.executable, "-c", "from moetune.cli import main; main()"]
 
 
 def trials_by_id(url: str) -> dict[int, tuple[int, str]]:

@@ -14,10 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from moetune.cli import _load_commands, app
 from moetune.db.store import Store
 from moetune.kernels import registry
 from moetune.tuner import sweep_setup
-from moetune.tuner.cli import _load_commands, app
 from moetune.tuner.executors import InlineExecutor
 from tests.tuner import sim_backend
 from tests.tuner.test_driver import DEVICE

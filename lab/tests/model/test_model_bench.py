@@ -183,7 +183,7 @@ def test_gpu_script_runs_with_only_jax_numpy_and_moetune(tmp_path):
     out = tmp_path / "model.json"
     argv = ["--model", "tiny", "--layers", "1", "--batch", "1", "--prompt", "4", "--gen", "2"]
     argv += ["--paths", "moetune", "--moe-tokens", "4", "--runs", "1", "--no-db", "--out", str(out)]
-    forbidden = ["ray", "optuna", "sqlalchemy", "alembic", "typer", "rich", "moetune.db", "moetune.tuner.cli"]
+    forbidden = ["ray", "optuna", "sqlalchemy", "alembic", "typer", "rich", "moetune.db", "moetune.cli"]
     probe = (
         "import runpy, sys\n"
         f"sys.argv = ['bench_model.py', *{argv!r}]\n"

@@ -94,8 +94,8 @@ def test_a_queued_request_cannot_name_a_maxtext_config(tiny_yml):
 
 
 def _tune(*args):
-    import moetune.tuner.cli.tune  # noqa: F401 - registers the command
-    from moetune.tuner.cli import app
+    import moetune.cli.tune  # noqa: F401 - registers the command
+    from moetune.cli import app
 
     return CliRunner().invoke(app, ["tune", *args])
 

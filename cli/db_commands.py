@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from moetune.kernels.errors import MoetuneError
-from moetune.tuner.cli import app
-from moetune.tuner.cli.common import (
+from moetune.cli import app
+from moetune.cli.common import (
     DbOption,
     JsonOption,
     check_output_file,
@@ -33,6 +32,7 @@ from moetune.tuner.cli.common import (
     not_regular_file,
     printable,
 )
+from moetune.kernels.errors import MoetuneError
 
 if TYPE_CHECKING:
     from moetune.db import Store

@@ -16,12 +16,12 @@ from typing import Annotated
 
 import typer
 
-from moetune.tuner.cli import app
-from moetune.tuner.cli.common import DbOption, err_console, fail
+from moetune.cli import app
+from moetune.cli.common import DbOption, err_console, fail
+from moetune.tuner.sweep_run import EXIT_STOPPED  # as tune's: the database failed
 
 # Seconds between looks at an empty queue.
 POLL_S = 2.0
-EXIT_STOPPED = 4  # as tune's: the database failed
 
 
 def _say(message: str) -> None:
@@ -93,7 +93,7 @@ def worker(
     try:
         jobs.grace_s(), jobs.heartbeat_s()  # a bad $MOETUNE_JOB_* fails now, in one line
         if once:  # a database not created holds no jobs: nothing to create it for
-            from moetune.tuner.cli.db_commands import refuse_missing_database
+            from moetune.cli.db_commands import refuse_missing_database
 
             refuse_missing_database(db)
         store = open_store(db)

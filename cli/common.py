@@ -11,16 +11,12 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 from typer._click.core import ParameterSource
 
 from moetune.db import DatabaseError, urls
 from moetune.tuner.listings.json_values import json_text
-
-console = Console()
-err_console = Console(stderr=True)
+from moetune.tuner.terminal import cell, console, err_console, printable, table_console
 
 EXIT_BAD_INPUT = 2
 
@@ -119,19 +115,6 @@ def not_regular_file(path: Path) -> str | None:
     return next((name for test, name in kinds if test(mode)), None)
 
 
-def printable(text: str) -> str:
-    """`text` with every character a terminal would act on (newlines, escape sequences, other controls)
-    written as its Python escape: text from a pack or a file can neither split a line nor restyle it."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
-def cell(value: Any) -> Text:
-    """A table cell that shows `value` as it is: rich would read "[red]" in a plain string as markup."""
-    return Text(printable(_cell(value)))
-
-
 def emit(rows: list[dict[str, Any]], *, as_json: bool, title: str | None = None) -> None:
     """Print rows as a rich table, or as a JSON list on stdout for scripts."""
     if as_json:
@@ -147,17 +130,3 @@ def emit(rows: list[dict[str, Any]], *, as_json: bool, title: str | None = None)
     for row in rows:
         table.add_row(*(cell(v) for v in row.values()))
     table_console().print(table)
-
-
-def table_console() -> Console:
-    """The console for tables: piped output (logs, CI, scripts) gets whole tables, not 80 columns of
-    ellipses; a terminal its own width."""
-    return console if console.is_terminal else Console(width=200)
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, dict):
-        return ",".join(f"{k}={v}" for k, v in value.items())
-    return "" if value is None else str(value)

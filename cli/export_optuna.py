@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
+from moetune.cli import app
+from moetune.cli.common import DbOption, JsonOption, console, fail, json_text
 from moetune.kernels.errors import MoetuneError
-from moetune.tuner.cli import app
-from moetune.tuner.cli.common import DbOption, JsonOption, console, fail, json_text
 
 ENV_STORAGE = "MOETUNE_OPTUNA_STORAGE"
 

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import typer
 from typer.core import TyperGroup
 
-from moetune.tuner.cli.common import printable
+from moetune.cli.common import printable
 
 
 class OneLineErrors(TyperGroup):

@@ -13,11 +13,11 @@ from typing import Annotated, Any
 
 import typer
 
+from moetune.cli import app, tune
+from moetune.cli.common import check_range, fail, json_text
+from moetune.cli.db_commands import opened_store, say
 from moetune.kernels.errors import MoetuneError
 from moetune.kernels.typed_fields import INT32_MAX
-from moetune.tuner.cli import app, tune
-from moetune.tuner.cli.common import check_range, fail, json_text
-from moetune.tuner.cli.db_commands import opened_store, say
 
 # tune's flags that choose how this process runs a sweep: a worker decides those.
 NOT_QUEUED = ("ray_address", "resume", "dry_run", "inline", "force", "as_json")

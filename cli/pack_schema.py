@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from moetune.tuner.cli import app
+from moetune.cli import app
 
 
 @app.command("pack-schema")

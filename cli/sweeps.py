@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from moetune.tuner.cli import app
-from moetune.tuner.cli.common import emit, err_console, fail
-from moetune.tuner.cli.db_commands import DbOption, JsonOption, opened_store
+from moetune.cli import app
+from moetune.cli.common import emit, err_console, fail
+from moetune.cli.db_commands import DbOption, JsonOption, opened_store
 from moetune.tuner.listings.sweeps import sweep_dict
 
 if TYPE_CHECKING:

@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
+from moetune.cli import app
+from moetune.cli.common import JsonOption, check_output_file, check_range, console, fail, json_text
 from moetune.kernels.errors import MoetuneError
-from moetune.tuner.cli import app
-from moetune.tuner.cli.common import JsonOption, check_output_file, check_range, console, fail, json_text
 
 bench_app = typer.Typer(help="Benchmarks: the tuner's throughput.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")

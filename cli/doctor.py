@@ -13,10 +13,10 @@ from typing import Any
 
 import typer
 
+from moetune.cli import app
+from moetune.cli.common import DbOption, emit, fail, json_text
+from moetune.cli.db_commands import JsonOption
 from moetune.kernels.errors import MoetuneError
-from moetune.tuner.cli import app
-from moetune.tuner.cli.common import DbOption, emit, fail, json_text
-from moetune.tuner.cli.db_commands import JsonOption
 
 PACKAGES = ("jax", "jaxlib", "ray", "optuna", "sqlalchemy", "alembic", "psycopg")
 

@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from moetune.cli import app
+from moetune.cli.common import DbOption, check_range, choice, emit, err_console, fail
+from moetune.cli.db_commands import BackendOption, GpuOption, JsonOption, check_known, opened_store
 from moetune.db.records import TRIAL_STATUSES
-from moetune.tuner.cli import app
-from moetune.tuner.cli import problem_cells as problems
-from moetune.tuner.cli.common import DbOption, check_range, choice, emit, err_console, fail
-from moetune.tuner.cli.db_commands import BackendOption, GpuOption, JsonOption, check_known, opened_store
+from moetune.tuner import problem_cells as problems
 from moetune.tuner.listings.tokens import SweepTokens
 from moetune.tuner.listings.trials import trial_dict
 

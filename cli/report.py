@@ -7,9 +7,8 @@ from typing import Annotated
 
 import typer
 
-from moetune.kernels.errors import MoetuneError
-from moetune.tuner.cli import app
-from moetune.tuner.cli.common import (
+from moetune.cli import app
+from moetune.cli.common import (
     DbOption,
     JsonOption,
     check_output_file,
@@ -18,6 +17,7 @@ from moetune.tuner.cli.common import (
     fail,
     json_text,
 )
+from moetune.kernels.errors import MoetuneError
 
 
 @app.command()

@@ -11,10 +11,10 @@ from typing import Annotated
 
 import typer
 
-from moetune.tuner.cli import app
-from moetune.tuner.cli import problem_cells as problems
-from moetune.tuner.cli.common import DbOption, emit
-from moetune.tuner.cli.db_commands import BackendOption, GpuOption, JsonOption, check_known, opened_store
+from moetune.cli import app
+from moetune.cli.common import DbOption, emit
+from moetune.cli.db_commands import BackendOption, GpuOption, JsonOption, check_known, opened_store
+from moetune.tuner import problem_cells as problems
 from moetune.tuner.listings.misses import RESOLVED, MissStatus, miss_dict
 
 

@@ -8,12 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from moetune.db import urls
-from moetune.kernels.errors import PackInvalid
-from moetune.tuner.cli import app
-from moetune.tuner.cli import problem_cells as problems
-from moetune.tuner.cli.common import DbOption, check_range, emit
-from moetune.tuner.cli.db_commands import (
+from moetune.cli import app
+from moetune.cli.common import DbOption, check_range, emit
+from moetune.cli.db_commands import (
     BackendOption,
     GpuOption,
     JsonOption,
@@ -21,6 +18,9 @@ from moetune.tuner.cli.db_commands import (
     opened_store,
     warn,
 )
+from moetune.db import urls
+from moetune.kernels.errors import PackInvalid
+from moetune.tuner import problem_cells as problems
 from moetune.tuner.decided import RECORDED, describe
 from moetune.tuner.listings.winners import Listed, Stack, database_winners, winner_dict
 

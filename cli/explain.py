@@ -7,12 +7,8 @@ from typing import Annotated
 
 import typer
 
-from moetune.db import urls
-from moetune.kernels import ops, registry
-from moetune.kernels.errors import MoetuneError
-from moetune.kernels.problem import GROUPED_MATMUL
-from moetune.tuner.cli import app
-from moetune.tuner.cli.common import (
+from moetune.cli import app
+from moetune.cli.common import (
     DB_HELP,
     JsonOption,
     check_range,
@@ -22,6 +18,10 @@ from moetune.tuner.cli.common import (
     from_environment,
     json_text,
 )
+from moetune.db import urls
+from moetune.kernels import ops, registry
+from moetune.kernels.errors import MoetuneError
+from moetune.kernels.problem import GROUPED_MATMUL
 
 Op = choice("Op", ops.names())
 # The dtype spellings moetune.kernels.problem.dtype_name reads.

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from moetune.tuner.cli.usage import OneLineErrors
+from moetune.cli.usage import OneLineErrors
 
 app = typer.Typer(
     name="moetune",
@@ -40,7 +40,7 @@ def _root(
 
 def _load_commands() -> None:
     # Imported for their side effect of adding commands to `app`.
-    from moetune.tuner.cli import (  # noqa: F401
+    from moetune.cli import (  # noqa: F401
         bench,
         best,
         db_commands,

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from moetune.tuner.cli import app
-from moetune.tuner.cli.common import DbOption, JsonOption, check_range, emit, json_text
-from moetune.tuner.cli.db_commands import opened_store, say
-from moetune.tuner.cli.sweeps import age_text
+from moetune.cli import app
+from moetune.cli.common import DbOption, JsonOption, check_range, emit, json_text
+from moetune.cli.db_commands import opened_store, say
+from moetune.cli.sweeps import age_text
 
 if TYPE_CHECKING:
     from moetune.db.jobs import JobRow

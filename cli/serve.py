@@ -14,9 +14,9 @@ from typing import Annotated
 
 import typer
 
+from moetune.cli import app
+from moetune.cli.common import DbOption, check_range, console, fail
 from moetune.kernels.errors import MoetuneError
-from moetune.tuner.cli import app
-from moetune.tuner.cli.common import DbOption, check_range, console, fail
 
 
 @app.command()
