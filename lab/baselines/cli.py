@@ -1,5 +1,6 @@
 """Measured baselines as data: one small, versioned file per GPU model (lab/baselines/<gpu>.json),
-built from the benchmark scripts' own output files, and the tables the documentation quotes from it.
+built from the benchmark scripts' own output files, and the tables the documentation quotes from it;
+beside them the service's load on loopback, a CPU measurement (service_loopback.json, service.py).
 
     python3 -m moetune_lab.baselines add-gemm gate_up.json down.json   # bench_gemm.py --out files
     python3 -m moetune_lab.baselines add-finegrained dev.json          # bench_gemm.py --models --out files
@@ -15,6 +16,8 @@ built from the benchmark scripts' own output files, and the tables the documenta
     python3 -m moetune_lab.baselines add-tuner run.json ... --gpu "NVIDIA H200" --date 2026-11-30 \\
         --versions jax=0.11.2,jaxlib=0.11.2 --command "bash lab/device/multi_gpu.sh"
         # `moetune bench tuner --out` or compare_clusters.py --out files, which record no environment
+    python3 -m moetune_lab.baselines add-serve-load load.json          # serve_load.py --out files
+        # -> service_loopback.json (its own schema: a machine and the server's versions, no GPU)
     python3 -m moetune_lab.baselines render [--check]                  # the tables and quotes of PAGES
 
 The file (schema "moetune.baselines", version 1):
@@ -46,7 +49,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from moetune_lab.baselines import entries as baseline_entries
+from moetune_lab.baselines import files as baseline_files
 from moetune_lab.baselines import quotes as baseline_quotes
+from moetune_lab.baselines import service as baseline_service
 from moetune_lab.baselines import tables as baseline_tables
 
 SCHEMA = "moetune.baselines"
@@ -149,45 +154,34 @@ def _entry_problems(where: str, entry: dict, gpu: object) -> list[str]:
 
 def problems_of(data: object) -> list[str]:
     """Every way `data` breaks the baselines schema, one line each; [] for a valid file."""
-    if not isinstance(data, dict):
-        return ["the file is not a JSON object"]
-    problems = []
-    if data.get("schema") != SCHEMA:
-        problems.append(f"schema={data.get('schema')!r}, expected {SCHEMA!r}")
-    if data.get("schema_version") != SCHEMA_VERSION:
-        problems.append(f"schema_version={data.get('schema_version')!r}, expected {SCHEMA_VERSION}")
-    problems += [
-        f"unknown field {k!r}" for k in data if k not in ("schema", "schema_version", "gpu", "entries")
-    ]
-    if not isinstance(data.get("gpu"), str) or not data["gpu"]:
-        problems.append("gpu must be a non-empty string")
-    entries = data.get("entries")
-    if not isinstance(entries, list):
-        return problems + ["entries must be a list"]
-    names = []
-    for index, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            problems.append(f"entries[{index}] is not an object")
-            continue
-        names.append(entry.get("name"))
-        problems += _entry_problems(f"entries[{index}] ({entry.get('name', '?')})", entry, data.get("gpu"))
-    problems += [
-        f"the name {n!r} is used more than once" for n in sorted({n for n in names if names.count(n) > 1})
-    ]
-    return problems
+    gpu = data.get("gpu") if isinstance(data, dict) else None
+    return baseline_files.problems_of(
+        data,
+        schema=SCHEMA,
+        version=SCHEMA_VERSION,
+        field="gpu",
+        field_problem=lambda gpu: None if isinstance(gpu, str) and gpu else "gpu must be a non-empty string",
+        entry_problems=lambda where, entry: _entry_problems(where, entry, gpu),
+    )
 
 
 def load(path: Path) -> dict:
-    data = json.loads(path.read_text())
-    problems = problems_of(data)
-    if problems:
-        raise ValueError(f"{path}: " + "; ".join(problems))
-    return data
+    return baseline_files.load(path, problems_of)
+
+
+def gpu_files(folder: Path = BASELINES) -> list[Path]:
+    """Each GPU's baselines file: every .json of the folder but the service's (service.py)."""
+    return [p for p in sorted(folder.glob("*.json")) if not baseline_service.is_service_file(p)]
 
 
 def load_all(folder: Path = BASELINES) -> dict[str, dict]:
-    """Every GPU's baselines, by file stem (the GPU key)."""
-    return {path.stem: load(path) for path in sorted(folder.glob("*.json"))}
+    """Every baselines file by its stem: each GPU's (the GPU key) and the service's
+    (service_loopback)."""
+    loaded = {path.stem: load(path) for path in gpu_files(folder)}
+    for path in sorted(folder.glob("*.json")):
+        if baseline_service.is_service_file(path):
+            loaded[path.stem] = baseline_service.load(path)
+    return loaded
 
 
 def dumps(data: dict) -> str:
@@ -213,15 +207,7 @@ def dumps(data: dict) -> str:
 
 def upsert(data: dict, entries: Iterable[dict]) -> dict:
     """`data` with each entry added, replacing the entry of the same name where there is one."""
-    out = list(data["entries"])
-    index = {e["name"]: i for i, e in enumerate(out)}
-    for entry in entries:
-        if entry["name"] in index:
-            out[index[entry["name"]]] = entry
-        else:
-            index[entry["name"]] = len(out)
-            out.append(entry)
-    return {**data, "entries": out}
+    return {**data, "entries": baseline_files.upserted(data["entries"], entries)}
 
 
 def add(path: Path, entries: list[dict]) -> dict:
@@ -275,6 +261,7 @@ def _parser() -> argparse.ArgumentParser:
         "add-maxtext",
         "add-tuner",
         "add-example",
+        "add-serve-load",
     ):
         sub = commands.add_parser(name)
         if name == "add-example":
@@ -282,7 +269,8 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument("runs", type=Path, nargs=2, help=text)
         else:
             sub.add_argument("runs", type=Path, nargs="+", help="the benchmark's --out files")
-        sub.add_argument("--file", type=Path, help="the baselines file (default: the runs' GPU's)")
+        default = "service_loopback.json" if name == "add-serve-load" else "the runs' GPU's"
+        sub.add_argument("--file", type=Path, help=f"the baselines file (default: {default})")
         if name == "add-backward":
             text = "a bench_backward.py --config run: record each given config, not the heuristic"
             sub.add_argument("--configs", action="store_true", help=text)
@@ -326,14 +314,20 @@ def main(argv: list[str] | None = None) -> int:
             entries = [e for run in runs for e in baseline_entries.maxtext_entries(run)]
         elif args.command == "add-example":
             entries = [baseline_entries.example_entry(runs)]
+        elif args.command == "add-serve-load":
+            entries = [e for run in runs for e in baseline_service.load_entries(run)]
         else:
             versions = dict(pair.split("=", 1) for pair in args.versions.split(","))
             info = {"date": args.date, "versions": versions, "command": args.run_command, "gpu": args.gpu}
             entries = [baseline_entries.tuner_entry(runs, **info)]
         if not entries:
             raise ValueError(f"no measurement of moetune in {', '.join(map(str, args.runs))}")
-        path = args.file or BASELINES / f"{gpu_key(entries[0]['gpu'])}.json"
-        data = add(path, entries)
+        if args.command == "add-serve-load":
+            path = args.file or BASELINES / f"{baseline_service.PREFIX}{baseline_service.SETTING}.json"
+            data = baseline_service.add(path, entries)
+        else:
+            path = args.file or BASELINES / f"{gpu_key(entries[0]['gpu'])}.json"
+            data = add(path, entries)
     except KeyError as e:
         print(
             f"error: {args.command}: a run file lacks the field {e}: not that benchmark's output?",

@@ -1,4 +1,4 @@
-"""Figures in prose, quoted from a GPU's baselines (lab/baselines/cli.py render).
+"""Figures in prose, quoted from a GPU's baselines or the service's (lab/baselines/cli.py render).
 
 A measured figure in the README or the docs is written as a quote of the entry it comes from, and
 `render` writes its text from the baselines file, so prose cannot drift from the data:
@@ -10,8 +10,8 @@ HTML comments do not show in rendered Markdown; only the text between them does.
 
 - ENTRY: an entry's name, or several names and fnmatch patterns joined by `|`
   (`finegrained/*/gate_up/T=16|finegrained/*/down/T=16`); a quote of more than one entry gives the
-  range of its values, "648-755 TF/s". A name may start with its GPU's key (`nvidia_h200:bench_gemm/...`);
-  without one, the quote reads the only baselines file there is.
+  range of its values, "648-755 TF/s". A name may start with its file's key (`nvidia_h200:bench_gemm/...`,
+  `service_loopback:serve_load/...`); without one, the quote reads the only GPU's baselines file there is.
 - FIELD: QUANTITY or QUANTITY:ARGUMENT, where a SUBJECT is `moetune` (the entry's own measurement, the
   default), `best` (the fastest of moetune's configs timed for the entry: its median and its peers
   moetune_tuned and moetune_alternative, as the tables' "best" columns), `rival` (the faster peer, as
@@ -28,6 +28,15 @@ HTML comments do not show in rendered Markdown; only the text between them does.
       rate[:SUBJECT]        the median of an entry measured as a rate, in its unit (trials/min)
       param:KEY[.KEY]       a number in the entry's params (rel_err, stages_ms.route, read_GBps, ...)
       bound:KEY             a number in the entry's bounds (hbm_roofline_tokens_per_s, ...)
+
+  Of an entry of the service's load (service.py), these instead:
+
+      p50[:ROUTE], p99[:ROUTE], max[:ROUTE]
+                            latency in ms; ROUTE: that route within a mixed run (its by_target)
+      rps                   requests/s
+      errors                how many requests failed
+      goal:p99              the route's p99 goal in ms
+      over:p99              p99 minus its goal in ms ("+3.2 ms"; negative: met with that to spare)
 
 - SPEC: a Python format spec for the number (`.2f`, `,.0f`, `.1%`, `.1e`); each quantity has a default.
 - `bare`: the number without its unit (a list of figures that names the unit once, after the last).
@@ -58,7 +67,16 @@ QUANTITIES = {
     "rate": (".1f", ""),
     "param": ("g", ""),
     "bound": ("g", ""),
+    "p50": (".1f", " ms"),
+    "p99": (".1f", " ms"),
+    "max": (".1f", " ms"),
+    "rps": (",.0f", " requests/s"),
+    "errors": ("d", ""),
+    "goal": (".0f", " ms"),
+    "over": ("+.1f", " ms"),
 }
+# The quantities of the service's load entries (service.py); the others are a GPU entry's.
+LOAD = ("p50", "p99", "max", "rps", "errors", "goal", "over")
 
 
 class QuoteError(ValueError):
@@ -149,6 +167,35 @@ VALUES: dict[str, Callable[[dict, str], float]] = {
 }
 
 
+def _latency(entry: dict, which: str, route: str) -> float:
+    """p50, p99 or max in ms of a load entry, or of one route within its mix."""
+    if not route:
+        return entry["figures"][f"{which}_ms"]
+    by_target = entry.get("by_target", {})
+    if route not in by_target:
+        raise QuoteError(f"{entry['name']}: no route {route!r} in its mix ({', '.join(by_target) or 'none'})")
+    return by_target[route][f"{which}_ms"]
+
+
+def _goal(entry: dict, which: str) -> float:
+    if which != "p99":
+        raise QuoteError(f"goals bound p99 only (goal:p99, over:p99), not {which!r}")
+    if "p99_ms" not in entry.get("goal", {}):
+        raise QuoteError(f"{entry['name']}: no goal (its route has none, or it is a mix)")
+    return entry["goal"]["p99_ms"]
+
+
+VALUES |= {
+    "p50": lambda e, r: _latency(e, "p50", r),
+    "p99": lambda e, r: _latency(e, "p99", r),
+    "max": lambda e, r: _latency(e, "max", r),
+    "rps": lambda e, _: e["figures"]["requests_per_s"],
+    "errors": lambda e, _: e["figures"]["errors"],
+    "goal": lambda e, w: _goal(e, w),
+    "over": lambda e, w: _latency(e, "p99", "") - _goal(e, w),
+}
+
+
 def _missing(quantity: str) -> float:
     raise QuoteError(f"{quantity} needs an argument ({quantity}:...)")
 
@@ -158,29 +205,36 @@ def value(entry: dict, field: str) -> float:
     quantity, _, argument = field.partition(":")
     if quantity not in VALUES:
         raise QuoteError(f"unknown field {field!r}: one of {', '.join(VALUES)}, as QUANTITY[:ARGUMENT]")
+    if ("figures" in entry) != (quantity in LOAD):
+        kind = "the service's load" if "figures" in entry else "a GPU's measurement"
+        raise QuoteError(
+            f"{entry['name']}: {quantity} is not a figure of {kind} (the load's: {', '.join(LOAD)})"
+        )
     return VALUES[quantity](entry, argument)
 
 
 def entries_named(spec: str, baselines: dict[str, dict]) -> list[dict]:
     """The entries an ENTRY names: `|`-joined names or fnmatch patterns, optionally after a GPU key."""
     key, sep, names = spec.partition(":")
+    gpus = [data for data in baselines.values() if "gpu" in data]
     if sep and key in baselines:
         data = baselines[key]
-    elif len(baselines) == 1:
-        data, names = next(iter(baselines.values())), spec
+    elif len(gpus) == 1:
+        data, names = gpus[0], spec
     else:
         raise QuoteError(f"{spec!r}: name the GPU ({', '.join(baselines) or 'no baselines file'}: KEY:NAME)")
+    label = data.get("gpu") or f"service's {data.get('setting')}"
     by_name = {e["name"]: e for e in data["entries"]}
     out: list[dict] = []
     for name in names.split("|"):
         if any(c in name for c in "*?["):
             matched = [e for n, e in by_name.items() if fnmatch.fnmatchcase(n, name)]
             if not matched:
-                raise QuoteError(f"no entry matches {name!r} in the {data['gpu']} baselines")
+                raise QuoteError(f"no entry matches {name!r} in the {label} baselines")
         elif name in by_name:
             matched = [by_name[name]]
         else:
-            raise QuoteError(f"no entry named {name!r} in the {data['gpu']} baselines")
+            raise QuoteError(f"no entry named {name!r} in the {label} baselines")
         out += [e for e in matched if e not in out]
     return out
 

@@ -4,13 +4,15 @@
 `<!-- /baselines -->` of a page from that GPU's baselines and leaves the rest of the page as it is:
 `full` is lab/README.md's section (every table, with where each came from), `summary` a shorter one
 (the balanced-routing GEMM table, the development shapes and the model's throughput) for a page that
-wants it. Figures in prose are quotes (quotes.py), not tables.
+wants it. `<!-- baselines service_loopback full -->` is the service's load table (service.py). Figures
+in prose are quotes (quotes.py), not tables.
 """
 
 from __future__ import annotations
 
 import re
 
+from moetune_lab.baselines import service
 from moetune_lab.bench import gemm_table
 
 BLOCK = re.compile(r"(<!-- baselines (\S+) (full|summary) -->\n)(.*?)(<!-- /baselines -->)", re.DOTALL)
@@ -495,12 +497,16 @@ def render_summary(data: dict) -> str:
 
 
 def render_page(text: str, baselines: dict[str, dict]) -> str:
-    """`text` with every baselines block rendered again from `baselines` (GPU key -> baselines data)."""
+    """`text` with every baselines block rendered again from `baselines` (file key -> baselines data)."""
 
     def block(match: re.Match) -> str:
         start, key, kind, _, end = match.groups()
         if key not in baselines:
             raise ValueError(f"a block names GPU {key!r}, which has no baselines file")
+        if "gpu" not in baselines[key]:
+            if kind != "full":
+                raise ValueError(f"the service's baselines ({key}) have a full table only")
+            return start + service.render_full(baselines[key]) + end
         return start + (render_full if kind == "full" else render_summary)(baselines[key]) + end
 
     return BLOCK.sub(block, text)

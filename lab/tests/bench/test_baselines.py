@@ -44,7 +44,7 @@ def data(*entries) -> dict:
 
 
 def test_the_committed_baselines_files_are_valid():
-    files = sorted(baselines.BASELINES.glob("*.json"))
+    files = baselines.gpu_files()  # the service's file has a schema of its own: test_service_baselines.py
     assert files, "no baselines file"
     for path in files:
         loaded = json.loads(path.read_text())

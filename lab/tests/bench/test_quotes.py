@@ -63,9 +63,10 @@ BASELINES = {
 }
 
 
-def quoted(name: str, field: str, *options: str) -> str:
+def quoted(name: str, field: str, *options: str, baselines: dict | None = None) -> str:
+    """What a quote of `name` `field` reads, rendered from `baselines` (default: BASELINES)."""
     page = f"<!-- q {name} {field}{''.join(' ' + o for o in options)} -->stale<!-- /q -->"
-    rendered = quotes.render_quotes(page, BASELINES)
+    rendered = quotes.render_quotes(page, BASELINES if baselines is None else baselines)
     return rendered.split("-->", 1)[1].removesuffix("<!-- /q -->")
 
 
