@@ -8,14 +8,22 @@ prints p50/p99/max latency, requests/s and errors.
     python3 lab/bench/serve_load.py --target winners    # another route (TARGETS); repeat for a mix
     python3 lab/bench/serve_load.py --each --seconds 25 # each target in turn, then all of them mixed
     python3 lab/bench/serve_load.py --workers 2         # the server as 2 processes (serve --workers)
+    python3 lab/bench/serve_load.py --each --out load.json  # and a run file for the baselines:
+    python3 -m moetune_lab.baselines add-serve-load load.json   # -> lab/baselines/service_loopback.json
 
 With several targets (a mix) each client asks them in turn, and the summary has each one's latencies.
+The run file (--out) holds each run's summary, the p99 goal of its route (GOAL_P99_MS) and the
+environment: date, command, the machine (CPU model, cores, OS), the server's and the client's package
+versions, the load average before the run and, per run, how much of the machine's CPU time went to
+processes other than the clients and the server (others running meanwhile skew the figures).
 
 Each client is one connection that asks again as soon as it has its answer (a closed loop), so
 requests/s is what the server sustains and latency includes queueing behind the other clients; with
 --rate each is paced instead, and latency counts from when a request was due. Client
 and server share this machine's cores: on a small machine the numbers say as much about the client as
-about the server. An error is any answer but 200 (304 with --revalidate) and any failed request.
+about the server. An error is any answer but 200 (304 with --revalidate) and any failed request; the
+command exits 1 when a run had one (after printing its figures and writing --out), so CI can run it
+without asserting on any latency.
 """
 
 from __future__ import annotations
@@ -23,10 +31,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
+import importlib.metadata
 import importlib.resources
 import json
 import os
+import platform
 import secrets
+import shlex
 import socket
 import statistics
 import subprocess
@@ -60,6 +72,13 @@ TARGETS = {
     "page-misses": "/misses",
     "page-sweep": "/sweeps/{sweep}",
 }
+# The service's goals at 50 clients on loopback, p99 in ms (and no error): packs within 25 ms, every paged
+# listing and page within 50 ms. Health has none: it is how the clients connect, not a route users read.
+LISTINGS = ("winners", "stale", "sweeps", "trials", "misses", "jobs")
+PAGES = ("page-sweeps", "page-winners", "page-misses", "page-sweep")
+GOAL_P99_MS = {"packs": 25.0} | {name: 50.0 for name in LISTINGS + PAGES}
+# The packages whose versions decide the figures: the server's, and the client's loop.
+VERSIONS = ("moetune", "fastapi", "starlette", "uvicorn", "httptools", "sqlalchemy", "pydantic", "uvloop")
 
 
 def seed(url: str) -> tuple[str, str, int]:
@@ -128,9 +147,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(url: str, workers: int = 1) -> Iterator[str]:
-    """`moetune serve` on a free loopback port, in a process of its own (`workers` processes); its base
-    URL."""
+def server(url: str, workers: int = 1) -> Iterator[tuple[str, int]]:
+    """`moetune serve` on a free loopback port, in a process of its own (`workers` processes): its base
+    URL and the first process's pid (the others are its children)."""
     port = _free_port()
     env = os.environ | {"MOETUNE_SERVER_TOKEN": secrets.token_urlsafe(24)}
     command = [sys.executable, "-m", "moetune.cli", "serve", "--db", url, "--port", str(port)]
@@ -147,10 +166,107 @@ def server(url: str, workers: int = 1) -> Iterator[str]:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"the server did not start: {process.stderr.read()[-2000:]}") from None
                 time.sleep(0.1)
-        yield base
+        yield base, process.pid
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def machine() -> dict:
+    """What ran the server and the clients: the CPU model, the cores this process may use, the OS."""
+    cpu = None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.partition(":")[2].strip()
+                break
+    system = f"{platform.system()} {platform.release()}"
+    with contextlib.suppress(OSError):
+        lines = Path("/etc/os-release").read_text().splitlines()
+        release = dict(line.split("=", 1) for line in lines if "=" in line)
+        if "PRETTY_NAME" in release:
+            system = release["PRETTY_NAME"].strip('"') + ", " + system
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu or platform.processor() or platform.machine(), "cores": cores, "os": system}
+
+
+def versions() -> dict[str, str]:
+    """Python's version and each of VERSIONS that is installed."""
+    found = {"python": platform.python_version()}
+    for name in VERSIONS:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[name] = importlib.metadata.version(name)
+    return found
+
+
+def environment(argv: list[str]) -> dict:
+    """The run file's environment: when, the command as typed from the repository root, the machine,
+    the versions, and the load average (1, 5, 15 minutes) before the server started."""
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": shlex.join(["python3", "lab/bench/serve_load.py", *argv]),
+        "machine": machine(),
+        "versions": versions(),
+        "load_average": [round(value, 2) for value in os.getloadavg()],
+    }
+
+
+def _busy_cpu_s() -> float | None:
+    """The machine's CPU time so far, all processes, in seconds (Linux: /proc/stat); None elsewhere."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    # user nice system idle iowait irq softirq steal: busy is all but idle and iowait.
+    user, nice, system, _, _, irq, softirq, steal = (int(f) for f in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu_s(pid: int) -> tuple[float, int] | None:
+    """(CPU seconds, parent pid) of a live process (Linux: /proc/PID/stat); None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after the command's name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[1])
+
+
+def _own_cpu_s(server_pid: int) -> float:
+    """The CPU time of this process (the clients) and of the server: its first process and its children
+    (serve --workers forks them)."""
+    total = sum(os.times()[:2])
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            found = _process_cpu_s(int(entry.name))
+            if found and (int(entry.name) == server_pid or found[1] == server_pid):
+                total += found[0]
+    return total
+
+
+@contextlib.contextmanager
+def cpu_of_others(server_pid: int, cores: int) -> Iterator[dict]:
+    """Yields a dict that gets, at the end of the block, `others_cpu_share`: the share of the machine's
+    cores that processes other than the clients and the server used meanwhile (0.0 on a quiet machine;
+    0.5 on two cores: one core's worth went elsewhere), or None where /proc cannot tell."""
+    out: dict = {}
+    busy, own, started = _busy_cpu_s(), _own_cpu_s(server_pid), time.perf_counter()
+    yield out
+    busy_after, own_after = _busy_cpu_s(), _own_cpu_s(server_pid)
+    elapsed = time.perf_counter() - started
+    if busy is None or busy_after is None:
+        out["others_cpu_share"] = None
+        return
+    out["others_cpu_share"] = others_share(busy_after - busy, own_after - own, elapsed, cores)
+
+
+def others_share(busy_s: float, own_s: float, elapsed_s: float, cores: int) -> float:
+    """The share of `cores` over `elapsed_s` that went to CPU time other than our own: what the machine
+    was busy with (`busy_s`) less the clients' and the server's (`own_s`), within 0 and 1 (the two
+    counters tick apart, so a quiet machine can come out a little below 0)."""
+    if elapsed_s <= 0 or cores < 1:
+        return 0.0
+    return round(min(1.0, max(0.0, busy_s - own_s) / (elapsed_s * cores)), 3)
 
 
 class _Connection:
@@ -306,6 +422,7 @@ def summary(
 
 
 def main(argv: list[str] | None = None) -> dict | list[dict]:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=50, help="concurrent clients (default 50)")
     parser.add_argument("--seconds", type=float, default=60.0, help="how long they ask (default 60)")
@@ -322,6 +439,9 @@ def main(argv: list[str] | None = None) -> dict | list[dict]:
     parser.add_argument("--each", action="store_true", help="every target in turn, then all mixed")
     parser.add_argument("--workers", type=int, default=1, help="server processes (serve --workers)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.add_argument(
+        "--out", type=Path, help="write the run file (environment and every run's summary) for the baselines"
+    )
     args = parser.parse_args(argv)
     if (
         args.clients < 1
@@ -334,29 +454,52 @@ def main(argv: list[str] | None = None) -> dict | list[dict]:
         runs = [[name] for name in TARGETS] + [list(TARGETS)]
     else:
         runs = [args.target or ["packs"]]
+    env = environment(argv)  # the load average before anything of this run starts
     results = []
     with tempfile.TemporaryDirectory(prefix="moetune-load-") as folder:
         url = f"sqlite:///{Path(folder) / 'moetune.db'}"
         device_kind, backend, sweep_id = seed(url)
         fill = {"pack": f"/api/packs/{urllib.parse.quote(device_kind)}/{backend}", "sweep": str(sweep_id)}
-        with server(url, args.workers) as base:
+        with server(url, args.workers) as (base, pid):
             for targets in runs:
                 paths = [TARGETS[name].format(**fill) for name in targets]
-                measured = asyncio.run(
-                    _load(base, paths, args.clients, args.seconds, args.revalidate, args.rate)
-                )
+                load = _load(base, paths, args.clients, args.seconds, args.revalidate, args.rate)
+                with cpu_of_others(pid, env["machine"]["cores"]) as others:
+                    measured = _run(load)
                 options = dict(
                     clients=args.clients, seconds=args.seconds, revalidate=args.revalidate, rate=args.rate
                 )
                 result = summary(measured, **options)
                 result |= {"target": "+".join(targets) if len(targets) < len(TARGETS) else "mixed"}
-                result |= {"workers": args.workers}
+                result |= {"workers": args.workers, "paths": dict(zip(targets, paths, strict=True))}
+                if len(targets) == 1 and targets[0] in GOAL_P99_MS:
+                    result["goal_p99_ms"] = GOAL_P99_MS[targets[0]]
+                result |= others
                 results.append(result)
                 if not args.json:
                     _print(result)
+    if args.out:
+        args.out.write_text(json.dumps({"environment": env, "results": results}, indent=1) + "\n")
     if args.json:
         print(json.dumps(results[0] if len(results) == 1 else results))
     return results[0] if len(results) == 1 else results
+
+
+def failures(results: dict | list[dict]) -> list[str]:
+    """One line per run that had an error: what makes the command exit 1."""
+    runs = results if isinstance(results, list) else [results]
+    return [f"{r['target']}: {r['errors']} of {r['requests']} requests failed" for r in runs if r["errors"]]
+
+
+def _goal_and_others(result: dict) -> str:
+    """'; goal p99 <= 25 ms: met; others used 3% of the CPU' (each part where the run has it)."""
+    text = ""
+    goal, p99 = result.get("goal_p99_ms"), result["p99_ms"]
+    if goal is not None and p99 is not None:
+        text += f"; goal p99 <= {goal:g} ms: {'met' if p99 <= goal else 'missed'}"
+    if result.get("others_cpu_share") is not None:
+        text += f"; others used {result['others_cpu_share']:.0%} of the CPU"
+    return text
 
 
 def _print(result: dict) -> None:
@@ -366,6 +509,7 @@ def _print(result: dict) -> None:
         f"{result['target']}: {result['clients']} clients, {result['seconds']:g} s{revalidating}: "
         f"{result['requests']} requests, {result['requests_per_s']} /s, {result['errors']} errors; "
         f"p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, max {result['max_ms']} ms"
+        + _goal_and_others(result)
     )
     for path, figures in result.get("by_path", {}).items():
         p50, p99 = figures["p50_ms"], figures["p99_ms"]
@@ -373,4 +517,7 @@ def _print(result: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    failed = failures(main())
+    for line in failed:
+        print(f"error: {line}", file=sys.stderr)
+    sys.exit(1 if failed else 0)

@@ -1,23 +1,92 @@
 """lab/bench/serve_load.py works end to end for a few seconds: a seeded server started on loopback,
-concurrent clients, a summary with latencies and no errors (no latency is asserted: it is the machine's)."""
+concurrent clients, a summary with latencies and no errors (no latency is asserted: it is the machine's),
+and a run file the baselines take; its record of the machine and of the CPU time others took."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
+from moetune_lab.baselines import service
 from moetune_lab.bench import serve_load
 
 
 @pytest.mark.slow  # a server process starts (its imports take most of the time)
-def test_a_short_load_run_reports_its_numbers(capsys):
-    result = serve_load.main(["--clients", "4", "--seconds", "1.5", "--revalidate", "--json"])
+def test_a_short_load_run_reports_its_numbers_and_writes_a_run_file_for_the_baselines(capsys, tmp_path):
+    out = tmp_path / "load.json"
+    argv = ["--clients", "4", "--seconds", "1.5", "--revalidate", "--json", "--out", str(out)]
+    result = serve_load.main(argv)
     assert json.loads(capsys.readouterr().out) == result
     assert result["clients"] == 4 and result["revalidate"] is True
     assert result["requests"] > 4 and result["errors"] == 0
     assert 0 < result["p50_ms"] <= result["p99_ms"] <= result["max_ms"]
     assert result["requests_per_s"] > 0
+    assert result["goal_p99_ms"] == serve_load.GOAL_P99_MS["packs"]
+    assert 0 <= result["others_cpu_share"] <= 1
+    run = json.loads(out.read_text())
+    assert run["results"] == [result]
+    assert run["environment"]["command"] == "python3 lab/bench/serve_load.py " + " ".join(argv)
+    (made,) = service.load_entries(run)
+    assert made["name"] == "serve_load/clients=4,workers=1,revalidate/packs"
+    assert made["command"].endswith("--out $OUT/load.json")
+    assert service.problems_of(service.add(tmp_path / "service_loopback.json", [made])) == []
+
+
+def test_the_environment_names_the_machine_the_versions_and_the_command():
+    env = serve_load.environment(["--each", "--workers", "2"])
+    assert env["command"] == "python3 lab/bench/serve_load.py --each --workers 2"
+    assert env["machine"]["cores"] == len(os.sched_getaffinity(0)) and env["machine"]["cpu"]
+    assert env["machine"]["os"].endswith(os.uname().release)
+    assert {"python", "moetune", "fastapi", "uvicorn", "sqlalchemy"} <= set(env["versions"])
+    assert len(env["load_average"]) == 3 and env["date"].endswith("Z")
+
+
+def test_others_share_is_the_machines_busy_time_less_ours_over_its_cores():
+    assert serve_load.others_share(busy_s=5.0, own_s=3.0, elapsed_s=2.0, cores=2) == 0.5
+    assert serve_load.others_share(busy_s=3.0, own_s=3.1, elapsed_s=2.0, cores=2) == 0.0  # ticks apart
+    assert serve_load.others_share(busy_s=9.0, own_s=0.0, elapsed_s=2.0, cores=2) == 1.0
+    assert serve_load.others_share(busy_s=1.0, own_s=0.0, elapsed_s=0.0, cores=2) == 0.0
+
+
+BURN = """
+import os, sys, time
+if os.fork() == 0:  # the server's second process (serve --workers forks it) burns 0.3 s of CPU
+    while time.process_time() < 0.3:
+        pass
+    print("burnt", flush=True)
+    time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+def test_our_cpu_time_counts_the_server_and_the_processes_it_forked():
+    server = subprocess.Popen([sys.executable, "-c", BURN], stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        before = sum(os.times()[:2])
+        assert server.stdout.readline() == "burnt\n"
+        time.sleep(0.05)  # /proc's counters lag a tick
+        assert serve_load._own_cpu_s(server.pid) - before >= 0.25
+        assert serve_load._own_cpu_s(other.pid) - before < 0.25  # another server: the burn is not ours
+        assert serve_load._busy_cpu_s() > 0
+    finally:
+        for process in (server, other):
+            process.kill()
+            process.wait()
+
+
+def test_a_run_with_an_error_fails_the_command():
+    clean = {"target": "packs", "errors": 0, "requests": 10}
+    assert serve_load.failures(clean) == []
+    assert serve_load.failures([clean, clean | {"target": "jobs", "errors": 3}]) == [
+        "jobs: 3 of 10 requests failed"
+    ]
 
 
 @pytest.mark.slow
