@@ -260,9 +260,10 @@ def route_in_kernel(logits, *, tokens: int, experts: int, top_k: int, renormaliz
         keys = jnp.where(avail, key, INT32_MIN)
         best = jnp.max(keys, axis=1)
         pick = jnp.min(jnp.where(avail & (keys == best[:, None]), expert[None, :], ep), axis=1)
-        hit = expert[None, :] == pick[:, None]
-        taken = taken | hit
-        value = jnp.sum(jnp.where(hit, logits, 0.0), axis=1)
+        taken = taken | (expert[None, :] == pick[:, None])
+        # The key's map is its own inverse: the chosen logit comes back from `best` without a third
+        # reduction over E.
+        value = jax.lax.bitcast_convert_type(best ^ ((best >> 31) & jnp.int32(0x7FFFFFFF)), jnp.float32)
         ids = jnp.where(slot[None, :] == j, pick[:, None], ids)
         top = jnp.where(slot[None, :] == j, value[:, None], top)
     if renormalize:

@@ -201,3 +201,21 @@ def test_fp8_scales_are_checked_by_name():
         )
     with pytest.raises(ConfigInvalid, match="does not divide"):
         call(w_gate_up_scale=jnp.concatenate([sg, sg[:, :, :1]], axis=2), w_down_scale=sd)
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_in_kernel_routing_is_lax_top_k_with_its_ties_and_signs(renormalize):
+    # Ties (to the lower expert), negative and zero logits, -inf padding past E: as lax.top_k and the
+    # softmax of moe.route.
+    logits = jnp.array(
+        [[0.5, -1.0, 0.5, 2.0, -0.0, 0.0, -3.0, 2.0], [-1.0, -2.0, -1.0, -0.5, -7.0, -1.0, -0.5, -9.0]],
+        jnp.float32,
+    )
+    padded = jnp.pad(logits, ((0, 0), (0, 8)), constant_values=-jnp.inf)
+    ids, weights, taken = db.route_in_kernel(padded, tokens=2, experts=8, top_k=3, renormalize=renormalize)
+    values, want_ids = jax.lax.top_k(logits, 3)
+    np.testing.assert_array_equal(np.asarray(ids[:, :3]), np.asarray(want_ids))
+    scores = jax.nn.softmax(values if renormalize else logits, axis=-1)
+    want = scores if renormalize else jnp.take_along_axis(scores, want_ids, axis=1)
+    np.testing.assert_allclose(np.asarray(weights[:, :3]), np.asarray(want), rtol=1e-6)
+    assert np.asarray(taken).sum() == 6 and not np.asarray(taken[:, 8:]).any()
