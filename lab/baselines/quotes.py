@@ -37,6 +37,7 @@ HTML comments do not show in rendered Markdown; only the text between them does.
       errors                how many requests failed
       goal:p99              the route's p99 goal in ms
       over:p99              p99 minus its goal in ms ("+3.2 ms"; negative: met with that to spare)
+      warmup                seconds until every client had its untimed first answers (first draws)
 
 - SPEC: a Python format spec for the number (`.2f`, `,.0f`, `.1%`, `.1e`); each quantity has a default.
 - `bare`: the number without its unit (a list of figures that names the unit once, after the last).
@@ -74,9 +75,10 @@ QUANTITIES = {
     "errors": ("d", ""),
     "goal": (".0f", " ms"),
     "over": ("+.1f", " ms"),
+    "warmup": (".1f", " s"),
 }
 # The quantities of the service's load entries (service.py); the others are a GPU entry's.
-LOAD = ("p50", "p99", "max", "rps", "errors", "goal", "over")
+LOAD = ("p50", "p99", "max", "rps", "errors", "goal", "over", "warmup")
 
 
 class QuoteError(ValueError):
@@ -193,7 +195,14 @@ VALUES |= {
     "errors": lambda e, _: e["figures"]["errors"],
     "goal": lambda e, w: _goal(e, w),
     "over": lambda e, w: _latency(e, "p99", "") - _goal(e, w),
+    "warmup": lambda e, _: _warmup(e),
 }
+
+
+def _warmup(entry: dict) -> float:
+    if "warmup_s" not in entry["figures"]:
+        raise QuoteError(f"{entry['name']}: its run kept no warmup_s (recorded before it was measured)")
+    return entry["figures"]["warmup_s"]
 
 
 def _missing(quantity: str) -> float:

@@ -16,12 +16,14 @@ the share of the CPU that other processes took during it:
        "params": {"target": "packs", "paths": {"packs": "/api/packs/NVIDIA%20H200/mosaic_gpu"},
                   "clients": 50, "seconds": 25.0, "workers": 2, "revalidate": false},
        "figures": {"requests": 250000, "errors": 0, "requests_per_s": 10000.0, "p50_ms": 4.5,
-                   "p99_ms": 9.5, "max_ms": 105.3},
+                   "p99_ms": 9.5, "max_ms": 105.3, "warmup_s": 0.2},
        "goal": {"p99_ms": 25.0}}, ...]}
 
 One entry per run of serve_load.py: a route alone (`.../packs`), or the mix of every route
 (`.../mixed`, whose `by_target` holds each route's requests and latencies within the mix). The figures
-are the run's summary, not its requests' latencies (hundreds of thousands per run); `goal` is the
+are the run's summary, not its requests' latencies (hundreds of thousands per run); `warmup_s`, where a
+run has it, is how long the clients' untimed first answers of each route took before the clock started
+(a route's first draw in each server process); `goal` is the
 service's p99 bound for the route (serve_load.GOAL_P99_MS), where it has one. As in a GPU's file, an
 entry of the same name replaces the older one, and git keeps the history.
 """
@@ -108,6 +110,10 @@ def _entry_problems(where: str, entry: dict) -> list[str]:
     if not isinstance(figures, dict):
         return problems + [f"{where}: figures must be an object"]
     figure_problems = _latency_problems(f"{where}: figures", figures, FIGURES)
+    warmup = figures.get("warmup_s", 0.0)
+    figure_problems += [] if _number(warmup) and warmup >= 0 else [f"{where}: figures.warmup_s must be >= 0"]
+    unknown = set(figures) - set(FIGURES) - {"warmup_s"}
+    figure_problems += [f"{where}: figures has unknown {key!r}" for key in sorted(unknown)]
     problems += figure_problems
     if not figure_problems and (
         not isinstance(figures["errors"], int) or figures["errors"] > figures["requests"]
@@ -168,7 +174,7 @@ def load_entries(run: dict) -> list[dict]:
             "command": baseline_entries.portable_command(env["command"]),
             "load_average": env["load_average"],
             "params": params,
-            "figures": {key: result[key] for key in FIGURES},
+            "figures": {key: result[key] for key in (*FIGURES, "warmup_s") if key in result},
         }
         if result.get("others_cpu_share") is not None:
             entry["others_cpu_share"] = result["others_cpu_share"]
@@ -217,10 +223,11 @@ def _rows(entries: list[dict]) -> list[str]:
         cells = [e["params"]["target"], str(e["params"]["workers"]), f"{f['requests_per_s']:,.0f}"]
         cells += [f"{f[k]:.1f}" for k in ("p50_ms", "p99_ms", "max_ms")]
         cells += [str(f["errors"]), _verdict(e, f["p99_ms"]), f"{e.get('others_cpu_share', 0):.0%}"]
+        cells.append(f"{f['warmup_s']:.2f}" if "warmup_s" in f else "-")
         rows.append(cells)
         for target, t in e.get("by_target", {}).items():
             cells = [f"mixed: {target}", str(e["params"]["workers"]), "-"]
-            cells += [f"{t[k]:.1f}" for k in ("p50_ms", "p99_ms", "max_ms")] + ["-", "-", "-"]
+            cells += [f"{t[k]:.1f}" for k in ("p50_ms", "p99_ms", "max_ms")] + ["-", "-", "-", "-"]
             rows.append(cells)
     return rows
 
@@ -252,12 +259,14 @@ def render_full(data: dict) -> str:
         lines += [f"    {command}" for command in dict.fromkeys(e["command"] for e in entries)] + [""]
         lines += [
             "Latency in ms over every request of the run; the goal is the route's p99 bound in ms; "
-            '"others": the share of the machine\'s CPU that processes other than the server and the '
-            "clients took meanwhile. A `mixed: ROUTE` row is that route within the mix of all of them.",
+            "others: the share of the machine's CPU that processes other than the server and the clients "
+            "took meanwhile; first answers: the seconds until every client had had one untimed answer of "
+            "each of its routes (their first draw in each server process), before the clock started. A "
+            "`mixed: ROUTE` row is that route within the mix of all of them.",
             "",
         ]
         head = ["route", "server processes", "requests/s", "p50", "p99", "max", "errors", "goal"]
-        head.append("others")
+        head += ["others", "first answers (s)"]
         lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
         lines += ["| " + " | ".join(row) + " |" for row in _rows(entries)] + [""]
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -19,7 +19,9 @@ processes other than the clients and the server (others running meanwhile skew t
 
 Each client is one connection that asks again as soon as it has its answer (a closed loop), so
 requests/s is what the server sustains and latency includes queueing behind the other clients; with
---rate each is paced instead, and latency counts from when a request was due. Client
+--rate each is paced instead, and latency counts from when a request was due. Before the clock
+starts, each client has had one answer of each of its routes: a route's first draw in a server process
+(seconds for a big sweep's page) is reported apart, as warmup_s, and not in the latencies. Client
 and server share this machine's cores: on a small machine the numbers say as much about the client as
 about the server. An error is any answer but 200 (304 with --revalidate) and any failed request; the
 command exits 1 when a run had one (after printing its figures and writing --out), so CI can run it
@@ -53,7 +55,8 @@ from typing import Any
 import httpx
 
 SHIPPED_PACK = "nvidia_h200__mosaic_gpu.json"
-START_TIMEOUT_S = 60
+START_TIMEOUT_S = 60  # for the server to start, and for each route's first answer (a warm-up)
+REQUEST_TIMEOUT_S = 10  # a measured request that takes longer is an error
 SEEDED_TRIALS = 300  # one sweep's, beside the pack's winners
 SEEDED_MISSES = 40
 SEEDED_JOBS = 20
@@ -291,11 +294,13 @@ class _Connection:
                 await self._writer.wait_closed()
             self._reader = self._writer = None
 
-    async def get(self, path: str, headers: dict[str, str]) -> tuple[int, str | None]:
-        """(status, ETag); OSError when the exchange fails or takes over 10 s (the next call
+    async def get(
+        self, path: str, headers: dict[str, str], timeout_s: float = REQUEST_TIMEOUT_S
+    ) -> tuple[int, str | None]:
+        """(status, ETag); OSError when the exchange fails or takes over `timeout_s` (the next call
         reconnects)."""
         try:
-            return await asyncio.wait_for(self._get(path, headers), 10)
+            return await asyncio.wait_for(self._get(path, headers), timeout_s)
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
             await self.close()
             raise OSError("the request failed") from None
@@ -365,8 +370,15 @@ async def _load(
     results: dict = {"latencies_s": [], "errors": 0, "by_path": {}}
     made = [_Connection(base) for _ in range(clients)]
     try:
-        # Every client is connected before the clock starts: opening a connection is not what is measured.
-        await asyncio.gather(*(client.get("/api/health", {}) for client in made))
+        # Every client is connected, and has had one answer of each of its routes, before the clock
+        # starts: opening a connection and a route's first draw in each server process are not what is
+        # measured (a big sweep's page takes seconds to draw the first time; its re-draws under load are
+        # measured). How long those first answers took is kept apart: warmup_s.
+        warming = time.perf_counter()
+        failed = [line for line in await asyncio.gather(*(_warm(c, paths) for c in made)) if line]
+        if failed:
+            raise SystemExit(f"a route did not answer before the clock started: {failed[0]}")
+        warmup_s = time.perf_counter() - warming
         started = time.perf_counter()
         until = started + seconds
         phases = [i / clients for i in range(clients)]
@@ -379,7 +391,20 @@ async def _load(
         elapsed = time.perf_counter() - started
     finally:
         await asyncio.gather(*(client.close() for client in made))
-    return results | {"elapsed_s": elapsed}
+    return results | {"elapsed_s": elapsed, "warmup_s": warmup_s}
+
+
+async def _warm(client: _Connection, paths: list[str]) -> str | None:
+    """One untimed answer of each path on `client`'s connection (START_TIMEOUT_S each); what failed, or
+    None."""
+    for path in paths:
+        try:
+            status, _ = await client.get(path, {}, timeout_s=START_TIMEOUT_S)
+        except OSError:
+            return f"{path}: the request failed"
+        if status != 200:
+            return f"{path}: {status}"
+    return None
 
 
 def _run(coroutine: Any) -> Any:
@@ -418,6 +443,7 @@ def summary(
         "p99_ms": ms(_percentile(latencies, 0.99)) if latencies else None,
         "max_ms": ms(latencies[-1]) if latencies else None,
         "cpu_count": os.cpu_count(),
+        "warmup_s": round(results["warmup_s"], 2),
     } | ({"by_path": by_path} if by_path else {})
 
 

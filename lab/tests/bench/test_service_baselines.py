@@ -31,6 +31,7 @@ def result(target="packs", workers=1, p99=9.5, errors=0, **more) -> dict:
         "p99_ms": p99,
         "max_ms": 100.0,
         "cpu_count": 2,
+        "warmup_s": 0.25,
         "target": target,
         "workers": workers,
         "paths": {"packs": PACK} if target == "packs" else {target: f"/api/{target}"},
@@ -87,6 +88,7 @@ def test_a_run_file_becomes_one_entry_per_run_named_by_its_setting_and_route():
     assert packs["machine"] == {"cpu": "Test CPU", "cores": 2, "os": "Test OS"}
     assert packs["figures"] == {
         "requests": 1000, "errors": 0, "requests_per_s": 40.0, "p50_ms": 4.5, "p99_ms": 9.5, "max_ms": 100.0,
+        "warmup_s": 0.25,
     }  # fmt: skip
     assert packs["goal"] == {"p99_ms": 25.0} and "goal" not in mix
     assert packs["params"]["paths"] == {"packs": PACK} and packs["others_cpu_share"] == 0.02
@@ -111,6 +113,8 @@ def test_a_run_file_becomes_one_entry_per_run_named_by_its_setting_and_route():
         (lambda e: e["figures"].update(p99_ms=1.0), "p50_ms <= p99_ms <= max_ms does not hold"),
         (lambda e: e["figures"].pop("errors"), "figures lacks errors"),
         (lambda e: e["figures"].update(errors=2000), "figures.errors must be a count of its requests"),
+        (lambda e: e["figures"].update(warmup_s=-1), "figures.warmup_s must be >= 0"),
+        (lambda e: e["figures"].update(p90_ms=5.0), "figures has unknown 'p90_ms'"),
         (lambda e: e["by_target"]["packs"].pop("p99_ms"), "by_target.packs lacks p99_ms"),
         (lambda e: e.update(goal={"p50_ms": 5}), "goal may hold p99_ms"),
         (lambda e: e.update(suite="bench_gemm"), "suite='bench_gemm' is not one of serve_load"),
@@ -185,9 +189,9 @@ def test_the_table_gives_each_route_per_server_processes_with_its_goal_met_or_mi
     assert "Measured 2026-12-04 on Test CPU, 2 cores, Test OS: Python 3.12.1, moetune 0.1.0" in rendered
     assert "Load average (1 minute) before the runs: 0.30." in rendered
     assert "    python3 lab/bench/serve_load.py --each --workers 1 --out $OUT/load.json" in rendered
-    assert "| packs | 1 | 40 | 4.5 | 9.5 | 100.0 | 0 | 25: met | 2% |" in rendered
-    assert "| packs | 2 | 40 | 4.5 | 31.2 | 100.0 | 0 | 25: missed by 6.2 | 2% |" in rendered
-    assert "| mixed: winners | 1 | - | 5.0 | 12.0 | 60.0 | - | - | - |" in rendered
+    assert "| packs | 1 | 40 | 4.5 | 9.5 | 100.0 | 0 | 25: met | 2% | 0.25 |" in rendered
+    assert "| packs | 2 | 40 | 4.5 | 31.2 | 100.0 | 0 | 25: missed by 6.2 | 2% | 0.25 |" in rendered
+    assert "| mixed: winners | 1 | - | 5.0 | 12.0 | 60.0 | - | - | - | - |" in rendered
     with pytest.raises(ValueError, match="a full table only"):
         tables.render_page(page.replace("full", "summary"), {"service_loopback": service_data(*made)})
 
@@ -212,6 +216,7 @@ BASELINES = {
         ("serve_load/clients=50,workers=1/packs", "over:p99", (), "-15.5 ms"),  # met, 15.5 ms to spare
         ("serve_load/clients=50,workers=2/packs", "over:p99", (), "+6.2 ms"),  # missed by 6.25
         ("serve_load/clients=50,workers=1/mixed", "p99:winners", (), "12.0 ms"),
+        ("serve_load/clients=50,workers=1/packs", "warmup", (".2f",), "0.25 s"),
         ("serve_load/clients=50,workers=*/packs", "p99", (), "9.5-31.2 ms"),  # a range over both
     ],
 )
