@@ -609,7 +609,7 @@ def _refusal(
 def _resolve(
     problem: Problem, backend: Backend, config: KernelConfig | None, device: DeviceFingerprint
 ) -> Resolution:
-    if config is not None and type(config) is backend.config_cls:
+    if config is not None and type(config) is backend.config_class(problem.op):
         return Resolution(backend.name, config, "explicit config")
     return LOOKUP.resolve(problem, backend, device)
 
@@ -640,7 +640,7 @@ def _backend_chain(
     config or environment) rather than chosen by priority."""
     if name is not None:
         first, reason = registry.get(name), "backend argument"
-        if config is not None and type(config) is not first.config_cls:
+        if config is not None and type(config) not in first.config_classes():
             raise ConfigInvalid(f"config {type(config).__qualname__} is not a config of backend {name!r}")
     elif config is not None:
         first, reason = _backend_of(config, device), f"backend of the {type(config).__qualname__} argument"
@@ -660,7 +660,7 @@ def _backend_chain(
 
 def _backend_of(config: KernelConfig, device: DeviceFingerprint) -> Backend:
     for backend in LOOKUP.backends(device):
-        if type(config) is backend.config_cls:
+        if type(config) in backend.config_classes():
             return backend
     # The config may belong to a backend that is not available here; _dispatch then says so.
     for name in registry.names():
@@ -668,6 +668,6 @@ def _backend_of(config: KernelConfig, device: DeviceFingerprint) -> Backend:
             backend = registry.get(name)
         except UnknownBackend:
             continue
-        if type(config) is backend.config_cls:
+        if type(config) in backend.config_classes():
             return backend
     raise ConfigInvalid(f"{type(config).__qualname__} is not the Config of any registered backend")

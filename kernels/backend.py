@@ -64,6 +64,10 @@ class StaticCompile:
 class Backend(abc.ABC):
     name: ClassVar[str]
     config_cls: ClassVar[type[KernelConfig]]
+    # The Config of an op whose kernel `config_cls` does not describe (mosaic_gpu's fused MoE decode
+    # block, two Pallas Triton kernels beside its Mosaic GEMMs): op name -> its Config. Every other op of
+    # the table takes `config_cls`; `config_class(op)` says which.
+    op_configs: ClassVar[Mapping[str, type[KernelConfig]]] = {}
     # Among available backends, the default is the one with the highest priority.
     priority: ClassVar[int] = 0
     # Backends that compile without the target device may be compiled on CPU-only nodes.
@@ -103,6 +107,14 @@ class Backend(abc.ABC):
     def check_problem(self, problem: Problem) -> None:  # noqa: B027 - optional hook, accepting by default
         """Raise Unsupported for a problem of a served op that this backend still cannot compute (dtypes,
         alignment)."""
+
+    def config_class(self, op: str) -> type[KernelConfig]:
+        """The Config class of `op`'s kernels: `op_configs`'s, else `config_cls`."""
+        return self.op_configs.get(op, self.config_cls)
+
+    def config_classes(self) -> tuple[type[KernelConfig], ...]:
+        """Every Config class of this backend: a config of one of them names the backend."""
+        return (self.config_cls, *self.op_configs.values())
 
     def kernel_for(self, op: str) -> Callable[..., Any]:
         """The kernel function of `op` from the table; Unsupported for an op the backend does not serve."""
@@ -177,13 +189,21 @@ class Backend(abc.ABC):
 
         The folder's timer.py is left out: a timer measures kernels and cannot change what they compute
         or how fast they run, so editing it keeps every tuned winner as valid as it was. So are the
-        search space and the cost model (space*.py, cost_model.py, calibration data): they choose which
+        search space and the cost model (space*.py, cost_model*.py, calibration data): they choose which
         configs are tried and the untuned default, never what a given config's kernel does.
         """
         return _package_hash(type(self).__module__.rsplit(".", 1)[0] if "." in type(self).__module__ else "")
 
 
-UNHASHED_SOURCES = ("timer.py", "space.py", "space_drhs.py", "cost_model.py", "calibration.py")
+UNHASHED_SOURCES = (
+    "timer.py",
+    "space.py",
+    "space_drhs.py",
+    "space_decode.py",
+    "cost_model.py",
+    "cost_model_decode.py",
+    "calibration.py",
+)
 
 
 @functools.cache

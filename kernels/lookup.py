@@ -381,7 +381,7 @@ class WinnerLookup:
         source_hash = backend.source_hash()
         for winner in winners:
             try:
-                config = backend.config_cls.from_dict(dict(winner.config))
+                config = backend.config_class(winner.problem.op).from_dict(dict(winner.config))
             except (ConfigInvalid, TypeError) as e:
                 self.warn_once(
                     "bad-config",
@@ -505,7 +505,7 @@ def trusted_pack_entries(
             continue
         seen.add(key)
         try:
-            config = typed_config(backend.config_cls, entry.config)
+            config = typed_config(backend.config_class(entry.problem.op), entry.config)
         except ValidationError as e:
             rejected.append(f"{where}: bad {pack.backend} config: {describe(e, entry.config)}")
             continue

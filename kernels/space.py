@@ -32,13 +32,19 @@ class SearchSpace:
 
     `validity`: the constraints among `constraints` that say the kernel cannot run a config at all; the
     others only prune correct but wasteful points. An imported config pack is refused for breaking a
-    validity constraint, never for a pruning one (`invalid`)."""
+    validity constraint, never for a pruning one (`invalid`).
+
+    `baseline`: the config that runs what the op replaces, where an op is a faster path to something
+    moetune runs anyway (the fused MoE decode block: the unfused path). Every search of the problem times
+    it first, whatever the budget or a narrowed space (the sweep driver), so a tuned winner other than it
+    was measured faster than it; dispatch takes the op only for such a winner (kernels/moe/layer.py)."""
 
     config_cls: type[KernelConfig]
     domains: Mapping[str, tuple[Any, ...]]
     constraints: tuple[Constraint, ...] = ()
     seeds: tuple[KernelConfig, ...] = ()
     validity: tuple[Constraint, ...] = ()
+    baseline: KernelConfig | None = None
 
     @property
     def size(self) -> int:

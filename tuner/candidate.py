@@ -96,7 +96,7 @@ def compile_config(backend_name: str, problem: Problem, config: dict[str, Any]) 
     """Build the backend's kernel for `config` and compile it for the input shapes (no device work)."""
     backend = registry.get(backend_name)
     backend.check(problem)
-    kernel_config = backend.config_cls.from_dict(config)
+    kernel_config = backend.config_class(problem.op).from_dict(config)
     kernel = backend.build(problem, kernel_config)
     compiled = jax.jit(kernel).lower(*verify.shape_dtypes(problem)).compile()
     return backend.executable(problem, kernel_config, compiled)
@@ -263,7 +263,7 @@ class CandidateRunner:
         backend = registry.get(task.backend)
         t0 = time.perf_counter()
         try:
-            config = backend.config_cls.from_dict(task.config)
+            config = backend.config_class(task.problem.op).from_dict(task.config)
             static = backend.compile_only(task.problem, config, task.target)
         except ConfigInvalid as e:  # a rule of the plan, known before compiling
             status, error, static = PRUNED, str(e), None

@@ -188,6 +188,8 @@ class SweepDriver:
             warm.append(self.backend.config_cls.from_dict(baseline))  # the baseline is one of the candidates
         if self.spec.space:  # a narrowed space means only those configs, warm starts included
             warm = [config for config in warm if search_space.contains(config)]
+        if search_space.baseline is not None:  # what the op replaces is timed first, always (SearchSpace)
+            warm.insert(0, search_space.baseline)
         strategy = strategies.get(self.spec.strategy)(space, seed=self.spec.seed, warm_start=warm)
         # An op routing its tokens itself draws each token's choices, at most one per expert (routing.py).
         capacity = problem.spec.expert_capacity(problem)

@@ -79,7 +79,7 @@ class ProblemRun:
         """Take in a trial recorded before (an earlier sweep, or this one before a resume)."""
         self.known[canonical(known.config)] = known
         try:
-            config = self.backend.config_cls.from_dict(known.config)
+            config = self.backend.config_class(self.problem.op).from_dict(known.config)
         except (ConfigInvalid, TypeError):  # a config of an older Config schema: only kept as history
             return
         self.strategy.observe(config, known.median_s if known.status == OK else None)

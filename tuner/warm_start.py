@@ -53,7 +53,7 @@ def warm_start_configs(
     rows = ([winner] if winner is not None else []) + sorted(related, key=distance)[:NEIGHBOURS]
     for row in rows:
         try:
-            configs.append(backend.config_cls.from_dict(row.config))
+            configs.append(backend.config_class(problem.op).from_dict(row.config))
         except (ConfigInvalid, TypeError):  # a winner of an older Config schema
             continue
     return list(dict.fromkeys([*configs, *seeds])), heuristic

@@ -69,3 +69,48 @@ def test_an_inline_xla_sweep_tunes_the_block_and_a_pack_carries_its_winner(store
     path.write_text(pack.dumps())
     (entry,) = packs.load(path).entries
     assert (entry.problem, entry.config) == (BLOCK, winner.config) and pack.schema_version == 3
+
+
+@pytest.fixture
+def interpreted():
+    """mosaic_gpu's decode block in Pallas's interpreter with a simulated timer (decode_backend.py)."""
+    from moetune.kernels import registry
+    from tests.tuner import decode_backend
+
+    registry.register("decode_interpreted", "tests.tuner.decode_backend")
+    yield decode_backend
+    registry.unregister("decode_interpreted")
+
+
+TINY = Problem("moe_decode_block", 2, 64, 64, 8, "float32", "float32", "float32", top_k=2)
+
+
+def _sweep(store, backend, budget):
+    name = backend.BACKEND.name
+    spec = SweepSpec(backend=name, budget=budget, finalists=1, retime_rounds=1, baseline=False)
+    sweep_id = store.create_sweep(backend=name, strategy=spec.strategy, spec={}, host="h", user="u")
+    executor = InlineExecutor(device=backend.H200)
+    driver = SweepDriver(store, executor, spec, backend=name, poll_s=0)
+    return driver.run([PlannedProblem(TINY, "block T=2", tokens=2)], sweep_id=sweep_id)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("unfused_wins", [False, True], ids=["fused-wins", "unfused-wins"])
+def test_a_sweep_of_the_blocks_space_times_its_baseline_first_and_promotes_the_faster(
+    store, db_url, interpreted, monkeypatch, unfused_wins
+):
+    from moetune.kernels.backends.mosaic_gpu import space_decode
+
+    monkeypatch.setattr(interpreted, "UNFUSED_S", 1e-9 if unfused_wins else 1.0)
+    outcome = _sweep(store, interpreted, budget=2)
+    assert outcome.status == "done"
+    trials = sorted(store.trials(sweep_id=outcome.sweep_id), key=lambda t: t.id)
+    assert {t.status for t in trials} == {"ok"}, {t.error for t in trials}
+    # The unfused path is timed first, whatever the budget; then the heuristic's pick.
+    heuristic = space_decode.heuristic(TINY, interpreted.H200)
+    assert [t.config for t in trials] == [space_decode.BASELINE.to_dict(), heuristic.to_dict()]
+    (winner,) = store.winners(backend="decode_interpreted")
+    assert winner.config["fused"] is not unfused_wins
+    pack = store.export_pack(device_kind="NVIDIA H200", backend="decode_interpreted")
+    assert [(e.problem, e.config) for e in pack.entries] == [(TINY, winner.config)]
+    assert packs.parse(pack.to_dict(), "pack").entries == pack.entries

@@ -1,6 +1,7 @@
 """The `mosaic_gpu` backend: the Pallas Mosaic GPU grouped GEMM on Hopper (plain, or with the fused
 SwiGLU epilogue; 16-bit, or FP8 with scales) and its weight gradient (a ragged contraction, its own
-kernel and search space), timed with CUPTI."""
+kernel and search space), timed with CUPTI; beside them the fused MoE decode block, two Pallas Triton
+kernels with a Config and a search space of their own (kernel_decode.py, space_decode.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 from moetune.kernels.backend import Backend, KernelFn
 from moetune.kernels.backends.mosaic_gpu import hardware
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
+from moetune.kernels.backends.mosaic_gpu.kernel_decode import DecodeBlockConfig
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint, current_fingerprint
 from moetune.kernels.errors import ConfigInvalid, ResourceExceeded, Unsupported
@@ -31,7 +33,9 @@ class MosaicGpuBackend(Backend):
         "grouped_matmul_drhs": "kernel_drhs:grouped_matmul_drhs",
         "grouped_matmul_fp8": "grouped_matmul_fp8",
         "grouped_matmul_swiglu_fp8": "grouped_matmul_swiglu_fp8",
+        "moe_decode_block": "kernel_decode:moe_decode_block",
     }
+    op_configs = {"moe_decode_block": DecodeBlockConfig}
     kernel_module = "moetune.kernels.backends.mosaic_gpu.kernel_sm90"
     # The 16-bit kernels take a local slice's `row_start` (the forward ones through the row-tile table);
     # the FP8 ones do not yet.
@@ -71,8 +75,11 @@ class MosaicGpuBackend(Backend):
         """
         space = _space(problem)
         self.check(problem)
-        if not isinstance(config, MosaicGpuConfig):
-            raise ConfigInvalid(f"mosaic_gpu needs a MosaicGpuConfig, not {type(config).__qualname__}")
+        config_cls = self.config_class(problem.op)
+        if not isinstance(config, config_cls):
+            raise ConfigInvalid(
+                f"mosaic_gpu needs a {config_cls.__qualname__}, not {type(config).__qualname__}"
+            )
         device = current_fingerprint()
         reason = self.available(device)
         if reason is not None:
@@ -82,6 +89,10 @@ class MosaicGpuBackend(Backend):
             if reason is not None:
                 error = ResourceExceeded if constraint in space.RESOURCE_CONSTRAINTS else ConfigInvalid
                 raise error(f"{constraint.__name__}: {reason}")
+        if problem.spec.routed:  # the decode block: its tokens' operands only, no device facts
+            return functools.partial(
+                self.kernel_for(problem.op), config=config, **problem.spec.options(problem)
+            )
         # rows=m: an lhs with rows past m (the backend contract) is used as it is; pad_lhs configs then
         # need no copy of a decode-sized lhs that its producer padded (kernel_sm90).
         scaled = {} if problem.scale_layout == "none" else {"scale_layout": problem.scale_layout}
@@ -102,8 +113,13 @@ class MosaicGpuBackend(Backend):
 
 
 def _space(problem: Problem) -> types.ModuleType:
-    """The search space module of `problem`'s kernel: the weight gradient's for an op with one output
-    slice per expert, the forward kernels' otherwise."""
+    """The search space module of `problem`'s kernel: the decode block's for the op routing its tokens
+    itself, the weight gradient's for an op with one output slice per expert, the forward kernels'
+    otherwise."""
+    if problem.spec.routed:
+        from moetune.kernels.backends.mosaic_gpu import space_decode
+
+        return space_decode
     if problem.spec.out_grouped:
         from moetune.kernels.backends.mosaic_gpu import space_drhs
 

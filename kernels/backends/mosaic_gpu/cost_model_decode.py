@@ -1,0 +1,160 @@
+"""A cost model of the fused MoE decode block (kernel_decode.py, kernels/moe/decode_block.py): the seconds
+each of its two kernels should take on a device, from the bytes of the touched experts' weights, the
+weight bytes its programs keep in flight, and the routing every program of kernel 1 repeats.
+
+At decode sizes the block reads each touched expert's weights once and multiplies 16-row tiles: it is
+bound by how fast the weights stream, not by FLOPs. Per kernel:
+
+  stream   the touched experts' weight bytes (kernel 1: [H, 2F] each, kernel 2: [F, H]) at the rate the
+           programs in flight sustain: by Little's law, bytes in flight / memory latency, at most the HBM
+           read rate. Each program keeps stages - 1 weight tiles in flight; programs in flight are the
+           active ones, at most the SMs times the programs one SM holds (its warp slots, its shared memory
+           for the pipeline's stages, its registers, and a cap of programs per SM).
+  chain    one program's own chain, which no other program hides: kernel 1's routing, then its K steps,
+           one memory latency per stages - 1 tiles; kernel 2's share of the (expert, F step) list the
+           same way, plus the fixed-order meeting of down_split partial sums. Programs past what the SMs
+           hold run in further waves, each a chain.
+  routing  kernel 1 only: every program routes the whole batch itself (top_k rounds of argmax over the
+           [T, E] logits, kernel 1's docstring), so all programs' routing passes through the SMs' lanes.
+           A thread holds the [T, E] arrays across its warps' lanes; past its registers they spill, and
+           the routing slows by the excess.
+  a kernel takes its launch plus the largest of the three.
+
+What it leaves out: the 16-row dots (a fraction of a step's load time at these sizes), x's and the
+hidden rows' reads (small, and from L2), skew in the routing (it plans with uniform routing: the expected
+touched experts of kernels/ops/moe_decode_block.py), and the unfused path it is compared with (a sweep
+times that: space_decode.BASELINE). Its constants are derived from the kernels' code and the hardware
+facts, not fitted to measurements: the lab's block benchmark records what each config takes, from which a
+calibration of these constants would be fitted as the GEMM model's are (calibration.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from moetune.kernels.backends.mosaic_gpu import hardware
+from moetune.kernels.backends.mosaic_gpu.cost_model import LANE_OPS_PER_CLOCK, LAUNCH_S
+from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.moe.decode_block import DOT_ROWS, DecodeConfig
+from moetune.kernels.moe.pallas_mode import pow2_at_least
+from moetune.kernels.ops.moe_decode_block import touched_experts
+from moetune.kernels.problem import Problem
+
+# An SM's warp slots (2048 threads) and the most programs (thread blocks) it holds at once: sm_90.
+WARPS_PER_SM = 64
+PROGRAMS_PER_SM = 32
+# What a thread may hold in registers before the compiler spills (the ISA's limit per thread).
+REGISTERS_PER_THREAD = 255
+# A program's registers per thread beside its arrays: addresses, loop state, masks (not measured).
+BASE_REGISTERS = 64
+# Arrays of [T, E] elements a program of kernel 1 keeps live while it routes: the logits, their sort
+# keys, the taken mask and the masked keys of the current round (route_in_kernel).
+ROUTING_ARRAYS = 4
+# Lane operations per [T, E] element and top-k round of route_in_kernel: the availability mask, the
+# masked keys, the row max (a reduction), the tie compare, the index min (a reduction), the hit mask, the
+# taken update, the value pick and its sum, and the slot writes of ids and values.
+ROUTE_OPS_PER_ELEMENT = 12
+# Lanes one warp scheduler issues a clock: a program of w warps issues min(w, 4) of an SM's 4 at most.
+LANES_PER_SCHEDULER = 32
+SCHEDULERS_PER_SM = 4
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelEstimate:
+    seconds: float
+    stream_s: float  # the weight bytes at the rate the programs in flight sustain
+    chain_s: float  # one program's chain times the waves of programs
+    route_s: float  # every program's routing through the SMs' lanes (kernel 1)
+    programs: int  # the grid
+    resident: int  # programs one SM holds at once
+
+    @property
+    def terms(self) -> tuple[float, float, float]:
+        """The three limits, largest first: the runner-up says how much slack the bound leaves."""
+        return tuple(sorted((self.stream_s, self.chain_s, self.route_s), reverse=True))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Estimate:
+    seconds: float
+    up: KernelEstimate
+    down: KernelEstimate
+
+
+def _itemsize(dtype: str) -> int:
+    return {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
+
+
+def _resident(facts: hardware.ArchFacts, warps: int, smem_bytes: int, registers: float) -> tuple[int, float]:
+    """(programs one SM holds, the routing's slow-down from spilled registers)."""
+    per_thread = min(registers, REGISTERS_PER_THREAD)
+    by_registers = facts.registers_per_sm // max(1, math.ceil(per_thread) * 32 * warps)
+    by_smem = facts.smem_per_sm // max(1, smem_bytes)
+    resident = max(1, min(WARPS_PER_SM // warps, by_smem, by_registers, PROGRAMS_PER_SM))
+    return resident, max(1.0, registers / REGISTERS_PER_THREAD)
+
+
+def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprint) -> KernelEstimate:
+    """Kernel 1: gate_up and the SwiGLU, grid (min(T*k, E) slots, F / block_f, up_split)."""
+    facts = hardware.facts(device.compute_capability)
+    clock, latency = facts.sustained_clock_hz, facts.memory_latency_s
+    item = _itemsize(problem.rhs_dtype)
+    tokens, hidden, inter, experts, top_k = problem.m, problem.k, problem.n // 2, problem.g, problem.top_k
+    rows = max(DOT_ROWS, pow2_at_least(tokens))
+    routed = pow2_at_least(tokens) * pow2_at_least(experts)  # the [T, E] routing arrays, padded
+    f_tiles = inter // config.block_f
+    programs = min(tokens * top_k, experts) * f_tiles * config.up_split
+    active = touched_experts(problem) * f_tiles * config.up_split
+    steps = hidden // (config.block_k * config.up_split)
+    tile = 2 * config.block_f * config.block_k * item  # a step's gate and up tiles
+    smem = config.stages_up * (tile + rows * config.block_k * item)
+    threads = 32 * config.warps_up
+    registers = BASE_REGISTERS + (2 * rows * config.block_f + ROUTING_ARRAYS * routed) / threads
+    resident, spill = _resident(facts, config.warps_up, smem, registers)
+    in_flight = min(active, device.core_count * resident) * (config.stages_up - 1) * tile
+    rate = min(hardware.hbm_bytes_per_s(device.device_kind, device.compute_capability), in_flight / latency)
+    stream_s = touched_experts(problem) * hidden * problem.n * item / rate
+    route_ops = top_k * routed * ROUTE_OPS_PER_ELEMENT * spill
+    lanes = min(config.warps_up, SCHEDULERS_PER_SM) * LANES_PER_SCHEDULER
+    route_s = programs * route_ops / (device.core_count * LANE_OPS_PER_CLOCK * clock)
+    chain = route_ops / (lanes * clock) + steps * latency / (config.stages_up - 1) + latency
+    waves = math.ceil(programs / (device.core_count * resident))
+    return _kernel(stream_s, waves * chain, route_s, programs, resident)
+
+
+def down_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprint) -> KernelEstimate:
+    """Kernel 2: down and the weighted combine, grid (H / block_h, down_split); each program streams its
+    share of the flat (touched expert, F step) list."""
+    facts = hardware.facts(device.compute_capability)
+    latency = facts.memory_latency_s
+    item = _itemsize(problem.rhs_dtype)
+    tokens, hidden, inter = problem.m, problem.k, problem.n // 2
+    rows = max(DOT_ROWS, pow2_at_least(tokens))
+    touched = touched_experts(problem)
+    programs = hidden // config.block_h * config.down_split
+    share = math.ceil(touched * inter / config.block_fd / config.down_split)
+    tile = config.block_fd * config.block_h * item
+    smem = config.stages_down * (tile + rows * config.block_fd * item)
+    registers = BASE_REGISTERS + rows * config.block_h / (32 * config.warps_down)
+    resident, _ = _resident(facts, config.warps_down, smem, registers)
+    in_flight = min(programs, device.core_count * resident) * (config.stages_down - 1) * tile
+    rate = min(hardware.hbm_bytes_per_s(device.device_kind, device.compute_capability), in_flight / latency)
+    stream_s = touched * inter * hidden * item / rate
+    # Split programs of one H tile write float32 partial sums; the last to arrive (a counter, one more
+    # latency) reads them back and adds them in split order.
+    meeting = 2 * latency if config.down_split > 1 else 0.0
+    chain = latency + share * latency / (config.stages_down - 1) + meeting
+    waves = math.ceil(programs / (device.core_count * resident))
+    return _kernel(stream_s, waves * chain, 0.0, programs, resident)
+
+
+def _kernel(stream_s: float, chain_s: float, route_s: float, programs: int, resident: int) -> KernelEstimate:
+    seconds = LAUNCH_S + max(stream_s, chain_s, route_s)
+    return KernelEstimate(seconds, stream_s, chain_s, route_s, programs, resident)
+
+
+def estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprint) -> Estimate:
+    """Both kernels of the block for `config` (a DecodeConfig) on `device`."""
+    up, down = up_estimate(problem, config, device), down_estimate(problem, config, device)
+    return Estimate(up.seconds + down.seconds, up, down)

@@ -1,0 +1,69 @@
+"""The fused MoE decode block (op "moe_decode_block") as the mosaic_gpu backend serves it on Hopper: the two
+Pallas Triton kernels of kernels/moe/decode_block.py, tuned by `DecodeBlockConfig`, or the path the block
+replaces.
+
+`DecodeBlockConfig` is the block's own `DecodeConfig` (its tiling: every field there is one here, with its
+default and its rules) and `fused`. `fused=False` is the unfused path `moe_mlp` takes without the block
+(routing, the grouped GEMMs each dispatched with its own winner, the combine): the space's baseline
+(space_decode.py), timed as a candidate of the op in every sweep, so that a winner with `fused=True` was
+measured faster than it. Its other fields stay at their defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from moetune.kernels.config import KernelConfig
+from moetune.kernels.moe import decode_block
+
+TILING = dataclasses.fields(decode_block.DecodeConfig)
+
+
+def _decode_config(self: Any) -> decode_block.DecodeConfig:
+    """The block's tiling (DecodeConfig, which checks its own rules)."""
+    return decode_block.DecodeConfig(**{f.name: getattr(self, f.name) for f in TILING})
+
+
+def _validate(self: Any) -> None:
+    self.decode_config()
+
+
+DecodeBlockConfig = dataclasses.make_dataclass(
+    "DecodeBlockConfig",
+    [("fused", bool, True), *((f.name, f.type, f.default) for f in TILING)],
+    bases=(KernelConfig,),
+    namespace={"decode_config": _decode_config, "validate": _validate, "__module__": __name__},
+    frozen=True,
+    slots=True,
+)
+DecodeBlockConfig.__doc__ = "fused (the block, or the unfused path it replaces) and the block's DecodeConfig."
+
+
+def moe_decode_block(
+    x: Any,
+    router_logits: Any,
+    w_gate_up: Any,
+    w_down: Any,
+    *,
+    config: Any,
+    transpose_rhs: bool,
+    top_k: int,
+    renormalize: bool = True,
+    group_offset: Any = None,
+    interpret: bool = False,
+) -> Any:
+    """out[T, H] of the block for `config`: the two kernels (in Pallas's interpreter with `interpret`), or
+    with fused=False moe_mlp's unfused path. `renormalize` and `group_offset` as for moe_mlp."""
+    del transpose_rhs  # the op takes [E, H, 2F] and [E, F, H] weights only
+    if not config.fused:
+        from moetune.kernels.moe.layer import moe_mlp  # it dispatches through the backends
+
+        return moe_mlp(
+            x, router_logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize,
+            group_offset=group_offset, decode_mode="xla",
+        )  # fmt: skip
+    return decode_block.decode_block(
+        x, router_logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize, group_offset=group_offset,
+        config=config.decode_config(), interpret=interpret,
+    )  # fmt: skip

@@ -1,0 +1,232 @@
+"""Search space of the mosaic_gpu backend's fused MoE decode block (op "moe_decode_block", kernel_decode.py):
+domains, named constraints, the baseline every sweep times and the heuristic default.
+
+The tunables are the block's DecodeConfig (kernels/moe/decode_block.py), one domain each, grouped by the
+kernel that reads them: kernel 1's F tile per program (block_f), K step (block_k), pipeline depth, warps
+and K split across programs (up_split: how many CTAs share one expert's F tile); kernel 2's H tile per
+program (block_h), F step (block_fd), pipeline depth, warps and the programs per H tile (down_split,
+whose float32 partial sums meet in a fixed order: deterministic). A field added to DecodeConfig is one
+line in its kernel's domains (a test holds the domains to DecodeConfig's fields); the config class
+follows by itself (kernel_decode.DecodeBlockConfig). `fused` adds the path the block replaces, the
+unfused MoE layer: the space's BASELINE, timed first in every sweep, its other fields at their defaults.
+
+Validity constraints: the block's own entry check (decode_block.unfit_reason, the very function the
+kernel calls) and the baseline's defaults. Pruning constraints drop points that run but waste: a
+pipeline deeper than a program's loop, a split with less than one F step per program, shared memory past
+an SM's for the pipeline's stages. Every non-deterministic variant (float atomics meeting partial sums)
+would be a field of its own named in the key (a Problem field); none exists.
+
+The heuristic ranks each kernel's configs with cost_model_decode.py apart (its estimate is a sum of the
+two kernels', each reading only its own fields), best first, and takes the best pair that the whole
+space admits. Within TIE of the best, the model cannot tell configs apart: it takes the one whose other
+limits lie furthest from the bound (the most slack), then the fewer programs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from moetune.kernels.backends.mosaic_gpu import cost_model_decode as cost
+from moetune.kernels.backends.mosaic_gpu import hardware
+from moetune.kernels.backends.mosaic_gpu.kernel_decode import TILING, DecodeBlockConfig
+from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.errors import Unsupported
+from moetune.kernels.moe import decode_block
+from moetune.kernels.moe.pallas_mode import pow2_at_least
+from moetune.kernels.ops.moe_decode_block import touched_experts
+from moetune.kernels.problem import Problem
+from moetune.kernels.space import Constraint, SearchSpace
+
+# Kernel 1 (gate_up, SwiGLU) and kernel 2 (down, combine): each kernel's fields, one domain each.
+UP_DOMAINS: dict[str, tuple] = {
+    "block_f": (16, 32, 64, 128),
+    "block_k": (32, 64, 128, 256),
+    "stages_up": (2, 3, 4),
+    "warps_up": (4, 8, 16),
+    "up_split": (1, 2, 4),
+}
+DOWN_DOMAINS: dict[str, tuple] = {
+    "block_h": (32, 64, 128, 256),
+    "block_fd": (32, 64, 128, 256),
+    "stages_down": (2, 3, 4),
+    "warps_down": (4, 8),
+    "down_split": (1, 2, 4, 8),
+}
+# fused=False, the baseline, is timed apart (SearchSpace.baseline), not searched: it has no tiling to vary.
+DOMAINS: dict[str, tuple] = {"fused": (True,), **UP_DOMAINS, **DOWN_DOMAINS}
+# The path the block replaces: moe_mlp's unfused layer (kernel_decode.moe_decode_block).
+BASELINE = DecodeBlockConfig(fused=False)
+_DEFAULTS = DecodeBlockConfig()
+# Every field at its domain's smallest value: what divides the most shapes (check_problem).
+SMALLEST = DecodeBlockConfig(**{name: min(values) for name, values in {**UP_DOMAINS, **DOWN_DOMAINS}.items()})
+TIE = 0.01
+# Each kernel's best configs the heuristic pairs up; the best pairs are a sweep's seeds.
+SEEDS = 4
+
+
+def _sizes(problem: Problem) -> tuple[int, int, int, int, int]:
+    """(tokens, experts, top_k, hidden, intermediate) as decode_block.unfit_reason takes them."""
+    return problem.m, problem.g, problem.top_k, problem.k, problem.n // 2
+
+
+def block_fits(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint) -> str | None:
+    """The kernel's own entry check (decode_block.unfit_reason): the batch's bounds and the tiles' fit."""
+    if not config.fused:
+        return None
+    return decode_block.unfit_reason(*_sizes(problem), config.decode_config())
+
+
+def baseline_at_defaults(
+    problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint
+) -> str | None:
+    if config.fused:
+        return None
+    changed = [
+        f"{f.name}={getattr(config, f.name)}"
+        for f in TILING
+        if getattr(config, f.name) != getattr(_DEFAULTS, f.name)
+    ]
+    if changed:
+        tiling = ", ".join(changed)
+        return f"fused=False runs the unfused layer, which reads no tiling: leave {tiling} at its defaults"
+    return None
+
+
+def pipeline_depth_useful(
+    problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint
+) -> str | None:
+    """No more stages than a program's loop has steps (kernel 1: its K steps; kernel 2: its F steps of an
+    expert, the least of a program's share)."""
+    if not config.fused:
+        return None
+    up_steps = problem.k // (config.block_k * config.up_split)
+    if config.stages_up > max(2, up_steps):
+        return f"stages_up={config.stages_up} exceeds the {up_steps} K steps of a program"
+    down_steps = (problem.n // 2) // config.block_fd
+    if config.stages_down > max(2, down_steps):
+        return f"stages_down={config.stages_down} exceeds the {down_steps} F steps of an expert"
+    return None
+
+
+def split_useful(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint) -> str | None:
+    """down_split programs of one H tile share the (touched expert, F step) list: each should hold at least
+    one item of it under uniform routing."""
+    if not config.fused or config.down_split == 1:
+        return None
+    items = touched_experts(problem) * ((problem.n // 2) // config.block_fd)
+    if config.down_split > items:
+        return f"down_split={config.down_split} exceeds the ~{items:.0f} (expert, F step) items of an H tile"
+    return None
+
+
+def smem_fits(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint) -> str | None:
+    """Each kernel's pipeline stages (weight tile and the rows' tile) within one SM's shared memory.
+    Pruning only: Triton's own allocation may differ, and a config past it fails its compile, which the
+    sweep records."""
+    if not config.fused:
+        return None
+    try:
+        limit = hardware.facts(device.compute_capability).smem_per_block
+    except Unsupported as e:
+        return str(e)
+    item = cost._itemsize(problem.rhs_dtype)
+    rows = max(decode_block.DOT_ROWS, pow2_at_least(problem.m))
+    up = config.stages_up * (2 * config.block_f + rows) * config.block_k * item
+    down = config.stages_down * (config.block_h + rows) * config.block_fd * item
+    if max(up, down) > limit:
+        return f"needs {max(up, down)} bytes of shared memory per program > {limit}"
+    return None
+
+
+VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (block_fits, baseline_at_defaults)
+PRUNING_CONSTRAINTS: tuple[Constraint, ...] = (pipeline_depth_useful, split_useful, smem_fits)
+CONSTRAINTS: tuple[Constraint, ...] = VALIDITY_CONSTRAINTS + PRUNING_CONSTRAINTS
+RESOURCE_CONSTRAINTS: frozenset[Constraint] = frozenset()
+
+
+def check_problem(problem: Problem) -> None:
+    """Unsupported where no tiling runs the block: the batch's bounds (T, T * top_k, E) or dims that even
+    the smallest tiles do not divide."""
+    reason = decode_block.unfit_reason(*_sizes(problem), SMALLEST.decode_config())
+    if reason is not None:
+        raise Unsupported(reason)
+
+
+def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
+    return SearchSpace(
+        DecodeBlockConfig,
+        dict(DOMAINS),
+        CONSTRAINTS,
+        seeds=tuple(preferred(problem, device)),
+        validity=VALIDITY_CONSTRAINTS,
+        baseline=BASELINE,
+    )
+
+
+def _ranked(
+    problem: Problem, device: DeviceFingerprint, domains: Mapping[str, tuple], kernel: Any
+) -> list[tuple[dict[str, Any], cost.KernelEstimate]]:
+    """Every point of one kernel's `domains` with its estimate, best first (TIE: the module docstring). The
+    other kernel's fields are at their smallest values, which every shape the space serves divides."""
+    names = list(domains)
+    rows = []
+    for values in itertools.product(*(domains[name] for name in names)):
+        params = dict(zip(names, values, strict=True))
+        config = dataclasses.replace(SMALLEST, **params)
+        if any(c(problem, config, device) for c in CONSTRAINTS):
+            continue
+        rows.append((params, kernel(problem, config.decode_config(), device)))
+    if not rows:
+        return []
+    best = min(e.seconds for _, e in rows)
+    bucket = lambda e: math.floor(math.log(e.seconds / best) / math.log1p(TIE))  # noqa: E731
+    rows.sort(key=lambda r: (bucket(r[1]), r[1].terms[1:], r[1].programs, r[1].seconds))
+    return rows
+
+
+@functools.lru_cache(maxsize=256)
+def ranking(
+    problem: Problem, device: DeviceFingerprint
+) -> tuple[tuple[DecodeBlockConfig, cost.Estimate], ...]:
+    """The fused configs the heuristic considers, best first: each kernel's best few (SEEDS), paired in
+    the order of their summed estimate, those the whole space admits. Empty where the device has no
+    hardware facts."""
+    try:
+        hardware.facts(device.compute_capability)
+    except Unsupported:
+        return ()
+    up = _ranked(problem, device, UP_DOMAINS, cost.up_estimate)[:SEEDS]
+    down = _ranked(problem, device, DOWN_DOMAINS, cost.down_estimate)[:SEEDS]
+    pairs = []
+    for (i, (up_params, up_est)), (j, (down_params, down_est)) in itertools.product(
+        enumerate(up), enumerate(down)
+    ):
+        config = DecodeBlockConfig(**up_params, **down_params)
+        if not any(c(problem, config, device) for c in CONSTRAINTS):
+            estimate = cost.Estimate(up_est.seconds + down_est.seconds, up_est, down_est)
+            pairs.append((i + j, config, estimate))
+    pairs.sort(key=lambda p: (p[0], p[2].seconds))
+    return tuple((config, estimate) for _, config, estimate in pairs)
+
+
+def preferred(problem: Problem, device: DeviceFingerprint) -> list[DecodeBlockConfig]:
+    """A sweep's seeds: the heuristic's best pairs of each kernel's best configs."""
+    return [config for config, _ in ranking(problem, device)[:SEEDS]]
+
+
+def portable(problem: Problem) -> DecodeBlockConfig:
+    """The smallest tiles (the first fused config in domain order), which every shape the block serves
+    takes (check_problem): what a device without hardware facts gets (Pallas's interpreter on a CPU)."""
+    check_problem(problem)
+    return SMALLEST
+
+
+def heuristic(problem: Problem, device: DeviceFingerprint) -> DecodeBlockConfig:
+    """The cost model's best fused config (`ranking`), or `portable` where the device has no facts."""
+    ranked = ranking(problem, device)
+    return ranked[0][0] if ranked else portable(problem)

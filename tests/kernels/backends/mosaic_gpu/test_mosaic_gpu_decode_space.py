@@ -1,0 +1,194 @@
+"""The mosaic_gpu backend's fused MoE decode block (op "moe_decode_block"): its Config, its search space's
+rules against the kernel's own entry check, its baseline, the cost model and the heuristic on the
+development models, and the built kernel in Pallas's interpreter."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from moetune.kernels import ops, registry
+from moetune.kernels.backends.mosaic_gpu import cost_model_decode as cost
+from moetune.kernels.backends.mosaic_gpu import space_decode as space
+from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
+from moetune.kernels.backends.mosaic_gpu.kernel_decode import DecodeBlockConfig
+from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.errors import ConfigInvalid, Unsupported
+from moetune.kernels.moe import decode_block
+from moetune.kernels.ops.moe_decode_block import touched_experts
+from moetune.kernels.problem import Problem
+from moetune.kernels.reference import reference_of, relative_error
+
+H200 = DeviceFingerprint("NVIDIA H200", "gpu", 132, 150 << 30, "9.0", "", "", "", "")
+CPU = DeviceFingerprint("cpu", "cpu", 2, 0, "", "", "", "", "")
+# The development models: (experts, top_k, hidden, ffn).
+MODELS = {
+    "qwen3-30b-a3b": (128, 8, 2048, 768),
+    "qwen3-next-80b-a3b": (512, 10, 2048, 512),
+    "mixtral-8x7b": (8, 2, 4096, 14336),
+}
+
+
+def _block(tokens, experts, top_k, hidden, ffn, dtype="bfloat16") -> Problem:
+    return Problem("moe_decode_block", tokens, hidden, 2 * ffn, experts, dtype, dtype, dtype, top_k=top_k)
+
+
+def test_the_config_is_the_blocks_tiling_and_fused():
+    tiling = [f.name for f in dataclasses.fields(decode_block.DecodeConfig)]
+    assert [f.name for f in dataclasses.fields(DecodeBlockConfig)] == ["fused", *tiling]
+    assert DecodeBlockConfig().decode_config() == decode_block.DecodeConfig()
+    assert DecodeBlockConfig.from_json(DecodeBlockConfig(block_h=128).to_json()) == DecodeBlockConfig(
+        block_h=128
+    )
+    with pytest.raises(ConfigInvalid, match="block_f=24 must be a power of two"):
+        DecodeBlockConfig(block_f=24)  # DecodeConfig's own rules
+    backend = registry.get("mosaic_gpu")
+    assert backend.config_class("moe_decode_block") is DecodeBlockConfig
+    assert backend.config_class("grouped_matmul") is MosaicGpuConfig
+    assert set(backend.config_classes()) == {MosaicGpuConfig, DecodeBlockConfig}
+
+
+def test_every_tiling_field_has_one_domain_of_values_its_config_takes():
+    tiling = {f.name for f in dataclasses.fields(decode_block.DecodeConfig)}
+    assert set(space.UP_DOMAINS) | set(space.DOWN_DOMAINS) == tiling  # a new field needs its domain line
+    assert not set(space.UP_DOMAINS) & set(space.DOWN_DOMAINS)
+    assert list(space.DOMAINS) == ["fused", *space.UP_DOMAINS, *space.DOWN_DOMAINS]
+    for name, values in space.DOMAINS.items():
+        for value in values:
+            DecodeBlockConfig(**{name: value})  # each value passes the Config's own rules
+
+
+def test_the_space_admits_exactly_what_the_kernels_entry_check_runs():
+    problems = [_block(1, 8, 2, 64, 32), _block(5, 16, 4, 96, 48), _block(33, 8, 2, 64, 32)]
+    problems.append(_block(32, 128, 11, 2048, 768))  # T * top_k = 352 rows: past the block's bound
+    tiles = itertools.product((16, 32, 64), (32, 64), (32, 64), (16, 64), (1, 2, 4))
+    params = [dict(block_f=f, block_k=k, block_h=h, block_fd=d, up_split=u) for f, k, h, d, u in tiles]
+    for problem, values in itertools.product(problems, params):
+        config = DecodeBlockConfig(**values)
+        expected = decode_block.unfit_reason(
+            problem.m, problem.g, problem.top_k, problem.k, problem.n // 2, config.decode_config()
+        )
+        assert space.block_fits(problem, config, H200) == expected
+        search = space.space(problem, H200)
+        assert search.invalid(problem, config, H200) == (
+            None if expected is None else f"block_fits: {expected}"
+        )
+
+
+def test_the_baseline_is_the_unfused_path_at_default_tiling():
+    problem = _block(8, 128, 8, 2048, 768)
+    search = registry.get("mosaic_gpu").search_space(problem, H200)
+    assert search.baseline == DecodeBlockConfig(fused=False) == space.BASELINE
+    assert search.invalid(problem, space.BASELINE, H200) is None
+    assert "leave block_h=128 at its defaults" in search.invalid(
+        problem, DecodeBlockConfig(fused=False, block_h=128), H200
+    )
+    assert not search.contains(space.BASELINE)  # timed apart, not searched
+
+
+def test_wasteful_points_are_pruned_by_name():
+    problem = _block(1, 8, 2, 256, 64)
+    deep = DecodeBlockConfig(block_k=128, stages_up=4, block_f=16, block_fd=64, block_h=64)
+    assert "stages_up=4 exceeds the 2 K steps" in space.pipeline_depth_useful(problem, deep, H200)
+    split = DecodeBlockConfig(block_f=16, block_fd=64, block_h=64, block_k=64, down_split=8)
+    assert "down_split=8 exceeds" in space.split_useful(problem, split, H200)  # 2 experts x 1 F step
+    big = _block(32, 8, 2, 4096, 512)
+    wide = DecodeBlockConfig(block_f=128, block_k=256, stages_up=4)
+    assert "bytes of shared memory" in space.smem_fits(big, wide, H200)
+    assert "no hardware facts" in space.smem_fits(big, DecodeBlockConfig(), CPU)
+
+
+def test_problems_no_tiling_runs_are_declined_with_the_kernels_reason():
+    backend = registry.get("mosaic_gpu")
+    with pytest.raises(Unsupported, match=r"T=33 > 32"):
+        backend.check(_block(33, 8, 2, 64, 32))
+    with pytest.raises(Unsupported, match=r"F=24 is not a multiple"):
+        backend.check(_block(1, 8, 2, 64, 24))
+    backend.check(_block(32, 512, 10, 2048, 512))
+
+
+@pytest.mark.parametrize("tokens", [1, 8, 32])
+@pytest.mark.parametrize("model", list(MODELS))
+def test_the_heuristic_picks_a_fitting_fused_config_for_each_development_model(model, tokens):
+    problem = _block(tokens, *MODELS[model])
+    backend = registry.get("mosaic_gpu")
+    config = backend.heuristic(problem, H200)
+    assert isinstance(config, DecodeBlockConfig) and config.fused
+    search = backend.search_space(problem, H200)
+    assert search.violation(problem, config, H200) is None  # every rule, pruning ones included
+    assert search.contains(config) and config in search.seeds
+    assert decode_block.fits(
+        problem.m, problem.g, problem.top_k, problem.k, problem.n // 2, config.decode_config()
+    )
+    # Never below the touched experts' weights at the HBM read rate.
+    estimate = cost.estimate(problem, config.decode_config(), H200)
+    floor = touched_experts(problem) * problem.k * (problem.n + problem.n // 2) * 2 / 4.7e12
+    assert estimate.seconds > floor
+    # The heuristic's pick is the best of the model's estimates of its seeds.
+    assert (
+        estimate.seconds
+        <= min(cost.estimate(problem, c.decode_config(), H200).seconds for c in search.seeds)
+        * (1 + space.TIE) ** 2
+    )
+
+
+def test_the_cost_model_follows_the_bytes_in_flight_and_the_routing():
+    problem = _block(8, 128, 8, 2048, 768)
+    shallow = decode_block.DecodeConfig(
+        block_f=16, block_k=32, stages_up=2, block_h=32, block_fd=32, stages_down=2
+    )
+    deep = dataclasses.replace(
+        shallow, block_f=64, block_k=128, stages_up=4, block_h=128, block_fd=128, stages_down=4
+    )
+    assert cost.estimate(problem, deep, H200).seconds < cost.estimate(problem, shallow, H200).seconds
+    # Every program of kernel 1 routes the whole batch: 512 experts route slower than 128 at the same tiles.
+    wide = _block(32, 512, 8, 2048, 768)
+    narrow = _block(32, 128, 8, 2048, 768)
+    config = decode_block.DecodeConfig()
+    assert cost.up_estimate(wide, config, H200).route_s > 3 * cost.up_estimate(narrow, config, H200).route_s
+    # More warps hold the [T, E] routing arrays without spilling.
+    few, many = dataclasses.replace(config, warps_up=4), dataclasses.replace(config, warps_up=16)
+    assert cost.up_estimate(wide, many, H200).route_s < cost.up_estimate(wide, few, H200).route_s
+    assert cost.up_estimate(wide, many, H200).seconds < cost.up_estimate(wide, few, H200).seconds
+
+
+def test_a_device_without_hardware_facts_gets_the_smallest_tiles():
+    problem = _block(3, 8, 2, 64, 32)
+    assert space.ranking(problem, CPU) == ()
+    assert space.heuristic(problem, CPU) == space.SMALLEST
+    assert space.SMALLEST.fused and decode_block.fits(3, 8, 2, 64, 32, space.SMALLEST.decode_config())
+
+
+def test_the_block_is_left_out_of_the_backends_source_hash():
+    from moetune.kernels import backend
+
+    assert {"space_decode.py", "cost_model_decode.py"} <= set(backend.UNHASHED_SOURCES)
+    assert "kernel_decode.py" not in backend.UNHASHED_SOURCES  # its glue is the backend's kernel code
+
+
+def test_the_built_kernel_runs_the_block_or_its_baseline_in_the_interpreter(monkeypatch):
+    problem = _block(3, 8, 2, 64, 32, dtype="float32")
+    backend = registry.get("mosaic_gpu")
+    monkeypatch.setattr(sys.modules[type(backend).__module__], "current_fingerprint", lambda: H200)
+    spec = ops.get("moe_decode_block")
+    keys = jax.random.split(jax.random.key(0), 3)
+    x, w_gate_up, w_down = (
+        spec.draw(problem, o.name, k) for o, k in zip(spec.drawn_operands, keys, strict=True)
+    )
+    logits = spec.operand("router_logits").from_routing(problem, [1, 1, 0, 1, 1, 1, 0, 1], 0)
+    ref = reference_of(problem)(x, logits, w_gate_up, w_down)
+    fused = backend.build(problem, space.SMALLEST)
+    out = fused(x, logits, w_gate_up, w_down, interpret=True)
+    assert relative_error(out, ref) < 1e-5
+    unfused = backend.build(problem, space.BASELINE)  # the unfused layer, dispatched on this CPU
+    assert relative_error(unfused(x, logits, w_gate_up, w_down), ref) < 1e-5
+    with pytest.raises(ConfigInvalid, match="mosaic_gpu needs a DecodeBlockConfig, not MosaicGpuConfig"):
+        backend.build(problem, MosaicGpuConfig())
+    with pytest.raises(ConfigInvalid, match="block_fits: F=32 is not a multiple"):
+        backend.build(problem, DecodeBlockConfig(block_f=64))
+    np.testing.assert_array_equal(np.asarray(out.shape), [3, 64])
