@@ -386,12 +386,20 @@ def _use(
     explanation, kernel = _dispatch(
         problem, backend=backend, config=config, device=device, fallback=fallback, sliced=sliced
     )
-    LOOKUP.note_use(problem, explanation.resolution, device)
+    note_use(explanation)
+    return explanation, kernel
+
+
+def note_use(explanation: Explanation) -> None:
+    """What dispatch does with a decision it uses: a miss or a stale winner is noted (LOOKUP.note_use) and
+    every recording() gets the decision. For a decision made beside `call_op` as well: moe_mlp's choice of
+    its fused decode block."""
+    problem = explanation.problem
+    LOOKUP.note_use(problem, explanation.resolution, explanation.device)
     log.debug("%s -> %s %s (%s)", problem.key, explanation.backend, explanation.config, explanation.source)
     with _RECORDING_LOCK:
         for calls in _RECORDINGS:
             calls.append(explanation)
-    return explanation, kernel
 
 
 _RECORDINGS: list[list[Explanation]] = []

@@ -51,11 +51,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from moetune.kernels import ops
-from moetune.kernels.api import call_op, explain, grouped_matmul, problem_of
-from moetune.kernels.errors import ConfigInvalid, Unsupported
-from moetune.kernels.moe import decode_block, pallas_mode, routing_kernel
+from moetune.kernels import ops, registry
+from moetune.kernels.api import Explanation, call_op, explain, grouped_matmul, note_use, problem_of
+from moetune.kernels.backend import Backend
+from moetune.kernels.config import KernelConfig
+from moetune.kernels.device import DeviceFingerprint, current_fingerprint
+from moetune.kernels.errors import ConfigInvalid, UnknownBackend, Unsupported
+from moetune.kernels.lookup import LOOKUP
+from moetune.kernels.moe import pallas_mode, routing_kernel
 from moetune.kernels.moe.reference import check_moe_args, gated_activation
+from moetune.kernels.ops import moe_decode_block
 from moetune.kernels.problem import GROUPED_MATMUL, Problem, dtype_name
 
 Array = Any
@@ -284,9 +289,11 @@ def moe_mlp(
     `scale_layout`; the activations are then quantized on the fly in that layout (kernels/moe/fp8.py).
     With `transpose_weights` FP8 weights are K-major, [E, 2F, H] and [E, H, F]: the layout the Hopper
     FP8 kernel reads (quantize_weights(..., transpose=True) makes them).
-    `decode_mode` says when the fused decode block (decode_block.py: two kernels, routing included)
-    replaces this path: "kernel" wherever it fits on a Hopper GPU, "interpret" wherever it fits in Pallas's
-    interpreter (CPU tests), "xla" and "auto" (for now: see DECODE_CONFIG) never.
+    `decode_mode` says when the fused decode block (the op "moe_decode_block": decode_block.py's two
+    kernels, routing included) replaces this path (`decode_choice`): "auto" where its tuned winner for the
+    T bucket was timed faster than this path, "kernel" wherever it fits on a Hopper GPU, "interpret"
+    wherever it fits in Pallas's interpreter (CPU tests), "xla" never. recording() shows which ran: the
+    block's decision, or the grouped GEMMs' of this path.
     """
     if scale_layout != "none":
         if group_offset is not None:
@@ -305,10 +312,21 @@ def moe_mlp(
     # A local slice is checked as the whole layer's weights would be.
     whole = [w if group_offset is None else _all_experts(w, router_logits) for w in (w_gate_up, w_down)]
     check_moe_args(x, router_logits, *whole, top_k=top_k, activation=activation)
-    choice = decode_choice(x, router_logits, w_gate_up, top_k, activation, backend, fuse, decode_mode)
-    if choice.config is not None:
+    choice = decode_choice(
+        x,
+        router_logits,
+        w_gate_up,
+        top_k,
+        activation,
+        backend,
+        fuse,
+        decode_mode,
+        sliced=group_offset is not None,
+    )
+    if choice.kernel is not None:
+        note_use(choice.explanation)  # recording() shows the block, its config and where it came from
         return _decode_forward(
-            (top_k, renormalize, choice.config, choice.interpret, backend),
+            (choice.kernel, top_k, renormalize, choice.interpret, backend),
             x, router_logits, w_gate_up, w_down, group_offset,
         )  # fmt: skip
     routing, rows = route_rows(router_logits, top_k, renormalize, routing_mode)
@@ -318,18 +336,16 @@ def moe_mlp(
 
 @dataclasses.dataclass(frozen=True)
 class DecodeChoice:
-    """Whether `moe_mlp` runs the fused decode block (`config` set) or the unfused path, and why."""
+    """Whether `moe_mlp` runs the fused decode block (`config` set) or the unfused path, and why: `reason`
+    names where the decision came from. When the block runs, `explanation` is its dispatch decision (the
+    op "moe_decode_block", its backend, config and source: what recording() shows) and `kernel` the
+    backend's kernel for it."""
 
-    config: decode_block.DecodeConfig | None
+    config: KernelConfig | None
     interpret: bool
     reason: str
-
-
-# The fused block's config where a caller asks for it (decode_mode="kernel" or "interpret"). "auto" does not
-# take it yet: on the H200 it beat the unfused path on one development shape only (Qwen3-30B-A3B at one
-# token) and lost on the others, and a box drawn around that one shape is no rule for the models nobody
-# here measured. It becomes "auto"'s choice once it is an op with a search space and a heuristic.
-DECODE_CONFIG = decode_block.DecodeConfig(block_h=128, down_split=8)
+    explanation: Explanation | None = None
+    kernel: Callable[..., Any] | None = None
 
 
 def decode_choice(
@@ -341,13 +357,25 @@ def decode_choice(
     backend: str | None = None,
     fuse: bool = True,
     decode_mode: str = "auto",
+    *,
+    sliced: bool = False,
+    device: DeviceFingerprint | None = None,
 ) -> DecodeChoice:
-    """The fused decode block's config where `moe_mlp` takes it for these operands, with the reason
-    (16-bit experts only: FP8 ones take moe_mlp_fp8's unfused path)."""
+    """Whether `moe_mlp` takes the fused decode block (op "moe_decode_block") for these operands, with
+    which config, and why (16-bit experts only: FP8 ones take moe_mlp_fp8's unfused path). `sliced`: the
+    weights are a local slice of experts (group_offset); `device`: the running device, by default.
+
+    The block's problem is (T bucket, shapes, dtype, top_k): dispatch resolves it as any op's, exact
+    winner, else the nearest tuned T, else the heuristic. A sweep times the unfused path first as the
+    op's baseline (SearchSpace.baseline), so a tuned winner other than it was measured faster than it:
+      auto       the block where the tuned winner is the block; otherwise (no winner, the winner is the
+                 unfused path, a backend whose kernels are the unfused path, a local slice whose whole
+                 layer was tuned, no GPU) the unfused path;
+      kernel     the block wherever a backend runs it on this GPU: the tuned winner, or the heuristic's
+                 config where there is none or the winner is the unfused path;
+      interpret  as kernel, in Pallas's interpreter, on any device;
+      xla        never."""
     mode = pallas_mode.check(decode_mode, "decode_mode")
-    tokens, hidden = x.shape
-    experts = router_logits.shape[1]
-    inter = w_gate_up.shape[2] // 2
     decline = lambda why: DecodeChoice(None, False, why)  # noqa: E731
     if mode == "xla":
         return decline("decode_mode='xla'")
@@ -355,30 +383,125 @@ def decode_choice(
         return decline(f"fuse={fuse}, activation={activation!r}: the block fuses swiglu only")
     if jnp.dtype(x.dtype) not in (jnp.bfloat16, jnp.float16, jnp.float32) or w_gate_up.dtype != x.dtype:
         return decline(f"x {x.dtype}, weights {w_gate_up.dtype}: the block takes one 16- or 32-bit dtype")
-    reason = decode_block.unfit_reason(tokens, experts, top_k, hidden, inter, DECODE_CONFIG)
-    if reason is not None:
-        return decline(reason)
+    experts = router_logits.shape[1]
+    whole = jax.ShapeDtypeStruct((experts, *w_gate_up.shape[1:]), w_gate_up.dtype)  # a slice's whole layer
+    try:
+        problem = moe_decode_block.problem_of(x, router_logits, whole, top_k=top_k)
+    except ValueError as e:  # ConfigInvalid included
+        return decline(str(e))
+    device = device or current_fingerprint()
     if mode == "interpret":
-        return DecodeChoice(DECODE_CONFIG, True, "decode_mode='interpret'")
-    if mode == "auto" and jax.default_backend() != "gpu":
+        return _interpreted_choice(problem, device)
+    if device.platform != "gpu":
         return decline("not on a GPU")
-    capability = str(getattr(jax.devices()[0], "compute_capability", ""))
-    if backend not in (None, "mosaic_gpu") or capability != "9.0":
-        return decline(
-            f"backend={backend}, compute capability {capability!r}: the block is for mosaic_gpu on sm90"
-        )
+    try:
+        explanation = explain(problem, backend=backend, device=device)
+    except (Unsupported, ExceptionGroup) as e:
+        return decline(_declined(e))
+    runs = registry.get(explanation.backend)
+    baseline = runs.search_space(problem, device).baseline
+    if baseline is None:  # xla: its kernels for the block's problem are the unfused path
+        why = "; ".join(explanation.declined) or f"{explanation.backend} serves the block as the unfused path"
+        return decline(why)
+    tuned = explanation.source not in ("heuristic", "explicit config")
+    fused = explanation.config != baseline
     if mode == "kernel":
-        return DecodeChoice(DECODE_CONFIG, False, "decode_mode='kernel'")
-    return decline("decode_mode='auto' keeps the unfused path until the fused block is tuned as an op")
+        if (
+            not fused
+        ):  # the winner says the unfused path is faster: the caller asked for the block all the same
+            explanation = _heuristic(
+                explanation, runs, device, why=f"the {explanation.source} winner is unfused"
+            )
+        return _taken(explanation, runs, False, f"decode_mode='kernel': the {explanation.source} config")
+    if sliced:
+        return decline("group_offset: the block's winners are tuned for whole layers; the unfused path runs")
+    if not tuned:
+        return decline(
+            f"no tuned winner for {problem.key} on {device.device_kind}: decode_mode='auto' keeps the "
+            "unfused path until a sweep times the block faster (the heuristic's config serves 'kernel')"
+        )
+    if not fused:
+        return decline(
+            f"the {explanation.source} winner is the unfused path: it was timed faster than the block"
+        )
+    origin = (
+        explanation.source if explanation.from_m is None else f"{explanation.source} (T={explanation.from_m})"
+    )
+    return _taken(
+        explanation, runs, False, f"the {origin} winner: the block was timed faster than the unfused path"
+    )
+
+
+def _declined(error: Exception) -> str:
+    """One line of why no backend runs the block (an Unsupported, or every backend's in a group)."""
+    if isinstance(error, ExceptionGroup):
+        return "; ".join(str(e) for e in error.exceptions)
+    return str(error)
+
+
+def _interpreted_choice(problem: Problem, device: DeviceFingerprint) -> DecodeChoice:
+    """decode_mode='interpret': the block of the highest-priority backend that runs it (available here or
+    not), with its winner on this device, else its heuristic's config, in Pallas's interpreter."""
+    for runs in sorted(map(registry.get, _block_backends()), key=lambda b: -b.priority):
+        try:
+            runs.check(problem)
+        except Unsupported as e:
+            return DecodeChoice(None, False, str(e))
+        baseline = runs.search_space(problem, device).baseline
+        if baseline is None:
+            continue
+        resolution = LOOKUP.resolve(problem, runs, device)
+        explanation = Explanation(
+            problem, device, runs.name, "decode_mode='interpret'", resolution.config, resolution.source,
+            resolution.from_m, resolution.stale, (), resolution.median_s,
+        )  # fmt: skip
+        if resolution.config == baseline:
+            explanation = _heuristic(
+                explanation, runs, device, why=f"the {resolution.source} winner is unfused"
+            )
+        return _taken(explanation, runs, True, f"decode_mode='interpret': the {explanation.source} config")
+    return DecodeChoice(None, False, "no backend runs the fused decode block")
+
+
+def _block_backends() -> list[str]:
+    """The registered backends whose table holds the block (available on this device or not)."""
+    names = []
+    for name in registry.names():
+        try:
+            if moe_decode_block.NAME in registry.get(name).kernels:
+                names.append(name)
+        except UnknownBackend:  # an optional dependency missing: that backend runs nothing here
+            continue
+    return names
+
+
+def _heuristic(
+    explanation: Explanation, runs: Backend, device: DeviceFingerprint, *, why: str
+) -> Explanation:
+    """`explanation` with the backend's heuristic config in place of its winner's, saying why."""
+    return dataclasses.replace(
+        explanation,
+        config=runs.heuristic(explanation.problem, device),
+        source=f"heuristic ({why})",
+        from_m=None,
+        stale=(),
+        median_s=None,
+        heuristic_basis=runs.heuristic_basis(device),
+    )
+
+
+def _taken(explanation: Explanation, runs: Backend, interpret: bool, reason: str) -> DecodeChoice:
+    kernel = runs.build(explanation.problem, explanation.config)
+    return DecodeChoice(explanation.config, interpret, reason, explanation, kernel)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _decode_forward(static, x, router_logits, w_gate_up, w_down, group_offset):
     """The fused block forward; its backward is the unfused path's (recomputed), since the block has none."""
-    top_k, renormalize, config, interpret, _ = static
-    return decode_block.decode_block(
-        x, router_logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize,
-        group_offset=group_offset, config=config, interpret=interpret,
+    kernel, top_k, renormalize, interpret, _ = static
+    return kernel(
+        x, router_logits, w_gate_up, w_down, renormalize=renormalize, group_offset=group_offset,
+        interpret=interpret,
     )  # fmt: skip
 
 
@@ -388,7 +511,7 @@ def _decode_fwd(static, x, router_logits, w_gate_up, w_down, group_offset):
 
 
 def _decode_bwd(static, saved, cotangent):
-    top_k, renormalize, _, _, backend = static
+    _, top_k, renormalize, _, backend = static
     *diff, group_offset = saved
     unfused = lambda *a: moe_mlp(  # noqa: E731
         *a, top_k=top_k, renormalize=renormalize, backend=backend, group_offset=group_offset,

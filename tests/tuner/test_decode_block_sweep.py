@@ -97,7 +97,7 @@ def _sweep(store, backend, budget):
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 @pytest.mark.parametrize("unfused_wins", [False, True], ids=["fused-wins", "unfused-wins"])
 def test_a_sweep_of_the_blocks_space_times_its_baseline_first_and_promotes_the_faster(
-    store, db_url, interpreted, monkeypatch, unfused_wins
+    store, db_url, interpreted, monkeypatch, unfused_wins, tmp_path
 ):
     from moetune.kernels.backends.mosaic_gpu import space_decode
 
@@ -114,3 +114,14 @@ def test_a_sweep_of_the_blocks_space_times_its_baseline_first_and_promotes_the_f
     pack = store.export_pack(device_kind="NVIDIA H200", backend="decode_interpreted")
     assert [(e.problem, e.config) for e in pack.entries] == [(TINY, winner.config)]
     assert packs.parse(pack.to_dict(), "pack").entries == pack.entries
+    # Dispatch, from the pack alone: moe_mlp takes the block only where its winner is the block.
+    from moetune.kernels.lookup import LOOKUP
+    from moetune.kernels.moe.layer import decode_choice
+
+    path = tmp_path / "pack.json"
+    path.write_text(pack.dumps())
+    x, logits, w_gate_up = (jax.ShapeDtypeStruct(s.shape, s.dtype) for s in TINY.spec.shape_dtypes(TINY)[:3])
+    with LOOKUP.using_pack_file(path):
+        choice = decode_choice(x, logits, w_gate_up, 2, backend="decode_interpreted", device=interpreted.H200)
+    assert (choice.config is None) is unfused_wins, choice.reason
+    assert choice.reason.startswith("the pack exact winner")

@@ -81,7 +81,8 @@ class MosaicGpuBackend(Backend):
                 f"mosaic_gpu needs a {config_cls.__qualname__}, not {type(config).__qualname__}"
             )
         device = current_fingerprint()
-        reason = self.available(device)
+        # The decode block reads no device facts: it builds anywhere (Pallas's interpreter runs it on a CPU).
+        reason = None if problem.spec.routed else self.available(device)
         if reason is not None:
             raise Unsupported(reason)
         for constraint in space.VALIDITY_CONSTRAINTS:
@@ -89,7 +90,7 @@ class MosaicGpuBackend(Backend):
             if reason is not None:
                 error = ResourceExceeded if constraint in space.RESOURCE_CONSTRAINTS else ConfigInvalid
                 raise error(f"{constraint.__name__}: {reason}")
-        if problem.spec.routed:  # the decode block: its tokens' operands only, no device facts
+        if problem.spec.routed:  # the decode block: its tokens' operands and top_k
             return functools.partial(
                 self.kernel_for(problem.op), config=config, **problem.spec.options(problem)
             )
