@@ -148,6 +148,30 @@ MODELS: dict[str, ModelConfig] = {
         norm_eps=1e-6,
         qk_norm=True,
     ),
+    # Qwen3-Next-80B-A3B (Qwen/Qwen3-Next-80B-A3B-Instruct config.json): 80B parameters, 3B active per
+    # token; 512 experts of F=512, 10 per token (norm_topk_prob), and one shared expert of 512 beside them,
+    # run as a dense SwiGLU MLP (its sigmoid gate left out, as for every shared expert here). What differs:
+    # the model has full attention in one layer of four (16 query heads of 256 with an output gate, q/k
+    # RMSNorm, RoPE on a quarter of each head) and Gated DeltaNet linear attention in the other three; here
+    # every layer has full attention without the output gate, RoPE on the whole head, and plain (not
+    # zero-centred) RMSNorms. Its bf16 experts (48 layers: 155 GB) do not fit one H200: run it with --layers.
+    "qwen3_next_80b_a3b": ModelConfig(
+        name="qwen3_next_80b_a3b",
+        vocab=151936,
+        hidden=2048,
+        intermediate=512,
+        layers=48,
+        heads=16,
+        kv_heads=2,
+        head_dim=256,
+        experts=512,
+        top_k=10,
+        rope_theta=1e7,
+        norm_eps=1e-6,
+        qk_norm=True,
+        shared_experts=1,
+        shared_intermediate=512,
+    ),
     # The same structure at a size that compiles and runs in seconds on a CPU (tests, smoke runs).
     "tiny": ModelConfig(
         name="tiny",
@@ -178,6 +202,26 @@ MODELS: dict[str, ModelConfig] = {
         rope_theta=10000.0,
         norm_eps=1e-6,
         qk_norm=True,
+    ),
+    # Qwen3-Next-80B-A3B's structure at the tiny size, and the smallest one the fused decode block takes
+    # (hidden and F multiples of 128): many experts (64, top-8, F=128), one shared expert, q/k RMSNorm,
+    # query heads wider than the hidden size.
+    "tiny_qwen3_next": ModelConfig(
+        name="tiny_qwen3_next",
+        vocab=256,
+        hidden=128,
+        intermediate=128,
+        layers=2,
+        heads=8,
+        kv_heads=2,
+        head_dim=32,
+        experts=64,
+        top_k=8,
+        rope_theta=10000.0,
+        norm_eps=1e-6,
+        qk_norm=True,
+        shared_experts=1,
+        shared_intermediate=128,
     ),
 }
 

@@ -139,7 +139,7 @@ def _bench(argv: list[str], capsys) -> tuple[int, str]:
 def test_command_fails_with_exit_2_and_names_the_bad_input(capsys):
     code, output = _bench(["--model", "mixtral_9x9b"], capsys)
     assert code == 2
-    known = "mixtral_8x7b, qwen3_30b_a3b, tiny, tiny_qwen3"
+    known = "mixtral_8x7b, qwen3_30b_a3b, qwen3_next_80b_a3b, tiny, tiny_qwen3, tiny_qwen3_next"
     assert f"error: unknown model 'mixtral_9x9b'; known: {known}" in output
     code, output = _bench(["--model", "tiny", "--moe-tokens", "4096,x"], capsys)
     assert code == 2 and "'4096,x' must be comma-separated integers" in output
