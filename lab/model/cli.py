@@ -77,6 +77,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--decode-residual", choices=RESIDUALS, default="accumulate", help=HELP["decode_residual"]
     )
+    # Checked by KernelChoices, so that a bad value is one line naming the modes (exit 2).
+    parser.add_argument(
+        "--decode-block", default="auto", metavar="{" + ",".join(MODES) + "}", help=HELP["decode_block"]
+    )
     return parser.parse_args(argv)
 
 

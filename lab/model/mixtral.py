@@ -18,6 +18,11 @@ the kernel on a GPU and XLA elsewhere. With gemv, decode_attention and norm_rout
 path's decode step carries its residual stream in float32, and wo's GEMV adds into it with atomics, so the
 first residual add is no kernel of its own (decode_residual="add": two XLA adds).
 
+`choices.decode_block` is moe_mlp's `decode_mode` on the moetune path: where moe_mlp's decode_choice takes
+the fused decode block for a block's rows (up to 32 tokens, 16-bit experts; `moe_decode_choice` says which
+and why), the block routes the rows itself, so norm_route_gather does not run: the block's rows come
+from norm_router's kernel or XLA's norm and router, in the model's dtype.
+
 Layers are a Python loop, unrolled into the program, rather than a scan over stacked [L, ...] weights:
 inside a loop, a layer's weights would be a dynamic slice of the stacked array, which XLA on GPU may copy
 to a buffer of its own before a GEMM reads it; a copy of all the expert weights per step would cost more
@@ -234,37 +239,65 @@ def shared_experts(p: LayerParams, h: Array) -> Array:
 
 
 @functools.cache
-def _shared_moe(moe_path: str) -> Any:
+def _shared_moe(moe_path: str, decode_mode: str = "auto") -> Any:
     """The MoE path as its own jitted function: every layer calls it with the same shapes, so it is traced
     and lowered once and the layers call that one function. Inlined, each of the 32 layers lowered its own
-    Mosaic GPU kernels again (on the H200 the moetune prefill program took 195 s to compile)."""
-    return jax.jit(moe_fn(moe_path), static_argnames=("top_k", "routing_mode"))
+    Mosaic GPU kernels again (on the H200 the moetune prefill program took 195 s to compile). The moetune
+    path's moe_mlp takes `decode_mode` (the other paths have no fused decode block)."""
+    fn = moe_fn(moe_path)
+    if moe_path == "moetune":
+        fn = functools.partial(fn, decode_mode=decode_mode)
+    return jax.jit(fn, static_argnames=("top_k", "routing_mode"))
 
 
 @functools.cache
-def _shared_fp8_moe(scale_layout: str) -> Any:
+def _shared_fp8_moe(scale_layout: str, decode_mode: str = "auto") -> Any:
     """moe_mlp on FP8 experts (K-major, scales in `scale_layout`) jitted once for every layer, as
     _shared_moe."""
-    fp8 = functools.partial(moe.moe_mlp, scale_layout=scale_layout, transpose_weights=True)
+    fp8 = functools.partial(
+        moe.moe_mlp, scale_layout=scale_layout, transpose_weights=True, decode_mode=decode_mode
+    )
     return jax.jit(fp8, static_argnames=("top_k", "routing_mode"))
 
 
 def routed_experts(
-    config: ModelConfig, p: LayerParams, h: Array, router_logits: Array, moe_path: str, routing_mode: str
+    config: ModelConfig,
+    p: LayerParams,
+    h: Array,
+    router_logits: Array,
+    moe_path: str,
+    routing_mode: str,
+    decode_mode: str = "auto",
 ) -> Array:
     """The routed experts' output [T, H] for the normed rows h [T, H]: the path's MoE MLP, or on FP8
-    experts (config.experts_scale_layout) moe_mlp with their scales, which only the moetune path runs."""
+    experts (config.experts_scale_layout) moe_mlp with their scales, which only the moetune path runs.
+    `decode_mode` is moe_mlp's on the moetune path (KernelChoices.decode_block; `moe_decode_choice` says
+    what it picks); the other paths have no fused decode block and only check it."""
+    pallas_mode.check(decode_mode, "decode_block")
     layout = config.experts_scale_layout
     if layout == "none":
-        return _shared_moe(moe_path)(
+        return _shared_moe(moe_path, decode_mode)(
             h, router_logits, p.w_gate_up, p.w_down, top_k=config.top_k, routing_mode=routing_mode
         )
     if moe_path != "moetune":
         raise ConfigInvalid(f"FP8 experts run on the moetune path only, not {moe_path!r}")
-    return _shared_fp8_moe(layout)(
+    return _shared_fp8_moe(layout, decode_mode)(
         h, router_logits, p.w_gate_up, p.w_down, top_k=config.top_k, routing_mode=routing_mode,
         w_gate_up_scale=p.w_gate_up_scale, w_down_scale=p.w_down_scale,
     )  # fmt: skip
+
+
+def moe_decode_choice(
+    config: ModelConfig, p: LayerParams, tokens: int, moe_path: str, decode_mode: str
+) -> moe.DecodeChoice:
+    """Whether the MoE MLP of a block of `tokens` rows runs as moe_mlp's fused decode block (`.config`
+    set) or unfused, and why: moe_mlp's decode_choice for the rows routed_experts gives it (the model's
+    dtype) and layer `p`'s experts. The dense and ragged paths have no fused block."""
+    if moe_path != "moetune":
+        return moe.DecodeChoice(None, False, f"the {moe_path} path has no fused decode block")
+    h = jax.ShapeDtypeStruct((tokens, config.hidden), jnp.dtype(config.dtype))
+    logits = jax.ShapeDtypeStruct((tokens, config.experts), jnp.float32)
+    return moe.decode_choice(h, logits, p.w_gate_up, config.top_k, decode_mode=decode_mode)
 
 
 @functools.cache
@@ -275,12 +308,16 @@ def _shared_sorted_moe(moe_path: str) -> Any:
 
 def _moe_block(config: ModelConfig, p: LayerParams, x: Array, moe_path: str, choices: KernelChoices) -> Array:
     """The MoE block's output [B, S, H] in the model's dtype (x may be a float32 residual stream): the
-    routed experts' and, with config.shared_experts, the shared experts' outputs added."""
+    routed experts' and, with config.shared_experts, the shared experts' outputs added. Where the fused
+    decode block takes the routed experts (moe_decode_choice), it routes the rows itself: no
+    norm_route_gather."""
     batch, seq, hidden = x.shape
     x_rows = x.reshape(batch * seq, hidden)
     tokens, top_k = batch * seq, config.top_k
+    fused = moe_decode_choice(config, p, tokens, moe_path, choices.decode_block).config is not None
     if (
-        moe_path in SORTED_MOE_PATHS
+        not fused
+        and moe_path in SORTED_MOE_PATHS
         and config.experts_scale_layout == "none"  # the sorted layer takes 16-bit experts
         and (mode := choices.mode("norm_route_gather")) != "xla"
         and norm_router.fits_gather(tokens, config.experts, top_k)
@@ -303,14 +340,16 @@ def _moe_block(config: ModelConfig, p: LayerParams, x: Array, moe_path: str, cho
             h = jnp.take(permuted, rows.slot_row[::top_k], axis=0, mode="clip")
             out = out + shared_experts(p, h)
         return out.reshape(batch, seq, hidden)
+    # The rows in the model's dtype, their logits those of the rounded rows (as norm_route_gather's).
+    dtype = jnp.dtype(config.dtype)
     if (mode := choices.mode("norm_router")) != "xla" and norm_router.fits(tokens, config.experts):
         h, router_logits = norm_router.norm_and_router(
-            x_rows, p.moe_norm, p.router, config.norm_eps, interpret=mode == "interpret"
+            x_rows, p.moe_norm, p.router, config.norm_eps, out_dtype=dtype, interpret=mode == "interpret"
         )
     else:
-        h = rms_norm(x_rows, p.moe_norm, config.norm_eps)
+        h = rms_norm(x_rows, p.moe_norm, config.norm_eps).astype(dtype)
         router_logits = jnp.dot(h, p.router, preferred_element_type=jnp.float32)
-    out = routed_experts(config, p, h, router_logits, moe_path, choices.routing)
+    out = routed_experts(config, p, h, router_logits, moe_path, choices.routing, choices.decode_block)
     if config.shared_experts:
         out = out + shared_experts(p, h)
     return out.reshape(batch, seq, hidden)
@@ -364,7 +403,9 @@ def _carries_residual(
     GEMV adds its partial sums into the stream (gemv.accumulate), norm_route_gather reads it, and the MoE
     output's add is one XLA fusion with the copy the next wqkv GEMV reads. The first residual add is then
     no kernel of its own. Needs every one of those kernels on; choices.decode_residual="add" keeps the two
-    adds in the model's dtype instead."""
+    adds in the model's dtype instead. Where the fused decode block takes the MoE MLP, the norm and router
+    that feed it read the stream in norm_route_gather's place: the condition leaves choices.decode_block
+    out, so that the fused and unfused models differ in their MoE MLP alone."""
     batch = x.shape[0]
     wo = params.layers[0].wo
     attention_out = jax.ShapeDtypeStruct((batch, wo.shape[0]), x.dtype)

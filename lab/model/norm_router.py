@@ -47,9 +47,18 @@ def fits_gather(tokens: int, experts: int, top_k: int) -> bool:
 
 
 def norm_and_router(
-    x: Array, weight: Array, router: Array, eps: float, *, num_warps: int = 8, interpret: bool = False
+    x: Array,
+    weight: Array,
+    router: Array,
+    eps: float,
+    *,
+    out_dtype: Any = None,
+    num_warps: int = 8,
+    interpret: bool = False,
 ) -> tuple[Array, Array]:
-    """(rms_norm(x, weight, eps) [T, H] in x's dtype, its router logits [T, E] float32); x [T, H]."""
+    """(rms_norm(x, weight, eps) [T, H] in `out_dtype` (default x's), its router logits [T, E] float32);
+    x [T, H]. The logits are those of the rounded row, so a float32 residual stream's rows leave in the
+    weights' dtype with the logits norm_route_gather gives them."""
     tokens, hidden = x.shape
     experts = router.shape[1]
     if weight.shape != (hidden,) or router.shape[0] != hidden or not fits(tokens, experts):
@@ -57,7 +66,7 @@ def norm_and_router(
     return pl.pallas_call(
         functools.partial(_kernel, eps=eps),
         out_shape=(
-            jax.ShapeDtypeStruct((tokens, hidden), x.dtype),
+            jax.ShapeDtypeStruct((tokens, hidden), out_dtype or x.dtype),
             jax.ShapeDtypeStruct((tokens, experts), jnp.float32),
         ),
         grid=(tokens,),
@@ -70,7 +79,7 @@ def norm_and_router(
 def _kernel(x_ref, weight_ref, router_ref, h_ref, logits_ref, *, eps):
     token = pl.program_id(0)
     weight, router = _load_weights(weight_ref, router_ref)
-    h, logits = _normed_row_and_logits(x_ref, token, weight, router, eps)
+    h, logits = _normed_row_and_logits(x_ref, token, weight, router, eps, h_ref.dtype)
     hp, ep = router.shape
     pltriton.store(h_ref.at[token, pl.ds(0, hp)], h, mask=jnp.arange(hp) < x_ref.shape[1])
     pltriton.store(logits_ref.at[token, pl.ds(0, ep)], logits, mask=jnp.arange(ep) < router_ref.shape[1])

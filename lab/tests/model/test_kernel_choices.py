@@ -39,6 +39,17 @@ def test_defaults_are_auto_and_the_float32_residual():
     assert resolved["decode_attention_tiling"] == "block_k=64,splits=32,num_warps=4,num_stages=2"
 
 
+def test_decode_block_is_moe_mlps_decode_mode_passed_as_given():
+    """Its "auto" is moe_mlp's (which decides per shape), not resolved here to "the kernel on a GPU"."""
+    assert DEFAULT_CHOICES.decode_block == "auto" and DEFAULT_CHOICES.resolved()["decode_block"] == "auto"
+    for mode in pallas_mode.MODES:
+        assert KernelChoices.parse(decode_block=mode).resolved()["decode_block"] == mode
+    with pytest.raises(ConfigInvalid, match="decode_block='on'; expected one of auto, kernel, xla"):
+        KernelChoices(decode_block="on")
+    with pytest.raises(ValueError, match="decode_block is not one of the modes resolved here"):
+        DEFAULT_CHOICES.mode("decode_block")
+
+
 def test_choices_are_hashable_values_checked_when_built():
     a, b = KernelChoices(gemv="xla"), KernelChoices(gemv="xla")
     assert a == b and hash(a) == hash(b) and a != DEFAULT_CHOICES

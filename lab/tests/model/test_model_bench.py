@@ -153,7 +153,8 @@ def test_each_kernel_choice_is_a_flag_with_its_choices(capsys):
     code, output = _bench(["--help"], capsys)
     assert code == 0
     text = " ".join(output.split())
-    for flag in ("--routing", "--norm-router", "--norm-route-gather", "--gemv", "--decode-attention"):
+    flags = ("--routing", "--norm-router", "--norm-route-gather", "--gemv", "--decode-attention")
+    for flag in (*flags, "--decode-block"):
         assert f"{flag} {{auto,kernel,xla,interpret}}" in text, flag
     assert "--decode-residual {accumulate,add}" in text
 

@@ -44,6 +44,18 @@ def test_interpreted_kernel_equals_the_model_ops(dtype, tokens, hidden, experts)
     np.testing.assert_allclose(np.asarray(logits), np.asarray(want_logits), rtol=tolerance, atol=tolerance)
 
 
+def test_a_float32_stream_leaves_in_the_weights_dtype_with_the_rounded_rows_logits():
+    """out_dtype: the rows the fused decode block takes from a float32 residual stream, as norm_route_gather
+    gives them (the norm in float32, rounded once; the logits of the rounded row)."""
+    x, weight, router = _inputs(3, 64, 8, jnp.float32)
+    h, logits = norm_router.norm_and_router(x, weight, router, 1e-5, out_dtype=jnp.bfloat16, interpret=True)
+    want_h = mixtral.rms_norm(x, weight, 1e-5).astype(jnp.bfloat16)
+    assert h.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(h, np.float32), np.asarray(want_h, np.float32), rtol=1e-2)
+    want_logits = jnp.dot(h.astype(jnp.float32), router, precision="highest")
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(want_logits), rtol=1e-5, atol=1e-5)
+
+
 def test_bad_shapes_and_prefill_batches_are_refused():
     x, weight, router = _inputs(65, 64, 8, jnp.float32)
     assert norm_router.fits(64, 8) and not norm_router.fits(65, 8)
