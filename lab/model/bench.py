@@ -15,6 +15,12 @@ Every path runs on the same weights (one copy: Mixtral-8x7B's experts alone are 
 Compile time is measured apart (ahead-of-time lower + compile) and one warm-up call precedes the timed ones.
 Timings are host wall clock around block_until_ready: right for programs of milliseconds and more.
 
+The moetune path's MoE MLP takes moe_mlp's fused decode block where `choices.decode_block` (moe_mlp's
+decode_mode) asks for it and the block fits; FUSED_PATH ("moetune_fused") is the moetune path once more
+with it asked for, so that one run times ragged, the unfused and the fused moetune paths side by side
+(and, with `fp8`, the FP8 model on both moetune forms). Each run records which form its MoE blocks took
+at decode, at prefill and at each timed token count, with decode_choice's reason (`moe_block`).
+
 Parity against the `dense` path (every expert, einsums: the reference layer): each MoE block's output
 at every timed token count (tight), and the model's last-position prefill logits (coarse). The result
 also records which backend and config `grouped_matmul` chose for each GEMM of the moetune path. The JSON
@@ -48,7 +54,7 @@ from moetune.kernels.moe import moe_problems, route, sort_by_expert
 from moetune_lab.model import mixtral
 from moetune_lab.model.config import ModelConfig, model_config
 from moetune_lab.model.kernel_choices import DEFAULT_CHOICES, KernelChoices
-from moetune_lab.model.moe_paths import MOE_PATHS, moe_path
+from moetune_lab.model.moe_paths import MOE_PATHS
 from moetune_lab.model.weights import LayerParams, ModelParams, init_params
 
 SCHEMA = "moetune.bench.model"
@@ -74,12 +80,28 @@ LOGITS_REL_L2_TOL = 1e-1
 FP8_PATH = "moetune_fp8"
 FP8_LAYER_REL_L2_TOL = 1e-1
 FP8_LOGITS_REL_L2_TOL = 1.5e-1
+# The moetune path with moe_mlp's fused decode block asked for (decode_block FUSED_MODE), beside the
+# paths of MOE_PATHS; with `fp8`, the FP8 model's run of it too.
+FUSED_PATH = "moetune_fused"
+FP8_FUSED_PATH = "moetune_fp8_fused"
+RUN_NAMES = (*MOE_PATHS, FUSED_PATH)
+# Decode speedups reported (the first run's decode tokens/s over the second's), where both ran.
+DECODE_RATIOS = (
+    ("moetune", "ragged"),
+    (FUSED_PATH, "moetune"),
+    (FUSED_PATH, "ragged"),
+    (FP8_FUSED_PATH, FP8_PATH),
+)
 
 Progress = Callable[[str], None]
 
 
 def _stderr(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _labelled(progress: Progress, run: str, message: str) -> None:
+    progress(f"{run}: {message}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +127,8 @@ class BenchPlan:
         if not self.paths:
             raise ConfigInvalid(f"no MoE path given; known: {', '.join(MOE_PATHS)}")
         for path in self.paths:
-            moe_path(path)  # raises ConfigInvalid naming the known paths
+            if path not in RUN_NAMES:
+                raise ConfigInvalid(f"unknown MoE path {path!r}; known: {', '.join(RUN_NAMES)}")
         if any(t < 1 for t in self.moe_tokens):
             raise ConfigInvalid(f"moe_tokens={self.moe_tokens} must all be positive")
         if not isinstance(self.choices, KernelChoices):
@@ -120,9 +143,47 @@ class BenchPlan:
         return dataclasses.replace(self, config=config, paths=("moetune",), fp8="none")
 
     @property
+    def fused_plan(self) -> BenchPlan:
+        """This plan with moe_mlp's fused decode block asked for (decode_block=FUSED_MODE)."""
+        choices = dataclasses.replace(self.choices, decode_block=fused_mode())
+        return dataclasses.replace(self, choices=choices)
+
+    def model_runs(self) -> list[tuple[str, BenchPlan, str]]:
+        """(name, plan, MoE path) of each model run, in order: the paths as given (FUSED_PATH: the moetune
+        path on fused_plan), then with `fp8` the FP8 model's moetune run, and its FUSED_PATH one where
+        FUSED_PATH is asked for."""
+        runs = [
+            (FUSED_PATH, self.fused_plan, "moetune") if path == FUSED_PATH else (path, self, path)
+            for path in self.paths
+        ]
+        if self.fp8 != "none":
+            runs.append((FP8_PATH, self.fp8_plan, "moetune"))
+            if FUSED_PATH in self.paths:
+                runs.append((FP8_FUSED_PATH, self.fp8_plan.fused_plan, "moetune"))
+        return runs
+
+    @property
     def layer_tokens(self) -> tuple[int, ...]:
         """Token counts of the MoE-layer timings: the requested ones plus the model's prefill and decode."""
         return tuple(sorted({*self.moe_tokens, self.batch * self.prompt, self.batch}, reverse=True))
+
+
+def fused_mode() -> str:
+    """decode_block of the FUSED_PATH runs: "kernel" on a GPU, elsewhere "interpret" (the block in Pallas's
+    interpreter: the same kernels' code, for CPU tests and smoke runs)."""
+    return "kernel" if jax.default_backend() == "gpu" else "interpret"
+
+
+def moe_block_record(plan: BenchPlan, layer: LayerParams, path: str, tokens: int) -> dict[str, Any]:
+    """Which form the MoE MLP of a block of `tokens` rows takes on `path` under plan.choices: "fused"
+    (moe_mlp's fused decode block) or "unfused", decode_choice's reason, and the decode_mode given."""
+    choice = mixtral.moe_decode_choice(plan.config, layer, tokens, path, plan.choices.decode_block)
+    return {
+        "tokens": tokens,
+        "decode_block": plan.choices.decode_block,
+        "form": "unfused" if choice.config is None else "fused",
+        "reason": choice.reason,
+    }
 
 
 def timed(fn: Callable[[], Any], runs: int) -> tuple[list[float], Any]:
@@ -155,7 +216,7 @@ def _bench_model_path(
     static = {"config": plan.config, "moe_path": path, "choices": plan.choices}
     cache = mixtral.KVCache.empty(plan.config, plan.batch, plan.prompt + plan.gen)
     prefill, prefill_compile_s = compiled(mixtral.prefill, params, prompt_tokens, cache, **static)
-    progress(f"{path}: prefill compiled in {prefill_compile_s:.1f} s")
+    progress(f"prefill compiled in {prefill_compile_s:.1f} s")
     state = {"cache": cache}
 
     def run_prefill() -> Any:
@@ -168,7 +229,7 @@ def _bench_model_path(
     decode, decode_compile_s = compiled(
         mixtral.decode_loop, params, first, state["cache"], start_pos, steps=plan.gen, **static
     )
-    progress(f"{path}: decode compiled in {decode_compile_s:.1f} s")
+    progress(f"decode compiled in {decode_compile_s:.1f} s")
 
     def run_decode() -> Any:
         tokens, state["cache"] = decode(params, first, state["cache"], start_pos)
@@ -259,7 +320,7 @@ def _moe_block(
     router logits."""
     h = mixtral.rms_norm(x, layer.moe_norm, config.norm_eps)
     logits = jnp.dot(h, layer.router, preferred_element_type=jnp.float32)
-    out = mixtral.routed_experts(config, layer, h, logits, path, choices.routing)
+    out = mixtral.routed_experts(config, layer, h, logits, path, choices.routing, choices.decode_block)
     if config.shared_experts:
         out = out + mixtral.shared_experts(layer, h)
     return out, logits
@@ -284,9 +345,10 @@ def _bench_moe_layer(
     samples, _ = timed(lambda: loop(x, layer, reps), plan.runs + 2)
     per_layer = [s / int(reps) for s in samples]
     routing = np.asarray(moe_block_routing(x, layer, reps=int(reps), **static))
-    progress(f"{path}: MoE layer at T={tokens}: {np.median(per_layer) * 1e3:.3f} ms")
+    progress(f"MoE layer at T={tokens}: {np.median(per_layer) * 1e3:.3f} ms")
     stats = _stats(per_layer, tokens=tokens, reps=int(reps), compile_s=compile_s)
-    return stats | {"rows_per_expert": routing.tolist()}, output
+    form = moe_block_record(plan, layer, path, tokens)["form"]
+    return stats | {"rows_per_expert": routing.tolist(), "moe_block": form}, output
 
 
 def _dispatch_report(plan: BenchPlan) -> list[dict[str, Any]]:
@@ -319,7 +381,7 @@ def _parity(logits: dict[str, np.ndarray], layer_outputs: dict[str, dict[int, np
         if path == REFERENCE_PATH:
             continue
         entry: dict[str, Any] = {}
-        fp8 = path == FP8_PATH
+        fp8 = path in (FP8_PATH, FP8_FUSED_PATH)
         layer_tol = FP8_LAYER_REL_L2_TOL if fp8 else LAYER_REL_L2_TOL
         logits_tol = FP8_LOGITS_REL_L2_TOL if fp8 else LOGITS_REL_L2_TOL
         if path in logits and REFERENCE_PATH in logits:
@@ -348,6 +410,12 @@ def _layer_ratios(results: dict[str, Any], baseline: str, path: str) -> dict[str
         for m in results[path]["moe"]
         if m["tokens"] in base
     }
+
+
+def _decode_speedup(results: dict[str, Any]) -> dict[str, float]:
+    """DECODE_RATIOS' decode tokens/s ratios, for the pairs that both ran."""
+    rate = {name: e["decode"]["tokens_per_s"] for name, e in results.items() if "decode" in e}
+    return {f"{a}_vs_{b}": rate[a] / rate[b] for a, b in DECODE_RATIOS if a in rate and b in rate}
 
 
 def _environment(command: str, choices: KernelChoices) -> dict[str, Any]:
@@ -406,8 +474,9 @@ def run_model_bench(
     `use_db=False` looks tuned winners up in the shipped config packs only, never in a database (the GPU
     machine has no SQLAlchemy); `choices` picks the model's Pallas kernels (each "auto" by default: the
     kernel on a GPU, XLA elsewhere). `fp8` (a scale layout) also runs the model with FP8 experts on the
-    moetune path (FP8_PATH), compared with the dense bf16 path. Raises ConfigInvalid for a bad argument
-    before any work.
+    moetune path (FP8_PATH), compared with the dense bf16 path; FUSED_PATH among `paths` runs the moetune
+    path once more with moe_mlp's fused decode block asked for (and FP8_FUSED_PATH with `fp8`). Raises
+    ConfigInvalid for a bad argument before any work.
     """
     plan = BenchPlan(
         config=model_config(model, layers),
@@ -429,7 +498,7 @@ def run_model_bench(
         "batch": batch,
         "prompt": prompt,
         "gen": gen,
-        "paths": list(plan.paths) + ([FP8_PATH] if fp8 != "none" else []),
+        "paths": [name for name, _, _ in plan.model_runs()],
         "fp8": fp8,
         "moe_tokens": list(plan.layer_tokens),
         "complete": False,
@@ -449,7 +518,7 @@ def _run(plan: BenchPlan, result: dict[str, Any], out: Path | None, progress: Pr
         f"{plan.config.name} x{plan.config.layers} layers: weights ready in {result['init_weights_s']:.1f} s "
         f"(experts {plan.config.expert_weight_bytes / 1e9:.1f} GB)"
     )
-    if "moetune" in plan.paths:
+    if {"moetune", FUSED_PATH} & set(plan.paths):
         try:
             result["moetune_dispatch"] = _dispatch_report(plan)
         except Exception as e:  # recorded; the moetune path itself then fails with the same reason
@@ -459,22 +528,28 @@ def _run(plan: BenchPlan, result: dict[str, Any], out: Path | None, progress: Pr
     )
     logits: dict[str, np.ndarray] = {}
     layer_outputs: dict[str, dict[int, np.ndarray]] = {}
-    runs = [(path, plan, path) for path in plan.paths]
-    if plan.fp8 != "none":
-        runs.append((FP8_PATH, plan.fp8_plan, "moetune"))
-    for name, run_plan, path in runs:
+    params_config = plan.config
+    for name, run_plan, path in plan.model_runs():
         entry: dict[str, Any] = {}
         result["results"][name] = entry
-        if run_plan is not plan and params is not None:
+        if run_plan.config != params_config:
             # The FP8 model after the others: its weights are made once theirs are freed (Mixtral's bf16
             # and FP8 weights together would not fit one H200).
             params = None
             params = jax.block_until_ready(init_params(run_plan.config, seed))
+            params_config = run_plan.config
+        if run_plan.config.experts_scale_layout != "none":
             entry["experts_GB"] = run_plan.config.expert_weight_bytes / 1e9
+        # Which form the MoE MLP takes in a decode step and in prefill, and why.
+        entry["moe_block"] = {
+            phase: moe_block_record(run_plan, params.layers[0], path, tokens)
+            for phase, tokens in (("decode", plan.batch), ("prefill", plan.batch * plan.prompt))
+        }
+        labelled = functools.partial(_labelled, progress, name)
         # The one place failures are recorded, not raised: one broken path must not lose the others.
         try:
             model_stats, logits[name] = _bench_model_path(
-                run_plan, params, prompt_tokens, path, progress, result["read_GBps"]
+                run_plan, params, prompt_tokens, path, labelled, result["read_GBps"]
             )
             entry.update(model_stats)
             progress(
@@ -485,7 +560,7 @@ def _run(plan: BenchPlan, result: dict[str, Any], out: Path | None, progress: Pr
             entry["moe"] = []
             for tokens in run_plan.layer_tokens:
                 stats, layer_outputs.setdefault(name, {})[tokens] = _bench_moe_layer(
-                    run_plan, params.layers[0], path, tokens, progress
+                    run_plan, params.layers[0], path, tokens, labelled
                 )
                 entry["moe"].append(stats)
         except Exception as e:
@@ -493,9 +568,15 @@ def _run(plan: BenchPlan, result: dict[str, Any], out: Path | None, progress: Pr
             progress(f"{name}: FAILED {entry['error']}")
         result["parity"] = _parity(logits, layer_outputs)
         result["moe_layer_speedup"] = {
-            f"moetune_vs_{base}": _layer_ratios(result["results"], base, "moetune")
-            for base in ("ragged", "dense")
+            f"{path}_vs_{base}": _layer_ratios(result["results"], base, path)
+            for path, base in (
+                ("moetune", "ragged"),
+                ("moetune", "dense"),
+                (FUSED_PATH, "moetune"),
+                (FUSED_PATH, "ragged"),
+            )
         }
+        result["decode_speedup"] = _decode_speedup(result["results"])
         result["elapsed_s"] = time.perf_counter() - start
         _write(out, result)
     result["complete"] = all("error" not in entry for entry in result["results"].values())
@@ -506,24 +587,26 @@ def _run(plan: BenchPlan, result: dict[str, Any], out: Path | None, progress: Pr
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
     """A plain-text table of the headline numbers (the JSON holds the raw samples)."""
+    width = max([12, *(len(path) for path in result["results"])])  # the path column
     lines = [
         f"{result['model']['name']} layers={result['model']['layers']} batch={result['batch']} "
         f"prompt={result['prompt']} gen={result['gen']} on {result['device']['device_kind']}",
-        f"{'path':<12} {'prefill tok/s':>14} {'decode tok/s':>13}  "
+        f"{'path':<{width}} {'prefill tok/s':>14} {'decode tok/s':>13}  {'decode MoE':<10}  "
         + "  ".join(f"{'moe T=' + str(t) + ' ms':>14}" for t in result["moe_tokens"]),
     ]
     for path, entry in result["results"].items():
         if "prefill" not in entry:
-            lines.append(f"{path:<12} failed: {entry.get('error', 'did not finish')}")
+            lines.append(f"{path:<{width}} failed: {entry.get('error', 'did not finish')}")
             continue
         moe = {m["tokens"]: m["median_s"] for m in entry.get("moe", [])}
         cells = "  ".join(
             f"{moe[t] * 1e3:>14.3f}" if t in moe else f"{'-':>14}" for t in result["moe_tokens"]
         )
         prefill, decode = entry["prefill"]["tokens_per_s"], entry["decode"]["tokens_per_s"]
-        lines.append(f"{path:<12} {prefill:>14.1f} {decode:>13.1f}  {cells}")
+        form = entry.get("moe_block", {}).get("decode", {}).get("form", "-")
+        lines.append(f"{path:<{width}} {prefill:>14.1f} {decode:>13.1f}  {form:<10}  {cells}")
         if "error" in entry:
-            lines.append(f"{path:<12} failed: {entry['error']}")
+            lines.append(f"{path:<{width}} failed: {entry['error']}")
     for path, check in result.get("parity", {}).items():
         parts = [f"{'ok' if check['ok'] else 'MISMATCH'} vs {REFERENCE_PATH}:"]
         if "logits" in check:
@@ -531,6 +614,15 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
             parts.append(f"logits rel_l2={logits['rel_l2']:.2e} top1={logits['top1_agreement']:.2f}")
         parts += [f"layer T={t} rel_l2={c['rel_l2']:.2e}" for t, c in check["moe_layer"].items()]
         lines.append(f"parity {path}: " + ", ".join(parts))
+    for path, entry in result["results"].items():
+        if (block := entry.get("moe_block", {}).get("decode")) and path.startswith("moetune"):
+            lines.append(
+                f"decode MoE block {path}: {block['form']} (decode_block={block['decode_block']}: "
+                f"{block['reason']})"
+            )
+    if result.get("decode_speedup"):
+        ratios = result["decode_speedup"]
+        lines.append("decode speedup: " + ", ".join(f"{k}: {r:.2f}x" for k, r in ratios.items()))
     for name, ratios in result.get("moe_layer_speedup", {}).items():
         if ratios:
             lines.append(

@@ -25,6 +25,8 @@ from moetune.kernels.moe.pallas_mode import MODES  # noqa: E402
 from moetune_lab.model.bench import (  # noqa: E402
     DEFAULT_MOE_TOKENS,
     DEFAULT_PATHS,
+    FUSED_PATH,
+    RUN_NAMES,
     run_model_bench,
     summary_lines,
 )
@@ -51,7 +53,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt", type=int, default=2048, help="prompt tokens per sequence")
     parser.add_argument("--gen", type=int, default=128, help="generated tokens per sequence")
-    parser.add_argument("--paths", default=",".join(DEFAULT_PATHS), help="MoE paths, comma-separated")
+    parser.add_argument(
+        "--paths",
+        default=",".join(DEFAULT_PATHS),
+        help=f"MoE paths, comma-separated ({', '.join(RUN_NAMES)}; {FUSED_PATH}: the moetune path with "
+        "moe_mlp's fused decode block asked for: kernel on a GPU, interpret elsewhere)",
+    )
     parser.add_argument("--layers", type=int, default=None, help="layers to run (default: the preset's)")
     parser.add_argument("--out", type=Path, default=None, help="JSON result file")
     parser.add_argument(
@@ -66,7 +73,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="none",
         metavar="LAYOUT",
         help="also run the model with FP8 experts, scales in LAYOUT (tensor, row_channel, "
-        "block_1x128_128x128), on the moetune path",
+        f"block_1x128_128x128), on the moetune path (and on {FUSED_PATH} where --paths has it)",
     )
     parser.add_argument("--no-db", action="store_true", help="winners from config packs only, no database")
     # The kernel choices: one flag each.

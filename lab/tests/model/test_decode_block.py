@@ -1,10 +1,12 @@
 """The moetune path's MoE blocks on moe_mlp's fused decode block (KernelChoices.decode_block, moe_mlp's
 decode_mode), in Pallas's interpreter on a CPU: where the block is chosen it runs instead of the unfused
-path and of norm_route_gather, with the same logits; the --decode-block flag."""
+path and of norm_route_gather, with the same logits; the benchmark's moetune_fused run and its record of
+which form ran; the --decode-block flag."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -12,9 +14,10 @@ import numpy as np
 import pytest
 from tests.model.test_mixtral import BATCH, PROMPT, STEPS, _prefill_and_decode, _tokens
 
+from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.lookup import LOOKUP
 from moetune.kernels.moe import decode_block
-from moetune_lab.model import cli, gemv, mixtral, norm_router
+from moetune_lab.model import bench, cli, gemv, mixtral, norm_router
 from moetune_lab.model.config import MODELS, model_config
 from moetune_lab.model.kernel_choices import KernelChoices
 from moetune_lab.model.weights import init_params
@@ -123,6 +126,39 @@ def test_the_fused_block_reads_the_float32_residual_stream_in_norm_route_gathers
     np.testing.assert_allclose(fused, unfused, rtol=1e-4, atol=1e-4)
 
 
+def test_one_run_times_the_unfused_and_fused_paths_and_records_which_ran(tmp_path, monkeypatch):
+    """dense (the parity reference) and moetune_fused, then the FP8 model's moetune and moetune_fused runs;
+    a prompt of one token and one timed token count, to keep it short (moetune and ragged beside them are
+    the other benchmark tests')."""
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    monkeypatch.setattr(bench, "layer_reps", lambda tokens: 2)
+    out = tmp_path / "m.json"
+    paths = ["dense", "moetune_fused"]
+    result = bench.run_model_bench(
+        "tiny_qwen3_next", 1, 1, 2, paths, 1, out, moe_tokens=(1,), runs=1, fp8="row_channel"
+    )
+    assert result["ok"], bench.summary_lines(result)
+    assert result["paths"] == ["dense", "moetune_fused", "moetune_fp8", "moetune_fp8_fused"]
+    assert json.loads(out.read_text())["paths"] == result["paths"]
+    assert result["pallas_kernels"]["decode_block"] == "auto"
+    runs = result["results"]
+    forms = {name: runs[name]["moe_block"]["decode"] for name in result["paths"]}
+    fused = forms["moetune_fused"]
+    assert (fused["tokens"], fused["decode_block"], fused["form"]) == (1, "interpret", "fused")
+    assert fused["reason"].startswith("decode_mode='interpret'")
+    assert forms["dense"]["reason"] == "the dense path has no fused decode block"
+    assert forms["moetune_fp8"]["form"] == "unfused" and forms["moetune_fp8"]["decode_block"] == "auto"
+    # FP8 experts fall back to the unfused path, and the record says why.
+    fp8 = forms["moetune_fp8_fused"]
+    assert fp8["decode_block"] == "interpret" and fp8["form"] == "unfused" and "float8" in fp8["reason"]
+    assert [m["moe_block"] for m in runs["moetune_fused"]["moe"]] == ["fused"]
+    assert [m["moe_block"] for m in runs["moetune_fp8_fused"]["moe"]] == ["unfused"]
+    assert result["parity"]["moetune_fused"]["ok"] and result["parity"]["moetune_fp8_fused"]["ok"]
+    assert set(result["decode_speedup"]) == {"moetune_fp8_fused_vs_moetune_fp8"}
+    lines = "\n".join(bench.summary_lines(result))
+    assert "decode MoE block moetune_fused: fused (decode_block=interpret: decode_mode='interpret'" in lines
+
+
 def test_the_decode_block_flag_reaches_the_choices_and_a_bad_value_is_one_line(capsys, monkeypatch):
     given = {}
 
@@ -140,3 +176,6 @@ def test_the_decode_block_flag_reaches_the_choices_and_a_bad_value_is_one_line(c
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == "error: decode_block='fast'; expected one of auto, kernel, xla, interpret\n"
+    known = "dense, ragged, moetune, moetune_fused"
+    with pytest.raises(ConfigInvalid, match=f"unknown MoE path 'fused'; known: {known}"):
+        bench.run_model_bench("tiny", 1, 8, 2, ["fused"])

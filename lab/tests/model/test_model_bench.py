@@ -65,6 +65,10 @@ def test_bench_model_writes_its_result_as_json(tmp_path, monkeypatch):
     assert parity["ok"] and parity["logits"]["rel_l2"] < parity["logits"]["tolerance"]
     assert set(parity["moe_layer"]) == {"16", "8", "1"}
     assert set(written["moe_layer_speedup"]["moetune_vs_dense"]) == {"16", "8", "1"}
+    # decode_block "auto" is moe_mlp's, which keeps the unfused path on a CPU.
+    block = written["results"]["moetune"]["moe_block"]["decode"]
+    assert block["form"] == "unfused" and block["decode_block"] == "auto"
+    assert {m["moe_block"] for m in written["results"]["moetune"]["moe"]} == {"unfused"}
     # What grouped_matmul picked for each GEMM of the moetune path: gate_up and down per token count.
     dispatch = written["moetune_dispatch"]
     assert len(dispatch) == 6 and {d["backend"] for d in dispatch} == {"xla"}
