@@ -242,6 +242,14 @@ def tune(
             help="Also tune each problem's backward GEMMs (dlhs, drhs; a gated op's product), for training.",
         ),
     ] = False,
+    decode_block: Annotated[
+        bool,
+        typer.Option(
+            "--decode-block",
+            help="Also tune the models' fused MoE decode block at their token buckets of up to 32 tokens "
+            "(what moe_mlp looks up before it takes the block over the two GEMMs).",
+        ),
+    ] = False,
     maxtext_config: Annotated[
         Path | None,
         typer.Option(
@@ -361,6 +369,7 @@ def sweep_flags(params: dict[str, Any]) -> dict[str, Any]:
         misses=params["misses"] or None,
         stale=params["stale"] or None,
         with_backward=params["with_backward"] or None,
+        decode_block=params["decode_block"] or None,
         fp8=params["fp8"],
         maxtext=_maxtext_target(params),
         baseline=False if params["no_baseline"] else None,

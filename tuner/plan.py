@@ -25,6 +25,10 @@ float32 scales in the scale layout given and K-major weights, the problems `moe_
 scale_layout=LAYOUT, transpose_weights=True)` dispatches (gate_up: grouped_matmul_swiglu_fp8; down:
 grouped_matmul_fp8).
 
+The fused MoE decode block (`decode_block_problems`, `moetune tune --decode-block`) adds one problem per
+decode bucket (T <= 32 tokens): the op "moe_decode_block", m = T tokens, k = hidden, n = 2 * ffn, g = experts
+and the model's top_k, which moe_mlp looks up to decide whether the block beats the two GEMMs at that T.
+
 Sharded models are tuned per shard, the problems one GPU runs:
   * `tp: N` (tensor parallel) splits each expert's ffn N ways: gate_up N = 2 * ffn / tp, down K = ffn / tp.
     Every TP rank computes all of its tokens' rows, so M stays T * top_k.
@@ -58,6 +62,7 @@ from moetune.kernels.typed_fields import INT32_MAX, check_fields, describe
 from moetune.tuner.yaml_files import load_yaml, read_yaml_file
 
 OP = GROUPED_MATMUL
+BLOCK_OP = "moe_decode_block"
 # Gated activations moe_mlp does not compute but whose models are tuned all the same, their gate_up as the
 # plain GEMM that a model's own layer would dispatch before applying it: gpt-oss's SwiGLU with clamped
 # inputs, a sigmoid gain of 1.702 and (up + 1) (moetune's fused epilogue computes silu(gate) * up).
@@ -250,6 +255,27 @@ class ModelShapes:
                 )
                 planned.append(PlannedProblem(problem, f"{self.name} {part} T={tokens}", tokens))
         return planned
+
+
+def decode_block_problems(model: ModelShapes) -> list[PlannedProblem]:
+    """The fused MoE decode block's problems of `model` (op moe_decode_block, m = T tokens), one per token
+    bucket the block serves (T <= decode_block.MAX_TOKENS): what moe_mlp looks up before it runs the
+    block at decode sizes. None for a model the block does not run: an activation other than SwiGLU,
+    experts of more than one dtype, or experts split across shards (ep > 1: the block's winners are for
+    whole layers); a TP shard's block has the shard's F."""
+    from moetune.kernels.moe import decode_block
+
+    dtypes = {model.lhs_dtype, model.rhs_dtype, model.out_dtype}
+    if model.activation != "swiglu" or len(dtypes) != 1 or model.ep != 1:
+        return []
+    planned = []
+    for tokens in (t for t in model.token_buckets if t <= decode_block.MAX_TOKENS):
+        problem = Problem(
+            BLOCK_OP, m=tokens, k=model.hidden, n=2 * model.shard_ffn, g=model.experts, top_k=model.top_k,
+            lhs_dtype=model.lhs_dtype, rhs_dtype=model.rhs_dtype, out_dtype=model.out_dtype,
+        )  # fmt: skip
+        planned.append(PlannedProblem(problem, f"{model.name} block T={tokens}", tokens))
+    return planned
 
 
 def _positive_int(what: str, value: Any) -> None:

@@ -50,6 +50,8 @@ class SweepSpec:
     with_backward: bool = False
     # The models' expert GEMMs on FP8 experts with scales in this layout (plan.as_fp8); "none": as they are.
     fp8: str = "none"
+    # Also the fused MoE decode block at each model's decode buckets (ModelShapes.decode_block_problems).
+    decode_block: bool = False
     # The MoE GEMMs a MaxText config runs, traced from MaxText's own layer (moetune.integrations.maxtext:
     # problems.Target's fields: config, overrides, devices, workloads).
     maxtext: dict[str, Any] | None = None
@@ -126,6 +128,17 @@ class SweepSpec:
                 )
             if self.with_backward:
                 raise ConfigInvalid("the FP8 ops have no backward: drop with_backward or fp8")
+        if self.decode_block:
+            if not self.models:
+                raise ConfigInvalid(
+                    "decode_block adds the fused decode block at the models' decode buckets: name a model (a "
+                    "single problem names its op: op=moe_decode_block,...,top_k=K)"
+                )
+            if self.fp8 != "none" or self.with_backward:
+                raise ConfigInvalid(
+                    "the fused decode block serves the forward of 16-bit experts: drop fp8 and "
+                    "with_backward, or decode_block"
+                )
         if self.maxtext is not None:
             from moetune.integrations.maxtext.problems import Target
 

@@ -20,6 +20,7 @@ from moetune.tuner.executors import Executor, InlineExecutor, WorkerActivity
 from moetune.tuner.plan import (
     PlannedProblem,
     as_fp8,
+    decode_block_problems,
     dispatched_on,
     load_model,
     parse_problem,
@@ -31,13 +32,22 @@ from moetune.tuner.spec import SweepSpec
 def model_problems(spec: SweepSpec) -> list[PlannedProblem]:
     """The problems of the spec's models and single problems (those that need no device or database)."""
     planned: list[PlannedProblem] = []
+    blocks: list[PlannedProblem] = []
     for name in spec.models:
         model = load_model(name)
         if spec.token_buckets:
             model = model.with_buckets(spec.token_buckets)
         planned += model.problems()
+        if spec.decode_block:
+            blocks += decode_block_problems(model)
     if spec.fp8 != "none":
         planned = as_fp8(planned, spec.fp8)
+    if spec.decode_block and not blocks:
+        raise ConfigInvalid(
+            "decode_block: no model here runs the fused decode block (SwiGLU experts of one 16- or 32-bit "
+            "dtype, whole layers: ep=1, a token bucket of at most 32 tokens)"
+        )
+    planned += blocks
     planned += [parse_problem(text) for text in spec.problems]
     return planned
 

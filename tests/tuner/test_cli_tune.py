@@ -49,6 +49,17 @@ def test_dry_run_shows_problems_times_candidates_after_pruning(sqlite_url):
     assert re.search(r"\bop\b.*\bT\b.*\bm\b.*k,n,g", header), header
 
 
+def test_decode_block_adds_the_blocks_problems_at_the_decode_buckets(sqlite_url):
+    args = ("tune", "--model", "qwen3-30b-a3b", "--buckets", "1,8,64", "--backend", "xla")
+    result = invoke(*args, "--decode-block", "--dry-run", "--json", "--db", sqlite_url)
+    assert result.exit_code == 0, result.output
+    rows = [r for r in json.loads(result.output)["problems"] if r["op"] == "moe_decode_block"]
+    assert [(r["label"], r["tokens"], r["m"]) for r in rows] == [
+        ("qwen3-30b-a3b block T=1", 1, 1),
+        ("qwen3-30b-a3b block T=8", 8, 8),
+    ]  # 64 tokens are past the block's 32
+
+
 def test_inline_sweep_prints_winners_and_report_is_self_contained(sqlite_url, tmp_path):
     result = invoke(
         "tune",
@@ -95,6 +106,12 @@ def test_inline_sweep_prints_winners_and_report_is_self_contained(sqlite_url, tm
         (["--resume", "3", "--budget", "4"], "--resume keeps the sweep's own settings; drop budget"),
         (["--resume", "99", "--inline"], "no sweep with id 99"),
         (["--sweep", "no-such-sweep"], "no sweep file"),
+        (["--problem", PROBLEM, "--decode-block", "--dry-run"], "decode_block adds the fused decode block"),
+        (
+            ["--model", "deepseek-v3-ep8", "--decode-block", "--dry-run"],
+            "no model here runs the fused decode",
+        ),
+        (["--model", "tiny", "--decode-block", "--with-backward", "--dry-run"], "drop fp8 and with_backward"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(sqlite_url, args, message):

@@ -12,6 +12,7 @@ from moetune.tuner.plan import (
     ModelShapes,
     PlannedProblem,
     as_fp8,
+    decode_block_problems,
     dedupe,
     dispatched_on,
     for_backend,
@@ -285,3 +286,37 @@ def test_filled_rows_round_trip_bound_by_m_and_carry_into_the_backward():
             PlannedProblem(problem, "bad", filled_rows=bad)
     backward = with_backward([planned])
     assert [p.filled_rows for p in backward] == [128, 128, 128]
+
+
+@pytest.mark.parametrize(
+    "model, count, first",
+    [
+        ("qwen3-30b-a3b", 6, "m=1,k=2048,n=1536,g=128,lhs=bfloat16,rhs=bfloat16,out=bfloat16,t=0,top_k=8/v3"),
+        (
+            "qwen3-next-80b-a3b",
+            6,
+            "m=1,k=2048,n=1024,g=512,lhs=bfloat16,rhs=bfloat16,out=bfloat16,t=0,top_k=10/v3",
+        ),
+        ("mixtral-8x7b", 6, "m=1,k=4096,n=28672,g=8,lhs=bfloat16,rhs=bfloat16,out=bfloat16,t=0,top_k=2/v3"),
+        ("deepseek-v3-ep8", 0, None),  # experts split across shards: the block's winners are whole layers'
+    ],
+)
+def test_a_models_decode_block_problems_are_its_buckets_up_to_32_tokens(model, count, first):
+    planned = decode_block_problems(load_model(model))
+    assert len(planned) == count
+    if count:
+        assert planned[0].problem.key == f"moe_decode_block/{first}"
+        assert [p.tokens for p in planned] == [1, 2, 4, 8, 16, 32] == [p.problem.m for p in planned]
+        assert (
+            planned[-1].label == f"{model} block T=32" and planned[-1].rows == 32 * planned[-1].problem.top_k
+        )
+    geglu = ModelShapes("m", experts=4, top_k=2, hidden=64, ffn=32, token_buckets=(1,), activation="geglu")
+    assert decode_block_problems(geglu) == []
+
+
+def test_a_sweep_asks_for_the_decode_block_of_its_models_only():
+    assert SweepSpec(models=("tiny",), decode_block=True).decode_block
+    with pytest.raises(ConfigInvalid, match="name a model"):
+        SweepSpec(problems=("m=1,k=2,n=4,g=1",), decode_block=True)
+    with pytest.raises(ConfigInvalid, match="drop fp8 and with_backward"):
+        SweepSpec(models=("tiny",), decode_block=True, fp8="tensor")
