@@ -100,3 +100,65 @@ def test_bad_input_is_one_line_and_exit_code_2(args, message):
     result = run(*args)
     assert result.exit_code == 2
     assert message in result.output
+
+
+BLOCK = ["--op", "moe_decode_block", "--m", "8", "--k", "64", "--n", "64", "--g", "8", "--top-k", "2"]
+
+
+def test_the_decode_block_names_its_tokens_top_k_and_what_moe_mlp_runs():
+    result = CliRunner().invoke(CLI, ["explain", *BLOCK])
+    assert result.exit_code == 0, result.output
+    assert "call:     moe_decode_block, T=8 tokens x top_k=2, H=64, 2F=64, E=8" in result.output
+    assert (
+        "problem:  moe_decode_block/m=8,k=64,n=64,g=8,lhs=bfloat16,rhs=bfloat16,out=bfloat16,t=0,top_k=2/v3"
+        in (result.output)
+    )
+    assert "moe_mlp:  the unfused path (not on a GPU)" in result.output
+    data = json.loads(CliRunner().invoke(CLI, ["explain", *BLOCK, "--json"]).output)
+    assert (data["op"], data["tokens"], data["moe_mlp"]) == (
+        "moe_decode_block",
+        8,
+        {"path": "the unfused path", "reason": "not on a GPU"},
+    )
+    for args, message in (
+        (BLOCK[:-2], "routes its tokens: it takes top_k"),
+        (BLOCK[2:], "op=grouped_matmul takes no top_k"),
+    ):
+        refused = CliRunner().invoke(CLI, ["explain", *args])
+        assert refused.exit_code == 2 and message in refused.output
+
+
+def test_on_a_hopper_gpu_a_tuned_block_is_named_with_its_config_and_why(sqlite_url, monkeypatch):
+    import sys
+
+    from moetune.db import open_store
+    from moetune.db.records import TrialRecord
+    from moetune.kernels import registry
+    from moetune.kernels.backends.mosaic_gpu.kernel_decode import DecodeBlockConfig
+    from moetune.kernels.device import DeviceFingerprint
+    from moetune.kernels.moe import layer
+
+    hopper = DeviceFingerprint("NVIDIA H200", "gpu", 132, 150 << 30, "9.0", "", "", "", "")
+    api = sys.modules["moetune.kernels.api"]
+    monkeypatch.setattr(api, "current_fingerprint", lambda: hopper)
+    monkeypatch.setattr(layer, "current_fingerprint", lambda: hopper)
+    mosaic = registry.get("mosaic_gpu")
+    block = Problem("moe_decode_block", 8, 64, 64, 8, top_k=2)
+    config = DecodeBlockConfig(block_f=16, block_k=32, block_h=32, block_fd=32)
+    with open_store(sqlite_url) as store:
+        trial = store.record_trial(
+            TrialRecord(
+                sweep_id=None, device=hopper, backend="mosaic_gpu", family=block.op,
+                source_hash=mosaic.source_hash(), problem=block, config=config.to_dict(), status="ok",
+                samples_s=(2e-5,), median_s=2e-5,
+            )
+        )  # fmt: skip
+        store.promote(trial, reason="test")
+    result = CliRunner().invoke(CLI, ["explain", *BLOCK, "--db", sqlite_url])
+    assert result.exit_code == 0, result.output
+    assert "backend:  mosaic_gpu (highest-priority backend available on this device)" in result.output
+    assert f"config:   {config}" in result.output and "source:   db exact, tuned at 0.02 ms" in result.output
+    assert (
+        "moe_mlp:  the fused block (the db exact winner: the block was timed faster than the unfused path)"
+        in result.output
+    )
