@@ -22,7 +22,9 @@ with it asked for, so that one run times ragged, the unfused and the fused moetu
 at decode, at prefill and at each timed token count, with decode_choice's reason (`moe_block`).
 
 Parity against the `dense` path (every expert, einsums: the reference layer): each MoE block's output
-at every timed token count (tight), and the model's last-position prefill logits (coarse). The result
+at every timed token count (tight), and the model's last-position prefill logits (coarse); each fused
+run is also held to its unfused run within the same bounds, so a run without `dense` compares the two
+forms still. The result
 also records which backend and config `grouped_matmul` chose for each GEMM of the moetune path. The JSON
 is rewritten after each path, so a run cut short keeps what it measured (`complete` is false).
 """
@@ -85,6 +87,8 @@ FP8_LOGITS_REL_L2_TOL = 1.5e-1
 FUSED_PATH = "moetune_fused"
 FP8_FUSED_PATH = "moetune_fp8_fused"
 RUN_NAMES = (*MOE_PATHS, FUSED_PATH)
+# Each fused run's unfused run, which parity compares it with (within the same bounds as against dense).
+FUSED_REFERENCE = {FUSED_PATH: "moetune", FP8_FUSED_PATH: FP8_PATH}
 # Decode speedups reported (the first run's decode tokens/s over the second's), where both ran.
 DECODE_RATIOS = (
     ("moetune", "ragged"),
@@ -363,10 +367,10 @@ def _dispatch_report(plan: BenchPlan) -> list[dict[str, Any]]:
     return report
 
 
-def _compare(value: np.ndarray, reference: np.ndarray, tolerance: float) -> dict[str, Any]:
+def _compare(value: np.ndarray, reference: np.ndarray, tolerance: float, name: str) -> dict[str, Any]:
     rel_l2 = float(np.linalg.norm(value - reference) / np.linalg.norm(reference))
     return {
-        "reference": REFERENCE_PATH,
+        "reference": name,
         "rel_l2": rel_l2,
         "max_abs": float(np.max(np.abs(value - reference))),
         "tolerance": tolerance,
@@ -374,30 +378,47 @@ def _compare(value: np.ndarray, reference: np.ndarray, tolerance: float) -> dict
     }
 
 
+def _check(
+    path: str,
+    reference: str,
+    logits: dict[str, np.ndarray],
+    layer_outputs: dict[str, dict[int, np.ndarray]],
+) -> dict[str, Any] | None:
+    """Run `path` against run `reference`: model logits (with top-1 agreement) and the MoE block alone
+    at each token count both timed, within the FP8 bounds where `path` is an FP8 run; None where the two
+    have nothing to compare."""
+    entry: dict[str, Any] = {}
+    fp8 = path in (FP8_PATH, FP8_FUSED_PATH)
+    layer_tol = FP8_LAYER_REL_L2_TOL if fp8 else LAYER_REL_L2_TOL
+    logits_tol = FP8_LOGITS_REL_L2_TOL if fp8 else LOGITS_REL_L2_TOL
+    if path in logits and reference in logits:
+        entry["logits"] = _compare(logits[path], logits[reference], logits_tol, reference)
+        agree = logits[path].argmax(-1) == logits[reference].argmax(-1)
+        entry["logits"]["top1_agreement"] = float(np.mean(agree))
+    reference_layers = layer_outputs.get(reference, {})
+    entry["moe_layer"] = {
+        str(t): _compare(out, reference_layers[t], layer_tol, reference)
+        for t, out in layer_outputs.get(path, {}).items()
+        if t in reference_layers
+    }
+    if not (entry.get("logits") or entry["moe_layer"]):
+        return None
+    checks = [entry["logits"]] if "logits" in entry else []
+    entry["ok"] = all(c["ok"] for c in [*checks, *entry["moe_layer"].values()])
+    return entry
+
+
 def _parity(logits: dict[str, np.ndarray], layer_outputs: dict[str, dict[int, np.ndarray]]) -> dict[str, Any]:
-    """Each path against the dense path: model logits (with top-1 agreement) and the MoE block alone."""
+    """Each path against the dense path, and each fused run against its unfused run (FUSED_REFERENCE:
+    a run without the dense path still compares the two forms): the name of the check is the run's, or
+    '<fused run>_vs_<unfused run>'."""
     report: dict[str, Any] = {}
     for path in dict.fromkeys([*logits, *layer_outputs]):
-        if path == REFERENCE_PATH:
-            continue
-        entry: dict[str, Any] = {}
-        fp8 = path in (FP8_PATH, FP8_FUSED_PATH)
-        layer_tol = FP8_LAYER_REL_L2_TOL if fp8 else LAYER_REL_L2_TOL
-        logits_tol = FP8_LOGITS_REL_L2_TOL if fp8 else LOGITS_REL_L2_TOL
-        if path in logits and REFERENCE_PATH in logits:
-            entry["logits"] = _compare(logits[path], logits[REFERENCE_PATH], logits_tol)
-            agree = logits[path].argmax(-1) == logits[REFERENCE_PATH].argmax(-1)
-            entry["logits"]["top1_agreement"] = float(np.mean(agree))
-        reference_layers = layer_outputs.get(REFERENCE_PATH, {})
-        entry["moe_layer"] = {
-            str(t): _compare(out, reference_layers[t], layer_tol)
-            for t, out in layer_outputs.get(path, {}).items()
-            if t in reference_layers
-        }
-        if entry.get("logits") or entry["moe_layer"]:
-            checks = [entry["logits"]] if "logits" in entry else []
-            entry["ok"] = all(c["ok"] for c in [*checks, *entry["moe_layer"].values()])
+        if path != REFERENCE_PATH and (entry := _check(path, REFERENCE_PATH, logits, layer_outputs)):
             report[path] = entry
+    for fused, unfused in FUSED_REFERENCE.items():
+        if entry := _check(fused, unfused, logits, layer_outputs):
+            report[f"{fused}_vs_{unfused}"] = entry
     return report
 
 
@@ -608,12 +629,14 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         if "error" in entry:
             lines.append(f"{path:<{width}} failed: {entry['error']}")
     for path, check in result.get("parity", {}).items():
-        parts = [f"{'ok' if check['ok'] else 'MISMATCH'} vs {REFERENCE_PATH}:"]
+        reference = (check.get("logits") or next(iter(check["moe_layer"].values())))["reference"]
+        parts = []
         if "logits" in check:
             logits = check["logits"]
             parts.append(f"logits rel_l2={logits['rel_l2']:.2e} top1={logits['top1_agreement']:.2f}")
         parts += [f"layer T={t} rel_l2={c['rel_l2']:.2e}" for t, c in check["moe_layer"].items()]
-        lines.append(f"parity {path}: " + ", ".join(parts))
+        verdict = "ok" if check["ok"] else "MISMATCH"
+        lines.append(f"parity {path}: {verdict} vs {reference}: " + ", ".join(parts))
     for path, entry in result["results"].items():
         if (block := entry.get("moe_block", {}).get("decode")) and path.startswith("moetune"):
             lines.append(

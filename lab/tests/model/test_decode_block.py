@@ -127,18 +127,17 @@ def test_the_fused_block_reads_the_float32_residual_stream_in_norm_route_gathers
 
 
 def test_one_run_times_the_unfused_and_fused_paths_and_records_which_ran(tmp_path, monkeypatch):
-    """dense (the parity reference) and moetune_fused, then the FP8 model's moetune and moetune_fused runs;
-    a prompt of one token and one timed token count, to keep it short (moetune and ragged beside them are
-    the other benchmark tests')."""
+    """moetune and moetune_fused without the dense path (each fused run then held to its unfused one), then
+    the FP8 model's two runs; a prompt of one token and one timed token count, to keep it short."""
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
     monkeypatch.setattr(bench, "layer_reps", lambda tokens: 2)
     out = tmp_path / "m.json"
-    paths = ["dense", "moetune_fused"]
+    paths = ["moetune", "moetune_fused"]
     result = bench.run_model_bench(
         "tiny_qwen3_next", 1, 1, 2, paths, 1, out, moe_tokens=(1,), runs=1, fp8="row_channel"
     )
     assert result["ok"], bench.summary_lines(result)
-    assert result["paths"] == ["dense", "moetune_fused", "moetune_fp8", "moetune_fp8_fused"]
+    assert result["paths"] == ["moetune", "moetune_fused", "moetune_fp8", "moetune_fp8_fused"]
     assert json.loads(out.read_text())["paths"] == result["paths"]
     assert result["pallas_kernels"]["decode_block"] == "auto"
     runs = result["results"]
@@ -146,17 +145,22 @@ def test_one_run_times_the_unfused_and_fused_paths_and_records_which_ran(tmp_pat
     fused = forms["moetune_fused"]
     assert (fused["tokens"], fused["decode_block"], fused["form"]) == (1, "interpret", "fused")
     assert fused["reason"].startswith("decode_mode='interpret'")
-    assert forms["dense"]["reason"] == "the dense path has no fused decode block"
+    assert forms["moetune"]["form"] == "unfused" and forms["moetune"]["reason"] == "not on a GPU"
     assert forms["moetune_fp8"]["form"] == "unfused" and forms["moetune_fp8"]["decode_block"] == "auto"
     # FP8 experts fall back to the unfused path, and the record says why.
     fp8 = forms["moetune_fp8_fused"]
     assert fp8["decode_block"] == "interpret" and fp8["form"] == "unfused" and "float8" in fp8["reason"]
     assert [m["moe_block"] for m in runs["moetune_fused"]["moe"]] == ["fused"]
     assert [m["moe_block"] for m in runs["moetune_fp8_fused"]["moe"]] == ["unfused"]
-    assert result["parity"]["moetune_fused"]["ok"] and result["parity"]["moetune_fp8_fused"]["ok"]
-    assert set(result["decode_speedup"]) == {"moetune_fp8_fused_vs_moetune_fp8"}
+    parity = result["parity"]
+    assert set(parity) == {"moetune_fused_vs_moetune", "moetune_fp8_fused_vs_moetune_fp8"}
+    check = parity["moetune_fused_vs_moetune"]
+    assert check["ok"] and check["logits"]["reference"] == "moetune" and set(check["moe_layer"]) == {"1"}
+    assert parity["moetune_fp8_fused_vs_moetune_fp8"]["ok"]
+    assert set(result["decode_speedup"]) == {"moetune_fused_vs_moetune", "moetune_fp8_fused_vs_moetune_fp8"}
     lines = "\n".join(bench.summary_lines(result))
     assert "decode MoE block moetune_fused: fused (decode_block=interpret: decode_mode='interpret'" in lines
+    assert "parity moetune_fused_vs_moetune: ok vs moetune: logits rel_l2=" in lines
 
 
 def test_the_decode_block_flag_reaches_the_choices_and_a_bad_value_is_one_line(capsys, monkeypatch):
