@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # The model benchmark on a GPU machine, in one run of at most 10 minutes:
-#   GPU 0: the Mixtral-8x7B model benchmark (lab/model/cli.py: prefill and decode tokens/s and the
-#          MoE layer alone, for the dense, moetune and XLA ragged_dot paths, with parity against dense);
+#   GPU 0: the model benchmark (lab/model/cli.py: prefill and decode tokens/s and the MoE layer alone,
+#          by default for Mixtral-8x7B on the dense, moetune and XLA ragged_dot paths, with parity against
+#          dense);
 #   GPU 1 (on a host with two): the GPU tests (tests/gpu).
 # On a one-GPU machine the GPU 1 half runs after the model benchmark, in what time is left.
-# Knobs: MODEL_BATCH (1), MODEL_PROMPT (2048), MODEL_GEN (128), MODEL_S (480), TESTS ("tests/gpu");
+# Knobs: MODEL (mixtral_8x7b), MODEL_BATCH (1), MODEL_PROMPT (2048), MODEL_GEN (128), MODEL_S (480),
+# TESTS ("tests/gpu"); and, each left to the benchmark's default when unset: MODEL_PATHS (--paths, e.g.
+# dense,moetune,moetune_fused,ragged: moetune_fused is the moetune path on the fused decode block),
+# MODEL_FP8 (--fp8 LAYOUT: the FP8 model too), MODEL_LAYERS (--layers), MODEL_MOE_TOKENS (--moe-tokens);
 # GPU1_CMD replaces the GPU 1 half with one command (its output in $OUT/gpu1.log), e.g.
 #   GPU1_CMD='python3 lab/bench/bench_gemm.py --out $OUT/bench_gemm.json --budget-s 420'
 #   bash lab/device/model.sh          # with .devdeps carried; logs and JSON under $OUT
+#   MODEL=qwen3_30b_a3b MODEL_PROMPT=512 MODEL_GEN=32 MODEL_PATHS=moetune,moetune_fused,ragged \
+#     MODEL_MOE_TOKENS=1 MODEL_FP8=row_channel GPU1_CMD=true bash lab/device/model.sh   # the model alone
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for logs and artifacts}
 mkdir -p "$OUT"
@@ -34,10 +40,15 @@ if [ "$gpus" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=1; second_half) &
   other=$!
 fi
-step "model benchmark: batch ${MODEL_BATCH:-1}, prompt ${MODEL_PROMPT:-2048}, gen ${MODEL_GEN:-128}"
-CUDA_VISIBLE_DEVICES=0 timeout "$(cap ${MODEL_S:-480})" python3 -m moetune_lab.model --model mixtral_8x7b \
-  --batch "${MODEL_BATCH:-1}" --prompt "${MODEL_PROMPT:-2048}" --gen "${MODEL_GEN:-128}" --no-db \
-  --out "$OUT/model.json" >"$OUT/model.log" 2>&1
+model_args=(--model "${MODEL:-mixtral_8x7b}" --batch "${MODEL_BATCH:-1}" --prompt "${MODEL_PROMPT:-2048}")
+model_args+=(--gen "${MODEL_GEN:-128}" --no-db --out "$OUT/model.json")
+[ -n "${MODEL_PATHS:-}" ] && model_args+=(--paths "$MODEL_PATHS")
+[ -n "${MODEL_FP8:-}" ] && model_args+=(--fp8 "$MODEL_FP8")
+[ -n "${MODEL_LAYERS:-}" ] && model_args+=(--layers "$MODEL_LAYERS")
+[ -n "${MODEL_MOE_TOKENS:-}" ] && model_args+=(--moe-tokens "$MODEL_MOE_TOKENS")
+step "model benchmark: ${model_args[*]}"
+CUDA_VISIBLE_DEVICES=0 timeout "$(cap ${MODEL_S:-480})" python3 -m moetune_lab.model "${model_args[@]}" \
+  >"$OUT/model.log" 2>&1
 echo "model rc=$?" >>"$OUT/model.log"
 if [ "$gpus" -ge 2 ]; then wait "$other"; else CUDA_VISIBLE_DEVICES=0 second_half; fi
 tail -n 30 "$OUT/model.log"
