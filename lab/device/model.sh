@@ -8,12 +8,13 @@
 # Knobs: MODEL (mixtral_8x7b), MODEL_BATCH (1), MODEL_PROMPT (2048), MODEL_GEN (128), MODEL_S (480),
 # TESTS ("tests/gpu"); and, each left to the benchmark's default when unset: MODEL_PATHS (--paths, e.g.
 # dense,moetune,moetune_fused,ragged: moetune_fused is the moetune path on the fused decode block),
-# MODEL_FP8 (--fp8 LAYOUT: the FP8 model too), MODEL_LAYERS (--layers), MODEL_MOE_TOKENS (--moe-tokens);
+# MODEL_FP8 (--fp8 LAYOUT: the FP8 model too), MODEL_LAYERS (--layers), MODEL_MOE_TOKENS (--moe-tokens),
+# MODEL_DECODE_BLOCK (--decode-block: xla keeps the moetune run unfused beside moetune_fused);
 # GPU1_CMD replaces the GPU 1 half with one command (its output in $OUT/gpu1.log), e.g.
 #   GPU1_CMD='python3 lab/bench/bench_gemm.py --out $OUT/bench_gemm.json --budget-s 420'
 #   bash lab/device/model.sh          # with .devdeps carried; logs and JSON under $OUT
-#   MODEL=qwen3_30b_a3b MODEL_PROMPT=512 MODEL_GEN=32 MODEL_PATHS=moetune,moetune_fused,ragged \
-#     MODEL_MOE_TOKENS=1 MODEL_FP8=row_channel GPU1_CMD=true bash lab/device/model.sh   # the model alone
+#   MODEL=qwen3_30b_a3b MODEL_PROMPT=512 MODEL_PATHS=moetune,moetune_fused,ragged \
+#     MODEL_MOE_TOKENS=1 MODEL_DECODE_BLOCK=xla MODEL_FP8=row_channel GPU1_CMD=true bash lab/device/model.sh
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for logs and artifacts}
 mkdir -p "$OUT"
@@ -46,6 +47,7 @@ model_args+=(--gen "${MODEL_GEN:-128}" --no-db --out "$OUT/model.json")
 [ -n "${MODEL_FP8:-}" ] && model_args+=(--fp8 "$MODEL_FP8")
 [ -n "${MODEL_LAYERS:-}" ] && model_args+=(--layers "$MODEL_LAYERS")
 [ -n "${MODEL_MOE_TOKENS:-}" ] && model_args+=(--moe-tokens "$MODEL_MOE_TOKENS")
+[ -n "${MODEL_DECODE_BLOCK:-}" ] && model_args+=(--decode-block "$MODEL_DECODE_BLOCK")
 step "model benchmark: ${model_args[*]}"
 CUDA_VISIBLE_DEVICES=0 timeout "$(cap ${MODEL_S:-480})" python3 -m moetune_lab.model "${model_args[@]}" \
   >"$OUT/model.log" 2>&1
