@@ -13,21 +13,24 @@ from typing import Any
 DEFAULTS = "defaults"  # what a table shows for the default config itself
 
 
-def _defaults(backend: str) -> dict[str, Any] | None:
+def _defaults(backend: str, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The default config of the backend's Config that `config` is one of: of the backend's Configs (one
+    per op where an op has its own, Backend.config_classes), the one sharing the most fields with it."""
     from moetune.kernels import registry
     from moetune.kernels.errors import MoetuneError
 
     try:
-        return registry.get(backend).config_cls().to_dict()
+        defaults = [cls().to_dict() for cls in registry.get(backend).config_classes()]
     except (MoetuneError, ImportError, TypeError):  # unknown here, or a Config without defaults
         return None
+    return max(defaults, key=lambda d: len(d.keys() & config.keys()))
 
 
 def changed(backend: str, config: dict[str, Any]) -> dict[str, Any]:
     """The fields of `config` that differ from the backend's default Config (all of them when unknown), in
     the order the Config declares them: a config reads the same whether it came from a row or from sorted
     JSON. Fields the Config lacks follow, as given."""
-    defaults = _defaults(backend)
+    defaults = _defaults(backend, config)
     if defaults is None:
         return dict(config)
     declared = [k for k in defaults if k in config and config[k] != defaults[k]]

@@ -23,3 +23,11 @@ def test_only_differing_fields_and_unknown_fields_after_them():
 
 def test_a_backend_unknown_here_shows_the_whole_config_as_given():
     assert config_diff.changed("no-such-backend", {"b": 1, "a": 2}) == {"b": 1, "a": 2}
+
+
+def test_a_config_of_an_ops_own_config_class_is_shown_against_that_class():
+    # mosaic_gpu's decode block has a Config of its own beside the GEMMs' (Backend.op_configs).
+    block = {"fused": True, "block_h": 128, "down_split": 8} | {"block_f": 32, "block_k": 128}
+    assert config_diff.text("mosaic_gpu", block) == "block_h=128,down_split=8"
+    assert config_diff.text("mosaic_gpu", {"fused": False}) == "fused=False"
+    assert config_diff.text("mosaic_gpu", {"block_m": 64, "split_k": 2}).startswith("block_m=64")
