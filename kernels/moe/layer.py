@@ -323,6 +323,8 @@ def moe_mlp(
         decode_mode,
         sliced=group_offset is not None,
     )
+    if choice.explanation is not None and choice.kernel is None:  # declined on its resolution
+        LOOKUP.note_use(choice.explanation.problem, choice.explanation.resolution, choice.explanation.device)
     if choice.kernel is not None:
         note_use(choice.explanation)  # recording() shows the block, its config and where it came from
         return _decode_forward(
@@ -339,7 +341,8 @@ class DecodeChoice:
     """Whether `moe_mlp` runs the fused decode block (`config` set) or the unfused path, and why: `reason`
     names where the decision came from. When the block runs, `explanation` is its dispatch decision (the
     op "moe_decode_block", its backend, config and source: what recording() shows) and `kernel` the
-    backend's kernel for it."""
+    backend's kernel for it; "auto" declining on that decision (no tuned winner, or the unfused one) keeps
+    it in `explanation`, with no kernel."""
 
     config: KernelConfig | None
     interpret: bool
@@ -406,22 +409,23 @@ def decode_choice(
     tuned = explanation.source not in ("heuristic", "explicit config")
     fused = explanation.config != baseline
     if mode == "kernel":
-        if (
-            not fused
-        ):  # the winner says the unfused path is faster: the caller asked for the block all the same
-            explanation = _heuristic(
-                explanation, runs, device, why=f"the {explanation.source} winner is unfused"
-            )
+        # A winner that is the unfused path: the caller asked for the block all the same.
+        if not fused:
+            why = f"the {explanation.source} winner is unfused"
+            explanation = _heuristic(explanation, runs, device, why=why)
         return _taken(explanation, runs, False, f"decode_mode='kernel': the {explanation.source} config")
     if sliced:
         return decline("group_offset: the block's winners are tuned for whole layers; the unfused path runs")
+    # Declined with the block's resolution: moe_mlp notes its use (a miss counted, a stale winner warned
+    # about), so that `moetune tune --misses` finds the block's untuned buckets.
+    resolved = lambda why: DecodeChoice(None, False, why, explanation)  # noqa: E731
     if not tuned:
-        return decline(
+        return resolved(
             f"no tuned winner for {problem.key} on {device.device_kind}: decode_mode='auto' keeps the "
             "unfused path until a sweep times the block faster (the heuristic's config serves 'kernel')"
         )
     if not fused:
-        return decline(
+        return resolved(
             f"the {explanation.source} winner is the unfused path: it was timed faster than the block"
         )
     origin = (

@@ -109,3 +109,16 @@ def test_recording_shows_the_block_and_its_config_or_the_unfused_paths_gemms():
         with recording() as calls:
             layer.moe_mlp(x, logits, w_gate_up, w_down, top_k=TOP_K)  # auto, on a CPU: the unfused path
     assert [c.problem.op for c in calls] == ["grouped_matmul_swiglu", "grouped_matmul"]
+
+
+def test_an_untuned_bucket_that_auto_passes_over_is_counted_as_a_miss(sqlite_url, monkeypatch):
+    from moetune.db import open_store
+
+    open_store(sqlite_url).close()  # created: the lookup never creates one
+    monkeypatch.setattr(layer, "current_fingerprint", lambda: HOPPER)  # the block's decision on a Hopper
+    x, logits, w_gate_up, w_down = _operands()
+    with LOOKUP.overlay(db=sqlite_url, packs_dir=None):
+        layer.moe_mlp(x, logits, w_gate_up, w_down, top_k=TOP_K)  # the unfused path runs (on this CPU)
+    with open_store(sqlite_url) as store:
+        (miss,) = store.misses(backend="mosaic_gpu")
+    assert (miss.problem, miss.device_kind) == (_problem(), "NVIDIA H200")
