@@ -577,7 +577,7 @@ cases(
 cases(
     "import: pack fields",
     import_pack("another schema", pack(change(_pack, schema="moetune.pack.v2"))),
-    import_pack("schema_version 3", pack(change(_pack, schema_version=3))),
+    import_pack("schema_version 4", pack(change(_pack, schema_version=4))),
     import_pack("schema_version a string", pack(change(_pack, schema_version="1"))),
     import_pack("unknown top-level field", pack(change(_pack, extra={}))),
     import_pack("entries a mapping", pack(change(_pack, entries={}))),
