@@ -109,9 +109,9 @@ def test_explain_names_the_fresh_pack_winner(entry, pack_device):
     assert explanation.backend == PACK.backend, str(explanation)
     assert explanation.source == "pack exact", str(explanation)
     # As values: a field added later takes its default where the pack's entry predates it.
-    assert explanation.config == registry.get(PACK.backend).config_cls.from_dict(entry.config), str(
-        explanation
-    )
+    assert explanation.config == registry.get(PACK.backend).config_class(entry.problem.op).from_dict(
+        entry.config
+    ), str(explanation)
     assert explanation.median_s == entry.median_s
     if explanation.stale:
         pytest.fail(

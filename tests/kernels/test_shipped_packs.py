@@ -28,7 +28,9 @@ def test_pack_is_valid_and_named_for_its_device(entry):
     backend = registry.get(pack.backend)
     assert pack.entries
     for item in pack.entries:
-        backend.config_cls.from_dict(item.config)  # raises ConfigInvalid if the backend no longer accepts it
+        backend.config_class(item.problem.op).from_dict(
+            item.config
+        )  # raises ConfigInvalid if the backend no longer accepts it
         assert item.median_s is not None and item.median_s > 0
 
 
@@ -49,7 +51,7 @@ def test_pack_entries_resolve_exact_and_fresh_on_the_packs_device(entry, monkeyp
         explanation = explain(item.problem, device=pack.device)
         assert (explanation.backend, explanation.source) == (pack.backend, "pack exact"), str(explanation)
         # As values: a field added later takes its default where the pack's entry predates it.
-        assert explanation.config == backend.config_cls.from_dict(item.config)
+        assert explanation.config == backend.config_class(item.problem.op).from_dict(item.config)
         assert explanation.median_s == item.median_s
         # Stale here means the kernel source changed since the pack was tuned: re-tune and re-export it.
         assert explanation.stale == (), f"{entry.name} is stale: {'; '.join(explanation.stale)}"
@@ -64,5 +66,5 @@ def test_pack_on_another_driver_is_used_but_flagged_stale(entry, monkeypatch):
     for item in pack.entries:
         explanation = explain(item.problem, device=other)
         assert explanation.source == "pack exact", str(explanation)
-        assert explanation.config == backend.config_cls.from_dict(item.config)
+        assert explanation.config == backend.config_class(item.problem.op).from_dict(item.config)
         assert f"tuned on device fingerprint {pack.device.hash}, running {other.hash}" in explanation.stale
