@@ -8,6 +8,7 @@ prints p50/p99/max latency, requests/s and errors.
     python3 lab/bench/serve_load.py --target winners    # another route (TARGETS); repeat for a mix
     python3 lab/bench/serve_load.py --each --seconds 25 # each target in turn, then all of them mixed
     python3 lab/bench/serve_load.py --workers 2         # the server as 2 processes (serve --workers)
+    python3 lab/bench/serve_load.py --max-others 0.1    # on a shared machine: runs when it is quiet
     python3 lab/bench/serve_load.py --each --out load.json  # and a run file for the baselines:
     python3 -m moetune_lab.baselines add-serve-load load.json   # -> lab/baselines/service_loopback.json
 
@@ -15,7 +16,8 @@ With several targets (a mix) each client asks them in turn, and the summary has 
 The run file (--out) holds each run's summary, the p99 goal of its route (GOAL_P99_MS) and the
 environment: date, command, the machine (CPU model, cores, OS), the server's and the client's package
 versions, the load average before the run and, per run, how much of the machine's CPU time went to
-processes other than the clients and the server (others running meanwhile skew the figures).
+processes other than the clients and the server (others running meanwhile skew the figures; with
+--max-others each run waits for a quiet moment and is made again when others took more than that).
 
 Each client is one connection that asks again as soon as it has its answer (a closed loop), so
 requests/s is what the server sustains and latency includes queueing behind the other clients; with
@@ -57,6 +59,10 @@ import httpx
 SHIPPED_PACK = "nvidia_h200__mosaic_gpu.json"
 START_TIMEOUT_S = 60  # for the server to start, and for each route's first answer (a warm-up)
 REQUEST_TIMEOUT_S = 10  # a measured request that takes longer is an error
+# --max-others: how long a quiet moment is, how long to wait for one, and how often a run is made again.
+QUIET_WINDOW_S = 2.0
+QUIET_WAIT_S = 600.0
+QUIET_ATTEMPTS = 5
 SEEDED_TRIALS = 300  # one sweep's, beside the pack's winners
 SEEDED_MISSES = 40
 SEEDED_JOBS = 20
@@ -263,6 +269,26 @@ def cpu_of_others(server_pid: int, cores: int) -> Iterator[dict]:
     out["others_cpu_share"] = others_share(busy_after - busy, own_after - own, elapsed, cores)
 
 
+def wait_for_quiet(
+    server_pid: int,
+    cores: int,
+    max_share: float,
+    *,
+    window_s: float = QUIET_WINDOW_S,
+    limit_s: float = QUIET_WAIT_S,
+) -> float | None:
+    """Waits until processes other than the clients and the server took at most `max_share` of the CPU
+    over a window of `window_s` (`limit_s` at most in all): the last window's share, None where /proc
+    cannot tell (no wait then)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        with cpu_of_others(server_pid, cores) as others:
+            time.sleep(window_s)
+        share = others["others_cpu_share"]
+        if share is None or share <= max_share or time.monotonic() >= deadline:
+            return share
+
+
 def others_share(busy_s: float, own_s: float, elapsed_s: float, cores: int) -> float:
     """The share of `cores` over `elapsed_s` that went to CPU time other than our own: what the machine
     was busy with (`busy_s`) less the clients' and the server's (`own_s`), within 0 and 1 (the two
@@ -466,6 +492,13 @@ def main(argv: list[str] | None = None) -> dict | list[dict]:
     parser.add_argument("--workers", type=int, default=1, help="server processes (serve --workers)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument(
+        "--max-others",
+        type=float,
+        metavar="SHARE",
+        help="on a shared machine: start each run when other processes take at most SHARE of the CPU "
+        f"(0 to 1), and make a run again, up to {QUIET_ATTEMPTS} times, when they took more during it",
+    )
+    parser.add_argument(
         "--out", type=Path, help="write the run file (environment and every run's summary) for the baselines"
     )
     args = parser.parse_args(argv)
@@ -474,8 +507,12 @@ def main(argv: list[str] | None = None) -> dict | list[dict]:
         or args.seconds <= 0
         or (args.rate is not None and args.rate <= 0)
         or args.workers < 1
+        or (args.max_others is not None and not 0 <= args.max_others <= 1)
     ):
-        parser.error("--clients and --workers must be at least 1, --seconds and --rate more than 0")
+        parser.error(
+            "--clients and --workers must be at least 1, --seconds and --rate more than 0, "
+            "--max-others within 0 and 1"
+        )
     if args.each:
         runs = [[name] for name in TARGETS] + [list(TARGETS)]
     else:
@@ -488,19 +525,16 @@ def main(argv: list[str] | None = None) -> dict | list[dict]:
         fill = {"pack": f"/api/packs/{urllib.parse.quote(device_kind)}/{backend}", "sweep": str(sweep_id)}
         with server(url, args.workers) as (base, pid):
             for targets in runs:
-                paths = [TARGETS[name].format(**fill) for name in targets]
-                load = _load(base, paths, args.clients, args.seconds, args.revalidate, args.rate)
-                with cpu_of_others(pid, env["machine"]["cores"]) as others:
-                    measured = _run(load)
-                options = dict(
-                    clients=args.clients, seconds=args.seconds, revalidate=args.revalidate, rate=args.rate
-                )
-                result = summary(measured, **options)
-                result |= {"target": "+".join(targets) if len(targets) < len(TARGETS) else "mixed"}
-                result |= {"workers": args.workers, "paths": dict(zip(targets, paths, strict=True))}
-                if len(targets) == 1 and targets[0] in GOAL_P99_MS:
-                    result["goal_p99_ms"] = GOAL_P99_MS[targets[0]]
-                result |= others
+                for attempt in range(1, QUIET_ATTEMPTS + 1):
+                    if args.max_others is not None:
+                        wait_for_quiet(pid, env["machine"]["cores"], args.max_others)
+                    result = _one_run(args, base, pid, env["machine"]["cores"], targets, fill)
+                    share = result["others_cpu_share"]
+                    if args.max_others is None or share is None or share <= args.max_others:
+                        break
+                    if attempt < QUIET_ATTEMPTS:
+                        again = f"{result['target']}: others took {share:.0%} of the CPU: again"
+                        print(again, file=sys.stderr)
                 results.append(result)
                 if not args.json:
                     _print(result)
@@ -509,6 +543,23 @@ def main(argv: list[str] | None = None) -> dict | list[dict]:
     if args.json:
         print(json.dumps(results[0] if len(results) == 1 else results))
     return results[0] if len(results) == 1 else results
+
+
+def _one_run(
+    args: argparse.Namespace, base: str, pid: int, cores: int, targets: list[str], fill: dict
+) -> dict:
+    """One measured run of `targets` against the server at `base`: its summary."""
+    paths = [TARGETS[name].format(**fill) for name in targets]
+    load = _load(base, paths, args.clients, args.seconds, args.revalidate, args.rate)
+    with cpu_of_others(pid, cores) as others:
+        measured = _run(load)
+    options = dict(clients=args.clients, seconds=args.seconds, revalidate=args.revalidate, rate=args.rate)
+    result = summary(measured, **options)
+    result |= {"target": "+".join(targets) if len(targets) < len(TARGETS) else "mixed"}
+    result |= {"workers": args.workers, "paths": dict(zip(targets, paths, strict=True))}
+    if len(targets) == 1 and targets[0] in GOAL_P99_MS:
+        result["goal_p99_ms"] = GOAL_P99_MS[targets[0]]
+    return result | others
 
 
 def failures(results: dict | list[dict]) -> list[str]:

@@ -53,6 +53,25 @@ def test_others_share_is_the_machines_busy_time_less_ours_over_its_cores():
     assert serve_load.others_share(busy_s=1.0, own_s=0.0, elapsed_s=0.0, cores=2) == 0.0
 
 
+def test_waiting_for_quiet_ends_at_the_first_quiet_window_or_at_its_limit(monkeypatch):
+    # The machine's busy CPU seconds at each reading: a window wholly busy with others, then a quiet one.
+    readings = iter([0.0, 100.0, 100.0, 100.0])
+    monkeypatch.setattr(serve_load, "_busy_cpu_s", lambda: next(readings))
+    monkeypatch.setattr(serve_load, "_own_cpu_s", lambda pid: 0.0)
+    assert serve_load.wait_for_quiet(1, 2, 0.1, window_s=0.01) == 0.0
+    assert next(readings, "all read") == "all read"
+    busy = iter(range(0, 10_000, 100))  # always busy: the limit ends the wait after one window
+    monkeypatch.setattr(serve_load, "_busy_cpu_s", lambda: float(next(busy)))
+    assert serve_load.wait_for_quiet(1, 2, 0.1, window_s=0.01, limit_s=0) == 1.0
+    monkeypatch.setattr(serve_load, "_busy_cpu_s", lambda: None)  # no /proc: no wait
+    assert serve_load.wait_for_quiet(1, 2, 0.1, window_s=0.01) is None
+
+
+def test_max_others_must_be_a_share():
+    with pytest.raises(SystemExit):
+        serve_load.main(["--max-others", "1.5"])
+
+
 BURN = """
 import os, sys, time
 if os.fork() == 0:  # the server's second process (serve --workers forks it) burns 0.3 s of CPU
