@@ -93,3 +93,34 @@ def test_moe_mlp_takes_the_block_when_asked_and_matches():
     )(x)
     # The same backward ops; on the H200 they differed by 0.45% (bf16 rounding of the two traces' kernels).
     assert _rel(grads, unfused) < 1e-2
+
+
+@pytest.mark.parametrize("k_major", [False, True], ids=["kn", "k_major"])
+@pytest.mark.parametrize("layout", ["row_channel", "block_1x128_128x128"])
+def test_fp8_and_k_major_weights_match_the_reference_of_what_they_stand_for(layout, k_major):
+    from moetune.kernels.moe.fp8 import quantize_weights
+    from moetune.kernels.ops.fp8_scales import expand
+
+    x, logits, w_gate_up, w_down = _operands(4, 128, 2048, 768, seed=11)
+    config = db.DecodeConfig(block_f=64, up_split=2, block_h=128, down_split=8)
+    quantized = [quantize_weights(w, layout, transpose=k_major) for w in (w_gate_up, w_down)]
+    block = jax.jit(
+        lambda x, g, a, b, sa, sb: db.decode_block(
+            x, g, a, b, top_k=8, config=config, transpose_weights=k_major, w_gate_up_scale=sa, w_down_scale=sb
+        )
+    )
+    args = (x, logits, quantized[0][0], quantized[1][0], quantized[0][1], quantized[1][1])
+    first, second = block(*args), block(*args)
+    assert np.array_equal(np.asarray(first), np.asarray(second))
+    dequantized = []
+    for values, scale in quantized:
+        w = values.astype(jnp.float32) * expand(scale, values.shape)
+        dequantized.append(jnp.swapaxes(w, 1, 2) if k_major else w)
+    assert _rel(first, _reference(x, logits, *dequantized, 8)) < 1e-2
+    if not k_major:  # 16-bit K-major weights: the same block as [E, K, N] ones
+        kn = db.decode_block(x, logits, w_gate_up, w_down, top_k=8, config=config)
+        km = db.decode_block(
+            x, logits, jnp.swapaxes(w_gate_up, 1, 2), jnp.swapaxes(w_down, 1, 2), top_k=8, config=config,
+            transpose_weights=True,
+        )  # fmt: skip
+        assert _rel(km, kn) < 1e-3
