@@ -252,7 +252,7 @@ def render_full(data: dict) -> str:
         loads = sorted({f"{e['load_average'][0]:.2f}" for e in entries}, key=float)
         lines += [
             f"Measured {', '.join(sorted({e['date'][:10] for e in entries}))} on {'; '.join(machines)}: "
-            f"{'; '.join(dict.fromkeys(texts))}. Load average (1 minute) before the runs: "
+            f"{'; '.join(dict.fromkeys(texts))}. Load average (1 minute) as each command started: "
             f"{'-'.join(dict.fromkeys([loads[0], loads[-1]]))}.",
             "",
         ]

@@ -77,6 +77,15 @@ def service_data(*entries) -> dict:
     return {"schema": service.SCHEMA, "schema_version": 1, "setting": "loopback", "entries": list(entries)}
 
 
+def test_the_committed_service_baselines_are_valid_and_of_the_issue_setting():
+    files = [p for p in sorted(baselines.BASELINES.glob("*.json")) if service.is_service_file(p)]
+    assert [p.name for p in files] == ["service_loopback.json"]
+    loaded = service.load(files[0])  # raises on any schema break
+    settings = {(e["params"]["clients"], e["params"]["seconds"]) for e in loaded["entries"]}
+    assert (50, 25.0) in settings
+    assert baselines.load_all()["service_loopback"] == loaded
+
+
 def test_a_run_file_becomes_one_entry_per_run_named_by_its_setting_and_route():
     made = service.load_entries(run())
     assert [e["name"] for e in made] == [
@@ -187,7 +196,7 @@ def test_the_table_gives_each_route_per_server_processes_with_its_goal_met_or_mi
     assert "stale" not in rendered
     assert "#### 50 clients, 25 s per run, fresh fetches (200s), back to back" in rendered
     assert "Measured 2026-12-04 on Test CPU, 2 cores, Test OS: Python 3.12.1, moetune 0.1.0" in rendered
-    assert "Load average (1 minute) before the runs: 0.30." in rendered
+    assert "Load average (1 minute) as each command started: 0.30." in rendered
     assert "    python3 lab/bench/serve_load.py --each --workers 1 --out $OUT/load.json" in rendered
     assert "| packs | 1 | 40 | 4.5 | 9.5 | 100.0 | 0 | 25: met | 2% | 0.25 |" in rendered
     assert "| packs | 2 | 40 | 4.5 | 31.2 | 100.0 | 0 | 25: missed by 6.2 | 2% | 0.25 |" in rendered
