@@ -58,7 +58,7 @@ from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint, current_fingerprint
 from moetune.kernels.errors import ConfigInvalid, UnknownBackend, Unsupported
 from moetune.kernels.lookup import LOOKUP
-from moetune.kernels.moe import pallas_mode, routing_kernel
+from moetune.kernels.moe import decode_block, pallas_mode, routing_kernel
 from moetune.kernels.moe.reference import check_moe_args, gated_activation
 from moetune.kernels.ops import moe_decode_block
 from moetune.kernels.problem import GROUPED_MATMUL, Problem, dtype_name
@@ -300,6 +300,18 @@ def moe_mlp(
             raise Unsupported("moe_mlp with FP8 experts takes no group_offset yet: give the whole layer")
         from moetune.kernels.moe.fp8 import moe_mlp_fp8  # it builds on this module
 
+        choice = decode_choice(
+            x, router_logits, w_gate_up, top_k, activation, backend, fuse, decode_mode,
+            scale_layout=scale_layout, transpose_weights=transpose_weights,
+        )  # fmt: skip
+        if choice.kernel is not None:  # forward only: FP8 experts are served for inference
+            tiling = fp8_tiling(choice.config.decode_config(), scale_layout)
+            return decode_block.decode_block(
+                x, router_logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize, config=tiling,
+                transpose_weights=transpose_weights, w_gate_up_scale=w_gate_up_scale,
+                w_down_scale=w_down_scale, interpret=choice.interpret,
+            )  # fmt: skip
+
         return moe_mlp_fp8(
             x, router_logits, w_gate_up, w_gate_up_scale, w_down, w_down_scale, top_k=top_k,
             scale_layout=scale_layout, renormalize=renormalize, activation=activation, backend=backend,
@@ -363,9 +375,11 @@ def decode_choice(
     *,
     sliced: bool = False,
     device: DeviceFingerprint | None = None,
+    scale_layout: str = "none",
+    transpose_weights: bool = False,
 ) -> DecodeChoice:
     """Whether `moe_mlp` takes the fused decode block (op "moe_decode_block") for these operands, with
-    which config, and why (16-bit experts only: FP8 ones take moe_mlp_fp8's unfused path). `sliced`: the
+    which config, and why. `sliced`: the
     weights are a local slice of experts (group_offset); `device`: the running device, by default.
 
     The block's problem is (T bucket, shapes, dtype, top_k): dispatch resolves it as any op's, exact
@@ -377,11 +391,33 @@ def decode_choice(
       kernel     the block wherever a backend runs it on this GPU: the tuned winner, or the heuristic's
                  config where there is none or the winner is the unfused path;
       interpret  as kernel, in Pallas's interpreter, on any device;
-      xla        never."""
+      xla        never.
+    FP8 experts (`scale_layout`, K-major with `transpose_weights`): 'kernel' and 'interpret' take the block
+    with the config of the same block on x's dtype (moe_mlp narrows its K tiles to the scale blocks);
+    'auto' keeps the unfused FP8 path, since no sweep times the block on FP8 weights yet."""
     mode = pallas_mode.check(decode_mode, "decode_mode")
     decline = lambda why: DecodeChoice(None, False, why)  # noqa: E731
     if mode == "xla":
         return decline("decode_mode='xla'")
+    if scale_layout != "none":
+        if mode == "auto":
+            return decline(
+                "FP8 experts: no sweep times the block on FP8 weights yet; decode_mode='kernel' takes it"
+            )
+        shape = w_gate_up.shape
+        as_x = jax.ShapeDtypeStruct((shape[0], shape[2], shape[1]) if transpose_weights else shape, x.dtype)
+        return decode_choice(
+            x,
+            router_logits,
+            as_x,
+            top_k,
+            activation,
+            backend,
+            fuse,
+            decode_mode,
+            sliced=sliced,
+            device=device,
+        )
     if not fuse or activation != "swiglu":
         return decline(f"fuse={fuse}, activation={activation!r}: the block fuses swiglu only")
     if jnp.dtype(x.dtype) not in (jnp.bfloat16, jnp.float16, jnp.float32) or w_gate_up.dtype != x.dtype:
@@ -434,6 +470,14 @@ def decode_choice(
     return _taken(
         explanation, runs, False, f"the {origin} winner: the block was timed faster than the unfused path"
     )
+
+
+def fp8_tiling(config: decode_block.DecodeConfig, scale_layout: str) -> decode_block.DecodeConfig:
+    """`config` with K tiles no longer than a scale block's rows, so that each tile is scaled once: the
+    block scales cover 128 rows of K; per-tensor and per-channel ones all of it."""
+    if scale_layout != "block_1x128_128x128":
+        return config
+    return dataclasses.replace(config, block_k=min(config.block_k, 128), block_fd=min(config.block_fd, 128))
 
 
 def _declined(error: Exception) -> str:

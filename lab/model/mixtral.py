@@ -19,7 +19,7 @@ path's decode step carries its residual stream in float32, and wo's GEMV adds in
 first residual add is no kernel of its own (decode_residual="add": two XLA adds).
 
 `choices.decode_block` is moe_mlp's `decode_mode` on the moetune path: where moe_mlp's decode_choice takes
-the fused decode block for a block's rows (up to 32 tokens, 16-bit experts; `moe_decode_choice` says which
+the fused decode block for a block's rows (up to 32 tokens; `moe_decode_choice` says which
 and why), the block routes the rows itself, so norm_route_gather does not run: the block's rows come
 from norm_router's kernel or XLA's norm and router, in the model's dtype.
 
@@ -297,7 +297,11 @@ def moe_decode_choice(
         return moe.DecodeChoice(None, False, f"the {moe_path} path has no fused decode block")
     h = jax.ShapeDtypeStruct((tokens, config.hidden), jnp.dtype(config.dtype))
     logits = jax.ShapeDtypeStruct((tokens, config.experts), jnp.float32)
-    return moe.decode_choice(h, logits, p.w_gate_up, config.top_k, decode_mode=decode_mode)
+    fp8 = config.experts_scale_layout
+    return moe.decode_choice(
+        h, logits, p.w_gate_up, config.top_k, decode_mode=decode_mode, scale_layout=fp8,
+        transpose_weights=fp8 != "none",
+    )  # fmt: skip
 
 
 @functools.cache

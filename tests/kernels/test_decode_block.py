@@ -219,3 +219,27 @@ def test_in_kernel_routing_is_lax_top_k_with_its_ties_and_signs(renormalize):
     want = scores if renormalize else jnp.take_along_axis(scores, want_ids, axis=1)
     np.testing.assert_allclose(np.asarray(weights[:, :3]), np.asarray(want), rtol=1e-6)
     assert np.asarray(taken).sum() == 6 and not np.asarray(taken[:, 8:]).any()
+
+
+def test_moe_mlp_takes_the_block_for_fp8_experts_when_asked_and_says_why_not_otherwise():
+    from moetune.kernels.moe import layer
+    from moetune.kernels.moe.fp8 import quantize_weights
+
+    x, logits, w_gate_up, w_down = _inputs(2, 8, 256, 128, seed=6)
+    x = x.astype(jnp.bfloat16)
+    layout = "block_1x128_128x128"
+    (qg, sg), (qd, sd) = (quantize_weights(w, layout, transpose=True) for w in (w_gate_up, w_down))
+    call = dict(top_k=2, w_gate_up_scale=sg, w_down_scale=sd, scale_layout=layout, transpose_weights=True)
+    choose = lambda mode: layer.decode_choice(  # noqa: E731
+        x, logits, qg, 2, decode_mode=mode, scale_layout=layout, transpose_weights=True
+    )
+    assert "FP8 experts" in choose("auto").reason and choose("auto").kernel is None
+    assert choose("interpret").kernel is not None
+    fused = layer.moe_mlp(x, logits, qg, qd, decode_mode="interpret", **call)
+    unfused = layer.moe_mlp(x, logits, qg, qd, decode_mode="xla", **call)
+    # The unfused path quantizes x and the hidden rows to FP8 as well; the block keeps them in bf16.
+    error = np.linalg.norm(np.asarray(fused, np.float32) - np.asarray(unfused, np.float32))
+    assert error / np.linalg.norm(np.asarray(unfused, np.float32)) < 0.1
+    tiling = layer.fp8_tiling(db.DecodeConfig(block_k=256, block_fd=512), layout)
+    assert (tiling.block_k, tiling.block_fd) == (128, 128)
+    assert layer.fp8_tiling(db.DecodeConfig(block_k=256), "row_channel").block_k == 256

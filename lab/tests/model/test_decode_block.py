@@ -63,7 +63,7 @@ def _layer_shapes(config):
     return jax.eval_shape(lambda: init_params(config, 0)).layers[0]
 
 
-def test_the_presets_run_the_block_where_asked_and_fp8_experts_say_why_not():
+def test_the_presets_run_the_block_where_asked_fp8_experts_included():
     next_80b = MODELS["qwen3_next_80b_a3b"]
     assert (next_80b.hidden, next_80b.intermediate, next_80b.experts, next_80b.top_k) == (2048, 512, 512, 10)
     assert (next_80b.heads, next_80b.kv_heads, next_80b.head_dim, next_80b.layers) == (16, 2, 256, 48)
@@ -82,10 +82,12 @@ def test_the_presets_run_the_block_where_asked_and_fp8_experts_say_why_not():
         # "auto" is moe_mlp's: on a CPU, the unfused path.
         auto = mixtral.moe_decode_choice(config, layer, 1, "moetune", "auto")
         assert auto.config is None and auto.reason == "not on a GPU"
-    # FP8 experts stay unfused (moe_mlp takes the block for 16-bit experts only), for the reason it gives.
+    # FP8 experts take the block where it is asked for; "auto" keeps them unfused, saying why.
     fp8 = dataclasses.replace(model_config("tiny_qwen3_next", 1), experts_scale_layout="row_channel")
     choice = mixtral.moe_decode_choice(fp8, _layer_shapes(fp8), 1, "moetune", mode)
-    assert choice.config is None and "float8_e4m3fn" in choice.reason
+    assert choice.config is not None and choice.reason.startswith("decode_mode='interpret'")
+    auto = mixtral.moe_decode_choice(fp8, _layer_shapes(fp8), 1, "moetune", "auto")
+    assert auto.config is None and "FP8 experts" in auto.reason
 
 
 def test_the_fused_choice_runs_the_block_and_decodes_as_the_unfused_path(recorded):
@@ -147,11 +149,10 @@ def test_one_run_times_the_unfused_and_fused_paths_and_records_which_ran(tmp_pat
     assert fused["reason"].startswith("decode_mode='interpret'")
     assert forms["moetune"]["form"] == "unfused" and forms["moetune"]["reason"] == "not on a GPU"
     assert forms["moetune_fp8"]["form"] == "unfused" and forms["moetune_fp8"]["decode_block"] == "auto"
-    # FP8 experts fall back to the unfused path, and the record says why.
     fp8 = forms["moetune_fp8_fused"]
-    assert fp8["decode_block"] == "interpret" and fp8["form"] == "unfused" and "float8" in fp8["reason"]
+    assert fp8["decode_block"] == "interpret" and fp8["form"] == "fused"
     assert [m["moe_block"] for m in runs["moetune_fused"]["moe"]] == ["fused"]
-    assert [m["moe_block"] for m in runs["moetune_fp8_fused"]["moe"]] == ["unfused"]
+    assert [m["moe_block"] for m in runs["moetune_fp8_fused"]["moe"]] == ["fused"]
     parity = result["parity"]
     assert set(parity) == {"moetune_fused_vs_moetune", "moetune_fp8_fused_vs_moetune_fp8"}
     check = parity["moetune_fused_vs_moetune"]
