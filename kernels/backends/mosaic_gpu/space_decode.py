@@ -125,9 +125,9 @@ def split_useful(problem: Problem, config: DecodeBlockConfig, device: DeviceFing
 
 
 def smem_fits(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint) -> str | None:
-    """Each kernel's pipeline stages (weight tile and the rows' tile) within one SM's shared memory.
-    Pruning only: Triton's own allocation may differ, and a config past it fails its compile, which the
-    sweep records."""
+    """Each kernel's pipeline stages (weight tile and the rows' tile), and its float32 accumulators once
+    more (their layout conversion before the store), within one program's shared memory. Pruning only:
+    Triton's own allocation may differ, and a config past it fails its compile, which the sweep records."""
     if not config.fused:
         return None
     try:
@@ -136,8 +136,10 @@ def smem_fits(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerp
         return str(e)
     item = cost._itemsize(problem.rhs_dtype)
     rows = max(decode_block.DOT_ROWS, pow2_at_least(problem.m))
-    up = config.stages_up * (2 * config.block_f + rows) * config.block_k * item
-    down = config.stages_down * (config.block_h + rows) * config.block_fd * item
+    up = (
+        config.stages_up * (2 * config.block_f + rows) * config.block_k * item + rows * 2 * config.block_f * 4
+    )
+    down = config.stages_down * (config.block_h + rows) * config.block_fd * item + rows * config.block_h * 4
     if max(up, down) > limit:
         return f"needs {max(up, down)} bytes of shared memory per program > {limit}"
     return None
