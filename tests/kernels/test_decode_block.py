@@ -253,7 +253,7 @@ from moetune.kernels.moe.reference import moe_mlp_reference
 
 assert jax.device_count() == 4, jax.devices()
 mesh = jax.make_mesh((4,), ("ep",))
-T, E, LOCAL, H, F, K = 3, 8, 2, 32, 16, 2
+T, E, LOCAL, H, F, K = 3, 8, 2, 64, 32, 2
 ks = jax.random.split(jax.random.key(0), 4)
 x = jax.random.normal(ks[0], (T, H), jnp.float32)
 logits = jax.random.normal(ks[1], (T, E), jnp.float32)
