@@ -306,6 +306,10 @@ def moe_mlp(
         )  # fmt: skip
         if choice.kernel is not None:  # forward only: FP8 experts are served for inference
             tiling = fp8_tiling(choice.config.decode_config(), scale_layout)
+            # recording() shows the block: the decision of the same block on x's dtype, whose config
+            # (with K tiles narrowed to the scale blocks) this one runs.
+            source = f"{choice.explanation.source}, on FP8 weights ({scale_layout}) as {tiling.name}"
+            note_use(dataclasses.replace(choice.explanation, source=source))
             return decode_block.decode_block(
                 x, router_logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize, config=tiling,
                 transpose_weights=transpose_weights, w_gate_up_scale=w_gate_up_scale,

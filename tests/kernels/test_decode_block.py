@@ -235,7 +235,11 @@ def test_moe_mlp_takes_the_block_for_fp8_experts_when_asked_and_says_why_not_oth
     )
     assert "FP8 experts" in choose("auto").reason and choose("auto").kernel is None
     assert choose("interpret").kernel is not None
-    fused = layer.moe_mlp(x, logits, qg, qd, decode_mode="interpret", **call)
+    from moetune.kernels.api import recording
+
+    with recording() as calls:
+        fused = layer.moe_mlp(x, logits, qg, qd, decode_mode="interpret", **call)
+    assert [c.problem.op for c in calls] == ["moe_decode_block"] and "FP8 weights" in calls[0].source
     unfused = layer.moe_mlp(x, logits, qg, qd, decode_mode="xla", **call)
     # The unfused path quantizes x and the hidden rows to FP8 as well; the block keeps them in bf16.
     error = np.linalg.norm(np.asarray(fused, np.float32) - np.asarray(unfused, np.float32))
