@@ -26,18 +26,20 @@ hidden are gathered by index vectors, which sm90 TMA (boxes of consecutive rows)
 program's weight stream is pipelined `stages` tiles deep by Triton's cp.async pipeliner, and the grids
 put hundreds of programs on the SMs, which is what reading at the HBM roofline needs.
 
-On the H200 (CUPTI, against the touched experts' weight bytes at the HBM read rate) the block beats the
-unfused path only at one token on small experts (Qwen3-30B-A3B); everywhere else it ties or loses, for
-two reasons read off each kernel's own time: every program of kernel 1 routes the whole batch itself,
-which dominates once E or T grows (Qwen3-Next's 512 experts; T >= 2), and neither kernel keeps enough
-weight bytes in flight (Mixtral's large experts stream at a fraction of the read rate). So `moe_mlp`
-takes this block only where it won (layer.decode_choice); reaching the roofline needs the routing done
-once per batch and deeper weight streams in both kernels.
+What bounds it: at decode sizes both kernels stream the touched experts' weights once, so the block is
+at the HBM roofline when enough weight bytes are in flight on every SM (programs x stages x tile bytes)
+and nothing serial precedes the first load. Two things precede it: the launch, and kernel 1's routing,
+which every program repeats on [T, E] (k rounds of two reductions over E); it grows with T and E, so the
+block pays most where experts are many and the weights read per token few. `up_split`, `down_split` and
+the tile widths trade programs in flight against per-program work; the op's search space and cost model
+(kernels/backends/mosaic_gpu/space_decode.py, cost_model_decode.py) choose them, and `moe_mlp`'s "auto"
+takes the block only where a sweep timed it faster than the unfused path.
 
 Numerics: GEMMs take the inputs' dtype and accumulate in float32; hidden is rounded to x's dtype (as the
 fused gate_up GEMM of the unfused path rounds it); the down products and the weighted combine stay in
-float32 until out is rounded once. The backward is not fused: `moe_mlp` takes this path only for the
-forward of 16-bit experts (see layer.py).
+float32 until out is rounded once. FP8 weights are widened to x's dtype tile by tile, so only the weights
+are 8-bit. The backward is not fused: `moe_mlp` recomputes the unfused path's for 16-bit experts and
+serves FP8 experts forward only (see layer.py).
 
 A shared expert (Qwen3-Next) is not part of this block: it is a dense MLP that runs beside it.
 """
