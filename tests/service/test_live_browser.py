@@ -57,10 +57,16 @@ def _wait_for(browser, what, timeout_s: float = DRAW_TIMEOUT_S):
 
 
 def _text(browser, css: str) -> str:
+    """The first match's text; "" while there is none, or when a live update replaced the element between
+    finding and reading it (the waits then look again)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
     found = browser.find_elements(By.CSS_SELECTOR, css)
-    return found[0].text if found else ""
+    try:
+        return found[0].text if found else ""
+    except StaleElementReferenceException:
+        return ""
 
 
 def test_a_running_sweeps_progress_advances_and_a_jobs_log_grows_without_a_reload(
@@ -84,13 +90,13 @@ def test_a_running_sweeps_progress_advances_and_a_jobs_log_grows_without_a_reloa
             store.heartbeat(sweep_id, owner)
             store.publish_progress(sweep_id, _progress(17))
         _wait_for(browser, lambda b: "17 / 40 trials" in _text(b, ".progress .figures"))
-        assert "tile=17" in _text(browser, "table")
+        _wait_for(browser, lambda b: "tile=17" in _text(b, "table"))
         assert browser.execute_script("return window.loadedOnce") is True
         keep_screenshot(browser, tmp_path, "live-sweep.png")
 
         browser.get(f"{base}/jobs/{job_id}")
         browser.execute_script("window.loadedOnce = true")
-        assert "claimed by h:1" in _text(browser, "pre.log")
+        _wait_for(browser, lambda b: "claimed by h:1" in _text(b, "pre.log"))
         with open_store(sqlite_url) as store:
             store.append_job_log(job_id, ["sweep 1: 5/40 trials", "sweep 1: 9/40 trials"])
         _wait_for(browser, lambda b: "9/40 trials" in _text(b, "pre.log"))

@@ -90,7 +90,8 @@ def _hold(out: Path) -> None:
 
 
 def _tune(out: Path, args: list[str]) -> None:
-    from moetune.tuner import cli, ray_pool
+    from moetune import cli
+    from moetune.tuner import ray_pool
 
     close = ray_pool.RayExecutor.close
 
