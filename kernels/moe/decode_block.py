@@ -228,8 +228,13 @@ def _scale_blocks(w_gate_up, gate_up_scale, w_down, down_scale, transposed, conf
         if jnp.dtype(w.dtype).itemsize != 1:
             raise ConfigInvalid(f"decode block: {name} is {w.dtype}; scales come with FP8 weights")
         _, k, n = (w.shape[0], w.shape[2], w.shape[1]) if transposed else w.shape
-        sk, sn = (scale.shape[2], scale.shape[1]) if transposed else scale.shape[1:]
-        if scale.ndim != 3 or scale.shape[0] != w.shape[0] or k % sk or n % sn:
+        # [E, K/bk, N/bn] (K-major: [E, N/bn, K/bk]); any other rank is refused before it is read.
+        sk, sn = (
+            ((scale.shape[2], scale.shape[1]) if transposed else scale.shape[1:])
+            if scale.ndim == 3
+            else (0, 0)
+        )
+        if not (sk and sn) or scale.shape[0] != w.shape[0] or k % sk or n % sn:
             raise ConfigInvalid(f"decode block: {name}_scale {scale.shape} does not divide {name} {w.shape}")
         block = (k // sk, n // sn)
         if sk > 1 and block[0] % k_tile:

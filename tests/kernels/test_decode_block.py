@@ -201,6 +201,8 @@ def test_fp8_scales_are_checked_by_name():
         )
     with pytest.raises(ConfigInvalid, match="does not divide"):
         call(w_gate_up_scale=jnp.concatenate([sg, sg[:, :, :1]], axis=2), w_down_scale=sd)
+    with pytest.raises(ConfigInvalid, match="does not divide"):
+        call(w_gate_up_scale=sg[:, 0], w_down_scale=sd)  # a rank-2 scale
 
 
 @pytest.mark.parametrize("renormalize", [True, False])
