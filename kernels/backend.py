@@ -90,6 +90,9 @@ class Backend(abc.ABC):
     # table serves nothing.
     kernels: ClassVar[Mapping[str, str]] = {}
     kernel_module: ClassVar[str] = ""
+    # Modules outside the backend's folder whose source is part of what its configs compute (a kernel it
+    # imports from kernels/moe/): hashed with the folder, so that editing one makes its winners stale.
+    shared_kernel_modules: ClassVar[tuple[str, ...]] = ()
     # A rough prior of one candidate's compile seconds on a tuning worker: the tuner's estimates
     # (tuner/cost_model.py) use it until the database holds trials of this backend on the device model.
     prior_compile_s: ClassVar[float] = 2.0
@@ -185,14 +188,17 @@ class Backend(abc.ABC):
         return module.describe(device.device_kind)
 
     def source_hash(self) -> str:
-        """Hash of the backend's own source folder: a change makes every stored winner stale.
+        """Hash of the backend's own source folder and its `shared_kernel_modules`: a change to either
+        makes every stored winner stale.
 
         The folder's timer.py is left out: a timer measures kernels and cannot change what they compute
         or how fast they run, so editing it keeps every tuned winner as valid as it was. So are the
         search space and the cost model (space*.py, cost_model*.py, calibration data): they choose which
-        configs are tried and the untuned default, never what a given config's kernel does.
+        configs are tried and the untuned default, never what a given config's kernel does. A backend
+        without shared kernel modules hashes its folder alone.
         """
-        return _package_hash(type(self).__module__.rsplit(".", 1)[0] if "." in type(self).__module__ else "")
+        package = type(self).__module__.rsplit(".", 1)[0] if "." in type(self).__module__ else ""
+        return _source_hash(package, self.shared_kernel_modules)
 
 
 UNHASHED_SOURCES = (
@@ -215,3 +221,20 @@ def _package_hash(package: str) -> str:
             digest.update(entry.name.encode())
             digest.update(entry.read_bytes())
     return digest.hexdigest()[:16]
+
+
+@functools.cache
+def _source_hash(package: str, modules: tuple[str, ...]) -> str:
+    if not modules:  # the folder's hash as it always was: no stored winner goes stale for nothing
+        return _package_hash(package)
+    digest = hashlib.sha256(_package_hash(package).encode())
+    for name in sorted(modules):
+        digest.update(name.encode())
+        digest.update(_module_source(name))
+    return digest.hexdigest()[:16]
+
+
+def _module_source(name: str) -> bytes:
+    """The source of the single-file module `name` (dotted), read from its package without importing it."""
+    package, _, leaf = name.rpartition(".")
+    return importlib.resources.files(package).joinpath(f"{leaf}.py").read_bytes()
