@@ -403,6 +403,7 @@ def model_entries(run: dict) -> list[dict]:
         "unit": "s",
     }
     results = run["results"]
+    # A path that failed (bench.py records its error in place of the times it lacks) is no peer there.
     others = [path for path in sorted(results) if path != mine]
     entries = []
     for phase, tokens in (("prefill", run["batch"] * run["prompt"]), ("decode", run["batch"] * run["gen"])):
@@ -411,15 +412,24 @@ def model_entries(run: dict) -> list[dict]:
             **common,
             **measurement(results[mine][phase]["samples_s"], 9),
             "params": shape | {"phase": phase, "tokens": tokens},
-            "peers": {path: measurement(results[path][phase]["samples_s"], 9) for path in others},
+            "peers": {
+                path: measurement(results[path][phase]["samples_s"], 9)
+                for path in others
+                if phase in results[path]
+            },
         }
         roofline = results[mine][phase].get("roofline_tokens_per_s")
         if roofline:  # a run that measured its read bandwidth: the decode step's HBM roofline, tokens/s
             entry["bounds"] = {"hbm_roofline_tokens_per_s": round(roofline, 3)}
             entry["params"]["read_GBps"] = round(run["read_GBps"], 1)
         entries.append(entry)
-    for index, layer in enumerate(results[mine]["moe"]):
-        peers = {path: measurement(results[path]["moe"][index]["samples_s"], 9) for path in others}
+    for layer in results[mine]["moe"]:
+        peers = {
+            path: measurement(theirs["samples_s"], 9)
+            for path in others
+            for theirs in results[path].get("moe", [])
+            if theirs["tokens"] == layer["tokens"]
+        }
         entries.append(
             {
                 "name": f"{prefix}/moe_layer/T={layer['tokens']}",

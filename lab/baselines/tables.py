@@ -19,6 +19,8 @@ BLOCK = re.compile(r"(<!-- baselines (\S+) (full|summary) -->\n)(.*?)(<!-- /base
 LABELS = {
     "moetune": "moetune",
     "moetune_fp8": "moetune, FP8 experts",
+    "moetune_fused": "moetune, fused decode block",
+    "moetune_fp8_fused": "moetune, FP8 experts, fused decode block",
     "torch_grouped_mm": "torch._grouped_mm",
     "tokamax_mosaic": "tokamax ragged_dot (mosaic)",
     "mgpu_best": "ragged_dot_mgpu (best of its sweep)",
@@ -30,7 +32,8 @@ LABELS = {
     "one_gpu": "one GPU",
 }
 VERSION_NAMES = {"cuda": "CUDA", "python": "Python"}
-MODEL_PATHS = ("moetune_fp8", "moetune", "ragged", "dense")
+# Every path the model benchmark writes (lab/model/bench.py: MOE_PATHS, the fused and FP8 runs), in row order.
+MODEL_PATHS = ("moetune_fp8_fused", "moetune_fp8", "moetune_fused", "moetune", "ragged", "dense")
 
 
 def _suite(data: dict, suite: str) -> list[dict]:
@@ -216,7 +219,11 @@ def finegrained_summary(data: dict) -> list[str]:
 # --- the MoE block --------------------------------------------------------------------------------------
 
 BLOCK_PEERS = ("tokamax", "torch_grouped_mm", "xla")
+# moetune's own forms of the block beside `moetune` (decode_mode "auto"): columns where a run timed them.
+BLOCK_OWN = ("moetune_unfused", "moetune_fused")
 BLOCK_LABELS = {
+    "moetune_unfused": "moetune, unfused",
+    "moetune_fused": "moetune, fused decode block",
     "tokamax": "on tokamax ragged_dot",
     "torch_grouped_mm": "PyTorch, torch._grouped_mm",
     "xla": "on XLA ragged_dot",
@@ -239,16 +246,25 @@ def block_full(data: dict) -> list[str]:
         "block cut where moe_mlp composes it, each timed alone. A ratio above 1 means moetune is faster.",
         "",
     ]
+    own = [n for n in BLOCK_OWN if any(n in e["peers"] for e in entries)]
+    if own:
+        lines += [
+            '`moetune` is `moe_mlp` as a model calls it (decode_mode "auto"); `moetune, unfused` the block '
+            'as separate kernels (decode_mode "xla"), `moetune, fused decode block` its two fused kernels '
+            '(decode_mode "kernel"), "-" where they did not run (the block fits decode-sized batches only).',
+            "",
+        ]
     rows = []
     for e in sorted(entries, key=lambda e: (e["params"]["model"], e["params"]["tokens"])):
         p, peers = e["params"], {name: peer["median"] for name, peer in e["peers"].items()}
         rivals = [peers[n] for n in BLOCK_PEERS[:2] if n in peers]
         cells = [p["model"], str(p["tokens"]), str(p["experts"]), f"{e['median']:.3f}"]
-        cells += [f"{peers[n]:.3f}" if n in peers else "-" for n in BLOCK_PEERS]
+        cells += [f"{peers[n]:.3f}" if n in peers else "-" for n in (*own, *BLOCK_PEERS)]
         cells += [f"{min(rivals) / e['median']:.2f}x" if rivals else "-"]
         cells += [f"{p['stages_ms'][n]:.3f}" if n in p["stages_ms"] else "-" for n in BLOCK_STAGES]
         rows.append(cells)
-    head = ["model", "T", "E", "moetune", *(BLOCK_LABELS[n] for n in BLOCK_PEERS), "faster peer / moetune"]
+    head = ["model", "T", "E", "moetune", *(BLOCK_LABELS[n] for n in (*own, *BLOCK_PEERS))]
+    head += ["faster peer / moetune"]
     head += [f"stage: {n}" for n in BLOCK_STAGES]
     return lines + _table(head, rows) + [""]
 
@@ -382,8 +398,24 @@ def model_full(data: dict) -> list[str]:
                 "",
                 f"At {t} moetune's MoE layer runs {' and '.join(ratios)}; decode {decode:.2f}x XLA's.",
             ]
+        lines += _fused_decode(values)
         lines += [""]
     return lines
+
+
+# Each fused model path and the unfused one it is compared with (lab/model/bench.py FUSED_REFERENCE).
+FUSED_OF = {"moetune_fused": "moetune", "moetune_fp8_fused": "moetune_fp8"}
+
+
+def _fused_decode(values: dict[str, dict[str, float]]) -> list[str]:
+    """A line per fused path timed beside its unfused one: their decode rates' ratio."""
+    lines = [
+        f"`{LABELS[fused]}` decodes at {values[fused]['decode'] / values[unfused]['decode']:.2f}x the rate "
+        f"of `{LABELS[unfused]}`."
+        for fused, unfused in FUSED_OF.items()
+        if fused in values and unfused in values
+    ]
+    return ["", *lines] if lines else []
 
 
 # --- MaxText ----------------------------------------------------------------------------------------------

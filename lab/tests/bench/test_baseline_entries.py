@@ -108,6 +108,16 @@ def test_an_fp8_model_run_measures_its_fp8_path_under_names_of_its_own():
     assert not {e["name"] for e in bf16} & {e["name"] for e in made}
 
 
+def test_a_failed_path_of_a_model_run_is_no_peer_where_it_has_no_time():
+    run = bench_model_run()
+    run["results"]["moetune_fused"] = {"moe_block": {}, "error": "RuntimeError: out of memory"}
+    run["results"]["moetune_fp8"] = {k: v for k, v in run["results"]["moetune"].items() if k != "moe"}
+    run["results"]["moetune_fp8"]["error"] = "RuntimeError: cut in the MoE layer"
+    prefill, decode, layer = entries.model_entries(run)
+    assert sorted(prefill["peers"]) == sorted(decode["peers"]) == ["dense", "moetune_fp8", "ragged"]
+    assert sorted(layer["peers"]) == ["dense", "ragged"]
+
+
 def test_tuner_runs_of_either_kind_become_one_entry_with_a_sample_per_run():
     info = {
         "date": "2026-01-02",
@@ -424,6 +434,34 @@ def test_a_block_run_keeps_the_peers_that_ran_and_the_stages():
     text = tables.render_full(file)
     row = "| qwen3-30b-a3b | 1 | 128 | 0.050 | 0.060 | 0.100 | - | 1.20x |"
     assert row + " 1.000 | 2.000 | 3.000 | 4.000 | 5.000 |" in text
+    assert "fused decode block" not in text  # no column of dashes for forms the run did not time
+
+
+def test_a_block_run_of_every_method_renders_moetunes_unfused_and_fused_forms_as_columns():
+    def timed(ms):
+        return {"samples_ms": [ms, ms], "median_ms": ms}
+
+    model = dev_shapes.MODELS["qwen3-30b-a3b"]
+    every = {"moetune": timed(0.05), "moetune_unfused": timed(0.07), "moetune_fused": timed(0.04)}
+    every |= {"tokamax": timed(0.06), "xla": timed(0.2), "torch_grouped_mm": timed(0.1)}
+    assert set(every) == set(bench_block.METHODS)
+    past_the_block = every | {"moetune_fused": {"skipped": "the fused block does not run: T=4096"}}
+    cases = [
+        bench_block.case_record(model, 1, every, {}),
+        bench_block.case_record(model, 4096, past_the_block, {}),
+    ]
+    env = {"date": "2026-01-02T03:04:05Z", "device_kind": "Test GPU", "command": "python3 bench_block.py"}
+    made = entries.block_entries({"environment": env, "cases": cases})
+    assert sorted(made[0]["peers"]) == sorted(set(bench_block.METHODS) - {"moetune"})
+    text = tables.render_full(
+        {"schema": "moetune.baselines", "schema_version": 1, "gpu": "G", "entries": made}
+    )
+    head = (
+        "| model | T | E | moetune | moetune, unfused | moetune, fused decode block | on tokamax ragged_dot |"
+    )
+    assert head in text
+    assert "| qwen3-30b-a3b | 1 | 128 | 0.050 | 0.070 | 0.040 | 0.060 | 0.100 | 0.200 | 1.20x |" in text
+    assert "| qwen3-30b-a3b | 4096 | 128 | 0.050 | 0.070 | - | 0.060 | 0.100 | 0.200 | 1.20x |" in text
 
 
 def _timed(ms, **extra):

@@ -239,6 +239,45 @@ def test_an_fp8_model_run_gets_a_table_of_its_own_with_the_roofline_of_its_weigh
     assert "| moetune | 2000 | 100.0 |\n" in text  # the bf16 run's own table, which has no roofline
 
 
+def test_the_fused_model_paths_get_rows_of_their_own_and_their_decode_against_the_unfused():
+    model = [
+        model_entry("prefill", 64, 0.032, 0.064, 0.128),
+        model_entry("decode", 8, 0.08, 0.16, 0.32),
+        model_entry("moe_layer", 64, 0.002, 0.008, 0.004),
+    ]
+    for made, fused in zip(model, (0.032, 0.04, 0.001), strict=True):
+        made["peers"]["moetune_fused"] = {"samples": [fused], "median": fused}
+    text = tables.render_full(data(*model))
+    assert "| moetune, fused decode block | 2000 | 200.0 | 1.000 |" in text
+    assert text.index("| moetune, fused decode block |") < text.index("| moetune | 2000 |")
+    assert "`moetune, fused decode block` decodes at 2.00x the rate of `moetune`." in text
+    assert "| moetune, fused decode block | 2000 | 200.0 | 1.000 |" in tables.render_summary(data(*model))
+
+
+def test_an_fp8_fused_model_path_is_labelled_and_compared_with_the_fp8_one():
+    decode = model_entry("decode", 8, 0.04, 0.16, 0.32)
+    decode["params"] |= {"path": "moetune_fp8", "fp8": "row_channel"}
+    decode["peers"]["moetune_fp8_fused"] = {"samples": [0.02], "median": 0.02}
+    prefill = model_entry("prefill", 64, 0.016, 0.064, 0.128)
+    prefill["params"] |= {"path": "moetune_fp8", "fp8": "row_channel"}
+    prefill["peers"]["moetune_fp8_fused"] = {"samples": [0.016], "median": 0.016}
+    text = tables.render_full(data(decode, prefill))
+    assert "| moetune, FP8 experts, fused decode block | 4000 | 400.0 |" in text
+    assert "decodes at 2.00x the rate of `moetune, FP8 experts`." in text
+
+
+def test_every_method_and_path_the_benchmarks_write_has_a_label_and_a_place_in_its_table():
+    from moetune_lab.bench import bench_block
+    from moetune_lab.model import bench as model_bench
+
+    block = set(bench_block.METHODS) - {"moetune"}  # the entry's own time, the rest its peers
+    assert block == set(tables.BLOCK_OWN) | set(tables.BLOCK_PEERS)
+    assert block <= set(tables.BLOCK_LABELS)
+    paths = {*model_bench.RUN_NAMES, model_bench.FP8_PATH, model_bench.FP8_FUSED_PATH}
+    assert paths == set(tables.MODEL_PATHS) and paths <= set(tables.LABELS)
+    assert tables.FUSED_OF == model_bench.FUSED_REFERENCE
+
+
 def maxtext_entry(case: str, tokens: int, ms: float, theirs: float, route="ragged_dot", **params) -> dict:
     made = entry(
         name=f"maxtext/tiny/{case}/T={tokens}/{route}",
