@@ -5,16 +5,18 @@
               top-k by repeated argmax, weights renormalized or not, as `moe.route`) on the batch's own
               rows, takes the p-th touched local expert in ascending order (a cumulative sum over the
               touched mask), and runs gate_up over its F tile and its share of H for every token. With
-              up_split == 1 it applies SwiGLU to the float32 accumulators and stores only the rows of
-              the tokens routed to it into hidden[T*k, F] at flat slot t*k + j; with up_split > 1 it
-              stores its float32 gate and up partial sums, which kernel 2 adds in split order before
-              the SwiGLU (more programs where experts are few and F is narrow, wider column tiles).
-              The expert's first program also writes its row of three small tables for kernel 2
-              (expert id, flat slot of each token or -1, each token's routing weight or 0).
+              up_split == 1 it applies SwiGLU to the float32 accumulators and stores its expert's rows
+              of hidden[P, T', F] (T' = the dot's padded rows; a token not routed to the expert gets
+              zeros); with up_split > 1 it stores its float32 gate and up partial sums, which kernel 2
+              adds in split order before the SwiGLU (more programs where experts are few and F is
+              narrow, wider column tiles). The expert's first program also writes its entries of two
+              small tables for kernel 2 (expert id, each token's routing weight or 0).
     kernel 2  grid (H / block_h, down_split)
               each program streams w_down[e, :, its H tile] of its share of the flat list of (touched
               expert, F step) pairs (one loop, so the weight loads pipeline across experts) and sums the
-              weighted products in float32 in ascending expert order. With down_split == 1 it owns its
+              weighted products in float32 in ascending expert order. Every address in that loop is
+              arithmetic on the loop index (hidden is laid out by work slot, the expert ids are held
+              in registers): no load waits on another, so the weight tiles pipeline `stages` deep. With down_split == 1 it owns its
               H tile and writes out[T, H] directly; with down_split > 1 the programs of one H tile write
               float32 partial sums, and the last to arrive (an integer counter zeroed by kernel 1) adds
               them in split order 0, 1, ... and writes out. Both are deterministic: no float atomics, and
@@ -164,22 +166,22 @@ def decode_block(
     h_tiles = hidden // config.block_h
     i32, f32 = jnp.int32, jnp.float32
     up_split = config.up_split
-    # One split: hidden rows after the SwiGLU, in x's dtype. More: each split's float32 gate and up
-    # partial sums side by side ([split, T*k, 2F]), which kernel 2 adds in split order.
+    # Laid out by work slot, so kernel 2 reads an expert's rows at an address it computes: one split,
+    # hidden rows after the SwiGLU in x's dtype; more, each split's float32 gate and up partial sums side
+    # by side ([split, P, T', 2F]), which kernel 2 adds in split order.
     hidden_shape = (
-        jax.ShapeDtypeStruct((tokens * top_k, inter), x.dtype)
+        jax.ShapeDtypeStruct((slots, rows, inter), x.dtype)
         if up_split == 1
-        else jax.ShapeDtypeStruct((up_split, tokens * top_k, 2 * inter), f32)
+        else jax.ShapeDtypeStruct((up_split, slots, rows, 2 * inter), f32)
     )
-    hidden_rows, expert_of, slot_of, weight_of, count, counter = pl.pallas_call(
+    hidden_rows, expert_of, weight_of, count, counter = pl.pallas_call(
         functools.partial(
             _up_kernel, tokens=tokens, experts=experts, local=local, top_k=top_k, renormalize=renormalize,
             rows=rows, inter=inter, config=config, transposed=transpose_weights, scale_block=scales[0],
         ),
         out_shape=(
             hidden_shape,
-            jax.ShapeDtypeStruct((slots,), i32),
-            jax.ShapeDtypeStruct((slots, rows), i32),
+            jax.ShapeDtypeStruct((pow2_at_least(slots),), i32),  # a power of two: kernel 2 loads it whole
             jax.ShapeDtypeStruct((slots, rows), f32),
             jax.ShapeDtypeStruct((1,), i32),
             jax.ShapeDtypeStruct((h_tiles,), i32),
@@ -201,12 +203,12 @@ def decode_block(
             jax.ShapeDtypeStruct((h_tiles,), i32),
         ),
         grid=(h_tiles, split),
-        input_output_aliases={6: 2},
+        input_output_aliases={5: 2},
         compiler_params=pltriton.CompilerParams(num_warps=config.warps_down, num_stages=config.stages_down),
         interpret=interpret,
         name="moetune_decode_down",
     )(
-        hidden_rows, w_down, expert_of, slot_of, weight_of, count, counter,
+        hidden_rows, w_down, expert_of, weight_of, count, counter,
         *([w_down_scale] if scales[1] else []),
     )  # fmt: skip
     return out
@@ -320,7 +322,7 @@ def _up_kernel(
     tokens, experts, local, top_k, renormalize, rows, inter, config, transposed, scale_block,
 ):  # fmt: skip
     scale_ref = refs[0] if scale_block else None
-    hidden_ref, expert_ref, slot_ref, weight_ref, count_ref, counter_ref = refs[1:] if scale_block else refs
+    hidden_ref, expert_ref, weight_ref, count_ref, counter_ref = refs[1:] if scale_block else refs
     p, f, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     hidden_size = x_ref.shape[1]
     ep, kp = pow2_at_least(experts), pow2_at_least(top_k)
@@ -349,7 +351,6 @@ def _up_kernel(
     e = jnp.sum(jnp.where(touched & (running == p + 1), expert, 0))
     routed = (ids == e) & (slot < top_k)[None, :]  # [narrow, kp]: at most one slot per token
     mine = _widen((jnp.max(routed.astype(jnp.int32), axis=1) > 0) & real_token & active, rows)
-    flat_slot = _widen(token * top_k + jnp.sum(jnp.where(routed, slot[None, :], 0), axis=1), rows)
     weight = _widen(jnp.sum(jnp.where(routed, weights, 0.0), axis=1), rows)
     local_e = jnp.where(active, e - offset, 0)
 
@@ -377,26 +378,23 @@ def _up_kernel(
 
     zeros = jnp.zeros((rows, bf), jnp.float32)
     gate, up = jax.lax.fori_loop(0, steps, step, (zeros, zeros))
-    # Rows not stored point one past the end: a masked lane touches no memory on the GPU, and the
-    # interpreter (which stores every lane, masked ones with the value read) drops out-of-bounds lanes
-    # rather than letting a duplicate index overwrite a real row.
-    row = jnp.where(mine, flat_slot, tokens * top_k)[:, None]
-    columns = (f * bf + jnp.arange(bf))[
-        None, :
-    ]  # index arrays, not slices: the interpreter's stores take one kind
+    # The batch's real rows of this expert's slot: a token routed elsewhere stores zeros (its weight is 0
+    # there, and 0 * a finite value cannot carry a NaN of another token's x into the sum); the padding
+    # rows are neither stored nor read.
+    row = dot_token[:, None]
+    columns = (f * bf + jnp.arange(bf))[None, :]  # index arrays, not slices: the interpreter's stores take one kind
+    keep = ((dot_token < tokens) & active)[:, None]
     if config.up_split == 1:
-        pltriton.store(hidden_ref.at[row, columns], (_silu(gate) * up).astype(dtype), mask=mine[:, None])
+        value = jnp.where(mine[:, None], _silu(gate) * up, 0.0).astype(dtype)
+        pltriton.store(hidden_ref.at[p, row, columns], value, mask=keep)
     else:
-        pltriton.store(hidden_ref.at[s, row, columns], gate, mask=mine[:, None])
-        pltriton.store(hidden_ref.at[s, row, inter + columns], up, mask=mine[:, None])
+        pltriton.store(hidden_ref.at[s, p, row, columns], jnp.where(mine[:, None], gate, 0.0), mask=keep)
+        pltriton.store(hidden_ref.at[s, p, row, inter + columns], jnp.where(mine[:, None], up, 0.0), mask=keep)
 
     # Kernel 2's tables: written once per expert (by its first program), the count and the zeroed
     # arrival counters once per call.
     first = active & (f == 0) & (s == 0)
     pltriton.store(expert_ref.at[pl.ds(p, 1)], jnp.full((1,), local_e, jnp.int32), mask=jnp.full((1,), first))
-    pltriton.store(
-        slot_ref.at[p, pl.ds(0, rows)], jnp.where(mine, flat_slot, -1), mask=jnp.full((rows,), first)
-    )
     pltriton.store(
         weight_ref.at[p, pl.ds(0, rows)], jnp.where(mine, weight, 0.0), mask=jnp.full((rows,), first)
     )
@@ -413,7 +411,7 @@ def _up_kernel(
 
 
 def _down_kernel(
-    hidden_ref, w_ref, expert_ref, slot_ref, weight_ref, count_ref, _counter_in, *refs,
+    hidden_ref, w_ref, expert_ref, weight_ref, count_ref, _counter_in, *refs,
     tokens, rows, inter, dtype, config, transposed, scale_block, interpret,
 ):  # fmt: skip
     scale_ref = refs[0] if scale_block else None
@@ -432,33 +430,44 @@ def _down_kernel(
     lo = jnp.minimum(s * share, work)
     hi = jnp.minimum(lo + share, work)
 
-    def hidden_rows(slot, f0):
-        """The [rows, bk] SwiGLU outputs of these flat slots at F columns [f0, f0 + bk), in x's dtype."""
-        at = jnp.maximum(slot, 0)
+    token = jnp.arange(rows)
+    real = (token < tokens)[:, None]
+    # Every touched expert's id, held in registers: the step picks its own with a compare and a sum,
+    # so the weight tile's address waits on no load.
+    slot_ids = jnp.arange(expert_ref.shape[0])
+    expert_ids = expert_ref[...]
+
+    def hidden_rows(p, f0):
+        """Work slot p's [rows, bk] SwiGLU outputs at F columns [f0, f0 + bk), in x's dtype; the padding
+        rows are 0 and never read."""
         if config.up_split == 1:
-            return hidden_ref[at, pl.ds(pl.multiple_of(f0, bk), bk)]
+            at = hidden_ref.at[p, pl.ds(0, rows), pl.ds(pl.multiple_of(f0, bk), bk)]
+            return pltriton.load(at, mask=real, other=0.0)
         gate = jnp.zeros((rows, bk), jnp.float32)
         up = jnp.zeros((rows, bk), jnp.float32)
         for part in range(config.up_split):  # kernel 1's K splits, added in split order
-            gate += hidden_ref[part, at, pl.ds(pl.multiple_of(f0, bk), bk)]
-            up += hidden_ref[part, at, pl.ds(pl.multiple_of(inter + f0, bk), bk)]
+            gate += pltriton.load(
+                hidden_ref.at[jnp.int32(part), p, pl.ds(0, rows), pl.ds(pl.multiple_of(f0, bk), bk)], mask=real, other=0.0
+            )
+            up += pltriton.load(
+                hidden_ref.at[jnp.int32(part), p, pl.ds(0, rows), pl.ds(pl.multiple_of(inter + f0, bk), bk)],
+                mask=real,
+                other=0.0,
+            )
         return (_silu(gate) * up).astype(dtype)
 
     def step(i, acc):
         p = i // f_steps
         f0 = (i % f_steps) * bk
-        e = expert_ref[p]
-        slot = slot_ref[p, pl.ds(0, rows)]
+        e = jnp.sum(jnp.where(slot_ids == p, expert_ids, 0))
         weight = weight_ref[p, pl.ds(0, rows)]
-        rows_in = jnp.where((slot >= 0)[:, None], hidden_rows(slot, f0), 0)
+        rows_in = hidden_rows(p, f0)
         ks = pl.ds(pl.multiple_of(f0, bk), bk)
         scale = (scale_ref, scale_block, h * bh) if scale_block else None
         part = _dot_weights(rows_in, w_ref, e, ks, cols, transposed, precision, scale)
         return acc + part * weight[:, None]
 
     acc = jax.lax.fori_loop(lo, hi, step, jnp.zeros((rows, bh), jnp.float32))
-    token = jnp.arange(rows)
-    real = (token < tokens)[:, None]
     beyond = jnp.where(token < tokens, token, tokens)[
         :, None
     ]  # padding rows one past the end, as in _up_kernel

@@ -24,7 +24,7 @@ MODELS = {
 CONFIGS = [
     db.DecodeConfig(),
     db.DecodeConfig(block_h=128, down_split=8),
-    db.DecodeConfig(block_f=64, up_split=2, block_h=128, down_split=8),
+    db.DecodeConfig(block_f=64, up_split=2, block_h=128, down_split=8, stages_down=2),
 ]
 
 

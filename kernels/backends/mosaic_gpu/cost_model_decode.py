@@ -9,7 +9,9 @@ bound by how fast the weights stream, not by FLOPs. Per kernel:
            programs in flight sustain: by Little's law, bytes in flight / memory latency, at most the HBM
            read rate. Each program keeps stages - 1 weight tiles in flight; programs in flight are the
            active ones, at most the SMs times the programs one SM holds (its warp slots, its shared memory
-           for the pipeline's stages, its registers, and a cap of programs per SM).
+           for the pipeline's stages, its registers, and a cap of programs per SM). A tile whose rows
+           are contiguous runs shorter than a cache line (128 bytes) fetches whole lines: the rate is
+           scaled by the run's share of a line (the weight layout decides which tile width is the run).
   chain    one program's own chain, which no other program hides: kernel 1's routing, then its K steps,
            one memory latency per stages - 1 tiles; kernel 2's share of the (expert, F step) list the
            same way, plus the fixed-order meeting of down_split partial sums. Programs past what the SMs
@@ -55,6 +57,8 @@ ROUTING_ARRAYS = 4
 # masked keys, the row max (a reduction), the tie compare, the index min (a reduction), the hit mask, the
 # taken update, the value pick and its sum, and the slot writes of ids and values.
 ROUTE_OPS_PER_ELEMENT = 12
+# The unit HBM reads through L2: a tile row's contiguous run shorter than this still costs a line.
+LINE_BYTES = 128
 # Lanes one warp scheduler issues a clock: a program of w warps issues min(w, 4) of an SM's 4 at most.
 LANES_PER_SCHEDULER = 32
 SCHEDULERS_PER_SM = 4
@@ -86,6 +90,22 @@ def _itemsize(dtype: str) -> int:
     return {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
 
 
+def pipeline_smem(problem: Problem, config: DecodeConfig) -> tuple[int, int]:
+    """Shared memory per program of (kernel 1, kernel 2): Triton's pipeliner keeps stages - 1 buffers of
+    every load in the loop (the byte counts of configs that failed to compile are exactly that), plus the
+    float32 accumulators once for their layout conversion before the store. Kernel 1's loads are the
+    gate and up weight tiles and x's rows; kernel 2's the w_down tile and the hidden rows, which with
+    up_split > 1 are the splits' float32 gate and up partial sums, up_split * 2 tiles of them."""
+    item = _itemsize(problem.rhs_dtype)
+    rows = max(DOT_ROWS, pow2_at_least(problem.m))
+    up_stage = (2 * config.block_f + rows) * config.block_k * item
+    up = max(1, config.stages_up - 1) * up_stage + rows * 2 * config.block_f * 4
+    hidden_tile = rows * config.block_fd * (item if config.up_split == 1 else 2 * config.up_split * 4)
+    down_stage = config.block_h * config.block_fd * item + hidden_tile
+    down = max(1, config.stages_down - 1) * down_stage + rows * config.block_h * 4
+    return up, down
+
+
 def _resident(facts: hardware.ArchFacts, warps: int, smem_bytes: int, registers: float) -> tuple[int, float]:
     """(programs one SM holds, the routing's slow-down from spilled registers)."""
     per_thread = min(registers, REGISTERS_PER_THREAD)
@@ -108,12 +128,13 @@ def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprin
     active = touched_experts(problem) * f_tiles * config.up_split
     steps = hidden // (config.block_k * config.up_split)
     tile = 2 * config.block_f * config.block_k * item  # a step's gate and up tiles
-    smem = config.stages_up * (tile + rows * config.block_k * item)
+    smem = pipeline_smem(problem, config)[0]
     threads = 32 * config.warps_up
     registers = BASE_REGISTERS + (2 * rows * config.block_f + ROUTING_ARRAYS * routed) / threads
     resident, spill = _resident(facts, config.warps_up, smem, registers)
     in_flight = min(active, device.core_count * resident) * (config.stages_up - 1) * tile
-    rate = min(hardware.hbm_bytes_per_s(device.device_kind, device.compute_capability), in_flight / latency)
+    run = (config.block_k if problem.transpose_rhs else config.block_f) * item
+    rate = min(_line_rate(device, run), in_flight / latency)
     stream_s = touched_experts(problem) * hidden * problem.n * item / rate
     route_ops = top_k * routed * ROUTE_OPS_PER_ELEMENT * spill
     lanes = min(config.warps_up, SCHEDULERS_PER_SM) * LANES_PER_SCHEDULER
@@ -135,11 +156,12 @@ def down_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerpr
     programs = hidden // config.block_h * config.down_split
     share = math.ceil(touched * inter / config.block_fd / config.down_split)
     tile = config.block_fd * config.block_h * item
-    smem = config.stages_down * (tile + rows * config.block_fd * item)
+    smem = pipeline_smem(problem, config)[1]
     registers = BASE_REGISTERS + rows * config.block_h / (32 * config.warps_down)
     resident, _ = _resident(facts, config.warps_down, smem, registers)
     in_flight = min(programs, device.core_count * resident) * (config.stages_down - 1) * tile
-    rate = min(hardware.hbm_bytes_per_s(device.device_kind, device.compute_capability), in_flight / latency)
+    run = (config.block_fd if problem.transpose_rhs else config.block_h) * item
+    rate = min(_line_rate(device, run), in_flight / latency)
     stream_s = touched * inter * hidden * item / rate
     # Split programs of one H tile write float32 partial sums; the last to arrive (a counter, one more
     # latency) reads them back and adds them in split order.
@@ -147,6 +169,12 @@ def down_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerpr
     chain = latency + share * latency / (config.stages_down - 1) + meeting
     waves = math.ceil(programs / (device.core_count * resident))
     return _kernel(stream_s, waves * chain, 0.0, programs, resident)
+
+
+def _line_rate(device: DeviceFingerprint, run_bytes: int) -> float:
+    """The HBM read rate of tiles whose rows are `run_bytes` contiguous bytes (LINE_BYTES)."""
+    peak = hardware.hbm_bytes_per_s(device.device_kind, device.compute_capability)
+    return peak * min(1.0, run_bytes / LINE_BYTES)
 
 
 def _kernel(stream_s: float, chain_s: float, route_s: float, programs: int, resident: int) -> KernelEstimate:

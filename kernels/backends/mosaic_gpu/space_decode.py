@@ -55,7 +55,7 @@ DOWN_DOMAINS: dict[str, tuple] = {
     "block_fd": (32, 64, 128, 256),
     "stages_down": (2, 3, 4),
     "warps_down": (4, 8),
-    "down_split": (1, 2, 4, 8),
+    "down_split": (1, 2, 4, 8, 16),
 }
 # fused=False, the baseline, is timed apart (SearchSpace.baseline), not searched: it has no tiling to vary.
 DOMAINS: dict[str, tuple] = {"fused": (True,), **UP_DOMAINS, **DOWN_DOMAINS}
@@ -125,21 +125,15 @@ def split_useful(problem: Problem, config: DecodeBlockConfig, device: DeviceFing
 
 
 def smem_fits(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint) -> str | None:
-    """Each kernel's pipeline stages (weight tile and the rows' tile), and its float32 accumulators once
-    more (their layout conversion before the store), within one program's shared memory. Pruning only:
-    Triton's own allocation may differ, and a config past it fails its compile, which the sweep records."""
+    """Each kernel's pipelined loads and accumulators (cost_model_decode.pipeline_smem) within one
+    program's shared memory: a config past it fails its compile."""
     if not config.fused:
         return None
     try:
         limit = hardware.facts(device.compute_capability).smem_per_block
     except Unsupported as e:
         return str(e)
-    item = cost._itemsize(problem.rhs_dtype)
-    rows = max(decode_block.DOT_ROWS, pow2_at_least(problem.m))
-    up = (
-        config.stages_up * (2 * config.block_f + rows) * config.block_k * item + rows * 2 * config.block_f * 4
-    )
-    down = config.stages_down * (config.block_h + rows) * config.block_fd * item + rows * config.block_h * 4
+    up, down = cost.pipeline_smem(problem, config.decode_config())
     if max(up, down) > limit:
         return f"needs {max(up, down)} bytes of shared memory per program > {limit}"
     return None
