@@ -7,7 +7,7 @@ import json
 import pytest
 
 from moetune_lab.baselines import cli as baselines
-from moetune_lab.baselines import entries, tables
+from moetune_lab.baselines import entries, quotes, tables
 from moetune_lab.bench import bench_block, dev_shapes
 
 
@@ -463,6 +463,20 @@ def test_a_block_run_of_every_method_renders_moetunes_unfused_and_fused_forms_as
     assert "| qwen3-30b-a3b | 1 | 128 | 0.050 | 0.070 | 0.040 | 0.060 | 0.100 | 0.200 | 1.20x |" in text
     assert "| qwen3-30b-a3b | 4096 | 128 | 0.050 | 0.070 | - | 0.060 | 0.100 | 0.200 | 1.20x |" in text
 
+
+
+def test_a_block_run_keeps_each_methods_kernel_count_and_the_roofline_its_shares_are_quoted_against():
+    model = dev_shapes.MODELS["qwen3-30b-a3b"]
+    methods = {
+        "moetune": {"samples_ms": [0.05, 0.05], "median_ms": 0.05, "kernels": 14},
+        "moetune_fused": {"samples_ms": [0.04, 0.04], "median_ms": 0.04, "kernels": 2},
+    }
+    case = bench_block.case_record(model, 1, methods, {}, roofline_ms=0.02)
+    env = {"date": "2026-01-02T03:04:05Z", "device_kind": "Test GPU", "command": "python3 bench_block.py"}
+    (made,) = entries.block_entries({"environment": env, "cases": [case]})
+    assert made["params"]["kernels"] == {"moetune": 14, "moetune_fused": 2}
+    assert made["bounds"] == {"hbm_roofline": 0.02}
+    assert quotes.value(made, "roof:moetune_fused") == pytest.approx(0.5)
 
 def _timed(ms, **extra):
     return {"samples_ms": [ms, ms * 1.02, ms * 0.98], "median_ms": ms} | extra
