@@ -23,8 +23,14 @@ quantized experts, the gmm v2 kernels, embedding-chunked partial sums, the Trans
 the vLLM fused MoE, and DeepSeek's batch-split schedule (its own MoE code, whose megablox calls get a
 refusing stand-in).
 
-Recognition: install() compares megablox gmm's parameters and sparse_matmul's calls with the ones this
-module was written against (MaxText 0.2.5); any difference raises MaxTextNotRecognized naming it.
+At decode sizes the plug-in goes one step further: its stand-in for RoutedMoE.sparse_matmul runs the
+whole layer (routing, both GEMMs, combine) as moetune's fused decode block where moe_mlp's decode_choice
+takes it (`install(decode_mode=...)`, decode.py), and MaxText's sparse_matmul otherwise; decode.decisions()
+says which ran and why.
+
+Recognition: install() compares megablox gmm's parameters, sparse_matmul's parameters and its calls with
+the ones this module was written against (MaxText 0.2.5); any difference raises MaxTextNotRecognized
+naming it.
 """
 
 from __future__ import annotations
@@ -39,8 +45,10 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from moetune.integrations.maxtext import decode
 from moetune.kernels.api import grouped_matmul
 from moetune.kernels.errors import ConfigInvalid, MoetuneError
+from moetune.kernels.moe import pallas_mode
 
 MOE_MODULE = "maxtext.layers.moe"
 # MaxText modules with an MoE of their own that imports megablox and tokamax directly (DeepSeek's batch-split
@@ -55,6 +63,11 @@ MEGABLOX_GMM_PARAMETERS = (
 )  # fmt: skip
 # The calls sparse_matmul's gmm makes, one per route, each through a module name the plug-in replaces.
 SPARSE_MATMUL_CALLS = ("mblx.gmm(", "tokamax.ragged_dot(", "jax.lax.ragged_dot(")
+# RoutedMoE.sparse_matmul's parameters, in order, as its decode stand-in (decode.serving) takes them.
+SPARSE_MATMUL_PARAMETERS = (
+    "self", "inputs", "gate_logits", "pre_bias_logits", "w0_kernel", "w1_kernel", "wo_kernel", "w0_bias",
+    "w1_bias", "wo_bias", "input_ids", "forced_routed_experts",
+)  # fmt: skip
 LAYER_CLASS = "RoutedMoE"
 
 
@@ -75,7 +88,9 @@ class _Patch:
     tokamax: Any
     jax: Any
     call: Callable[..., Any]
+    sparse_matmul: Callable[..., Any]
     own_moe: tuple[tuple[Any, str, Any], ...]  # (module, name, original) of OWN_MOE_MODULES
+    decode_mode: str = "auto"  # moe_mlp's, for decode-sized layers (decode.py)
 
 
 # The one piece of process state: MaxText's module is patched or not, and this says with what.
@@ -100,11 +115,16 @@ def is_installed() -> bool:
     return _patch is not None
 
 
-def install() -> None:
-    """Make MaxText's routed MoE call moetune's grouped GEMM (idempotent). Raises MaxTextNotRecognized if
-    MaxText is missing or its MoE code differs from the one this plug-in knows."""
+def install(decode_mode: str = "auto") -> None:
+    """Make MaxText's routed MoE call moetune's grouped GEMM, and at decode sizes its fused decode block
+    where moe_mlp's `decode_mode` takes it ("auto": where a sweep timed the block faster; "kernel",
+    "interpret" (CPU tests), "xla": never). Idempotent; installed already, it takes the new decode_mode.
+    Raises MaxTextNotRecognized if MaxText is missing or its MoE code differs from the one this plug-in
+    knows, ConfigInvalid for an unknown decode_mode."""
     global _patch
+    pallas_mode.check(decode_mode, "decode_mode")
     if _patch is not None:
+        _patch = dataclasses.replace(_patch, decode_mode=decode_mode)
         return
     moe = _import(MOE_MODULE)
     layer = _recognise(moe)
@@ -117,11 +137,21 @@ def install() -> None:
                 replaced = "gmm" if attr == "megablox" else "ragged_dot"
                 own.append((module, attr, getattr(module, attr)))
                 setattr(module, attr, _StandIn(getattr(module, attr), **{replaced: refusal}))
-    _patch = _Patch(moe, moe.mblx, moe.tokamax, moe.jax, layer.__call__, tuple(own))
+    routing = decode.routing_difference(layer)
+    _patch = _Patch(
+        moe, moe.mblx, moe.tokamax, moe.jax, layer.__call__, layer.sparse_matmul, tuple(own), decode_mode
+    )
     moe.mblx = _StandIn(moe.mblx, gmm=_megablox_gmm)
     moe.tokamax = _StandIn(moe.tokamax, ragged_dot=_tokamax_ragged_dot)
     moe.jax = _StandIn(moe.jax, lax=_StandIn(moe.jax.lax, ragged_dot=_lax_ragged_dot))
     layer.__call__ = _checked(layer.__call__)
+    layer.sparse_matmul = decode.serving(layer.sparse_matmul, _decode_mode, routing)
+
+
+def _decode_mode() -> str:
+    """The installed plug-in's decode_mode, read when a layer is traced ("xla" once uninstalled: a model
+    traced later runs MaxText's own path)."""
+    return "xla" if _patch is None else _patch.decode_mode
 
 
 def uninstall() -> None:
@@ -133,20 +163,24 @@ def uninstall() -> None:
     patch, _patch = _patch, None
     patch.moe.mblx, patch.moe.tokamax, patch.moe.jax = patch.mblx, patch.tokamax, patch.jax
     getattr(patch.moe, LAYER_CLASS).__call__ = patch.call
+    getattr(patch.moe, LAYER_CLASS).sparse_matmul = patch.sparse_matmul
     for module, attr, original in patch.own_moe:
         setattr(module, attr, original)
 
 
 @contextlib.contextmanager
-def installed() -> Iterator[None]:
-    """install() for the block, then uninstall() (unless it was installed before the block)."""
-    before = is_installed()
-    install()
+def installed(decode_mode: str = "auto") -> Iterator[None]:
+    """install(decode_mode) for the block, then uninstall() (unless it was installed before the block:
+    then its decode_mode is put back)."""
+    before = _patch.decode_mode if _patch is not None else None
+    install(decode_mode)
     try:
         yield
     finally:
-        if not before:
+        if before is None:
             uninstall()
+        elif is_installed():
+            install(before)
 
 
 def _import(name: str) -> Any:
@@ -184,6 +218,8 @@ def _recognise(moe: Any) -> Any:
     missing = [call for call in SPARSE_MATMUL_CALLS if call not in source]
     if missing:
         raise unknown(f"{LAYER_CLASS}.sparse_matmul makes no {', '.join(missing)} call")
+    if tuple(inspect.signature(layer.sparse_matmul).parameters) != SPARSE_MATMUL_PARAMETERS:
+        raise unknown(f"{LAYER_CLASS}.sparse_matmul takes other parameters than the plug-in serves")
     # The `jax` stand-in changes jax.lax.ragged_dot for the whole module: only gmm's route may call it.
     calls = inspect.getsource(moe).count("jax.lax.ragged_dot(")
     if calls != 1:

@@ -4,12 +4,6 @@ moetune (its xla backend here), forward and backward."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from tests.requires import require
@@ -19,7 +13,6 @@ require("maxtext", extra="maxtext")
 from moetune.integrations import maxtext as plugin  # noqa: E402
 from tests.integrations.maxtext import tiny_model  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[3]
 F32 = 1e-5  # float32 products summed in another order
 BF16 = 2e-2
 
@@ -105,13 +98,7 @@ def test_expert_parallel_and_check_vma_meshes_on_four_cpu_devices():
             "reference": {"ici_fsdp_parallelism": 4, "check_vma": False},
         },
     ]
-    script = Path(tiny_model.__file__)
-    done = subprocess.run(
-        [sys.executable, str(script), "4", json.dumps(cases)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    ring, vma = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    ring, vma = tiny_model.on_host_devices(4, cases)
     _check(ring, F32)
     assert {g for *_, g, _ in ring["dispatched"]} == {2}, ring["dispatched"]  # 8 experts over 4 shards
     _check(vma, F32)

@@ -1,9 +1,10 @@
 """A tiny MaxText MoE model for the plug-in's tests: forward, loss, gradients and one SGD step, with
-MaxText's own grouped GEMM and with moetune's, and how far apart the two land.
+MaxText's own grouped GEMM and with moetune's, and how far apart the two land; and one of its routed MoE
+layers at a decode step, where the plug-in may run moetune's fused decode block.
 
 In a test process it is imported (one CPU device); for a mesh of several devices a test runs it as a
-script, `python tests/integrations/maxtext/tiny_model.py DEVICES CASES_JSON`, which sets XLA's host
-device count before jax starts and prints one JSON line per case.
+script (`on_host_devices`: `python tests/integrations/maxtext/tiny_model.py DEVICES CASES_JSON`), which
+sets XLA's host device count before jax starts and prints one JSON line per case.
 """
 
 from __future__ import annotations
@@ -127,6 +128,71 @@ def differences(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def decode_layer(cfg: Any, *, moetune: bool, decode_mode: str = "interpret", seq: int = 1) -> dict[str, Any]:
+    """One routed MoE layer of the tiny model (integrations/maxtext/layer.py, fixed seed) on `seq` tokens
+    of each of the global batch's sequences (one: a decode step), with moetune's plug-in installed at
+    `decode_mode` or not: its output and load-balance loss, moetune's dispatches and the plug-in's
+    decisions on its fused decode block."""
+    import jax
+    from flax import nnx
+    from flax.linen import partitioning as nn_partitioning
+    from maxtext.utils import maxtext_utils
+
+    from moetune.integrations import maxtext as moetune_maxtext
+    from moetune.integrations.maxtext.layer import routed_moe
+    from moetune.kernels import recording
+
+    mesh = maxtext_utils.get_mesh_from_config(cfg)
+    x = jax.random.normal(jax.random.key(1), (cfg.global_batch_size_to_train_on, seq, cfg.emb_dim), cfg.dtype)
+    plugin = moetune_maxtext.installed(decode_mode) if moetune else contextlib.nullcontext()
+    with (
+        plugin,
+        recording() as dispatched,
+        moetune_maxtext.decisions() as decided,
+        mesh,
+        nn_partitioning.axis_rules(cfg.logical_axis_rules),
+    ):
+        graphdef, params, rest = nnx.split(routed_moe(cfg, mesh), nnx.Param, ...)
+        out, lb_loss, _ = jax.jit(lambda p, r, x: nnx.merge(graphdef, p, r)(x))(params, rest, x)
+    return {"out": out, "lb_loss": lb_loss, "dispatched": list(dispatched), "decisions": list(decided)}
+
+
+def decode_compare(
+    overrides: dict[str, Any], reference: dict[str, Any] | None = None, decode_mode: str = "interpret"
+) -> dict[str, Any]:
+    """The decode layer with moetune's plug-in against MaxText's own (with `reference`'s overrides where
+    given), as JSON: the output's relative L2 error, both load-balance losses, the ops moetune
+    dispatched and the plug-in's decisions (fused or not, and why)."""
+    import numpy as np
+
+    ours = decode_layer(config(**overrides), moetune=True, decode_mode=decode_mode)
+    theirs = decode_layer(config(**(overrides if reference is None else reference)), moetune=False)
+    a, b = np.asarray(ours["out"], np.float64), np.asarray(theirs["out"], np.float64)
+    return {
+        "out": float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)),
+        "lb_loss": [None if r["lb_loss"] is None else float(r["lb_loss"]) for r in (ours, theirs)],
+        "ops": sorted({e.problem.op for e in ours["dispatched"]}),
+        "fused": [d.fused for d in ours["decisions"]],
+        "reasons": [d.reason for d in ours["decisions"]],
+        "maxtext_dispatched": len(theirs["dispatched"]),
+    }
+
+
+def on_host_devices(devices: int, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """main() in a process of its own on `devices` CPU devices (their count is fixed when jax starts):
+    each case's result, in order. A case runs `compare`, or with "decode" set `decode_compare`."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, __file__, str(devices), json.dumps(cases)],
+        capture_output=True, text=True, timeout=600, cwd=root, env=os.environ | {"PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
 def main(argv: list[str]) -> int:
     devices, cases = int(argv[1]), json.loads(argv[2])
     os.environ["JAX_PLATFORMS"] = "cpu"
@@ -134,7 +200,8 @@ def main(argv: list[str]) -> int:
         f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
     )
     for case in cases:
-        print(json.dumps(compare(case["overrides"], case.get("reference"))), flush=True)
+        run_case = decode_compare if case.get("decode") else compare
+        print(json.dumps(run_case(case["overrides"], case.get("reference"))), flush=True)
     return 0
 
 
