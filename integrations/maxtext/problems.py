@@ -15,6 +15,11 @@ Workloads, each traced at one shard's token count:
     prefill   per_device_batch_size x max_prefill_predict_length tokens, forward
     decode    per_device_batch_size tokens (one step), forward
 
+Where a workload's layer has at most 32 tokens (the whole batch) and settings the fused decode block
+computes, the block's problem (op moe_decode_block, m = those tokens) is planned as well, unless expert
+parallelism splits the experts (the block's winners are for whole layers): the plug-in runs the block
+there once a sweep timed it faster than MaxText's path (decode_mode 'auto', decode.py).
+
 A problem's m is the rows its lhs has, padding and receive buffer included (what dispatch looks up);
 `filled_rows` is the rows its groups hold on average, the shard's tokens times top_k (times the tensor
 parallel degree, whose ranks each compute all of their tokens' rows), which the sweep's routings fill.
@@ -55,7 +60,7 @@ class TracedProblem:
     problem: Problem
     label: str
     tokens: int
-    filled_rows: int
+    filled_rows: int | None  # None: the problem's own rows (the fused decode block routes its tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return {"problem": self.problem.to_dict(), "label": self.label, "tokens": self.tokens,

@@ -63,10 +63,11 @@ def _workload(config: Any, mesh: Any, name: str, workload: str) -> list[Any]:
     from flax import nnx
     from flax.linen import partitioning as nn_partitioning
 
-    from moetune.integrations.maxtext import hook
+    from moetune.integrations.maxtext import decode, hook
     from moetune.integrations.maxtext.layer import routed_moe
     from moetune.integrations.maxtext.problems import TracedProblem
     from moetune.kernels.api import recording
+    from moetune.kernels.ops import moe_decode_block
 
     seq = {"train": config.max_target_length, "prefill": config.max_prefill_predict_length, "decode": 1}[
         workload
@@ -76,6 +77,7 @@ def _workload(config: Any, mesh: Any, name: str, workload: str) -> list[Any]:
     with (
         hook.installed(),
         recording() as dispatched,
+        decode.decisions() as decided,
         mesh,
         nn_partitioning.axis_rules(config.logical_axis_rules),
     ):
@@ -98,13 +100,19 @@ def _workload(config: Any, mesh: Any, name: str, workload: str) -> list[Any]:
     planned: dict[Any, Any] = {}
     for explanation in dispatched:
         problem = explanation.problem
-        if problem in planned:
+        if problem in planned or problem.op == moe_decode_block.NAME:  # the block's: from `decided`
             continue
         # Which weight: wi is [G, emb, ffn] and wo [G, ffn, emb]; a dlhs problem takes it as [G, n, k].
         weight_rows = problem.n if problem.transpose_rhs else problem.k
         part = "wi" if weight_rows == config.emb_dim else "wo"
         label = f"{name} {workload} T={tokens} {part} {_pass(problem)}"
         planned[problem] = TracedProblem(problem, label, tokens, min(problem.m, rows))
+    # The fused decode block, where the plug-in would run it for this layer once a sweep timed it faster
+    # (decode_mode 'auto'): its problem's m is the layer's tokens, the whole batch on every shard.
+    for decision in decided:
+        block = decision.problem
+        if block is not None and block not in planned:
+            planned[block] = TracedProblem(block, f"{name} {workload} T={block.m} block", block.m, None)
     return list(planned.values())
 
 

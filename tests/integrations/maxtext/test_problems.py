@@ -58,6 +58,21 @@ def test_expert_and_tensor_parallel_shards_and_each_workloads_rows(tiny_yml):
     assert rows == {"train": (128, 256), "prefill": (64, 128), "decode": (4, 8)}
 
 
+@pytest.mark.slow
+def test_a_decode_workload_plans_the_fused_blocks_problem_beside_maxtexts_gemms(tiny_yml):
+    """What the plug-in looks up at a decode step (decode_mode 'auto'): the block's problem at the whole
+    batch's tokens, which a sweep must time faster than MaxText's path for the block to run there."""
+    planned = planned_problems(Target(str(tiny_yml), workloads=("decode",)))
+    block = [p for p in planned if p.problem.op == "moe_decode_block"]
+    labels = [(p.label.split(" ", 1)[1], p.tokens, p.filled_rows) for p in block]
+    assert labels == [("decode T=2 block", 2, None)]
+    assert block[0].problem.key == (
+        "moe_decode_block/m=2,k=64,n=192,g=8,lhs=float32,rhs=float32,out=float32,t=0,top_k=2/v3"
+    )
+    gemms = {p.label.split(" ", 3)[3] for p in planned if p not in block}
+    assert gemms == {"wi forward", "wo forward"}  # MaxText's path, where the block does not run
+
+
 def test_bad_targets_are_one_line(tmp_path, tiny_yml):
     with pytest.raises(ConfigInvalid, match="not key=value"):
         Target(str(tiny_yml), ("num_experts",))
