@@ -13,9 +13,11 @@ of the devices there are:
     for one batch of training tokens.
 Each runs with moetune's plug-in installed ("moetune") and without it ("maxtext": the route the config
 names; MaxText's GPU model configs set megablox: false, jax.lax.ragged_dot), each compiled on its own,
-outputs compared before anything is timed. Layer and step times are CUPTI kernel time (every kernel of
-a call), the median of --runs calls; serve times are wall-clock, the median of --runs prefills and of
---decode-steps decode steps.
+outputs compared before anything is timed. --decode-mode is the plug-in's (moe_mlp's) for layers of up
+to 32 tokens: "auto" (the default) runs the fused decode block where a sweep timed it faster, "kernel"
+wherever it fits, "xla" never; each record's `decode_block` says what the plug-in decided and why.
+Layer and step times are CUPTI kernel time (every kernel of a call), the median of --runs calls; serve
+times are wall-clock, the median of --runs prefills and of --decode-steps decode steps.
 
     python3 lab/bench/bench_maxtext.py --out $OUT/maxtext.json -- .../maxtext/configs/base.yml \\
         model_name=mixtral-8x7b megablox=false weight_dtype=bfloat16 per_device_batch_size=1 \\
@@ -64,9 +66,12 @@ def load_config(argv: list[str]) -> Any:
     return pyconfig.initialize([None, *argv, *defaults])
 
 
-def _compiled(fn: Callable[..., Any], args: tuple, *, moetune: bool) -> tuple[Any, list]:
-    """`fn` traced and compiled with the plug-in installed or not (the choice is made at trace time), and
-    the dispatches moetune made while it was traced (none without the plug-in)."""
+def _compiled(
+    fn: Callable[..., Any], args: tuple, *, moetune: bool, decode_mode: str = "auto"
+) -> tuple[Any, list, list]:
+    """`fn` traced and compiled with the plug-in installed or not (the choice is made at trace time), the
+    dispatches moetune made while it was traced (none without the plug-in) and the plug-in's decisions
+    on its fused decode block."""
     import jax
 
     from moetune.integrations import maxtext as plugin
@@ -75,8 +80,23 @@ def _compiled(fn: Callable[..., Any], args: tuple, *, moetune: bool) -> tuple[An
     def fresh(*args: Any) -> Any:  # jax caches a function's trace by its identity: each path traces anew
         return fn(*args)
 
-    with plugin.installed() if moetune else contextlib.nullcontext(), recording() as dispatched:
-        return jax.jit(fresh).lower(*args).compile(), list(dispatched)
+    with (
+        _plugin(moetune, decode_mode),
+        recording() as dispatched,
+        plugin.decisions() as decided,
+    ):
+        return jax.jit(fresh).lower(*args).compile(), list(dispatched), list(decided)
+
+
+def _plugin(moetune: bool, decode_mode: str) -> Any:
+    from moetune.integrations import maxtext as plugin
+
+    return plugin.installed(decode_mode) if moetune else contextlib.nullcontext()
+
+
+def _decode_block(decided: list) -> list[str]:
+    """The plug-in's decisions on its fused decode block, once each: which path ran a layer, and why."""
+    return sorted({str(d) for d in decided})
 
 
 def _tree_rel_err(out: Any, ref: Any) -> tuple[float, str]:
@@ -114,7 +134,7 @@ def _wall_samples(call: Callable[[], Any], runs: int) -> list[float]:
     return samples
 
 
-def serve_cases(config: Any, runs: int, decode_steps: int) -> list[dict]:
+def serve_cases(config: Any, runs: int, decode_steps: int, decode_mode: str = "auto") -> list[dict]:
     """Prefill and decode in MaxText's engine, one engine per path (an engine's jitted steps are traced
     once, so the plug-in's choice sticks to it), both on the same random weights."""
     import jax
@@ -139,13 +159,19 @@ def serve_cases(config: Any, runs: int, decode_steps: int) -> list[dict]:
 
         states, first, dispatched = {}, {}, []
         for path, engine in engines.items():  # first calls compile: the plug-in is in place for moetune's
-            with plugin.installed() if path == "moetune" else contextlib.nullcontext(), recording() as d:
+            with (
+                _plugin(path == "moetune", decode_mode),
+                recording() as d,
+                plugin.decisions() as decided,
+            ):
                 first[path] = prefill_call(engine)["logits"]
                 state = engine.init_decode_state()
                 for slot in range(slots):
                     state = engine.insert(prefill_call(engine), state, slot)
                 states[path] = engine.generate(params, state)[0]
             dispatched.append(list(d))
+            if path == "moetune":
+                prefill["decode_block"] = decode["decode_block"] = _decode_block(decided)
         prefill["dispatched"] = decode["dispatched"] = _dispatched(*dispatched)
         bound = _parity_bound(config)
         prefill["rel_err"] = rel_err(first["moetune"], first["maxtext"])
@@ -208,6 +234,7 @@ def layer_cases(
     timer: Callable,
     runs: int,
     time_mismatched: bool = False,
+    decode_mode: str = "auto",
 ) -> list[dict]:
     import jax
     import jax.numpy as jnp
@@ -231,13 +258,21 @@ def layer_cases(
         x = jax.random.normal(jax.random.key(1), (batch, seq[workload], config.emb_dim), config.dtype)
         fn = forward_and_backward if workload == "train" else forward
         name = f"layer/{workload}/{'forward+backward' if workload == 'train' else 'forward'}"
+        tokens = batch * seq[workload]
         records.append(
-            _compare(name, fn, (params, rest, x), config, timer, runs, batch * seq[workload], time_mismatched)
+            _compare(name, fn, (params, rest, x), config, timer, runs, tokens, time_mismatched, decode_mode)
         )
     return records
 
 
-def step_case(config: Any, mesh: Any, timer: Callable, runs: int, time_mismatched: bool = False) -> dict:
+def step_case(
+    config: Any,
+    mesh: Any,
+    timer: Callable,
+    runs: int,
+    time_mismatched: bool = False,
+    decode_mode: str = "auto",
+) -> dict:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -272,6 +307,7 @@ def step_case(config: Any, mesh: Any, timer: Callable, runs: int, time_mismatche
         runs,
         batch * length,
         time_mismatched,
+        decode_mode,
     )
 
 
@@ -284,13 +320,17 @@ def _compare(
     runs: int,
     tokens: int,
     time_mismatched: bool = False,
+    decode_mode: str = "auto",
 ) -> dict:
     """Both paths' executables, their outputs compared, then timed one after the other."""
     record: dict[str, Any] = {"name": name, "tokens": tokens, "methods": {}}
     try:
-        compiled = {path: _compiled(fn, args, moetune=path == "moetune") for path in PATHS}
-        exes = {path: exe for path, (exe, _) in compiled.items()}
+        compiled = {
+            path: _compiled(fn, args, moetune=path == "moetune", decode_mode=decode_mode) for path in PATHS
+        }
+        exes = {path: exe for path, (exe, _, _) in compiled.items()}
         record["dispatched"] = _dispatched(compiled["moetune"][1], compiled["maxtext"][1])
+        record["decode_block"] = _decode_block(compiled["moetune"][2])
         outs = {path: exe(*args) for path, exe in exes.items()}
         record["rel_err"], record["worst_output"] = _tree_rel_err(outs["moetune"], outs["maxtext"])
         del outs
@@ -319,6 +359,7 @@ def run(
     timer: Callable = time_jax,
     decode_steps: int = 32,
     time_mismatched: bool = False,
+    decode_mode: str = "auto",
 ) -> dict:
     from flax.linen import partitioning as nn_partitioning
     from maxtext.utils import maxtext_utils
@@ -330,15 +371,18 @@ def run(
         "model_name": config.model_name,
         "layers": config.num_decoder_layers,
         "route": route(config),
+        "decode_mode": decode_mode,
         "records": [],
     }
     if "serve" in cases:  # the engine builds its own mesh
-        payload["records"] += serve_cases(config, runs, decode_steps)
+        payload["records"] += serve_cases(config, runs, decode_steps, decode_mode)
     with mesh, nn_partitioning.axis_rules(config.logical_axis_rules):
         if "layer" in cases:
-            payload["records"] += layer_cases(config, mesh, workloads, timer, runs, time_mismatched)
+            payload["records"] += layer_cases(
+                config, mesh, workloads, timer, runs, time_mismatched, decode_mode
+            )
         if "step" in cases:
-            payload["records"].append(step_case(config, mesh, timer, runs, time_mismatched))
+            payload["records"].append(step_case(config, mesh, timer, runs, time_mismatched, decode_mode))
     return payload
 
 
@@ -360,6 +404,8 @@ def print_table(payload: dict) -> None:
                 if "tokens_per_s" in m[path]
             )
         )
+        for decision in r.get("decode_block", []):
+            print(f"    {decision}")
 
 
 def main() -> int:
@@ -376,6 +422,12 @@ def main() -> int:
         help="layer and step: time both paths even where their outputs differ (the record names it)",
     )
     parser.add_argument("--decode-steps", type=int, default=32, help="serve: decode steps timed")
+    parser.add_argument(
+        "--decode-mode",
+        default="auto",
+        choices=("auto", "kernel", "interpret", "xla"),
+        help="the plug-in's for layers of up to 32 tokens: when its fused decode block runs them",
+    )
     parser.add_argument("config", nargs="+", help="the MaxText YAML, then its key=value overrides")
     args = parser.parse_args()
     cases, workloads = tuple(args.cases.split(",")), tuple(args.workloads.split(","))
@@ -389,6 +441,7 @@ def main() -> int:
         args.runs,
         decode_steps=args.decode_steps,
         time_mismatched=args.time_mismatched,
+        decode_mode=args.decode_mode,
     )
     payload |= {
         "environment": moe_shapes.environment(),

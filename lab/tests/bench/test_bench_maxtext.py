@@ -37,6 +37,22 @@ def test_every_case_compares_both_paths_before_timing_them():
     assert [r["tokens"] for r in records] == [2, 32, 64, 64]  # a batch of 2 x 1, 16, 32, 32 tokens
     assert any("grouped_matmul_drhs" in d for d in records[2]["dispatched"])  # the backward ran on moetune
     assert records[3]["worst_output"].startswith("[1]")  # a gradient of value_and_grad's (loss, grads)
+    # decode_mode 'auto' on a CPU: MaxText's path at up to 32 tokens, and the plug-in says why.
+    assert [r["decode_block"] for r in records] == [
+        ["T=2: MaxText's routed path (not on a GPU)"], ["T=32: MaxText's routed path (not on a GPU)"], [], []
+    ]  # fmt: skip
+
+
+def test_a_decode_layer_runs_as_the_fused_block_where_the_decode_mode_takes_it():
+    payload = bench_maxtext.run(
+        _argv(megablox=False), ("layer",), ("decode",), 2, fake_timer, decode_mode="interpret"
+    )
+    [record] = payload["records"]
+    assert "error" not in record and record["rel_err"] < 1e-4, record
+    assert payload["decode_mode"] == "interpret"
+    fused = "T=2: the fused decode block (decode_mode='interpret': the heuristic config)"
+    assert record["decode_block"] == [fused]
+    assert [d.split("/", 1)[0] for d in record["dispatched"]] == ["moe_decode_block"]  # nothing else ran
 
 
 def test_a_config_the_plugin_refuses_is_a_record_not_a_crash():
@@ -80,6 +96,23 @@ def test_serving_runs_prefill_and_decode_in_maxtexts_engine_on_each_path():
         for method in record["methods"].values():
             assert len(method["samples_ms"]) == runs
             assert method["tokens_per_s"] == pytest.approx(record["tokens"] / method["median_ms"] * 1e3)
+
+
+@pytest.mark.slow
+def test_serving_decodes_on_the_fused_block_where_the_decode_mode_takes_it():
+    """MaxText's engine with the plug-in's decode_mode 'interpret': its decode steps (1 token) and its
+    16-token prefill run as the fused block, and the logits are MaxText's own."""
+    payload = bench_maxtext.run(
+        _argv(megablox=False, per_device_batch_size=1), ("serve",), (), 2, decode_steps=2,
+        decode_mode="interpret",
+    )  # fmt: skip
+    for record in payload["records"]:
+        assert "error" not in record and record["rel_err"] < 1e-4, record
+        assert {d.split(":", 1)[1].split("(", 1)[0].strip() for d in record["decode_block"]} == {
+            "the fused decode block"
+        }, record["decode_block"]
+        assert {d.split("/", 1)[0] for d in record["dispatched"]} == {"moe_decode_block"}
+        assert any("/m=1," in d for d in record["dispatched"])  # the decode step's one token
 
 
 @pytest.mark.slow
