@@ -16,9 +16,10 @@
               expert, F step) pairs (one loop, so the weight loads pipeline across experts) and sums the
               weighted products in float32 in ascending expert order. Every address in that loop is
               arithmetic on the loop index (hidden is laid out by work slot, the expert ids are held
-              in registers): no load waits on another, so the weight tiles pipeline `stages` deep. With down_split == 1 it owns its
-              H tile and writes out[T, H] directly; with down_split > 1 the programs of one H tile write
-              float32 partial sums, and the last to arrive (an integer counter zeroed by kernel 1) adds
+              in registers): no load waits on another, so the weight tiles pipeline `stages` deep.
+              With down_split == 1 it owns its H tile and writes out[T, H] directly; with
+              down_split > 1 the programs of one H tile write float32 partial sums, and the last to
+              arrive (an integer counter zeroed by kernel 1) adds
               them in split order 0, 1, ... and writes out. Both are deterministic: no float atomics, and
               the order of every sum is fixed whatever the programs' timing.
 
@@ -382,14 +383,15 @@ def _up_kernel(
     # there, and 0 * a finite value cannot carry a NaN of another token's x into the sum); the padding
     # rows are neither stored nor read.
     row = dot_token[:, None]
-    columns = (f * bf + jnp.arange(bf))[None, :]  # index arrays, not slices: the interpreter's stores take one kind
+    # Index arrays, not slices: the interpreter's stores take one kind.
+    columns = (f * bf + jnp.arange(bf))[None, :]
     keep = ((dot_token < tokens) & active)[:, None]
     if config.up_split == 1:
         value = jnp.where(mine[:, None], _silu(gate) * up, 0.0).astype(dtype)
         pltriton.store(hidden_ref.at[p, row, columns], value, mask=keep)
     else:
-        pltriton.store(hidden_ref.at[s, p, row, columns], jnp.where(mine[:, None], gate, 0.0), mask=keep)
-        pltriton.store(hidden_ref.at[s, p, row, inter + columns], jnp.where(mine[:, None], up, 0.0), mask=keep)
+        for value, at in ((gate, columns), (up, inter + columns)):
+            pltriton.store(hidden_ref.at[s, p, row, at], jnp.where(mine[:, None], value, 0.0), mask=keep)
 
     # Kernel 2's tables: written once per expert (by its first program), the count and the zeroed
     # arrival counters once per call.
@@ -446,14 +448,11 @@ def _down_kernel(
         gate = jnp.zeros((rows, bk), jnp.float32)
         up = jnp.zeros((rows, bk), jnp.float32)
         for part in range(config.up_split):  # kernel 1's K splits, added in split order
-            gate += pltriton.load(
-                hidden_ref.at[jnp.int32(part), p, pl.ds(0, rows), pl.ds(pl.multiple_of(f0, bk), bk)], mask=real, other=0.0
-            )
-            up += pltriton.load(
-                hidden_ref.at[jnp.int32(part), p, pl.ds(0, rows), pl.ds(pl.multiple_of(inter + f0, bk), bk)],
-                mask=real,
-                other=0.0,
-            )
+            index = (jnp.int32(part), p, pl.ds(0, rows))
+            gate_cols = pl.ds(pl.multiple_of(f0, bk), bk)
+            up_cols = pl.ds(pl.multiple_of(inter + f0, bk), bk)
+            gate += pltriton.load(hidden_ref.at[(*index, gate_cols)], mask=real, other=0.0)
+            up += pltriton.load(hidden_ref.at[(*index, up_cols)], mask=real, other=0.0)
         return (_silu(gate) * up).astype(dtype)
 
     def step(i, acc):

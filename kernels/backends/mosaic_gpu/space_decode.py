@@ -37,7 +37,6 @@ from moetune.kernels.backends.mosaic_gpu.kernel_decode import TILING, DecodeBloc
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import Unsupported
 from moetune.kernels.moe import decode_block
-from moetune.kernels.moe.pallas_mode import pow2_at_least
 from moetune.kernels.ops.moe_decode_block import touched_experts
 from moetune.kernels.problem import Problem
 from moetune.kernels.space import Constraint, SearchSpace

@@ -464,7 +464,6 @@ def test_a_block_run_of_every_method_renders_moetunes_unfused_and_fused_forms_as
     assert "| qwen3-30b-a3b | 4096 | 128 | 0.050 | 0.070 | - | 0.060 | 0.100 | 0.200 | 1.20x |" in text
 
 
-
 def test_a_block_run_keeps_each_methods_kernel_count_and_the_roofline_its_shares_are_quoted_against():
     model = dev_shapes.MODELS["qwen3-30b-a3b"]
     methods = {
@@ -477,6 +476,7 @@ def test_a_block_run_keeps_each_methods_kernel_count_and_the_roofline_its_shares
     assert made["params"]["kernels"] == {"moetune": 14, "moetune_fused": 2}
     assert made["bounds"] == {"hbm_roofline": 0.02}
     assert quotes.value(made, "roof:moetune_fused") == pytest.approx(0.5)
+
 
 def _timed(ms, **extra):
     return {"samples_ms": [ms, ms * 1.02, ms * 0.98], "median_ms": ms} | extra
