@@ -37,7 +37,6 @@ import jax
 import jax.numpy as jnp
 
 from moetune.kernels.api import Explanation
-from moetune.kernels.lookup import LOOKUP
 from moetune.kernels.moe import decode_block
 from moetune.kernels.moe.layer import decode_choice, moe_mlp
 from moetune.kernels.ops import moe_decode_block
@@ -240,11 +239,7 @@ def _decide(layer: Any, shards: _Shards, mode: str, inputs: Any, gate_logits: An
     w_gate_up = jax.ShapeDtypeStruct((local_experts, hidden, 2 * local_ffn), x.dtype)
     sliced = bool(shards.experts)
     choice = decode_choice(x, logits, w_gate_up, layer.num_experts_per_tok, decode_mode=mode, sliced=sliced)
-    if choice.explanation is not None and choice.kernel is None:
-        # Declined on the block's resolution: the miss is counted as moe_mlp counts it, so that
-        # `moetune tune --misses` finds the block's untuned buckets.
-        explanation = choice.explanation
-        LOOKUP.note_use(explanation.problem, explanation.resolution, explanation.device)
+    choice.note_declined()  # MaxText's path runs instead of moe_mlp, which would have counted it
     problem = None
     if not sliced:  # the block's winners are tuned for whole layers (a tensor-parallel shard's ffn)
         try:

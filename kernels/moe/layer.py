@@ -339,8 +339,7 @@ def moe_mlp(
         decode_mode,
         sliced=group_offset is not None,
     )
-    if choice.explanation is not None and choice.kernel is None:  # declined on its resolution
-        LOOKUP.note_use(choice.explanation.problem, choice.explanation.resolution, choice.explanation.device)
+    choice.note_declined()
     if choice.kernel is not None:
         note_use(choice.explanation)  # recording() shows the block, its config and where it came from
         return _decode_forward(
@@ -365,6 +364,13 @@ class DecodeChoice:
     reason: str
     explanation: Explanation | None = None
     kernel: Callable[..., Any] | None = None
+
+    def note_declined(self) -> None:
+        """Where "auto" declined on the block's resolution, count the miss as a dispatch counts one, so
+        that `moetune tune --misses` finds the block's untuned buckets (a stale winner is warned about)."""
+        if self.explanation is not None and self.kernel is None:
+            explanation = self.explanation
+            LOOKUP.note_use(explanation.problem, explanation.resolution, explanation.device)
 
 
 def decode_choice(
