@@ -19,8 +19,8 @@
               in registers): no load waits on another, so the weight tiles pipeline `stages` deep.
               With down_split == 1 it owns its H tile and writes out[T, H] directly; with
               down_split > 1 the programs of one H tile write float32 partial sums, and the last to
-              arrive (an integer counter zeroed by kernel 1) adds
-              them in split order 0, 1, ... and writes out. Both are deterministic: no float atomics, and
+              arrive (an integer counter zeroed by kernel 1) adds them in split order 0, 1, ... and
+              writes out. Both are deterministic: no float atomics, and
               the order of every sum is fixed whatever the programs' timing.
 
 Why Pallas Triton and not Mosaic GPU: the routing is scalar-heavy work on [T, E] (argmax rounds,
@@ -447,10 +447,10 @@ def _down_kernel(
             return pltriton.load(at, mask=real, other=0.0)
         gate = jnp.zeros((rows, bk), jnp.float32)
         up = jnp.zeros((rows, bk), jnp.float32)
+        gate_cols = pl.ds(pl.multiple_of(f0, bk), bk)
+        up_cols = pl.ds(pl.multiple_of(inter + f0, bk), bk)
         for part in range(config.up_split):  # kernel 1's K splits, added in split order
             index = (jnp.int32(part), p, pl.ds(0, rows))
-            gate_cols = pl.ds(pl.multiple_of(f0, bk), bk)
-            up_cols = pl.ds(pl.multiple_of(inter + f0, bk), bk)
             gate += pltriton.load(hidden_ref.at[(*index, gate_cols)], mask=real, other=0.0)
             up += pltriton.load(hidden_ref.at[(*index, up_cols)], mask=real, other=0.0)
         return (_silu(gate) * up).astype(dtype)
@@ -467,9 +467,9 @@ def _down_kernel(
         return acc + part * weight[:, None]
 
     acc = jax.lax.fori_loop(lo, hi, step, jnp.zeros((rows, bh), jnp.float32))
-    beyond = jnp.where(token < tokens, token, tokens)[
-        :, None
-    ]  # padding rows one past the end, as in _up_kernel
+    # Padding rows point one past the end: a masked lane touches no memory on the GPU, and the interpreter
+    # (which stores every lane, masked ones with the value read) drops out-of-bounds lanes.
+    beyond = jnp.where(token < tokens, token, tokens)[:, None]
     if split == 1:
         pltriton.store(out_ref.at[beyond, columns], acc.astype(out_ref.dtype), mask=real)
         return
