@@ -34,7 +34,7 @@ CONFIGS = {
     ),
     "table_expert": C(
         block_m=128, block_n=64, block_k=64, max_concurrent_steps=4, grid_minor_dim="expert",
-        grid_tile_width=2, **TABLE,
+        grid_tile_width=4, **TABLE,
     ),
     "swap8_plain": C(
         block_m=8, block_n=128, block_k=128, max_concurrent_steps=3, warp_specialized=False, wg_split="none",

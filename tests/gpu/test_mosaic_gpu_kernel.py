@@ -48,8 +48,8 @@ PLAIN_WIDE = MosaicGpuConfig(
 SPLIT_K = MosaicGpuConfig(
     block_m=64, block_n=64, block_k=64, max_concurrent_steps=3, wg_split="n", split_k=2, epi_tile_n=64
 )
-# One expert's tiles after another, in strips of 2 of its row tiles (chained: 4 k-steps of 4 stages at K=256).
-WS_EXPERT = dataclasses.replace(WS_N, grid_minor_dim="expert", grid_tile_width=2)
+# One expert's tiles after another, in strips of 4 of its row tiles (chained: 4 k-steps of 4 stages at K=256).
+WS_EXPERT = dataclasses.replace(WS_N, grid_minor_dim="expert", grid_tile_width=4)
 CONFIGS = {
     "ws_n": WS_N,
     "ws_m": WS_M,

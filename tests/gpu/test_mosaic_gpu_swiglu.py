@@ -37,14 +37,14 @@ CONFIGS = {
     "plain": MosaicGpuConfig(
         block_m=64, block_n=64, block_k=32, max_concurrent_steps=4, warp_specialized=False, wg_split="none"
     ),
-    # One expert's tiles after another, in strips of 2 of its row tiles.
+    # One expert's tiles after another, in strips of 4 of its row tiles.
     "ws_expert": MosaicGpuConfig(
         block_m=128,
         block_n=64,
         block_k=64,
         max_concurrent_steps=4,
         grid_minor_dim="expert",
-        grid_tile_width=2,
+        grid_tile_width=4,
     ),
 }
 
