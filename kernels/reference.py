@@ -66,24 +66,13 @@ def _expanded_bytes(lhs: jax.Array, rhs: jax.Array) -> int:
     return rhs.shape[0] * lhs.shape[0] * lhs.shape[1] * jnp.dtype(lhs.dtype).itemsize
 
 
-def chunked_grouped_matmul(
-    lhs: jax.Array,
-    rhs: jax.Array,
-    group_sizes: jax.Array,
-    *,
-    transpose_rhs: bool = False,
-    precision: lax.Precision = lax.Precision.DEFAULT,
-    chunk_rows: int = CHUNK_ROWS,
-) -> jax.Array:
-    """The float32 grouped GEMM as a loop over (row chunk, group) pairs, in bytes and FLOPs of the rows'
-    own experts: group g's rows are contiguous, so chunk c of `chunk_rows` rows meets the groups from the
-    one holding its first row to the one holding its last, and the pairs number at most chunks + G. Each
-    pair multiplies the chunk by rhs[g] and keeps g's rows; rows past sum(group_sizes) stay zero."""
-    m, k = lhs.shape
-    g = rhs.shape[0]
-    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+def _chunk_group_pairs(group_sizes: jax.Array, m: int, chunk_rows: int) -> tuple[int, int, Callable]:
+    """(chunks, pairs bound, pair p -> (group, first row, its rows' mask [chunk_rows])) of the row chunks
+    of `chunk_rows` rows and the groups they meet: group g's rows are contiguous, so chunk c meets the
+    groups from the one holding its first row to the one holding its last, and the pairs number at most
+    chunks + G. A pair past the last has an all-False mask; rows past sum(group_sizes) are in no mask."""
+    g = group_sizes.shape[0]
     chunks = max(1, -(-m // chunk_rows))
-    padded = jnp.zeros((chunks * chunk_rows, k), lhs.dtype).at[:m].set(lhs)
     ends = jnp.cumsum(group_sizes)
     starts = ends - group_sizes
     total = jnp.minimum(ends[-1], m)
@@ -94,23 +83,81 @@ def chunked_grouped_matmul(
     last_group = jnp.maximum(jnp.searchsorted(ends, last_row, side="right").astype(jnp.int32), first_group)
     pairs = last_group - first_group + 1
     pair_ends = jnp.cumsum(pairs)
-    contract = ((1,), (1,)) if transpose_rhs else ((1,), (0,))
 
-    def pair(p, out):
+    def pair(p):
         chunk = jnp.minimum(jnp.searchsorted(pair_ends, p, side="right"), chunks - 1).astype(jnp.int32)
         group = jnp.minimum(first_group[chunk] + p - (pair_ends[chunk] - pairs[chunk]), g - 1)
         row0 = chunk * chunk_rows
+        index = row0 + jnp.arange(chunk_rows)
+        mine = (index >= starts[group]) & (index < jnp.minimum(ends[group], total)) & (p < pair_ends[-1])
+        return group, row0, mine
+
+    return chunks, chunks + g, pair
+
+
+def _pad_rows(x: jax.Array, rows: int) -> jax.Array:
+    return jnp.zeros((rows, x.shape[1]), x.dtype).at[: x.shape[0]].set(x)
+
+
+def chunked_grouped_matmul(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    transpose_rhs: bool = False,
+    precision: lax.Precision = lax.Precision.DEFAULT,
+    chunk_rows: int = CHUNK_ROWS,
+) -> jax.Array:
+    """The float32 grouped GEMM as a loop over (row chunk, group) pairs (_chunk_group_pairs), in bytes
+    and FLOPs of the rows' own experts. Each pair multiplies the chunk by rhs[g] and keeps g's rows; rows
+    past sum(group_sizes) stay zero."""
+    m, k = lhs.shape
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    chunks, bound, pair_of = _chunk_group_pairs(group_sizes, m, chunk_rows)
+    padded = _pad_rows(lhs, chunks * chunk_rows)
+    contract = ((1,), (1,)) if transpose_rhs else ((1,), (0,))
+
+    def pair(p, out):
+        group, row0, mine = pair_of(p)
         rows = lax.dynamic_slice(padded, (row0, 0), (chunk_rows, k))
         product = lax.dot_general(
             rows, rhs[group], (contract, ((), ())), precision=precision, preferred_element_type=jnp.float32
         )
-        index = row0 + jnp.arange(chunk_rows)
-        mine = (index >= starts[group]) & (index < jnp.minimum(ends[group], total)) & (p < pair_ends[-1])
         held = lax.dynamic_slice(out, (row0, 0), (chunk_rows, n))
         return lax.dynamic_update_slice(out, jnp.where(mine[:, None], product, held), (row0, 0))
 
-    out = lax.fori_loop(0, chunks + g, pair, jnp.zeros((chunks * chunk_rows, n), jnp.float32))
+    out = lax.fori_loop(0, bound, pair, jnp.zeros((chunks * chunk_rows, n), jnp.float32))
     return out[:m]
+
+
+def chunked_weight_gradient(
+    lhs: jax.Array,
+    dout: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    precision: lax.Precision = lax.Precision.DEFAULT,
+    chunk_rows: int = CHUNK_ROWS,
+) -> jax.Array:
+    """out[g] = lhs[rows of g]^T @ dout[rows of g] in float32, [G, K, N], as a loop over (row chunk,
+    group) pairs (_chunk_group_pairs): each adds its masked rows' outer products into out[g], so memory
+    is the output and one chunk, where ragged_dot's weight gradient expands lhs to [G, M, K]."""
+    m, k = lhs.shape
+    n = dout.shape[1]
+    g = group_sizes.shape[0]
+    chunks, bound, pair_of = _chunk_group_pairs(group_sizes, m, chunk_rows)
+    lhs_rows, dout_rows = _pad_rows(lhs, chunks * chunk_rows), _pad_rows(dout, chunks * chunk_rows)
+
+    def pair(p, out):
+        group, row0, mine = pair_of(p)
+        # Both sides masked: a row of another group contributes 0, never 0 * inf.
+        rows = jnp.where(mine[:, None], lax.dynamic_slice(lhs_rows, (row0, 0), (chunk_rows, k)), 0)
+        grads = jnp.where(mine[:, None], lax.dynamic_slice(dout_rows, (row0, 0), (chunk_rows, n)), 0)
+        product = lax.dot_general(
+            rows, grads, (((0,), (0,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+        )
+        return out.at[group].add(product)
+
+    return lax.fori_loop(0, bound, pair, jnp.zeros((g, k, n), jnp.float32))
 
 
 @functools.partial(jax.jit, static_argnames=("op", "options"), compiler_options=UNTUNED_COMPILE)

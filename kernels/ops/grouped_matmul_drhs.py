@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from moetune.kernels import reference as grouped_reference
 from moetune.kernels.ops.grouped_matmul import GROUP_SIZES, LHS, flops
 from moetune.kernels.ops.spec import Operand, OpSpec
 
@@ -46,18 +47,20 @@ def dims_of(lhs: Any, dout: Any, group_sizes: Any, transpose_rhs: bool) -> tuple
 
 def reference(lhs: jax.Array, dout: jax.Array, group_sizes: jax.Array, *, transpose_rhs: bool) -> jax.Array:
     """jax.lax.ragged_dot_general over the ragged rows in float32; 16-bit operands of one dtype go in as
-    they are (their products are exact in float32), as in kernels.reference.reference_grouped_matmul."""
+    they are (their products are exact in float32), as in kernels.reference.reference_grouped_matmul.
+    Past kernels.reference's bound on ragged_dot's [G, M, K] expansion it walks row chunks instead."""
     same_half = jnp.dtype(lhs.dtype) == jnp.dtype(dout.dtype) and jnp.dtype(lhs.dtype) in _HALF_DTYPES
     if not same_half:
         lhs, dout = jnp.asarray(lhs, jnp.float32), jnp.asarray(dout, jnp.float32)
-    out = lax.ragged_dot_general(
-        lhs,
-        dout,
-        jnp.asarray(group_sizes, jnp.int32),
-        RAGGED_CONTRACTION,
-        precision=lax.Precision.DEFAULT if same_half else lax.Precision.HIGHEST,
-        preferred_element_type=jnp.float32,
-    )
+    precision = lax.Precision.DEFAULT if same_half else lax.Precision.HIGHEST
+    sizes = jnp.asarray(group_sizes, jnp.int32)
+    expanded = sizes.shape[0] * lhs.shape[0] * (lhs.shape[1] + dout.shape[1]) * jnp.dtype(lhs.dtype).itemsize
+    if expanded > grouped_reference.DENSE_EXPANSION_MAX_BYTES:
+        out = grouped_reference.chunked_weight_gradient(lhs, dout, sizes, precision=precision)
+    else:
+        out = lax.ragged_dot_general(
+            lhs, dout, sizes, RAGGED_CONTRACTION, precision=precision, preferred_element_type=jnp.float32
+        )
     return out.transpose(0, 2, 1) if transpose_rhs else out
 
 

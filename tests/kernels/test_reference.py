@@ -193,3 +193,37 @@ def test_half_precision_operands_give_the_float32_result(dtype):
     # Far closer than one rounding to the 16-bit dtype, which a reference computed in it would show.
     rounded = np.asarray(jnp.asarray(expected, dtype), np.float64)
     assert np.abs(np.asarray(got) - expected).max() < 0.01 * np.abs(rounded - expected).max()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_chunked_weight_gradient_matches_ragged_dot(seed, monkeypatch):
+    """The weight gradient's reference past the dense expansion (row chunks spanning several groups, empty
+    groups, rows past the groups, a partial last chunk, both layouts) equals ragged_dot's, and a NaN in a
+    row past the groups reaches no expert."""
+    from moetune.kernels.ops import grouped_matmul_drhs
+
+    rng = np.random.default_rng(seed)
+    g, m = int(rng.integers(1, 9)), int(rng.integers(1, 200))
+    sizes = rng.multinomial(int(rng.integers(0, m + 1)), np.ones(g) / g)
+    sizes[rng.random(g) < 0.3] = 0
+    lhs = np.asarray(rng.standard_normal((m, 16)), np.float32)
+    dout = np.asarray(rng.standard_normal((m, 24)), np.float32)
+    if sizes.sum() < m:
+        dout[-1] = np.nan
+    transpose = bool(seed % 2)
+    args = (jnp.asarray(lhs), jnp.asarray(dout), jnp.asarray(sizes, jnp.int32))
+    dense = np.asarray(grouped_matmul_drhs.reference(*args, transpose_rhs=transpose))
+    chunk = int(rng.choice([8, 16, 64]))
+    chunked = np.asarray(
+        reference.chunked_weight_gradient(*args, precision=jax.lax.Precision.HIGHEST, chunk_rows=chunk)
+    )
+    assert np.isfinite(chunked).all()
+    np.testing.assert_allclose(
+        chunked.transpose(0, 2, 1) if transpose else chunked, dense, rtol=1e-5, atol=1e-5
+    )
+    monkeypatch.setattr(reference, "DENSE_EXPANSION_MAX_BYTES", 0)
+    walked = jax.make_jaxpr(lambda *a: grouped_matmul_drhs.reference(*a, transpose_rhs=transpose))(*args)
+    assert " scan[" in str(walked)
+    np.testing.assert_allclose(
+        np.asarray(grouped_matmul_drhs.reference(*args, transpose_rhs=transpose)), dense, rtol=1e-5, atol=1e-5
+    )
