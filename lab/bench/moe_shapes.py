@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.resources
 import json
 import os
 import platform
@@ -21,8 +22,11 @@ TOP_K = 2
 PROJECTIONS = {"gate_up": (4096, 28672), "down": (14336, 4096)}  # (K, N)
 TOKENS = (1, 16, 64, 128, 512, 1024, 4096, 16384)
 ROUTINGS = ("balanced", "zipf")
-# The shipped H200 pack: the default of every script that reads its winners.
-SHIPPED_PACK = Path(__file__).resolve().parents[1] / "configs" / "tuned" / "nvidia_h200__mosaic_gpu.json"
+# The shipped H200 pack, found where dispatch finds it (the installed moetune.configs package): the default
+# of every script that reads its winners.
+SHIPPED_PACK = Path(
+    str(importlib.resources.files("moetune.configs") / "tuned" / "nvidia_h200__mosaic_gpu.json")
+)
 
 
 @dataclasses.dataclass(frozen=True)

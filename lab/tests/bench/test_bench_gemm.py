@@ -31,3 +31,12 @@ def test_the_full_mgpu_sweep_has_20_configs_that_divide_n_fit_and_lower_for_hopp
     for params in sorted(sweep, key=smem_bytes)[-2:]:  # the two largest: Mosaic GPU's own checks pass
         call = functools.partial(bench_gemm._mgpu_call, ragged_dot_mgpu.ragged_dot, params=params)
         jax.export.export(jax.jit(call), platforms=["cuda"])(*[jax.ShapeDtypeStruct(*a) for a in shapes])
+
+
+def test_the_default_pack_is_the_shipped_one_that_dispatch_reads():
+    from moetune.kernels import packs
+
+    path = moe_shapes.SHIPPED_PACK
+    assert path.is_file(), path
+    assert path.parent.name == "tuned" and path.parent.parent.name == "configs"
+    assert packs.load(path).entries
