@@ -275,7 +275,9 @@ class InputCache:
         key = (problem, seed)
         entry = self._entries.get(key)
         if entry is None:
-            entry = _Entry(Inputs.make(problem, seed, self._shared_weights(problem, seed)))
+            weights = self._shared_weights(problem, seed)
+            self._make_room(problem, seed, weights_shared=weights is not None)
+            entry = _Entry(Inputs.make(problem, seed, weights))
             self.made["inputs"] += 1
             self._entries[key] = entry
         self._entries.move_to_end(key)
@@ -288,6 +290,21 @@ class InputCache:
                 return entry.inputs.weights()
         self.made["weights"] += 1
         return None
+
+    def _make_room(self, problem: Problem, seed: int, *, weights_shared: bool) -> None:
+        """Before a new problem's operands are drawn: evict the least recently used problems (those not
+        holding its weights) until what stays and what it adds fit `max_bytes`. `trim` alone runs after
+        a task, so each of the several workers sharing a GPU would peak at its bound plus a whole new
+        problem (Qwen3-Next's decode block draws 3 GiB of weights per input set)."""
+        drawn = problem.spec.drawn_operands
+        adds = input_set_count(problem) * _nbytes(
+            problem, [o for o in drawn if not (o.weights and weights_shared)]
+        )
+        wanted = weights_key(problem, seed)
+        for key in [key for key in self._entries if weights_key(*key) != wanted]:
+            if self.nbytes + adds <= self.max_bytes:
+                return
+            del self._entries[key]
 
     def inputs(self, problem: Problem, seed: int) -> Inputs:
         return self._entry(problem, seed).inputs

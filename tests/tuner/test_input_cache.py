@@ -88,6 +88,23 @@ def test_several_problems_stay_until_the_byte_bound_evicts_the_oldest():
     assert tight.nbytes == 0 and tight.inputs(problem(32), 0) is not c
 
 
+def test_a_new_problem_makes_room_before_its_operands_are_drawn():
+    """Without a trim in between, the cache stays within its bound when a problem of other weights comes
+    in (the older one goes first), and keeps a problem whose weights the new one shares."""
+    alone = InputCache()
+    alone.inputs(problem(16, k=32), 0)
+    b_bytes = alone.nbytes
+    cache = InputCache(max_bytes=b_bytes)
+    a = cache.inputs(problem(32), 0)
+    b = cache.inputs(problem(16, k=32), 0)
+    assert cache.nbytes <= b_bytes and cache.made["inputs"] == 2
+    assert cache.inputs(problem(16, k=32), 0) is b and cache.inputs(problem(32), 0) is not a
+    # problem(8) shares problem(32)'s weights (only M differs): drawing it evicts b, never the weights.
+    shared = cache.inputs(problem(8), 0)
+    assert shared.weights() == cache.inputs(problem(32), 0).weights()
+    assert cache.made["weights"] == 3  # a, b, a again; problem(8) drew none
+
+
 class _Device:
     def __init__(self, stats, platform="cpu"):
         self._stats = stats
