@@ -355,8 +355,8 @@ def block_entries(run: dict) -> list[dict]:
     """One entry per case of a bench_block.py --out file whose moetune block was timed: the forward MoE
     block, with the same block on tokamax's and XLA's grouped GEMMs and in PyTorch (where they ran) and
     moetune's unfused and fused forms as peers, each stage of moetune's block (median ms) and each
-    method's kernel count in params, and the touched weights' HBM roofline as a bound where the run
-    recorded it."""
+    method's kernel count and kernels' times in params, and the touched weights' HBM roofline as a bound
+    where the run recorded it."""
     entries = []
     for case, samples, peers in _moetune_cases(run):
         params = {key: case[key] for key in ("model", "tokens", "experts", "top_k", "hidden", "ffn")}
@@ -364,6 +364,12 @@ def block_entries(run: dict) -> list[dict]:
         params["stages_ms"] = {n: round(st["median_ms"], 6) for n, st in stages.items() if "median_ms" in st}
         # Kernels each method launches per block: the fused block's claim is a count, not only a time.
         params["kernels"] = {m: r["kernels"] for m, r in case["methods"].items() if "kernels" in r}
+        # Where each method's time goes: its kernels' median CUPTI ms, in launch order, by name.
+        params["kernel_ms"] = {
+            m: [[name, ms] for name, ms in zip(r["kernel_names"], r["kernel_ms"], strict=True)]
+            for m, r in case["methods"].items()
+            if "kernel_ms" in r
+        }
         fields = {"params": params, "peers": peers}
         if "roofline_ms" in case:  # the touched experts' weight bytes at the HBM read rate
             fields["bounds"] = {"hbm_roofline": round(case["roofline_ms"], 6)}

@@ -19,7 +19,8 @@ every method routes each token to the same experts. Methods:
   * xla: `moe_mlp_using` on jax.lax.ragged_dot, skipped past a ~40 GB [G, M, K] expansion;
   * torch_grouped_mm: the block in PyTorch (no autograd) on DLPack views of the same arrays.
 Each peer's output is compared with moetune's before it is timed; one off by more than PARITY_MAX_REL_ERR
-is an error record. Each JAX method's record also has its kernel count (the kernels of one call) and
+is an error record. Each JAX method's record also has its kernel count (the kernels of one call), each
+kernel's median CUPTI time (where the block's time goes) and
 its share of the HBM roofline: the bytes of the touched experts' weights (gate_up and down of every
 expert some token chose) over the part's HBM read rate, against its median time. The stages are
 moetune's own functions (kernels/moe/layer.py), each jitted on the materialised outputs of the stage
@@ -250,12 +251,20 @@ def parity(out, reference) -> dict:
     return {"rel_err": err}
 
 
-def kernel_names(fn, args) -> list[str]:
-    """The names of the kernels one call of `fn` runs, in order (CUPTI)."""
+def kernel_profile(fn, args, calls: int = 5) -> list[tuple[str, float]]:
+    """(name, median ms over `calls` calls) of each kernel one call of `fn` runs, in order (CUPTI): where
+    a block's time goes, kernel by kernel, on the inputs the block is timed on."""
+    import statistics
+
     from jax.experimental.mosaic.gpu import profiler
 
-    _, timings = profiler.measure(fn, aggregate=False)(*args)
-    return [name for name, _ in timings]
+    measured = []
+    for _ in range(calls):
+        out, timings = profiler.measure(fn, aggregate=False)(*args)
+        del out
+        measured.append(timings)
+    names = [name for name, _ in measured[0]]
+    return [(name, statistics.median(t[i][1] for t in measured)) for i, name in enumerate(names)]
 
 
 def touched_experts(logits, top_k: int) -> int:
@@ -281,14 +290,18 @@ def roofline_ms(model: dev_shapes.Model, logits) -> float:
 
 def measure_jax(model, method, args, runs, reference, timer, counter) -> tuple[dict, object]:
     """A JAX method's entry and its output: compiled, checked against `reference`, timed, its kernels
-    counted by `counter(fn, args)`."""
+    profiled by `counter(fn, args)` ((name, ms) of each kernel of one call)."""
     import jax
 
     fn = jax_block(model, method).lower(*args).compile()
     out = jax.block_until_ready(fn(*args))
     checked = parity(out, reference)
-    names = counter(fn, args)
-    counted = {"kernels": len(names), "kernel_names": names}
+    profile = counter(fn, args)
+    counted = {
+        "kernels": len(profile),
+        "kernel_names": [name for name, _ in profile],
+        "kernel_ms": [round(ms, 6) for _, ms in profile],
+    }
     return torch_timing.summary(timer(fn, args, runs)) | checked | counted, out
 
 
@@ -367,10 +380,18 @@ def block_inputs(params, tokens: int) -> tuple:
 
 
 def run_case(
-    model, tokens: int, params, runs: int, methods, timer=time_jax, counter=kernel_names, roofline=roofline_ms
+    model,
+    tokens: int,
+    params,
+    runs: int,
+    methods,
+    timer=time_jax,
+    counter=kernel_profile,
+    roofline=roofline_ms,
 ) -> dict:
     """One (model, T) case's record; `timer(fn, args, runs)` gives the seconds of each call,
-    `counter(fn, args)` the kernels of one call and `roofline(model, logits)` the HBM bound in ms."""
+    `counter(fn, args)` the kernels of one call with their times and `roofline(model, logits)` the HBM
+    bound in ms."""
     args = block_inputs(params, tokens)
     entries = measure_methods(model, tokens, args, runs, methods, timer, counter)
     stages = measure_stages(model, args, runs, timer)

@@ -468,12 +468,19 @@ def test_a_block_run_keeps_each_methods_kernel_count_and_the_roofline_its_shares
     model = dev_shapes.MODELS["qwen3-30b-a3b"]
     methods = {
         "moetune": {"samples_ms": [0.05, 0.05], "median_ms": 0.05, "kernels": 14},
-        "moetune_fused": {"samples_ms": [0.04, 0.04], "median_ms": 0.04, "kernels": 2},
-    }
+        "moetune_fused": {
+            "samples_ms": [0.04, 0.04], "median_ms": 0.04, "kernels": 2,
+            "kernel_names": ["moetune_decode_up", "moetune_decode_down"], "kernel_ms": [0.025, 0.015],
+        },
+    }  # fmt: skip
     case = bench_block.case_record(model, 1, methods, {}, roofline_ms=0.02)
     env = {"date": "2026-01-02T03:04:05Z", "device_kind": "Test GPU", "command": "python3 bench_block.py"}
     (made,) = entries.block_entries({"environment": env, "cases": [case]})
     assert made["params"]["kernels"] == {"moetune": 14, "moetune_fused": 2}
+    # Where the fused block's time goes, kernel by kernel (a run without per-kernel times records none).
+    assert made["params"]["kernel_ms"] == {
+        "moetune_fused": [["moetune_decode_up", 0.025], ["moetune_decode_down", 0.015]]
+    }
     assert made["bounds"] == {"hbm_roofline": 0.02}
     assert quotes.value(made, "roof:moetune_fused") == pytest.approx(0.5)
 

@@ -37,7 +37,7 @@ def test_the_stages_compose_to_moe_mlp(block_args):
 
 
 def fake_counter(fn, args):
-    return ["route", "gemm"]  # CUPTI needs a GPU
+    return [("route", 0.25), ("gemm", 0.75)]  # CUPTI needs a GPU
 
 
 def test_a_case_records_every_method_and_stage():
@@ -50,6 +50,8 @@ def test_a_case_records_every_method_and_stage():
     assert list(methods) == list(bench_block.METHODS)
     assert methods["moetune"]["median_ms"] == 1.0 and methods["moetune"]["samples_ms"] == [1.0, 1.0]
     assert methods["moetune"]["kernels"] == 2 and methods["moetune"]["roofline_share"] == 0.5
+    assert methods["moetune"]["kernel_names"] == ["route", "gemm"]
+    assert methods["moetune"]["kernel_ms"] == [0.25, 0.75]
     assert record["roofline_ms"] == 0.5 and methods["moetune_unfused"]["kernels"] == 2
     # The fused block needs a Hopper GPU: here it is a skipped record naming why.
     assert "the fused block does not run" in methods["moetune_fused"]["skipped"]
