@@ -208,8 +208,9 @@ def test_a_pack_of_scaled_problems_is_version_2_and_a_version_1_pack_cannot_hold
         "transpose_rhs": False, "scale_layout": "block_1x128_128x128",
     }  # fmt: skip
     entry = {"problem": fp8, "config": {"strategy": "ragged_dot"}, "median_s": 1e-4}
-    # The shipped pack's 16-bit winners (it ships FP8 ones too), so that the scaled entry is the only one.
-    unscaled = [e for e in shipped["entries"] if "scale_layout" not in e["problem"]]
+    # The shipped pack's 16-bit GEMM winners (it ships FP8 and routed ones too), so that the scaled entry is
+    # the only one.
+    unscaled = [e for e in shipped["entries"] if not {"scale_layout", "top_k"} & set(e["problem"])]
     assert unscaled
     scaled = shipped | {"schema_version": 2, "entries": [*unscaled, entry]}
     pack = packs.parse(scaled, "scaled")
@@ -232,7 +233,10 @@ def test_a_pack_of_routed_problems_is_version_3_and_older_packs_cannot_hold_one(
         "top_k": 8,
     }  # fmt: skip
     entry = {"problem": block, "config": {"strategy": "ragged_dot"}, "median_s": 1e-5}
-    routed = shipped | {"schema_version": 3, "entries": [*shipped["entries"], entry]}
+    # The shipped pack's unrouted winners (it ships decode-block ones too), so that the entry added last
+    # is the only routed one.
+    unrouted = [e for e in shipped["entries"] if "top_k" not in e["problem"]]
+    routed = shipped | {"schema_version": 3, "entries": [*unrouted, entry]}
     pack = packs.parse(routed, "routed")
     assert pack.schema_version == 3 and pack.entries[-1].problem.top_k == 8
     assert json.loads(pack.dumps()) == routed
@@ -250,5 +254,5 @@ def test_a_pack_of_routed_problems_is_version_3_and_older_packs_cannot_hold_one(
     ):
         with pytest.raises(PackInvalid):
             packs.parse(routed | {"entries": [entry | {"problem": bad}]}, "bad")
-    # The shipped pack itself stays what it was: no problem of it is routed.
-    assert packs.parse(shipped, "shipped").schema_version == shipped["schema_version"] < 3
+    # The shipped pack holds decode-block winners: it is a version 3 pack.
+    assert packs.parse(shipped, "shipped").schema_version == shipped["schema_version"] == 3
