@@ -53,7 +53,7 @@ def reference_grouped_matmul(
         lhs, rhs = jnp.asarray(lhs, jnp.float32), jnp.asarray(rhs, jnp.float32)
     precision = lax.Precision.DEFAULT if same_half else lax.Precision.HIGHEST
     sizes = jnp.asarray(group_sizes, jnp.int32)
-    if _expanded_bytes(lhs, rhs) > DENSE_EXPANSION_MAX_BYTES:
+    if expands_past_bound(rhs.shape[0], lhs):
         return chunked_grouped_matmul(lhs, rhs, sizes, transpose_rhs=transpose_rhs, precision=precision)
     if transpose_rhs:
         return lax.ragged_dot_general(
@@ -62,8 +62,11 @@ def reference_grouped_matmul(
     return lax.ragged_dot(lhs, rhs, sizes, precision=precision, preferred_element_type=jnp.float32)
 
 
-def _expanded_bytes(lhs: jax.Array, rhs: jax.Array) -> int:
-    return rhs.shape[0] * lhs.shape[0] * lhs.shape[1] * jnp.dtype(lhs.dtype).itemsize
+def expands_past_bound(groups: int, *row_operands: jax.Array) -> bool:
+    """Whether ragged_dot's lowering, which expands each [M, K] row operand to [G, M, K], would pass
+    DENSE_EXPANSION_MAX_BYTES: there a reference walks row chunks instead."""
+    expanded = sum(groups * op.shape[0] * op.shape[1] * jnp.dtype(op.dtype).itemsize for op in row_operands)
+    return expanded > DENSE_EXPANSION_MAX_BYTES
 
 
 def _chunk_group_pairs(group_sizes: jax.Array, m: int, chunk_rows: int) -> tuple[int, int, Callable]:

@@ -54,8 +54,7 @@ def reference(lhs: jax.Array, dout: jax.Array, group_sizes: jax.Array, *, transp
         lhs, dout = jnp.asarray(lhs, jnp.float32), jnp.asarray(dout, jnp.float32)
     precision = lax.Precision.DEFAULT if same_half else lax.Precision.HIGHEST
     sizes = jnp.asarray(group_sizes, jnp.int32)
-    expanded = sizes.shape[0] * lhs.shape[0] * (lhs.shape[1] + dout.shape[1]) * jnp.dtype(lhs.dtype).itemsize
-    if expanded > grouped_reference.DENSE_EXPANSION_MAX_BYTES:
+    if grouped_reference.expands_past_bound(sizes.shape[0], lhs, dout):
         out = grouped_reference.chunked_weight_gradient(lhs, dout, sizes, precision=precision)
     else:
         out = lax.ragged_dot_general(
