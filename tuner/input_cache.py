@@ -342,8 +342,11 @@ class InputCache:
             routed = routing_operands(problem, sizes, inputs.seed, grouped=sampled)
             lhs, *others = inputs.call_args(inputs.sets[0], routed)
             program = reference.rows_reference_program(problem, len(rows), sample_axes(problem)[0])
-            values = program(lhs, jnp.asarray(rows), *others)
-            entry.references[sizes] = Reference(jax.block_until_ready(values), jnp.asarray(rows))
+            # device_put, not jnp.asarray: a transfer, where asarray may compile a copy program for the
+            # shape, and this runs while the worker holds the device.
+            ids = jax.device_put(rows)
+            values = program(lhs, ids, *others)
+            entry.references[sizes] = Reference(jax.block_until_ready(values), ids)
             self.made["reference"] += 1
         return entry.references[sizes]
 
