@@ -242,10 +242,13 @@ def moe_mlp_using(
     renormalize: bool = True,
     activation: str = "swiglu",
     routing_mode: str = "auto",
+    transpose_weights: bool = False,
 ) -> Array:
     """`moe_mlp` with any grouped GEMM, unfused: baselines pass jax.lax.ragged_dot to time XLA's own
-    kernel."""
-    check_moe_args(x, router_logits, w_gate_up, w_down, top_k=top_k, activation=activation)
+    kernel. With `transpose_weights` the weights are K-major and `gemm` must read them so."""
+    check_moe_args(
+        x, router_logits, *_k_by_n(w_gate_up, w_down, transpose_weights), top_k=top_k, activation=activation
+    )
     routing, rows = route_rows(router_logits, top_k, renormalize, routing_mode)
     hidden = _gate_up(gemm, _permute(x, rows), rows, w_gate_up, activation)
     return _down_and_combine(gemm, hidden, rows, w_down, routing)
@@ -287,8 +290,9 @@ def moe_mlp(
     Raises ConfigInvalid for bad shapes, top_k or routing_mode, Unsupported for an unknown activation.
     FP8 expert weights come with their float32 scales (`w_gate_up_scale`, `w_down_scale`) in
     `scale_layout`; the activations are then quantized on the fly in that layout (kernels/moe/fp8.py).
-    With `transpose_weights` FP8 weights are K-major, [E, 2F, H] and [E, H, F]: the layout the Hopper
-    FP8 kernel reads (quantize_weights(..., transpose=True) makes them).
+    With `transpose_weights` the weights are K-major, [E, 2F, H] and [E, H, F]: for FP8 weights the layout
+    the Hopper FP8 kernel reads (quantize_weights(..., transpose=True) makes them); 16-bit ones run as the
+    grouped GEMMs' t=1 problems, or the block's.
     `decode_mode` says when the fused decode block (the op "moe_decode_block": decode_block.py's two
     kernels, routing included) replaces this path (`decode_choice`): "auto" where its tuned winner for the
     T bucket was timed faster than this path, "kernel" wherever it fits on a Hopper GPU, "interpret"
@@ -321,13 +325,9 @@ def moe_mlp(
             scale_layout=scale_layout, renormalize=renormalize, activation=activation, backend=backend,
             fuse=fuse, routing_mode=routing_mode, transpose_weights=transpose_weights,
         )  # fmt: skip
-    if transpose_weights:
-        raise ConfigInvalid(
-            "transpose_weights is for FP8 weights, with a scale_layout: 16-bit ones are [E, K, N]"
-        )
     # A local slice is checked as the whole layer's weights would be.
     whole = [w if group_offset is None else _all_experts(w, router_logits) for w in (w_gate_up, w_down)]
-    check_moe_args(x, router_logits, *whole, top_k=top_k, activation=activation)
+    check_moe_args(x, router_logits, *_k_by_n(*whole, transpose_weights), top_k=top_k, activation=activation)
     choice = decode_choice(
         x,
         router_logits,
@@ -338,17 +338,29 @@ def moe_mlp(
         fuse,
         decode_mode,
         sliced=group_offset is not None,
+        transpose_weights=transpose_weights,
     )
     choice.note_declined()
     if choice.kernel is not None:
         note_use(choice.explanation)  # recording() shows the block, its config and where it came from
         return _decode_forward(
-            (choice.kernel, top_k, renormalize, choice.interpret, backend),
+            (choice.kernel, top_k, renormalize, choice.interpret, backend, transpose_weights),
             x, router_logits, w_gate_up, w_down, group_offset,
         )  # fmt: skip
     routing, rows = route_rows(router_logits, top_k, renormalize, routing_mode)
     options = dict(activation=activation, backend=backend, fuse=fuse, group_offset=group_offset)
-    return moe_mlp_sorted(_permute(x, rows), routing, rows, w_gate_up, w_down, **options)
+    return moe_mlp_sorted(
+        _permute(x, rows), routing, rows, w_gate_up, w_down, transpose_weights=transpose_weights, **options
+    )
+
+
+def _k_by_n(w_gate_up: Any, w_down: Any, transposed: bool) -> tuple[Any, Any]:
+    """The weights' shapes as [E, H, 2F] and [E, F, H] (K-major ones swapped back), for the checks."""
+    if not transposed:
+        return w_gate_up, w_down
+    return tuple(
+        jax.ShapeDtypeStruct((w.shape[0], w.shape[2], w.shape[1]), w.dtype) for w in (w_gate_up, w_down)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,8 +401,8 @@ def decode_choice(
     transpose_weights: bool = False,
 ) -> DecodeChoice:
     """Whether `moe_mlp` takes the fused decode block (op "moe_decode_block") for these operands, with
-    which config, and why. `sliced`: the
-    weights are a local slice of experts (group_offset); `device`: the running device, by default.
+    which config, and why. `sliced`: the weights are a local slice of experts (group_offset); `device`: the
+    running device, by default; `transpose_weights`: K-major weights, the block's t=1 problem.
 
     The block's problem is (T bucket, shapes, dtype, top_k): dispatch resolves it as any op's, exact
     winner, else the nearest tuned T, else the heuristic. A sweep times the unfused path first as the
@@ -435,7 +447,9 @@ def decode_choice(
     experts = router_logits.shape[1]
     whole = jax.ShapeDtypeStruct((experts, *w_gate_up.shape[1:]), w_gate_up.dtype)  # a slice's whole layer
     try:
-        problem = moe_decode_block.problem_of(x, router_logits, whole, top_k=top_k)
+        problem = moe_decode_block.problem_of(
+            x, router_logits, whole, top_k=top_k, transpose_rhs=transpose_weights
+        )
     except ValueError as e:  # ConfigInvalid included
         return decline(str(e))
     device = device or current_fingerprint()
@@ -556,7 +570,7 @@ def _taken(explanation: Explanation, runs: Backend, interpret: bool, reason: str
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _decode_forward(static, x, router_logits, w_gate_up, w_down, group_offset):
     """The fused block forward; its backward is the unfused path's (recomputed), since the block has none."""
-    kernel, top_k, renormalize, interpret, _ = static
+    kernel, top_k, renormalize, interpret, _, _ = static
     return kernel(
         x, router_logits, w_gate_up, w_down, renormalize=renormalize, group_offset=group_offset,
         interpret=interpret,
@@ -569,11 +583,11 @@ def _decode_fwd(static, x, router_logits, w_gate_up, w_down, group_offset):
 
 
 def _decode_bwd(static, saved, cotangent):
-    _, top_k, renormalize, _, backend = static
+    _, top_k, renormalize, _, backend, transposed = static
     *diff, group_offset = saved
     unfused = lambda *a: moe_mlp(  # noqa: E731
         *a, top_k=top_k, renormalize=renormalize, backend=backend, group_offset=group_offset,
-        decode_mode="xla",
+        transpose_weights=transposed, decode_mode="xla",
     )  # fmt: skip
     _, vjp = jax.vjp(unfused, *diff)
     return (*vjp(cotangent), None)
@@ -597,13 +611,15 @@ def moe_mlp_sorted(
     backend: str | None = None,
     fuse: bool = True,
     group_offset: Array | None = None,
+    transpose_weights: bool = False,
 ) -> Array:
     """`moe_mlp` after its routing and permutation, for a caller that computed them itself (a decode
     kernel that norms, routes and gathers in one program: models/norm_router.py).
 
     permuted [P, H]: the rows of x in expert order (row r is token rows.row_token[r]); P may exceed T*k,
     and rows past T*k are ignored, so that a producer can leave the padding a backend's tile wants
-    (`grouped_matmul`'s `rows`). Returns [T, H] as `moe_mlp` does; `group_offset` as for `moe_mlp`.
+    (`grouped_matmul`'s `rows`). Returns [T, H] as `moe_mlp` does; `group_offset` and `transpose_weights`
+    (16-bit K-major weights) as for `moe_mlp`.
     """
     tokens, top_k = routing.weights.shape
     m = tokens * top_k
@@ -611,25 +627,24 @@ def moe_mlp_sorted(
         raise ConfigInvalid(
             f"permuted {permuted.shape} must hold the {m} sorted rows of {tokens} tokens x top_k {top_k}"
         )
-    gemm = functools.partial(grouped_matmul, backend=backend, group_offset=group_offset)
-    gate_up = functools.partial(grouped_matmul, backend=backend, rows=m, group_offset=group_offset)
+    layout = dict(backend=backend, group_offset=group_offset, transpose_rhs=transpose_weights)
+    gemm = functools.partial(grouped_matmul, **layout)
+    gate_up = functools.partial(grouped_matmul, rows=m, **layout)
     fused = None
     fused_op = ops.fusing(activation) if fuse else None
     if fused_op is not None:
         lhs = jax.ShapeDtypeStruct((m, permuted.shape[1]), permuted.dtype)
-        if serves(fused_op.name, lhs, w_gate_up, backend):
-            fused = functools.partial(
-                call_op, fused_op.name, backend=backend, rows=m, group_offset=group_offset
-            )
+        if serves(fused_op.name, lhs, w_gate_up, backend, transpose_rhs=transpose_weights):
+            fused = functools.partial(call_op, fused_op.name, rows=m, **layout)
     hidden = _gate_up(gate_up, permuted, rows, w_gate_up, activation, fused)
     return _down_and_combine(gemm, hidden, rows, w_down, routing)
 
 
-def serves(op: str, lhs: Any, rhs: Any, backend: str | None = None) -> bool:
+def serves(op: str, lhs: Any, rhs: Any, backend: str | None = None, *, transpose_rhs: bool = False) -> bool:
     """Whether the first backend asked for `op` on these operands (`backend`, else the dispatcher's
     choice) computes it itself rather than passing it down the fallback chain."""
     try:
-        explanation = explain(problem_of(lhs, rhs, op=op), backend=backend)
+        explanation = explain(problem_of(lhs, rhs, op=op, transpose_rhs=transpose_rhs), backend=backend)
     except (Unsupported, ExceptionGroup):
         return False
     return not explanation.declined

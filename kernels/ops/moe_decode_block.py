@@ -4,11 +4,13 @@ down and the weighted combine of each token's top_k experts, in one call.
     out[t] = sum over t's top_k experts e of w[t, e] * down_e(silu(gate_e(x[t])) * up_e(x[t]))
 
 Operands in call order: x [T, H], router_logits [T, E] float32, w_gate_up [E, H, 2F] (gate columns first,
-then up) and w_down [E, F, H], the two weights. Its Problem's dims read naturally: m = T tokens (not the
-T * top_k rows of the grouped GEMMs), k = H, n = 2F (w_gate_up's columns, as in the fused gate_up GEMM's
-key), g = E, and `top_k`, the experts each token's router picks (a v3 key: Problem). x, the weights and the
-output share one 16- or 32-bit dtype (lhs_dtype, rhs_dtype, out_dtype), as the block's kernels take one.
-Example: Qwen3-30B-A3B at 8 tokens is
+then up) and w_down [E, F, H], the two weights; with `transpose_rhs` (t=1 in the key) the weights are
+K-major, w_gate_up [E, 2F, H] and w_down [E, H, F], each expert's rows contiguous along the dimension a
+GEMM contracts (the layout checkpoints that store each projection as [out, in] keep). Its Problem's dims
+read naturally: m = T tokens (not the T * top_k rows of the grouped GEMMs), k = H, n = 2F (w_gate_up's
+columns, as in the fused gate_up GEMM's key), g = E, and `top_k`, the experts each token's router picks (a
+v3 key: Problem). x, the weights and the output share one 16- or 32-bit dtype (lhs_dtype, rhs_dtype,
+out_dtype), as the block's kernels take one. Example: Qwen3-30B-A3B at 8 tokens is
 ``moe_decode_block/m=8,k=2048,n=1536,g=128,lhs=bfloat16,rhs=bfloat16,out=bfloat16,t=0,top_k=8/v3``.
 
 The reference is kernels/moe/reference.py's dense `moe_mlp_reference` on float32 copies of the operands
@@ -83,14 +85,14 @@ ROUTER_LOGITS = Operand(
 # Scaled by 1/sqrt of the contraction, as the grouped GEMM's rhs is: hidden rows and outputs near unit size.
 W_GATE_UP = Operand(
     "w_gate_up",
-    lambda p: (p.g, p.k, p.n),
+    lambda p: (p.g, p.n, p.k) if p.transpose_rhs else (p.g, p.k, p.n),
     lambda p: p.rhs_dtype,
     stddev=lambda p: 1.0 / math.sqrt(p.k),
     weights=True,
 )
 W_DOWN = Operand(
     "w_down",
-    lambda p: (p.g, p.n // 2, p.k),
+    lambda p: (p.g, p.k, p.n // 2) if p.transpose_rhs else (p.g, p.n // 2, p.k),
     lambda p: p.rhs_dtype,
     stddev=lambda p: 1.0 / math.sqrt(p.n // 2),
     weights=True,
@@ -98,30 +100,35 @@ W_DOWN = Operand(
 
 
 def dims_of(x: Any, router_logits: Any, w_gate_up: Any, transpose_rhs: bool) -> tuple[int, int, int, int]:
-    """(m, k, n, g) = (T, H, 2F, E) of x [T, H], router_logits [T, E] and w_gate_up [E, H, 2F], the op's
-    first three operands in the places of a grouped GEMM's (lhs, rhs, group sizes); ValueError naming the
-    first misfit. The weights are [E, H, 2F] only (transpose_rhs is refused)."""
-    if transpose_rhs:
-        raise ValueError(f"{NAME} takes w_gate_up [E, H, 2F] and w_down [E, F, H], not K-major weights")
+    """(m, k, n, g) = (T, H, 2F, E) of x [T, H], router_logits [T, E] and w_gate_up [E, H, 2F] ([E, 2F, H]
+    with `transpose_rhs`), the op's first three operands in the places of a grouped GEMM's (lhs, rhs, group
+    sizes); ValueError naming the first misfit."""
     if len(x.shape) != 2:
         raise ValueError(f"x must be [T, H]; got shape {tuple(x.shape)}")
     tokens, hidden = x.shape
     if len(router_logits.shape) != 2 or router_logits.shape[0] != tokens:
         raise ValueError(f"router_logits must be [T={tokens}, E]; got shape {tuple(router_logits.shape)}")
     experts = router_logits.shape[1]
-    if len(w_gate_up.shape) != 3 or tuple(w_gate_up.shape[:2]) != (experts, hidden):
-        raise ValueError(
-            f"w_gate_up must be [E={experts}, H={hidden}, 2F]; got shape {tuple(w_gate_up.shape)}"
-        )
-    return int(tokens), int(hidden), int(w_gate_up.shape[2]), int(experts)
+    hidden_at = 2 if transpose_rhs else 1
+    shape = tuple(w_gate_up.shape)
+    if len(shape) != 3 or (shape[0], shape[hidden_at]) != (experts, hidden):
+        layout = f"2F, H={hidden}" if transpose_rhs else f"H={hidden}, 2F"
+        raise ValueError(f"w_gate_up must be [E={experts}, {layout}]; got shape {shape}")
+    return int(tokens), int(hidden), int(shape[3 - hidden_at]), int(experts)
 
 
-def problem_of(x: Any, router_logits: Any, w_gate_up: Any, *, top_k: int) -> Problem:
+def problem_of(
+    x: Any, router_logits: Any, w_gate_up: Any, *, top_k: int, transpose_rhs: bool = False
+) -> Problem:
     """The Problem of a call of the block on these operands (arrays or jax.ShapeDtypeStructs): the output
-    in x's dtype. ValueError (ConfigInvalid for the op's rules) naming the first misfit."""
-    m, k, n, g = dims_of(x, router_logits, w_gate_up, False)
+    in x's dtype; `transpose_rhs` for K-major weights. ValueError (ConfigInvalid for the op's rules)
+    naming the first misfit."""
+    m, k, n, g = dims_of(x, router_logits, w_gate_up, transpose_rhs)
     dtype = np.dtype(x.dtype).name
-    return Problem(NAME, m, k, n, g, dtype, np.dtype(w_gate_up.dtype).name, dtype, top_k=top_k)
+    return Problem(
+        NAME, m, k, n, g, dtype, np.dtype(w_gate_up.dtype).name, dtype, transpose_rhs=transpose_rhs,
+        top_k=top_k,
+    )  # fmt: skip
 
 
 def reference(
@@ -134,7 +141,10 @@ def reference(
     top_k: int,
 ) -> jax.Array:
     """The float32 block: moe_mlp_reference on float32 copies (every product exact, nothing rounded
-    between the GEMMs), the weights renormalized over each token's top_k."""
+    between the GEMMs), the weights renormalized over each token's top_k; K-major weights are transposed
+    back to [E, H, 2F] and [E, F, H] first."""
+    if transpose_rhs:
+        w_gate_up, w_down = (jnp.swapaxes(w, 1, 2) for w in (w_gate_up, w_down))
     f32 = [jnp.asarray(a, jnp.float32) for a in (x, router_logits, w_gate_up, w_down)]
     return moe_mlp_reference(*f32, top_k=top_k, renormalize=True)
 
@@ -175,14 +185,6 @@ def _even_n(problem: Problem) -> str | None:
     return None if problem.n % 2 == 0 else f"needs an even n = 2F (gate and up halves); got n={problem.n}"
 
 
-def _weights_k_by_n(problem: Problem) -> str | None:
-    return (
-        "takes w_gate_up [E, H, 2F] and w_down [E, F, H] (t=0), not K-major weights"
-        if problem.transpose_rhs
-        else None
-    )
-
-
 SPEC = OpSpec(
     name=NAME,
     summary="out[T, H] = the routed MoE MLP block of x[T, H]: top-k routing, gate_up, SwiGLU, down, combine",
@@ -193,7 +195,7 @@ SPEC = OpSpec(
     flops=flops,
     operand_dtypes=DTYPES,
     out_dtypes=DTYPES,
-    checks=(_one_dtype, _even_n, _weights_k_by_n),
+    checks=(_one_dtype, _even_n),
     out_columns="H",
     routed=True,
     touched_bytes=touched_bytes,

@@ -75,3 +75,19 @@ def test_kernel_mode_runs_and_records_the_block_and_auto_keeps_the_unfused_path_
         choice = layer.decode_choice(x, logits, w_gate_up, top_k)
         assert choice.config is None and choice.reason.startswith("no tuned winner for moe_decode_block/m=4,")
     assert out.dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("tokens", [1, 32])
+def test_k_major_weights_run_the_heuristics_block_and_its_baseline_within_the_ops_tolerance(tokens):
+    experts, top_k, hidden, ffn = MODELS["qwen3-30b-a3b"]
+    problem = Problem("moe_decode_block", tokens, hidden, 2 * ffn, experts, transpose_rhs=True, top_k=top_k)
+    backend = registry.get("mosaic_gpu")
+    args = _operands(problem, seed=tokens)
+    assert args[2].shape == (experts, 2 * ffn, hidden) and args[3].shape == (experts, hidden, ffn)
+    reference = reference_of(problem)(*args)
+    for config in (
+        backend.heuristic(problem, current_fingerprint()),
+        backend.search_space(problem, current_fingerprint()).baseline,
+    ):
+        out = jax.jit(backend.build(problem, config))(*args)
+        assert relative_error(out, reference) <= SPEC.tolerance_for("bfloat16"), config

@@ -22,9 +22,10 @@ TOKENS, HIDDEN, INTER, EXPERTS, TOP_K = 4, 64, 32, 8, 2
 FUSED = DecodeBlockConfig(block_f=16, block_k=32, block_h=32, block_fd=16, down_split=2)
 
 
-def _problem(tokens=TOKENS) -> Problem:
+def _problem(tokens=TOKENS, transpose_rhs=False) -> Problem:
+    dtypes = ("float32",) * 3
     return Problem(
-        "moe_decode_block", tokens, HIDDEN, 2 * INTER, EXPERTS, "float32", "float32", "float32", top_k=TOP_K
+        "moe_decode_block", tokens, HIDDEN, 2 * INTER, EXPERTS, *dtypes, transpose_rhs, top_k=TOP_K
     )
 
 
@@ -37,9 +38,9 @@ def _operands(tokens=TOKENS):
     return x, logits, w_gate_up, w_down
 
 
-def _winners(*pairs):
+def _winners(*pairs, transpose_rhs=False):
     """An overlay of mosaic_gpu winners, (tokens, config) each, and nothing else (no database, no packs)."""
-    winners = [Winner("mosaic_gpu", _problem(t), c.to_dict(), median_s=1e-5) for t, c in pairs]
+    winners = [Winner("mosaic_gpu", _problem(t, transpose_rhs), c.to_dict(), median_s=1e-5) for t, c in pairs]
     return LOOKUP.overlay(winners=winners, db=None, packs_dir=None)
 
 
@@ -61,6 +62,37 @@ def test_auto_takes_the_block_only_for_a_tuned_winner_that_is_the_block():
         choice = _choose()
     assert choice.config is None
     assert choice.reason == "the overlay exact winner is the unfused path: it was timed faster than the block"
+
+
+def test_k_major_weights_are_decided_by_the_blocks_t1_winners():
+    x, logits, w_gate_up, w_down = _operands()
+    k_major = [jnp.swapaxes(w, 1, 2) for w in (w_gate_up, w_down)]
+    choose = lambda: layer.decode_choice(x, logits, k_major[0], TOP_K, device=HOPPER, transpose_weights=True)  # noqa: E731
+    with _winners((TOKENS, FUSED)):  # a winner of the [E, H, 2F] block decides nothing for K-major weights
+        choice = choose()
+    assert choice.config is None and choice.explanation.problem == _problem(transpose_rhs=True)
+    assert ",t=1,top_k=2/v3" in choice.reason
+    with _winners((TOKENS, FUSED), transpose_rhs=True):
+        choice = choose()
+    assert choice.config == FUSED and choice.kernel is not None
+    assert choice.explanation.problem == _problem(transpose_rhs=True)
+    # In the interpreter, moe_mlp runs the block on the K-major weights and gives the layer's output.
+    want = moe_mlp_reference(x, logits, w_gate_up, w_down, top_k=TOP_K)
+    cpu = current_fingerprint()
+    winner = Winner("mosaic_gpu", _problem(transpose_rhs=True), FUSED.to_dict(), fingerprint_hash=cpu.hash)
+    with LOOKUP.overlay(winners=[winner], db=None, packs_dir=None), recording() as calls:
+        out = layer.moe_mlp(x, logits, *k_major, top_k=TOP_K, transpose_weights=True, decode_mode="interpret")
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-4, atol=1e-5)
+    assert [(c.problem, c.config) for c in calls] == [(_problem(transpose_rhs=True), FUSED)]
+    grad = jax.grad(
+        lambda w: layer.moe_mlp(
+            x, logits, w, k_major[1], top_k=TOP_K, transpose_weights=True, decode_mode="interpret"
+        ).sum()
+    )(k_major[0])
+    want_grad = jax.grad(lambda w: moe_mlp_reference(x, logits, w, w_down, top_k=TOP_K).sum())(w_gate_up)
+    np.testing.assert_allclose(
+        np.asarray(grad), np.swapaxes(np.asarray(want_grad), 1, 2), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_a_winner_of_the_nearest_tuned_bucket_decides_for_its_neighbours():

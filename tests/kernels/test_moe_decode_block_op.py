@@ -2,6 +2,8 @@
 float32 reference, its tolerance against the block's kernels, FLOPs and bytes, and the router logits it
 makes from a routing draw."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,8 +20,21 @@ from moetune.kernels.reference import reference_of, relative_error
 SPEC = ops.get("moe_decode_block")
 
 
-def _problem(tokens=3, hidden=64, inter=32, experts=8, top_k=2, dtype="float32") -> Problem:
-    return Problem("moe_decode_block", tokens, hidden, 2 * inter, experts, dtype, dtype, dtype, top_k=top_k)
+def _problem(
+    tokens=3, hidden=64, inter=32, experts=8, top_k=2, dtype="float32", transpose_rhs=False
+) -> Problem:
+    return Problem(
+        "moe_decode_block",
+        tokens,
+        hidden,
+        2 * inter,
+        experts,
+        dtype,
+        dtype,
+        dtype,
+        transpose_rhs,
+        top_k=top_k,
+    )
 
 
 def _operands(problem: Problem, sizes, seed=0):
@@ -58,7 +73,13 @@ def test_dims_and_the_problem_of_a_call():
         op.dims_of(x, s((4, 8), jnp.float32), w, False)
     with pytest.raises(ValueError, match=r"w_gate_up must be \[E=8, H=64, 2F\]"):
         op.dims_of(x, logits, s((8, 96, 64), jnp.bfloat16), False)
-    with pytest.raises(ValueError, match="not K-major weights"):
+    # K-major weights: w_gate_up [E, 2F, H], the Problem's t=1.
+    k_major = s((8, 96, 64), jnp.bfloat16)
+    assert op.dims_of(x, logits, k_major, True) == (5, 64, 96, 8)
+    want = dataclasses.replace(_problem(5, 64, 48, 8, 2, "bfloat16"), transpose_rhs=True)
+    assert op.problem_of(x, logits, k_major, top_k=2, transpose_rhs=True) == want
+    assert [o.shape for o in SPEC.shape_dtypes(want)][2:] == [(8, 96, 64), (8, 64, 48)]
+    with pytest.raises(ValueError, match=r"w_gate_up must be \[E=8, 2F, H=64\]"):
         op.dims_of(x, logits, w, True)
 
 
@@ -97,3 +118,22 @@ def test_the_blocks_kernels_meet_the_tolerance(dtype):
     error = relative_error(out, ref)
     assert error <= SPEC.tolerance_for(dtype)
     assert dtype == "float32" or error > SPEC.tolerance_for("float32")  # bf16 rounds: a real margin
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_blocks_kernels_on_k_major_weights_meet_the_tolerance(dtype):
+    # t=1: w_gate_up [E, 2F, H] and w_down [E, H, F], drawn in that layout; the reference transposes them
+    # back, so it is the [E, H, 2F] block's on the same values.
+    problem = _problem(dtype=dtype, transpose_rhs=True)
+    x, logits, w_gate_up, w_down = _operands(problem, [0, 2, 1, 1, 0, 1, 0, 1], seed=3)
+    assert w_gate_up.shape == (8, 64, 64) and w_down.shape == (8, 64, 32)
+    ref = reference_of(problem)(x, logits, w_gate_up, w_down)
+    k_by_n = reference_of(_problem(dtype=dtype))(
+        x, logits, *(jnp.swapaxes(w, 1, 2) for w in (w_gate_up, w_down))
+    )
+    np.testing.assert_array_equal(np.asarray(ref), np.asarray(k_by_n))
+    config = decode_block.DecodeConfig(block_f=16, block_k=16, block_h=16, block_fd=16, up_split=2)
+    out = decode_block.decode_block(
+        x, logits, w_gate_up, w_down, top_k=2, config=config, transpose_weights=True, interpret=True
+    )
+    assert relative_error(out, ref) <= SPEC.tolerance_for(dtype)

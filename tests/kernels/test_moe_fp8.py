@@ -99,5 +99,10 @@ def test_k_major_fp8_weights_give_the_same_layer(layer_inputs, layout):
     # [E, K, N] weights passed as K-major are refused by shape, as the transposes they are read as.
     with pytest.raises(ConfigInvalid, match=r"w_down must be \[E=4, F=128, H=256\]; got \(4, 256, 128\)"):
         layer(kn, True)
-    with pytest.raises(ConfigInvalid, match="transpose_weights is for FP8 weights"):
-        moe_mlp(x, logits, w_gate_up, w_down, top_k=TOP_K, transpose_weights=True)
+    # 16-bit K-major weights run the same layer too, as the grouped GEMMs' t=1 problems.
+    k_major = [jnp.swapaxes(w, 1, 2) for w in (w_gate_up, w_down)]
+    out = moe_mlp(x, logits, *k_major, top_k=TOP_K, transpose_weights=True)
+    want = moe_mlp(x, logits, w_gate_up, w_down, top_k=TOP_K)
+    np.testing.assert_allclose(
+        np.asarray(out, np.float32), np.asarray(want, np.float32), rtol=1e-5, atol=1e-5
+    )

@@ -28,6 +28,16 @@ def test_a_routed_problem_has_a_v3_key_naming_its_top_k_and_round_trips():
     assert _block(top_k=10, g=512).key != _block(g=512).key  # each top_k is tuned apart
 
 
+def test_a_block_on_k_major_weights_is_keyed_t1_and_round_trips():
+    problem = _block(transpose_rhs=True)
+    assert problem.key == (
+        "moe_decode_block/m=8,k=2048,n=1536,g=128,lhs=bfloat16,rhs=bfloat16,out=bfloat16,t=1,top_k=8/v3"
+    )
+    assert problem.to_dict()["transpose_rhs"] is True
+    assert Problem.from_json(problem.to_json()) == problem and problem != _block()
+    assert problem.rhs_shape == (128, 1536, 2048)  # w_gate_up [E, 2F, H]
+
+
 def test_keys_and_dicts_without_a_top_k_are_unchanged():
     plain = Problem("grouped_matmul", m=4096, k=4096, n=28672, g=8)
     assert plain.key.endswith(",t=0/v1") and "top_k" not in plain.to_dict()
@@ -53,13 +63,11 @@ def test_top_k_belongs_to_routed_ops_and_lies_in_one_to_g():
         Problem.from_dict(_block().to_dict() | {"schema_version": 1})
 
 
-def test_the_block_takes_one_16_or_32_bit_dtype_and_k_by_n_weights():
+def test_the_block_takes_one_16_or_32_bit_dtype_and_an_even_n():
     assert _block(lhs_dtype="f32", rhs_dtype="f32", out_dtype="f32").lhs_dtype == "float32"
     with pytest.raises(ConfigInvalid, match="takes one dtype for x, the weights and the output"):
         _block(out_dtype="float32")
     with pytest.raises(ConfigInvalid, match="takes lhs dtypes bfloat16, float16, float32, not float8"):
         _block(lhs_dtype="float8_e4m3fn", rhs_dtype="float8_e4m3fn")
-    with pytest.raises(ConfigInvalid, match="not K-major weights"):
-        _block(transpose_rhs=True)
     with pytest.raises(ConfigInvalid, match="needs an even n"):
         _block(n=1535)

@@ -54,16 +54,17 @@ def moe_decode_block(
     interpret: bool = False,
 ) -> Any:
     """out[T, H] of the block for `config`: the two kernels (in Pallas's interpreter with `interpret`), or
-    with fused=False moe_mlp's unfused path. `renormalize` and `group_offset` as for moe_mlp."""
-    del transpose_rhs  # the op takes [E, H, 2F] and [E, F, H] weights only
+    with fused=False moe_mlp's unfused path, each on the weights' layout (`transpose_rhs`: K-major, which
+    the unfused path's grouped GEMMs read as their t=1 problems). `renormalize` and `group_offset` as for
+    moe_mlp."""
     if not config.fused:
         from moetune.kernels.moe.layer import moe_mlp  # it dispatches through the backends
 
         return moe_mlp(
             x, router_logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize,
-            group_offset=group_offset, decode_mode="xla",
+            group_offset=group_offset, transpose_weights=transpose_rhs, decode_mode="xla",
         )  # fmt: skip
     return decode_block.decode_block(
         x, router_logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize, group_offset=group_offset,
-        config=config.decode_config(), interpret=interpret,
+        config=config.decode_config(), transpose_weights=transpose_rhs, interpret=interpret,
     )  # fmt: skip

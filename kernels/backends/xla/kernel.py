@@ -368,10 +368,11 @@ def moe_decode_block(
 ) -> jax.Array:
     """The MoE decode block (op "moe_decode_block") as XLA runs it: moe_mlp's unfused path (routing and
     sort by XLA ops, gate_up, SwiGLU, down, combine) on this backend's grouped GEMM in `config`'s strategy;
-    ragged_dot's is XLA's own block, the baseline a sweep times beside the fused kernels."""
-    del transpose_rhs  # the op takes [E, H, 2F] and [E, F, H] weights only
-    gemm = functools.partial(grouped_matmul, config=config, transpose_rhs=False, out_dtype=x.dtype)
+    ragged_dot's is XLA's own block, the baseline a sweep times beside the fused kernels. K-major weights
+    (`transpose_rhs`) go to the grouped GEMMs as they are."""
+    gemm = functools.partial(grouped_matmul, config=config, transpose_rhs=transpose_rhs, out_dtype=x.dtype)
     out = moe_mlp_using(
-        gemm, x, router_logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize, routing_mode="xla"
-    )
+        gemm, x, router_logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize, routing_mode="xla",
+        transpose_weights=transpose_rhs,
+    )  # fmt: skip
     return out.astype(out_dtype)

@@ -34,8 +34,10 @@ MODELS = {
 }
 
 
-def _block(tokens, experts, top_k, hidden, ffn, dtype="bfloat16") -> Problem:
-    return Problem("moe_decode_block", tokens, hidden, 2 * ffn, experts, dtype, dtype, dtype, top_k=top_k)
+def _block(tokens, experts, top_k, hidden, ffn, dtype="bfloat16", transpose_rhs=False) -> Problem:
+    return Problem(
+        "moe_decode_block", tokens, hidden, 2 * ffn, experts, dtype, dtype, dtype, transpose_rhs, top_k=top_k
+    )
 
 
 def test_the_config_is_the_blocks_tiling_and_fused():
@@ -157,6 +159,21 @@ def test_the_cost_model_follows_the_bytes_in_flight_and_the_routing():
     assert cost.up_estimate(wide, many, H200).seconds < cost.up_estimate(wide, few, H200).seconds
 
 
+def test_the_cost_model_charges_lines_along_the_weights_contiguous_dimension():
+    # [E, H, 2F]: a kernel 1 tile's contiguous runs are block_f wide; K-major [E, 2F, H]: block_k long.
+    # Kernel 2 likewise: block_h, block_fd. 16 bf16 values are a quarter of a 128-byte line, 128 a whole
+    # one; down_split=16 keeps enough bytes in flight that the line, not the latency, bounds the stream.
+    k_by_n, k_major = _block(8, 128, 8, 2048, 768), _block(8, 128, 8, 2048, 768, transpose_rhs=True)
+    narrow_n = decode_block.DecodeConfig(block_f=16, block_k=128, block_h=16, block_fd=128, down_split=16)
+    narrow_k = decode_block.DecodeConfig(block_f=128, block_k=16, block_h=128, block_fd=16, down_split=16)
+    for kernel in (cost.up_estimate, cost.down_estimate):
+        assert kernel(k_major, narrow_n, H200).stream_s < kernel(k_by_n, narrow_n, H200).stream_s
+        assert kernel(k_by_n, narrow_k, H200).stream_s < kernel(k_major, narrow_k, H200).stream_s
+    assert space.heuristic(k_major, H200).fused and not space.block_fits(
+        k_major, space.heuristic(k_major, H200), H200
+    )
+
+
 def test_a_device_without_hardware_facts_gets_the_smallest_tiles():
     problem = _block(3, 8, 2, 64, 32)
     assert space.ranking(problem, CPU) == ()
@@ -171,8 +188,11 @@ def test_the_block_is_left_out_of_the_backends_source_hash():
     assert "kernel_decode.py" not in backend.UNHASHED_SOURCES  # its glue is the backend's kernel code
 
 
-def test_the_built_kernel_runs_the_block_or_its_baseline_in_the_interpreter(monkeypatch):
-    problem = _block(3, 8, 2, 64, 32, dtype="float32")
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_the_built_kernel_runs_the_block_or_its_baseline_in_the_interpreter(monkeypatch, transpose_rhs):
+    # t=1: K-major weights, w_gate_up [E, 2F, H] and w_down [E, H, F]; the baseline's grouped GEMMs
+    # are then t=1 problems too.
+    problem = _block(3, 8, 2, 64, 32, dtype="float32", transpose_rhs=transpose_rhs)
     backend = registry.get("mosaic_gpu")
     monkeypatch.setattr(sys.modules[type(backend).__module__], "current_fingerprint", lambda: H200)
     spec = ops.get("moe_decode_block")
@@ -180,6 +200,7 @@ def test_the_built_kernel_runs_the_block_or_its_baseline_in_the_interpreter(monk
     x, w_gate_up, w_down = (
         spec.draw(problem, o.name, k) for o, k in zip(spec.drawn_operands, keys, strict=True)
     )
+    assert w_gate_up.shape == (8, 64, 64) and w_down.shape == ((8, 64, 32) if transpose_rhs else (8, 32, 64))
     logits = spec.operand("router_logits").from_routing(problem, [1, 1, 0, 1, 1, 1, 0, 1], 0)
     ref = reference_of(problem)(x, logits, w_gate_up, w_down)
     fused = backend.build(problem, space.SMALLEST)
