@@ -247,7 +247,8 @@ def tune(
         typer.Option(
             "--decode-block",
             help="Also tune the models' fused MoE decode block at their token buckets of up to 32 tokens "
-            "(what moe_mlp looks up before it takes the block over the two GEMMs).",
+            "(what moe_mlp looks up before it takes the block over the two GEMMs); with --fp8, the block "
+            "on FP8 weights.",
         ),
     ] = False,
     maxtext_config: Annotated[

@@ -28,6 +28,8 @@ grouped_matmul_fp8).
 The fused MoE decode block (`decode_block_problems`, `moetune tune --decode-block`) adds one problem per
 decode bucket (T <= 32 tokens): the op "moe_decode_block", m = T tokens, k = hidden, n = 2 * ffn, g = experts
 and the model's top_k, which moe_mlp looks up to decide whether the block beats the two GEMMs at that T.
+On FP8 experts (`as_fp8`) it is "moe_decode_block_fp8": x and the output stay in the model's dtype, the
+weights are e4m3 with scales in the layout given, K-major.
 
 Sharded models are tuned per shard, the problems one GPU runs:
   * `tp: N` (tensor parallel) splits each expert's ffn N ways: gate_up N = 2 * ffn / tp, down K = ffn / tp.
@@ -63,6 +65,7 @@ from moetune.tuner.yaml_files import load_yaml, read_yaml_file
 
 OP = GROUPED_MATMUL
 BLOCK_OP = "moe_decode_block"
+FP8_BLOCK_OP = "moe_decode_block_fp8"  # the block on FP8 experts (`as_fp8`)
 # Gated activations moe_mlp does not compute but whose models are tuned all the same, their gate_up as the
 # plain GEMM that a model's own layer would dispatch before applying it: gpt-oss's SwiGLU with clamped
 # inputs, a sigmoid gain of 1.702 and (up + 1) (moetune's fused epilogue computes silu(gate) * up).
@@ -423,20 +426,25 @@ FP8_EXPERT_DTYPE = "float8_e4m3fn"
 
 def as_fp8(planned: list[PlannedProblem], scale_layout: str) -> list[PlannedProblem]:
     """The problems of a model on FP8 experts (module docstring): e4m3 operands, `scale_layout`, K-major
-    weights, a bf16 output. ConfigInvalid for an op without an FP8 form or a shape the layout cannot
-    cover (block scales need K and N in whole 128-blocks)."""
+    weights, a bf16 output (the decode block: e4m3 weights only). ConfigInvalid for an op without an FP8
+    form or a shape the layout cannot cover (block scales need K and N in whole 128-blocks)."""
     out = []
     for item in planned:
         p = item.problem
-        if p.op not in FP8_OPS:
+        if p.op not in FP8_OPS and p.op != BLOCK_OP:
             raise ConfigInvalid(
                 f"{item.label}: op={p.op} has no FP8 form; FP8 experts run {', '.join(FP8_OPS.values())}"
             )
+        # The fused decode block keeps x and its output in their dtype: only its weights are FP8.
+        operands = (
+            dict(op=FP8_BLOCK_OP, rhs_dtype=FP8_EXPERT_DTYPE)
+            if p.op == BLOCK_OP
+            else dict(
+                op=FP8_OPS[p.op], lhs_dtype=FP8_EXPERT_DTYPE, rhs_dtype=FP8_EXPERT_DTYPE, out_dtype="bfloat16"
+            )
+        )
         try:  # a Problem checks itself against its op's rules
-            fp8 = dataclasses.replace(
-                p, op=FP8_OPS[p.op], lhs_dtype=FP8_EXPERT_DTYPE, rhs_dtype=FP8_EXPERT_DTYPE,
-                out_dtype="bfloat16", transpose_rhs=True, scale_layout=scale_layout,
-            )  # fmt: skip
+            fp8 = dataclasses.replace(p, transpose_rhs=True, scale_layout=scale_layout, **operands)
         except ConfigInvalid as e:
             raise ConfigInvalid(f"{item.label}: {e}") from None
         out.append(dataclasses.replace(item, problem=fp8, label=f"{item.label} fp8"))

@@ -134,10 +134,9 @@ class SweepSpec:
                     "decode_block adds the fused decode block at the models' decode buckets: name a model (a "
                     "single problem names its op: op=moe_decode_block,...,top_k=K)"
                 )
-            if self.fp8 != "none" or self.with_backward:
+            if self.with_backward:
                 raise ConfigInvalid(
-                    "the fused decode block serves the forward of 16-bit experts: drop fp8 and "
-                    "with_backward, or decode_block"
+                    "the fused decode block serves the forward only: drop with_backward or decode_block"
                 )
         if self.maxtext is not None:
             from moetune.integrations.maxtext.problems import Target

@@ -41,7 +41,7 @@ def model_problems(spec: SweepSpec) -> list[PlannedProblem]:
         if spec.decode_block:
             blocks += decode_block_problems(model)
     if spec.fp8 != "none":
-        planned = as_fp8(planned, spec.fp8)
+        planned, blocks = as_fp8(planned, spec.fp8), as_fp8(blocks, spec.fp8)
     if spec.decode_block and not blocks:
         raise ConfigInvalid(
             "decode_block: no model here runs the fused decode block (SwiGLU experts of one 16- or 32-bit "

@@ -58,9 +58,9 @@ from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint, current_fingerprint
 from moetune.kernels.errors import ConfigInvalid, UnknownBackend, Unsupported
 from moetune.kernels.lookup import LOOKUP
-from moetune.kernels.moe import decode_block, pallas_mode, routing_kernel
+from moetune.kernels.moe import pallas_mode, routing_kernel
 from moetune.kernels.moe.reference import check_moe_args, gated_activation
-from moetune.kernels.ops import moe_decode_block
+from moetune.kernels.ops import moe_decode_block, moe_decode_block_fp8
 from moetune.kernels.problem import GROUPED_MATMUL, Problem, dtype_name
 
 Array = Any
@@ -308,16 +308,12 @@ def moe_mlp(
             x, router_logits, w_gate_up, top_k, activation, backend, fuse, decode_mode,
             scale_layout=scale_layout, transpose_weights=transpose_weights,
         )  # fmt: skip
+        choice.note_declined()
         if choice.kernel is not None:  # forward only: FP8 experts are served for inference
-            tiling = fp8_tiling(choice.config.decode_config(), scale_layout)
-            # recording() shows the block: the decision of the same block on x's dtype, whose config
-            # (with K tiles narrowed to the scale blocks) this one runs.
-            source = f"{choice.explanation.source}, on FP8 weights ({scale_layout}) as {tiling.name}"
-            note_use(dataclasses.replace(choice.explanation, source=source))
-            return decode_block.decode_block(
-                x, router_logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize, config=tiling,
-                transpose_weights=transpose_weights, w_gate_up_scale=w_gate_up_scale,
-                w_down_scale=w_down_scale, interpret=choice.interpret,
+            note_use(choice.explanation)  # the op "moe_decode_block_fp8", its config and source
+            return choice.kernel(
+                x, router_logits, w_gate_up, w_gate_up_scale, w_down, w_down_scale, renormalize=renormalize,
+                interpret=choice.interpret,
             )  # fmt: skip
 
         return moe_mlp_fp8(
@@ -400,11 +396,12 @@ def decode_choice(
     scale_layout: str = "none",
     transpose_weights: bool = False,
 ) -> DecodeChoice:
-    """Whether `moe_mlp` takes the fused decode block (op "moe_decode_block") for these operands, with
-    which config, and why. `sliced`: the weights are a local slice of experts (group_offset); `device`: the
-    running device, by default; `transpose_weights`: K-major weights, the block's t=1 problem.
+    """Whether `moe_mlp` takes the fused decode block (op "moe_decode_block", on FP8 weights with scales in
+    `scale_layout` "moe_decode_block_fp8") for these operands, with which config, and why. `sliced`: the
+    weights are a local slice of experts (group_offset); `device`: the running device, by default;
+    `transpose_weights`: K-major weights, the block's t=1 problem.
 
-    The block's problem is (T bucket, shapes, dtype, top_k): dispatch resolves it as any op's, exact
+    The block's problem is (T bucket, shapes, dtypes, layout, top_k): dispatch resolves it as any op's, exact
     winner, else the nearest tuned T, else the heuristic. A sweep times the unfused path first as the
     op's baseline (SearchSpace.baseline), so a tuned winner other than it was measured faster than it:
       auto       the block where the tuned winner is the block; otherwise (no winner, the winner is the
@@ -414,42 +411,26 @@ def decode_choice(
                  config where there is none or the winner is the unfused path;
       interpret  as kernel, in Pallas's interpreter, on any device;
       xla        never.
-    FP8 experts (`scale_layout`, K-major with `transpose_weights`): 'kernel' and 'interpret' take the block
-    with the config of the same block on x's dtype (moe_mlp narrows its K tiles to the scale blocks);
-    'auto' keeps the unfused FP8 path, since no sweep times the block on FP8 weights yet."""
+    FP8 experts decide alike on the FP8 block's own problem, whose baseline is the unfused FP8 path."""
     mode = pallas_mode.check(decode_mode, "decode_mode")
     decline = lambda why: DecodeChoice(None, False, why)  # noqa: E731
     if mode == "xla":
         return decline("decode_mode='xla'")
-    if scale_layout != "none":
-        if mode == "auto":
-            return decline(
-                "FP8 experts: no sweep times the block on FP8 weights yet; decode_mode='kernel' takes it"
-            )
-        shape = w_gate_up.shape
-        as_x = jax.ShapeDtypeStruct((shape[0], shape[2], shape[1]) if transpose_weights else shape, x.dtype)
-        return decode_choice(
-            x,
-            router_logits,
-            as_x,
-            top_k,
-            activation,
-            backend,
-            fuse,
-            decode_mode,
-            sliced=sliced,
-            device=device,
-        )
     if not fuse or activation != "swiglu":
         return decline(f"fuse={fuse}, activation={activation!r}: the block fuses swiglu only")
-    if jnp.dtype(x.dtype) not in (jnp.bfloat16, jnp.float16, jnp.float32) or w_gate_up.dtype != x.dtype:
+    one_dtype = jnp.dtype(x.dtype) in (jnp.bfloat16, jnp.float16, jnp.float32) and w_gate_up.dtype == x.dtype
+    if scale_layout == "none" and not one_dtype:
         return decline(f"x {x.dtype}, weights {w_gate_up.dtype}: the block takes one 16- or 32-bit dtype")
     experts = router_logits.shape[1]
     whole = jax.ShapeDtypeStruct((experts, *w_gate_up.shape[1:]), w_gate_up.dtype)  # a slice's whole layer
+    layout = dict(top_k=top_k, transpose_rhs=transpose_weights)
     try:
-        problem = moe_decode_block.problem_of(
-            x, router_logits, whole, top_k=top_k, transpose_rhs=transpose_weights
-        )
+        if scale_layout == "none":
+            problem = moe_decode_block.problem_of(x, router_logits, whole, **layout)
+        else:
+            problem = moe_decode_block_fp8.problem_of(
+                x, router_logits, whole, scale_layout=scale_layout, **layout
+            )
     except ValueError as e:  # ConfigInvalid included
         return decline(str(e))
     device = device or current_fingerprint()
@@ -496,14 +477,6 @@ def decode_choice(
     )
 
 
-def fp8_tiling(config: decode_block.DecodeConfig, scale_layout: str) -> decode_block.DecodeConfig:
-    """`config` with K tiles no longer than a scale block's rows, so that each tile is scaled once: the
-    block scales cover 128 rows of K; per-tensor and per-channel ones all of it."""
-    if scale_layout != "block_1x128_128x128":
-        return config
-    return dataclasses.replace(config, block_k=min(config.block_k, 128), block_fd=min(config.block_fd, 128))
-
-
 def _declined(error: Exception) -> str:
     """One line of why no backend runs the block (an Unsupported, or every backend's in a group)."""
     if isinstance(error, ExceptionGroup):
@@ -514,7 +487,7 @@ def _declined(error: Exception) -> str:
 def _interpreted_choice(problem: Problem, device: DeviceFingerprint) -> DecodeChoice:
     """decode_mode='interpret': the block of the highest-priority backend that runs it (available here or
     not), with its winner on this device, else its heuristic's config, in Pallas's interpreter."""
-    for runs in sorted(map(registry.get, _block_backends()), key=lambda b: -b.priority):
+    for runs in sorted(map(registry.get, _block_backends(problem.op)), key=lambda b: -b.priority):
         try:
             runs.check(problem)
         except Unsupported as e:
@@ -535,12 +508,12 @@ def _interpreted_choice(problem: Problem, device: DeviceFingerprint) -> DecodeCh
     return DecodeChoice(None, False, "no backend runs the fused decode block")
 
 
-def _block_backends() -> list[str]:
-    """The registered backends whose table holds the block (available on this device or not)."""
+def _block_backends(op: str) -> list[str]:
+    """The registered backends whose table holds the block's `op` (available on this device or not)."""
     names = []
     for name in registry.names():
         try:
-            if moe_decode_block.NAME in registry.get(name).kernels:
+            if op in registry.get(name).kernels:
                 names.append(name)
         except UnknownBackend:  # an optional dependency missing: that backend runs nothing here
             continue

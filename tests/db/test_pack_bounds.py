@@ -53,6 +53,24 @@ def test_names_and_hashes_fit_their_columns():
 
 def test_the_longest_problem_key_fits_its_column():
     def problems(op):
+        if ops.get(op).routed and ops.get(op).scale_operands:  # the FP8 block: top_k and scale_layout
+            return (
+                Problem(
+                    op,
+                    2**31 - 1,
+                    2**31 - 1 - 127,
+                    2**31 - 256,
+                    2**31 - 1,
+                    d,
+                    "float8_e4m3fn",
+                    d,
+                    True,
+                    s,
+                    top_k=2**31 - 1,
+                )
+                for d in DTYPES
+                for s in ("row_channel", "block_1x128_128x128")
+            )
         if ops.get(op).routed:  # top_k as long as g
             return (
                 Problem(op, 2**31 - 1, 2**31 - 1, 2**31 - 2, 2**31 - 1, d, d, d, top_k=2**31 - 1)

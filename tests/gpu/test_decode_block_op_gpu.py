@@ -1,6 +1,7 @@
 """The fused decode block as an op on a Hopper GPU: the heuristic's config of each development model at
 T = 1, 8 and 32 compiles, runs within the op's tolerance and repeats bitwise; moe_mlp's "kernel" mode runs
-it and recording() names it; "auto" keeps the unfused path without a winner."""
+it and recording() names it; "auto" keeps the unfused path without a winner; the block and its baseline on
+K-major weights and on FP8 weights (moe_decode_block_fp8) meet the tolerance."""
 
 from __future__ import annotations
 
@@ -91,3 +92,28 @@ def test_k_major_weights_run_the_heuristics_block_and_its_baseline_within_the_op
     ):
         out = jax.jit(backend.build(problem, config))(*args)
         assert relative_error(out, reference) <= SPEC.tolerance_for("bfloat16"), config
+
+
+@pytest.mark.parametrize("layout", ["row_channel", "block_1x128_128x128"])
+def test_fp8_weights_run_the_heuristics_block_and_its_baseline_within_the_ops_tolerance(layout):
+    experts, top_k, hidden, ffn = MODELS["qwen3-30b-a3b"]
+    problem = Problem(
+        "moe_decode_block_fp8", 8, hidden, 2 * ffn, experts, "bfloat16", "float8_e4m3fn", "bfloat16",
+        transpose_rhs=True, scale_layout=layout, top_k=top_k,
+    )  # fmt: skip
+    spec = ops.get("moe_decode_block_fp8")
+    keys = jax.random.split(jax.random.key(0), 3)
+    x, (w_gate_up, gate_up_scale), (w_down, down_scale) = (
+        spec.draw(problem, o.name, k) for o, k in zip(spec.drawn_operands, keys, strict=True)
+    )
+    sizes = Routing("zipf").group_sizes(spec.routing_rows(problem), problem.g, seed=0, capacity=problem.m)
+    logits = spec.operand("router_logits").from_routing(problem, sizes, 0)
+    args = (x, logits, w_gate_up, gate_up_scale, w_down, down_scale)
+    reference = reference_of(problem)(*args)
+    backend = registry.get("mosaic_gpu")
+    fused = backend.heuristic(problem, current_fingerprint())
+    out = jax.jit(backend.build(problem, fused))(*args)
+    assert relative_error(out, reference) <= 1e-2, fused  # x stays bf16: a bf16 block's rounding
+    baseline = backend.search_space(problem, current_fingerprint()).baseline
+    out = jax.jit(backend.build(problem, baseline))(*args)
+    assert relative_error(out, reference) <= spec.tolerance_for("bfloat16")

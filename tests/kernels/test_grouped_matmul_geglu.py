@@ -58,7 +58,7 @@ def test_mosaic_gpu_declines_it_by_its_table_and_dispatch_falls_through_to_xla()
     assert explanation.backend == "xla"
     served = (
         "grouped_matmul, grouped_matmul_drhs, grouped_matmul_fp8, grouped_matmul_swiglu, "
-        "grouped_matmul_swiglu_fp8, moe_decode_block"
+        "grouped_matmul_swiglu_fp8, moe_decode_block, moe_decode_block_fp8"
     )
     assert (
         explanation.declined[0] == f"mosaic_gpu: mosaic_gpu serves op={served}, not op='grouped_matmul_geglu'"

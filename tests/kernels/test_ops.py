@@ -28,6 +28,7 @@ def test_names_come_from_the_package_and_unknown_names_list_them():
         "grouped_matmul_swiglu",
         "grouped_matmul_swiglu_fp8",
         "moe_decode_block",
+        "moe_decode_block_fp8",
     ]
     assert all(ops.get(name).name == name for name in ops.names())
     with pytest.raises(ConfigInvalid, match="unknown op 'moe_combine'; registered: grouped_matmul, "):

@@ -111,7 +111,10 @@ def test_inline_sweep_prints_winners_and_report_is_self_contained(sqlite_url, tm
             ["--model", "deepseek-v3-ep8", "--decode-block", "--dry-run"],
             "no model here runs the fused decode",
         ),
-        (["--model", "tiny", "--decode-block", "--with-backward", "--dry-run"], "drop fp8 and with_backward"),
+        (
+            ["--model", "tiny", "--decode-block", "--with-backward", "--dry-run"],
+            "drop with_backward or decode_block",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(sqlite_url, args, message):

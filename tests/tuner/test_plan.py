@@ -318,5 +318,19 @@ def test_a_sweep_asks_for_the_decode_block_of_its_models_only():
     assert SweepSpec(models=("tiny",), decode_block=True).decode_block
     with pytest.raises(ConfigInvalid, match="name a model"):
         SweepSpec(problems=("m=1,k=2,n=4,g=1",), decode_block=True)
-    with pytest.raises(ConfigInvalid, match="drop fp8 and with_backward"):
-        SweepSpec(models=("tiny",), decode_block=True, fp8="tensor")
+    with pytest.raises(ConfigInvalid, match="drop with_backward or decode_block"):
+        SweepSpec(models=("tiny",), decode_block=True, with_backward=True)
+
+
+def test_fp8_experts_sweep_the_decode_block_on_fp8_weights():
+    from moetune.tuner.sweep_setup import model_problems
+
+    planned = model_problems(SweepSpec(models=("tiny",), decode_block=True, fp8="row_channel"))
+    (block,) = [p.problem for p in planned if p.problem.spec.routed]  # tiny's one bucket of <= 32 tokens
+    assert block.key == (
+        "moe_decode_block_fp8/m=8,k=64,n=256,g=4,lhs=bfloat16,rhs=float8_e4m3fn,out=bfloat16,t=1,"
+        "s=row_channel,top_k=2/v3"
+    )
+    assert {p.problem.op for p in planned} == {
+        "grouped_matmul_swiglu_fp8", "grouped_matmul_fp8", "moe_decode_block_fp8"
+    }  # fmt: skip

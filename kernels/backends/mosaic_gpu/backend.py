@@ -34,8 +34,9 @@ class MosaicGpuBackend(Backend):
         "grouped_matmul_fp8": "grouped_matmul_fp8",
         "grouped_matmul_swiglu_fp8": "grouped_matmul_swiglu_fp8",
         "moe_decode_block": "kernel_decode:moe_decode_block",
+        "moe_decode_block_fp8": "kernel_decode:moe_decode_block_fp8",
     }
-    op_configs = {"moe_decode_block": DecodeBlockConfig}
+    op_configs = {"moe_decode_block": DecodeBlockConfig, "moe_decode_block_fp8": DecodeBlockConfig}
     kernel_module = "moetune.kernels.backends.mosaic_gpu.kernel_sm90"
     # The decode block's two kernels, and the routing kernel its unfused baseline (fused=False) runs on a GPU.
     shared_kernel_modules = ("moetune.kernels.moe.decode_block", "moetune.kernels.moe.routing_kernel")

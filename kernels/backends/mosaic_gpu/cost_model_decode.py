@@ -35,6 +35,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax.numpy as jnp
+
 from moetune.kernels.backends.mosaic_gpu import hardware
 from moetune.kernels.backends.mosaic_gpu.cost_model import LANE_OPS_PER_CLOCK, LAUNCH_S
 from moetune.kernels.device import DeviceFingerprint
@@ -87,20 +89,23 @@ class Estimate:
 
 
 def _itemsize(dtype: str) -> int:
-    return {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
+    """Bytes per value: 1 for FP8 weights (moe_decode_block_fp8), which cross HBM and shared memory as
+    they are and are widened to x's dtype in registers."""
+    return jnp.dtype(dtype).itemsize
 
 
 def pipeline_smem(problem: Problem, config: DecodeConfig) -> tuple[int, int]:
     """Shared memory per program of (kernel 1, kernel 2): Triton's pipeliner keeps stages - 1 buffers of
     every load in the loop (the byte counts of configs that failed to compile are exactly that), plus the
     float32 accumulators once for their layout conversion before the store. Kernel 1's loads are the
-    gate and up weight tiles and x's rows; kernel 2's the w_down tile and the hidden rows, which with
-    up_split > 1 are the splits' float32 gate and up partial sums, up_split * 2 tiles of them."""
-    item = _itemsize(problem.rhs_dtype)
+    gate and up weight tiles (in the weights' dtype: FP8 ones at a byte a value) and x's rows; kernel 2's
+    the w_down tile and the hidden rows (x's dtype), which with up_split > 1 are the splits' float32 gate
+    and up partial sums, up_split * 2 tiles of them."""
+    item, x_item = _itemsize(problem.rhs_dtype), _itemsize(problem.lhs_dtype)
     rows = max(DOT_ROWS, pow2_at_least(problem.m))
-    up_stage = (2 * config.block_f + rows) * config.block_k * item
+    up_stage = (2 * config.block_f * item + rows * x_item) * config.block_k
     up = max(1, config.stages_up - 1) * up_stage + rows * 2 * config.block_f * 4
-    hidden_tile = rows * config.block_fd * (item if config.up_split == 1 else 2 * config.up_split * 4)
+    hidden_tile = rows * config.block_fd * (x_item if config.up_split == 1 else 2 * config.up_split * 4)
     down_stage = config.block_h * config.block_fd * item + hidden_tile
     down = max(1, config.stages_down - 1) * down_stage + rows * config.block_h * 4
     return up, down

@@ -1,6 +1,6 @@
-"""The fused MoE decode block (op "moe_decode_block") as the mosaic_gpu backend serves it on Hopper: the two
-Pallas Triton kernels of kernels/moe/decode_block.py, tuned by `DecodeBlockConfig`, or the path the block
-replaces.
+"""The fused MoE decode block (ops "moe_decode_block" and, on FP8 weights, "moe_decode_block_fp8") as the
+mosaic_gpu backend serves it on Hopper: the two Pallas Triton kernels of kernels/moe/decode_block.py, tuned
+by `DecodeBlockConfig`, or the path the block replaces.
 
 `DecodeBlockConfig` is the block's own `DecodeConfig` (its tiling: every field there is one here, with its
 default and its rules) and `fused`. `fused=False` is the unfused path `moe_mlp` takes without the block
@@ -52,19 +52,42 @@ def moe_decode_block(
     renormalize: bool = True,
     group_offset: Any = None,
     interpret: bool = False,
+    w_gate_up_scale: Any = None,
+    w_down_scale: Any = None,
+    scale_layout: str = "none",
 ) -> Any:
     """out[T, H] of the block for `config`: the two kernels (in Pallas's interpreter with `interpret`), or
     with fused=False moe_mlp's unfused path, each on the weights' layout (`transpose_rhs`: K-major, which
     the unfused path's grouped GEMMs read as their t=1 problems). `renormalize` and `group_offset` as for
-    moe_mlp."""
+    moe_mlp; FP8 weights come with their scales in `scale_layout` (moe_decode_block_fp8)."""
+    scales = dict(w_gate_up_scale=w_gate_up_scale, w_down_scale=w_down_scale)
     if not config.fused:
         from moetune.kernels.moe.layer import moe_mlp  # it dispatches through the backends
 
         return moe_mlp(
             x, router_logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize,
-            group_offset=group_offset, transpose_weights=transpose_rhs, decode_mode="xla",
+            group_offset=group_offset, transpose_weights=transpose_rhs, scale_layout=scale_layout,
+            decode_mode="xla", **scales,
         )  # fmt: skip
     return decode_block.decode_block(
         x, router_logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize, group_offset=group_offset,
-        config=config.decode_config(), transpose_weights=transpose_rhs, interpret=interpret,
+        config=config.decode_config(), transpose_weights=transpose_rhs, interpret=interpret, **scales,
+    )  # fmt: skip
+
+
+def moe_decode_block_fp8(
+    x: Any,
+    router_logits: Any,
+    w_gate_up: Any,
+    w_gate_up_scale: Any,
+    w_down: Any,
+    w_down_scale: Any,
+    **options: Any,
+) -> Any:
+    """The block on FP8 weights (op "moe_decode_block_fp8", its operands in that op's order): the kernels
+    widen each weight tile to x's dtype and scale its product; fused=False is moe_mlp's unfused FP8 path,
+    which quantizes x and the hidden rows in the same layout. `options` as for moe_decode_block."""
+    return moe_decode_block(
+        x, router_logits, w_gate_up, w_down, w_gate_up_scale=w_gate_up_scale, w_down_scale=w_down_scale,
+        **options,
     )  # fmt: skip

@@ -1,5 +1,6 @@
-"""Search space of the mosaic_gpu backend's fused MoE decode block (op "moe_decode_block", kernel_decode.py):
-domains, named constraints, the baseline every sweep times and the heuristic default.
+"""Search space of the mosaic_gpu backend's fused MoE decode block (ops "moe_decode_block" and, on FP8
+weights, "moe_decode_block_fp8", kernel_decode.py): domains, named constraints, the baseline every sweep
+times and the heuristic default.
 
 The tunables are the block's DecodeConfig (kernels/moe/decode_block.py), one domain each, grouped by the
 kernel that reads them: kernel 1's F tile per program (block_f), K step (block_k), pipeline depth, warps
@@ -11,7 +12,8 @@ follows by itself (kernel_decode.DecodeBlockConfig). `fused` adds the path the b
 unfused MoE layer: the space's BASELINE, timed first in every sweep, its other fields at their defaults.
 
 Validity constraints: the block's own entry check (decode_block.unfit_reason, the very function the
-kernel calls) and the baseline's defaults. Pruning constraints drop points that run but waste: a
+kernel calls), K tiles within one block of block-scaled FP8 weights (the kernel's scale check), and the
+baseline's defaults. Pruning constraints drop points that run but waste: a
 pipeline deeper than a program's loop, a split with less than one F step per program, shared memory past
 an SM's for the pipeline's stages. Every non-deterministic variant (float atomics meeting partial sums)
 would be a field of its own named in the key (a Problem field); none exists.
@@ -37,6 +39,7 @@ from moetune.kernels.backends.mosaic_gpu.kernel_decode import TILING, DecodeBloc
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import Unsupported
 from moetune.kernels.moe import decode_block
+from moetune.kernels.ops import fp8_scales
 from moetune.kernels.ops.moe_decode_block import touched_experts
 from moetune.kernels.problem import Problem
 from moetune.kernels.space import Constraint, SearchSpace
@@ -78,6 +81,21 @@ def block_fits(problem: Problem, config: DecodeBlockConfig, device: DeviceFinger
     if not config.fused:
         return None
     return decode_block.unfit_reason(*_sizes(problem), config.decode_config())
+
+
+def k_tiles_within_scale_blocks(
+    problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint
+) -> str | None:
+    """FP8 weights with block scales (moe_decode_block_fp8): each K tile (kernel 1's block_k, kernel 2's
+    block_fd) lies within one block of 128 rows, so one scale covers it, as decode_block's entry check
+    asks. Example: block_k=256 over scale blocks of 128 rows would need two scales per tile."""
+    if not config.fused or problem.scale_layout != "block_1x128_128x128":
+        return None
+    for name in ("block_k", "block_fd"):
+        tile = getattr(config, name)
+        if fp8_scales.BLOCK % tile:
+            return f"{name}={tile} straddles the weights' scale blocks of {fp8_scales.BLOCK} rows"
+    return None
 
 
 def baseline_at_defaults(
@@ -138,7 +156,7 @@ def smem_fits(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerp
     return None
 
 
-VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (block_fits, baseline_at_defaults)
+VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (block_fits, k_tiles_within_scale_blocks, baseline_at_defaults)
 PRUNING_CONSTRAINTS: tuple[Constraint, ...] = (pipeline_depth_useful, split_useful, smem_fits)
 CONSTRAINTS: tuple[Constraint, ...] = VALIDITY_CONSTRAINTS + PRUNING_CONSTRAINTS
 RESOURCE_CONSTRAINTS: frozenset[Constraint] = frozenset()

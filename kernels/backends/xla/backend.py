@@ -5,7 +5,7 @@ GEMM in float32 followed by the epilogue as a separate XLA op ("grouped_matmul_s
 "grouped_matmul_geglu"), the grouped GEMM's weight gradient ("grouped_matmul_drhs"), the FP8 ops in
 every scale layout ("grouped_matmul_fp8", "grouped_matmul_swiglu_fp8"; kernel.py says per layout whether
 the scales apply after the sum or inside the dot), and the MoE decode block ("moe_decode_block") as the
-unfused MoE path on its grouped GEMM.
+unfused MoE path on its grouped GEMM, on FP8 weights ("moe_decode_block_fp8") as the unfused FP8 path.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class XlaBackend(Backend):
         "grouped_matmul_fp8": "grouped_matmul_fp8",
         "grouped_matmul_swiglu_fp8": "grouped_matmul_swiglu_fp8",
         "moe_decode_block": "moe_decode_block",
+        "moe_decode_block_fp8": "moe_decode_block_fp8",
     }
     kernel_module = "moetune.kernels.backends.xla.kernel"
 

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from moetune.kernels.backends.xla.config import XlaConfig
+from moetune.kernels.moe.fp8 import moe_mlp_fp8
 from moetune.kernels.moe.layer import moe_mlp_using
 from moetune.kernels.moe.reference import gated_activation
 from moetune.kernels.ops import fp8_scales
@@ -374,5 +375,29 @@ def moe_decode_block(
     out = moe_mlp_using(
         gemm, x, router_logits, w_gate_up, w_down, top_k=top_k, renormalize=renormalize, routing_mode="xla",
         transpose_weights=transpose_rhs,
+    )  # fmt: skip
+    return out.astype(out_dtype)
+
+
+def moe_decode_block_fp8(
+    x: jax.Array,
+    router_logits: jax.Array,
+    *weights: jax.Array,
+    config: XlaConfig,
+    transpose_rhs: bool,
+    out_dtype: jnp.dtype,
+    top_k: int,
+    scale_layout: str,
+    renormalize: bool = True,
+) -> jax.Array:
+    """The MoE decode block on FP8 weights (op "moe_decode_block_fp8") as XLA runs it: moe_mlp_fp8's
+    unfused path (x and the hidden rows quantized in `scale_layout`, both GEMMs FP8 ops) with its routing
+    and its GEMMs on this backend. The GEMMs are dispatched with their own configs, so `config` changes
+    nothing here: a sweep of this op on xla times that one path. `weights`: w_gate_up, its scale, w_down,
+    its scale, in the op's call order (moe_mlp_fp8's too)."""
+    del config
+    out = moe_mlp_fp8(
+        x, router_logits, *weights, top_k=top_k, scale_layout=scale_layout, renormalize=renormalize,
+        backend="xla", routing_mode="xla", transpose_weights=transpose_rhs,
     )  # fmt: skip
     return out.astype(out_dtype)
