@@ -3,20 +3,28 @@ test, and a fake backend.
 
 PostgreSQL tests run against MOETUNE_TEST_POSTGRES_URL (.ci/run starts a server and sets it); each test
 gets a schema of its own, selected through search_path, and dropped afterwards. Without the variable
-they skip, except under CI=true, where a missing server is a failure rather than a silent skip.
+they skip, except under CI=true, where a missing server is a failure rather than a silent skip. One test
+restarts the server: it holds it alone (`postgres_alone`), while every other PostgreSQL test holds it
+shared, so that no test of another xdist worker meets the restart.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import sys
+import tempfile
 import types
 import uuid
 
 import pytest
 
 POSTGRES_ENV = "MOETUNE_TEST_POSTGRES_URL"
+# Shared by every PostgreSQL test of this machine's test processes; the test that restarts the server
+# converts its hold to exclusive. The open file of this process's current test: flock locks belong to it.
+POSTGRES_LOCK = os.path.join(tempfile.gettempdir(), "moetune-test-postgres.lock")
+_postgres_hold: list = []
 
 
 @pytest.fixture(autouse=True)
@@ -40,6 +48,9 @@ def postgres_url():
         pytest.skip(f"{POSTGRES_ENV} is not set")
     import sqlalchemy as sa
 
+    hold = open(POSTGRES_LOCK, "a")  # noqa: SIM115 - held for the test, closed below
+    fcntl.flock(hold, fcntl.LOCK_SH)
+    _postgres_hold.append(hold)
     schema = f"test_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(base, isolation_level="AUTOCOMMIT", pool_pre_ping=True)  # survives a restart
     with admin.connect() as connection:
@@ -49,6 +60,15 @@ def postgres_url():
     with admin.connect() as connection:
         connection.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
     admin.dispose()
+    _postgres_hold.remove(hold)
+    hold.close()  # releases the lock
+
+
+@pytest.fixture
+def postgres_alone(postgres_url):
+    """postgres_url, with no other PostgreSQL test running in any test process until this one ends."""
+    fcntl.flock(_postgres_hold[-1], fcntl.LOCK_EX)  # converts this test's shared hold
+    return postgres_url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -211,9 +211,11 @@ def _postgres_cluster(url: str) -> tuple[str, str]:
 
 @pytest.mark.postgres
 @pytest.mark.slow
-def test_a_postgres_restart_mid_sweep_loses_and_repeats_no_trial(postgres_url, workers, monkeypatch):
+def test_a_postgres_restart_mid_sweep_loses_and_repeats_no_trial(postgres_alone, workers, monkeypatch):
     """The server goes down for 2.5 s just before a trial is written: that write, the heartbeat and the
-    rest wait for it (connection refused, then 57P03 while it starts) and the sweep ends done."""
+    rest wait for it (connection refused, then 57P03 while it starts) and the sweep ends done. It holds the
+    server alone: another test process's test would meet the restart."""
+    postgres_url = postgres_alone
     version, name = _postgres_cluster(postgres_url)
     control = ["pg_ctlcluster", version, name]
     record = Store.record_trial
