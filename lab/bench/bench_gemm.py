@@ -160,10 +160,13 @@ METHODS = (
 
 def pack_winners(path: str) -> dict:
     """Problem key -> the pack's winning config (a pack of another kernel source still names configs
-    worth trying; the sweep's recorded time is not used)."""
+    worth trying; the sweep's recorded time is not used). Entries of ops with a Config of their own (the
+    decode block's) are no GEMM's and are left out."""
     from moetune.kernels import packs
+    from moetune.kernels.backends.mosaic_gpu.backend import MosaicGpuBackend
 
-    return {e.problem.key: C.from_dict(e.config) for e in packs.load(path).entries}
+    own = MosaicGpuBackend.op_configs
+    return {e.problem.key: C.from_dict(e.config) for e in packs.load(path).entries if e.problem.op not in own}
 
 
 def regime(shape: Shape) -> str:

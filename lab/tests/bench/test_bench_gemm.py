@@ -40,3 +40,14 @@ def test_the_default_pack_is_the_shipped_one_that_dispatch_reads():
     assert path.is_file(), path
     assert path.parent.name == "tuned" and path.parent.parent.name == "configs"
     assert packs.load(path).entries
+
+
+def test_the_shipped_packs_gemm_winners_load_and_its_decode_block_entries_are_left_out():
+    # The shipped pack holds decode-block winners (a Config of their own): reading them as GEMM configs
+    # failed bench_gemm at start.
+    from moetune.kernels import packs
+
+    entries = packs.load(moe_shapes.SHIPPED_PACK).entries
+    gemm_keys = {e.problem.key for e in entries if e.problem.op != "moe_decode_block"}
+    assert len(gemm_keys) < len(entries)
+    assert set(bench_gemm.pack_winners(str(moe_shapes.SHIPPED_PACK))) == gemm_keys
