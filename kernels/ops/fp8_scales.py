@@ -39,17 +39,27 @@ SCALE_DTYPE = "float32"
 
 def block_shape(problem: Problem, side: str) -> tuple[int, ...]:
     """The block one scale of operand `side` ("lhs" or "rhs") covers, in the operand's own layout."""
-    lhs_block, rhs_block = BLOCKS[problem.scale_layout]
     if side == "lhs":
+        lhs_block = BLOCKS[problem.scale_layout][0]
         return tuple(d if b is None else b for d, b in zip((problem.m, problem.k), lhs_block, strict=True))
-    bk, bn = (d if b is None else b for d, b in zip((problem.k, problem.n), rhs_block, strict=True))
-    return (1, bn, bk) if problem.transpose_rhs else (1, bk, bn)
+    return weight_block(problem.k, problem.n, problem.scale_layout, problem.transpose_rhs)
+
+
+def weight_block(k: int, n: int, layout: str, transposed: bool) -> tuple[int, int, int]:
+    """The block one scale of a [G, k, n] weight ([G, n, k] when `transposed`) covers in `layout`."""
+    bk, bn = (d if b is None else b for d, b in zip((k, n), BLOCKS[layout][1], strict=True))
+    return (1, bn, bk) if transposed else (1, bk, bn)
 
 
 def scale_shape(problem: Problem, side: str) -> tuple[int, ...]:
     """The shape of operand `side`'s scale: its shape divided by its block (module docstring)."""
     shape = (problem.m, problem.k) if side == "lhs" else problem.rhs_shape
-    return tuple(-(-d // b) for d, b in zip(shape, block_shape(problem, side), strict=True))
+    return blocks_of(shape, block_shape(problem, side))
+
+
+def blocks_of(shape: tuple[int, ...], block: tuple[int, ...]) -> tuple[int, ...]:
+    """How many blocks cover `shape`, axis by axis (a partial last block counts)."""
+    return tuple(-(-d // b) for d, b in zip(shape, block, strict=True))
 
 
 def divisible_blocks(problem: Problem) -> str | None:

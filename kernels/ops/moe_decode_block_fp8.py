@@ -55,17 +55,12 @@ def weight_k_n(problem: Problem, name: str) -> tuple[int, int]:
 
 def weight_block(problem: Problem, name: str) -> tuple[int, int, int]:
     """The block of weight `name` one scale covers, in the weight's own layout (fp8_scales.BLOCKS)."""
-    k, n = weight_k_n(problem, name)
-    bk, bn = (
-        d if b is None else b for d, b in zip((k, n), fp8_scales.BLOCKS[problem.scale_layout][1], strict=True)
-    )
-    return (1, bn, bk) if problem.transpose_rhs else (1, bk, bn)
+    return fp8_scales.weight_block(*weight_k_n(problem, name), problem.scale_layout, problem.transpose_rhs)
 
 
 def scale_shape(problem: Problem, name: str) -> tuple[int, ...]:
     """The shape of weight `name`'s scale: the weight's shape divided by its block, axis by axis."""
-    shape = block.SPEC.operand(name).shape(problem)
-    return tuple(-(-d // b) for d, b in zip(shape, weight_block(problem, name), strict=True))
+    return fp8_scales.blocks_of(block.SPEC.operand(name).shape(problem), weight_block(problem, name))
 
 
 def _scale(name: str) -> Operand:
