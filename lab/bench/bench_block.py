@@ -262,9 +262,20 @@ def kernel_profile(fn, args, calls: int = 5) -> list[tuple[str, float]]:
     for _ in range(calls):
         out, timings = profiler.measure(fn, aggregate=False)(*args)
         del out
-        measured.append(timings)
-    names = [name for name, _ in measured[0]]
-    return [(name, statistics.median(t[i][1] for t in measured)) for i, name in enumerate(names)]
+        measured.append(by_occurrence(timings))
+    # CUPTI's records need not come in the same order every call: a kernel's times are matched by its
+    # name and how many kernels of that name came before it, never by position alone.
+    return [(key[0], statistics.median(t[key] for t in measured)) for key in measured[0]]
+
+
+def by_occurrence(timings: list[tuple[str, float]]) -> dict[tuple[str, int], float]:
+    """{(name, n): ms} of one call's kernels, n counting the earlier kernels of that name, in order."""
+    seen: dict[str, int] = {}
+    keyed = {}
+    for name, ms in timings:
+        keyed[(name, seen.get(name, 0))] = ms
+        seen[name] = seen.get(name, 0) + 1
+    return keyed
 
 
 def touched_experts(logits, top_k: int) -> int:

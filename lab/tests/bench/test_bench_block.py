@@ -103,3 +103,18 @@ def test_a_record_sums_the_stages_only_when_all_ran():
 def test_an_error_record_names_the_type_and_stays_short():
     assert bench_block.error_record(ValueError("bad")) == {"error": "ValueError: bad"}
     assert len(bench_block.error_record(RuntimeError("x" * 1000))["error"]) == 300
+
+
+def test_kernel_profile_matches_each_kernel_by_name_when_calls_record_them_in_another_order(monkeypatch):
+    from jax.experimental.mosaic.gpu import profiler
+
+    calls = iter(
+        [
+            [("route", 1.0), ("gemm", 10.0), ("combine", 2.0), ("gemm", 5.0)],
+            [("gemm", 12.0), ("route", 3.0), ("gemm", 6.0), ("combine", 4.0)],
+            [("route", 2.0), ("gemm", 11.0), ("gemm", 7.0), ("combine", 3.0)],
+        ]
+    )
+    monkeypatch.setattr(profiler, "measure", lambda fn, aggregate: lambda *args: (None, next(calls)))
+    profile = bench_block.kernel_profile(lambda: None, (), calls=3)
+    assert profile == [("route", 2.0), ("gemm", 11.0), ("combine", 3.0), ("gemm", 6.0)]
