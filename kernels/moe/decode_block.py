@@ -1,10 +1,12 @@
 """The MoE MLP block at decode sizes in two Pallas Triton kernels, routing included.
 
-    kernel 1  grid (P, F / block_f, up_split), P = min(T*k, E_local) work slots
-              every program routes the whole batch itself from router_logits [T, E] (softmax scores,
-              top-k by repeated argmax, weights renormalized or not, as `moe.route`) on the batch's own
-              rows, takes the p-th touched local expert in ascending order (a cumulative sum over the
-              touched mask), and runs gate_up over its F tile and its share of H for every token. With
+    kernel 1  grid (P, F / block_f, up_split), P = min(T*k, E_local) work slots, or up_programs
+              programs each streaming a contiguous share of the flat (slot, F tile, K step) list.
+              Every program routes the whole batch itself from router_logits [T, E] (softmax scores,
+              top-k by repeated argmax or, with route_by_rank, by each expert's rank among its row's,
+              weights renormalized or not, as `moe.route`) on the batch's own rows, takes the p-th
+              touched local expert in ascending order (a cumulative sum over the touched mask), and
+              runs gate_up over its F tile and its share of H for every token. With
               up_split == 1 it applies SwiGLU to the float32 accumulators and stores its expert's rows
               of hidden[P, T', F] (T' = the dot's padded rows; a token not routed to the expert gets
               zeros); with up_split > 1 it stores its float32 gate and up partial sums, which kernel 2
@@ -67,6 +69,10 @@ MAX_TOKENS = 32  # every program holds the batch's [T, E] routing and its [T, bl
 MAX_ROWS = 320  # T * top_k: the work slots of kernel 1's grid (Qwen3-Next at T=32 is 320)
 MAX_EXPERTS = 1024  # [T, E] routing arrays per program
 INT32_MIN = -(2**31)
+# route_by_rank compares every pair of a row's experts: [T, E] of them at most (padded), taken
+# RANK_CHUNK_ELEMENTS // (T*E) other experts at a time.
+RANK_MAX_ROUTED = 4096
+RANK_CHUNK_ELEMENTS = 8192
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,6 +90,10 @@ class DecodeConfig:
     down_split: int = 1  # kernel 2 programs per H tile; > 1: partial sums meet in a fixed-order pass
     up_split: int = 1  # kernel 1 programs per (expert, F tile), each over H / up_split rows of K; > 1:
     # they write float32 gate and up partials that kernel 2 sums in split order before the SwiGLU
+    up_programs: int = 0  # kernel 1: 0, a program per (expert, F tile, split); > 0, that many programs,
+    # each routing once and streaming a contiguous share of the flat (expert, F tile, K step) list
+    route_by_rank: bool = False  # kernel 1's top-k: False, k argmax rounds; True, each expert's rank
+    # among its row's (T*E^2 compares, few reductions: the shorter chain where T*E is small)
 
     def __post_init__(self):
         for name in ("block_f", "block_k", "block_h", "block_fd"):
@@ -93,6 +103,10 @@ class DecodeConfig:
         for name in ("stages_up", "stages_down", "down_split", "up_split"):
             if getattr(self, name) < 1:
                 raise ConfigInvalid(f"{name}={getattr(self, name)} must be >= 1")
+        if self.up_programs < 0:
+            raise ConfigInvalid(f"up_programs={self.up_programs} must be >= 0")
+        if self.up_programs and self.up_split > 1:
+            raise ConfigInvalid(f"up_programs={self.up_programs} takes up_split=1, not {self.up_split}")
         for name in ("warps_up", "warps_down"):
             if getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ConfigInvalid(f"{name}={getattr(self, name)} must be a power of two up to 16")
@@ -112,6 +126,8 @@ def unfit_reason(
         return f"T*top_k={tokens * top_k} > {MAX_ROWS}"
     if experts > MAX_EXPERTS:
         return f"E={experts} > {MAX_EXPERTS}"
+    if config.route_by_rank and pow2_at_least(tokens) * pow2_at_least(experts) > RANK_MAX_ROUTED:
+        return f"route_by_rank takes T*E <= {RANK_MAX_ROUTED} (powers of two), not {tokens}*{experts}"
     if intermediate % config.block_f or intermediate % config.block_fd:
         return (
             f"F={intermediate} is not a multiple of block_f={config.block_f} and block_fd={config.block_fd}"
@@ -187,7 +203,7 @@ def decode_block(
             jax.ShapeDtypeStruct((1,), i32),
             jax.ShapeDtypeStruct((h_tiles,), i32),
         ),
-        grid=(slots, inter // config.block_f, up_split),
+        grid=(config.up_programs, 1, 1) if config.up_programs else (slots, inter // config.block_f, up_split),
         compiler_params=pltriton.CompilerParams(num_warps=config.warps_up, num_stages=config.stages_up),
         interpret=interpret,
         name="moetune_decode_up",
@@ -252,30 +268,44 @@ def _silu(gate):
     return gate / (1.0 + jnp.exp(-gate))
 
 
-def route_in_kernel(logits, *, tokens: int, experts: int, top_k: int, renormalize: bool):
+def _order_key(logits):
+    """int32 keys in the IEEE total order of float32 `logits` (the map is its own inverse)."""
+    bits = jax.lax.bitcast_convert_type(logits, jnp.int32)
+    return bits ^ ((bits >> 31) & jnp.int32(0x7FFFFFFF))
+
+
+def route_in_kernel(logits, *, tokens: int, experts: int, top_k: int, renormalize: bool, ranks=None):
     """Inside a program: (ids [rows, kp] int32, weights [rows, kp] float32, taken [rows, E'] bool) of float32
     logits [rows, E'] (powers of two; padding -inf). Top-k is k rounds of argmax over int32 keys in IEEE
-    total order (ties to the lower expert, as lax.top_k); `taken` marks each real token's chosen experts."""
+    total order (ties to the lower expert, as lax.top_k), or with `ranks` (each expert's [rows, E'] rank
+    among its row's, from rank_in_kernel) the experts ranked below k; `taken` marks each real token's
+    chosen experts. Both give the same ids, values and weights."""
     rows, ep = logits.shape
     kp = pow2_at_least(top_k)
     expert, slot = jnp.arange(ep), jnp.arange(kp)
     real_expert = expert < experts
-    bits = jax.lax.bitcast_convert_type(logits, jnp.int32)
-    key = bits ^ ((bits >> 31) & jnp.int32(0x7FFFFFFF))
-    taken = jnp.zeros((rows, ep), jnp.bool_)
-    ids = jnp.zeros((rows, kp), jnp.int32)
-    top = jnp.full((rows, kp), -jnp.inf, jnp.float32)
-    for j in range(top_k):
-        avail = real_expert[None, :] & ~taken
-        keys = jnp.where(avail, key, INT32_MIN)
-        best = jnp.max(keys, axis=1)
-        pick = jnp.min(jnp.where(avail & (keys == best[:, None]), expert[None, :], ep), axis=1)
-        taken = taken | (expert[None, :] == pick[:, None])
-        # The key's map is its own inverse: the chosen logit comes back from `best` without a third
-        # reduction over E.
-        value = jax.lax.bitcast_convert_type(best ^ ((best >> 31) & jnp.int32(0x7FFFFFFF)), jnp.float32)
-        ids = jnp.where(slot[None, :] == j, pick[:, None], ids)
-        top = jnp.where(slot[None, :] == j, value[:, None], top)
+    if ranks is None:
+        key = _order_key(logits)
+        taken = jnp.zeros((rows, ep), jnp.bool_)
+        ids = jnp.zeros((rows, kp), jnp.int32)
+        top = jnp.full((rows, kp), -jnp.inf, jnp.float32)
+        for j in range(top_k):
+            avail = real_expert[None, :] & ~taken
+            keys = jnp.where(avail, key, INT32_MIN)
+            best = jnp.max(keys, axis=1)
+            pick = jnp.min(jnp.where(avail & (keys == best[:, None]), expert[None, :], ep), axis=1)
+            taken = taken | (expert[None, :] == pick[:, None])
+            # The chosen logit comes back from `best` without a third reduction over E.
+            value = jax.lax.bitcast_convert_type(_order_key(best), jnp.float32)
+            ids = jnp.where(slot[None, :] == j, pick[:, None], ids)
+            top = jnp.where(slot[None, :] == j, value[:, None], top)
+    else:
+        # One [rows, kp, E'] pick instead of k rounds: the expert of rank j fills slot j.
+        taken = (ranks < top_k) & real_expert[None, :]
+        hit = (ranks[:, None, :] == slot[None, :, None]) & taken[:, None, :]
+        ids = jnp.sum(jnp.where(hit, expert[None, None, :], 0), axis=2)
+        top = jnp.sum(jnp.where(hit, logits[:, None, :], 0.0), axis=2)
+        top = jnp.where((slot < top_k)[None, :], top, -jnp.inf)
     if renormalize:
         exp = jnp.exp(top - jnp.max(top, axis=1)[:, None])
         weights = exp / jnp.sum(exp, axis=1)[:, None]
@@ -285,6 +315,30 @@ def route_in_kernel(logits, *, tokens: int, experts: int, top_k: int, renormaliz
         weights = jnp.exp(top - row_max[:, None]) / total[:, None]
     real_token = jnp.arange(rows) < tokens
     return ids, weights, taken & real_token[:, None]
+
+
+def rank_chunk(rows: int, experts: int) -> int:
+    """The other experts rank_in_kernel compares at a time: [rows, E, chunk] within RANK_CHUNK_ELEMENTS."""
+    return max(1, min(experts, RANK_CHUNK_ELEMENTS // (rows * experts)))
+
+
+def rank_in_kernel(logits, load_chunk, *, experts: int, chunk: int):
+    """Each expert's rank in its row ([rows, E'] int32): how many real experts come before it in the
+    order top-k takes them (a greater logit, or an equal one at a lower index). The other experts come
+    `chunk` at a time from `load_chunk(c)` ([rows, chunk] float32 logits of experts [c*chunk, ...)), so
+    that the [rows, E', chunk] compares fit in registers: T*E^2 compares and one reduction per chunk, in
+    place of argmax's 2k reductions over E, each a round trip through shared memory."""
+    rows, ep = logits.shape
+    key = _order_key(logits)[:, :, None]
+    expert = jnp.arange(ep)[None, :, None]
+
+    def add_chunk(c, ranks):
+        other = _order_key(load_chunk(c))[:, None, :]
+        j = (c * chunk + jnp.arange(chunk))[None, None, :]
+        before = (j < experts) & ((other > key) | ((other == key) & (j < expert)))
+        return ranks + jnp.sum(before.astype(jnp.int32), axis=2)
+
+    return jax.lax.fori_loop(0, ep // chunk, add_chunk, jnp.zeros((rows, ep), jnp.int32))
 
 
 def _dot_weights(rows_in, w_ref, expert, ks, cols, transposed: bool, precision, scale=None):
@@ -332,74 +386,125 @@ def _up_kernel(
     narrow = pow2_at_least(tokens)
     token, expert, slot = jnp.arange(narrow), jnp.arange(ep), jnp.arange(kp)
     real_token = token < tokens
-    logits = pltriton.load(
-        logits_ref.at[pl.ds(0, narrow), pl.ds(0, ep)],
-        mask=real_token[:, None] & (expert < experts)[None, :],
-        other=-jnp.inf,
-    ).astype(jnp.float32)
+
+    def load_logits(first, width):
+        columns = first + jnp.arange(width)
+        return pltriton.load(
+            logits_ref.at[pl.ds(0, narrow), pl.ds(first, width)],
+            mask=real_token[:, None] & (columns < experts)[None, :],
+            other=-jnp.inf,
+        ).astype(jnp.float32)
+
+    logits = load_logits(0, ep)
+    ranks = None
+    if config.route_by_rank:
+        chunk = rank_chunk(narrow, ep)
+        chunk_at = lambda c: load_logits(pl.multiple_of(c * chunk, chunk), chunk)  # noqa: E731
+        ranks = rank_in_kernel(logits, chunk_at, experts=experts, chunk=chunk)
     ids, weights, taken = route_in_kernel(
-        logits, tokens=tokens, experts=experts, top_k=top_k, renormalize=renormalize
+        logits, tokens=tokens, experts=experts, top_k=top_k, renormalize=renormalize, ranks=ranks
     )
-    # The touched local experts in ascending order; this program takes number p. Example: E=8, local
-    # experts [0, 8), tokens chose {1, 4, 6} -> touched 01001010, running count 01122333, so p=1 is
-    # the expert where touched and count == 2: expert 4.
+    # The touched local experts in ascending order; a program takes work slot p (slot_of).
     offset = offset_ref[0]
     is_local = (expert >= offset) & (expert < offset + local)
     touched = (jnp.max(taken.astype(jnp.int32), axis=0) > 0) & is_local
     running = jnp.cumsum(touched.astype(jnp.int32))
     count = jnp.sum(touched.astype(jnp.int32))
-    active = p < count
-    e = jnp.sum(jnp.where(touched & (running == p + 1), expert, 0))
-    routed = (ids == e) & (slot < top_k)[None, :]  # [narrow, kp]: at most one slot per token
-    mine = _widen((jnp.max(routed.astype(jnp.int32), axis=1) > 0) & real_token & active, rows)
-    weight = _widen(jnp.sum(jnp.where(routed, weights, 0.0), axis=1), rows)
-    local_e = jnp.where(active, e - offset, 0)
-
-    bf, bk = config.block_f, config.block_k
     dtype = x_ref.dtype
     precision = jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
     dot_token = jnp.arange(rows)
     clamped = jnp.minimum(dot_token, tokens - 1)  # padding rows read the last token and are never stored
-    gate_cols = pl.ds(pl.multiple_of(f * bf, bf), bf)
-    up_cols = pl.ds(pl.multiple_of(inter + f * bf, bf), bf)
-    k_rows = hidden_size // config.up_split
-    k_start = s * k_rows
-    steps = jnp.where(active, jnp.int32(k_rows // bk), jnp.int32(0))  # an idle program streams nothing
+    bf, bk = config.block_f, config.block_k
 
-    def step(i, acc):
+    def slot_of(p):
+        """Work slot p's expert (the p-th touched local expert, ascending; local index) and its routing:
+        which dot rows are its tokens and their weights. Example: E=8, local experts [0, 8), tokens chose
+        {1, 4, 6} -> touched 01001010, running count 01122333, so p=1 is the expert where touched and
+        count == 2: expert 4."""
+        active = p < count
+        e = jnp.sum(jnp.where(touched & (running == p + 1), expert, 0))
+        routed = (ids == e) & (slot < top_k)[None, :]  # [narrow, kp]: at most one slot per token
+        mine = _widen((jnp.max(routed.astype(jnp.int32), axis=1) > 0) & real_token & active, rows)
+        weight = _widen(jnp.sum(jnp.where(routed, weights, 0.0), axis=1), rows)
+        return jnp.where(active, e - offset, 0), mine, weight
+
+    def gate_up_step(x_rows, local_e, f, ks, acc):
         gate, up = acc
-        ks = pl.ds(pl.multiple_of(k_start + i * bk, bk), bk)
-        xs = x_ref[clamped, ks]
+        gate_cols = pl.ds(pl.multiple_of(f * bf, bf), bf)
+        up_cols = pl.ds(pl.multiple_of(inter + f * bf, bf), bf)
         gate_scale = up_scale = None
         if scale_block:
             gate_scale, up_scale = (scale_ref, scale_block, f * bf), (scale_ref, scale_block, inter + f * bf)
-        gate += _dot_weights(xs, w_ref, local_e, ks, gate_cols, transposed, precision, gate_scale)
-        up += _dot_weights(xs, w_ref, local_e, ks, up_cols, transposed, precision, up_scale)
+        gate += _dot_weights(x_rows, w_ref, local_e, ks, gate_cols, transposed, precision, gate_scale)
+        up += _dot_weights(x_rows, w_ref, local_e, ks, up_cols, transposed, precision, up_scale)
         return gate, up
 
-    zeros = jnp.zeros((rows, bf), jnp.float32)
-    gate, up = jax.lax.fori_loop(0, steps, step, (zeros, zeros))
-    # The batch's real rows of this expert's slot: a token routed elsewhere stores zeros (its weight is 0
+    # The batch's real rows of an expert's slot: a token routed elsewhere stores zeros (its weight is 0
     # there, and 0 * a finite value cannot carry a NaN of another token's x into the sum); the padding
-    # rows are neither stored nor read.
+    # rows are neither stored nor read. Index arrays, not slices: the interpreter's stores take one kind.
     row = dot_token[:, None]
-    # Index arrays, not slices: the interpreter's stores take one kind.
-    columns = (f * bf + jnp.arange(bf))[None, :]
-    keep = ((dot_token < tokens) & active)[:, None]
-    if config.up_split == 1:
-        value = jnp.where(mine[:, None], _silu(gate) * up, 0.0).astype(dtype)
-        pltriton.store(hidden_ref.at[p, row, columns], value, mask=keep)
-    else:
-        for value, at in ((gate, columns), (up, inter + columns)):
-            pltriton.store(hidden_ref.at[s, p, row, at], jnp.where(mine[:, None], value, 0.0), mask=keep)
+    real_rows = (dot_token < tokens)[:, None]
 
-    # Kernel 2's tables: written once per expert (by its first program), the count and the zeroed
-    # arrival counters once per call.
-    first = active & (f == 0) & (s == 0)
-    pltriton.store(expert_ref.at[pl.ds(p, 1)], jnp.full((1,), local_e, jnp.int32), mask=jnp.full((1,), first))
-    pltriton.store(
-        weight_ref.at[p, pl.ds(0, rows)], jnp.where(mine, weight, 0.0), mask=jnp.full((rows,), first)
-    )
+    def store_tables(p, local_e, mine, weight, first):
+        """Kernel 2's tables, written once per expert: its id and each token's routing weight or 0."""
+        pltriton.store(
+            expert_ref.at[pl.ds(p, 1)], jnp.full((1,), local_e, jnp.int32), mask=jnp.full((1,), first)
+        )
+        pltriton.store(
+            weight_ref.at[p, pl.ds(0, rows)], jnp.where(mine, weight, 0.0), mask=jnp.full((rows,), first)
+        )
+
+    zeros = jnp.zeros((rows, bf), jnp.float32)
+    k_steps = hidden_size // bk
+    if config.up_programs:
+        # One program streams a contiguous share of the flat (slot, F tile, K step) list in one loop, so
+        # its weight loads pipeline across slots and F tiles, and it routes once for all of them. The
+        # accumulators restart at each K step 0 and are stored at the last.
+        f_tiles = inter // bf
+        work = count * f_tiles * k_steps
+        share = (count * f_tiles + config.up_programs - 1) // config.up_programs * k_steps
+        lo = jnp.minimum(p * share, work)
+        hi = jnp.minimum(lo + share, work)
+
+        def step(i, acc):
+            item, k = i // k_steps, i % k_steps
+            slot_p, tile = item // f_tiles, item % f_tiles
+            local_e, mine, weight = slot_of(slot_p)
+            ks = pl.ds(pl.multiple_of(k * bk, bk), bk)
+            fresh = k == 0
+            acc = tuple(jnp.where(fresh, 0.0, a) for a in acc)
+            gate, up = gate_up_step(x_ref[clamped, ks], local_e, tile, ks, acc)
+            last = k == k_steps - 1
+            value = jnp.where(mine[:, None], _silu(gate) * up, 0.0).astype(dtype)
+            columns = (tile * bf + jnp.arange(bf))[None, :]
+            pltriton.store(hidden_ref.at[slot_p, row, columns], value, mask=real_rows & last)
+            store_tables(slot_p, local_e, mine, weight, last & (tile == 0))
+            return gate, up
+
+        jax.lax.fori_loop(lo, hi, step, (zeros, zeros))
+    else:
+        local_e, mine, weight = slot_of(p)
+        active = p < count
+        k_rows = hidden_size // config.up_split
+        k_start = s * k_rows
+        steps = jnp.where(active, jnp.int32(k_rows // bk), jnp.int32(0))  # an idle program streams nothing
+
+        def step(i, acc):
+            ks = pl.ds(pl.multiple_of(k_start + i * bk, bk), bk)
+            return gate_up_step(x_ref[clamped, ks], local_e, f, ks, acc)
+
+        gate, up = jax.lax.fori_loop(0, steps, step, (zeros, zeros))
+        columns = (f * bf + jnp.arange(bf))[None, :]
+        keep = real_rows & active
+        if config.up_split == 1:
+            value = jnp.where(mine[:, None], _silu(gate) * up, 0.0).astype(dtype)
+            pltriton.store(hidden_ref.at[p, row, columns], value, mask=keep)
+        else:
+            for value, at in ((gate, columns), (up, inter + columns)):
+                pltriton.store(hidden_ref.at[s, p, row, at], jnp.where(mine[:, None], value, 0.0), mask=keep)
+        store_tables(p, local_e, mine, weight, active & (f == 0) & (s == 0))
+
+    # The count and the zeroed arrival counters, once per call.
     once = (p == 0) & (f == 0) & (s == 0)
     pltriton.store(count_ref.at[pl.ds(0, 1)], jnp.full((1,), count, jnp.int32), mask=jnp.full((1,), once))
     h_tiles = counter_ref.shape[0]

@@ -3,6 +3,8 @@ cases against the float32 reference, bitwise the same run to run, under jit, and
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,7 +27,10 @@ CONFIGS = [
     db.DecodeConfig(),
     db.DecodeConfig(block_h=128, down_split=8),
     db.DecodeConfig(block_f=64, up_split=2, block_h=128, down_split=8, stages_down=2),
+    # Kernel 1 as 132 programs streaming shares of its list.
+    db.DecodeConfig(block_f=32, up_programs=132, block_h=128, down_split=8),
 ]
+BY_RANK = db.DecodeConfig(block_f=32, up_programs=132, route_by_rank=True, block_h=128, down_split=8)
 
 
 @pytest.fixture(autouse=True)
@@ -53,13 +58,17 @@ def _reference(x, logits, w_gate_up, w_down, top_k, renormalize=True):
     return jax.jit(lambda *a: moe_mlp_reference(*a, top_k=top_k, renormalize=renormalize))(*f32)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"up{c.up_split}_down{c.down_split}")
+@pytest.mark.parametrize(
+    "config", CONFIGS, ids=lambda c: f"up{c.up_split}_programs{c.up_programs}_down{c.down_split}"
+)
 @pytest.mark.parametrize("tokens", [1, 3, 8, 32])
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_block_matches_the_reference_and_repeats_bitwise(model, tokens, config):
     experts, top_k, hidden, inter = MODELS[model]
-    if model == "qwen3-next" and tokens == 32:
-        pytest.skip("T*top_k=320 at E=512: correct but slow (routing per program); not exercised here")
+    if model == "qwen3-next" and tokens == 32 and not config.up_programs:
+        pytest.skip("T*top_k=320 at E=512 with a program per item: correct but slow; up_programs covers it")
+    if not db.fits(tokens, experts, top_k, hidden, inter, config):
+        pytest.skip(db.unfit_reason(tokens, experts, top_k, hidden, inter, config))
     args = _operands(tokens, experts, hidden, inter, seed=tokens)
     block = jax.jit(lambda *a: db.decode_block(*a, top_k=top_k, renormalize=tokens % 2 == 1, config=config))
     first, second = block(*args), block(*args)
@@ -70,12 +79,25 @@ def test_block_matches_the_reference_and_repeats_bitwise(model, tokens, config):
 def test_edge_cases_one_expert_every_token_top_k_one_and_nan():
     x, logits, w_gate_up, w_down = _operands(5, 128, 2048, 768, seed=7)
     logits = logits.at[:, 17].set(30.0)  # every token's first choice; most experts get no token
-    for top_k in (1, 8):
-        out = db.decode_block(x, logits, w_gate_up, w_down, top_k=top_k, config=CONFIGS[1])
-        assert _rel(out, _reference(x, logits, w_gate_up, w_down, top_k)) < 1e-2
-    out = db.decode_block(x.at[2, 5].set(jnp.nan), logits, w_gate_up, w_down, top_k=8, config=CONFIGS[1])
-    out = np.asarray(out, np.float32)
-    assert np.isnan(out[2]).all() and not np.isnan(np.delete(out, 2, axis=0)).any()
+    for config in (CONFIGS[1], BY_RANK):
+        for top_k in (1, 8):
+            out = db.decode_block(x, logits, w_gate_up, w_down, top_k=top_k, config=config)
+            assert _rel(out, _reference(x, logits, w_gate_up, w_down, top_k)) < 1e-2
+        out = db.decode_block(x.at[2, 5].set(jnp.nan), logits, w_gate_up, w_down, top_k=8, config=config)
+        out = np.asarray(out, np.float32)
+        assert np.isnan(out[2]).all() and not np.isnan(np.delete(out, 2, axis=0)).any()
+
+
+@pytest.mark.parametrize("tokens", [1, 8])
+@pytest.mark.parametrize("model", ["qwen3-30b", "qwen3-next"])
+def test_routing_by_rank_gives_bitwise_the_argmax_block(model, tokens):
+    experts, top_k, hidden, inter = MODELS[model]
+    args = _operands(tokens, experts, hidden, inter, seed=20 + tokens)
+    argmax = dataclasses.replace(BY_RANK, route_by_rank=False)
+    outs = [
+        jax.jit(lambda *a, c=c: db.decode_block(*a, top_k=top_k, config=c))(*args) for c in (BY_RANK, argmax)
+    ]
+    assert np.array_equal(np.asarray(outs[0]), np.asarray(outs[1]))
 
 
 def test_moe_mlp_takes_the_block_when_asked_and_matches():
@@ -103,6 +125,8 @@ def test_fp8_and_k_major_weights_match_the_reference_of_what_they_stand_for(layo
 
     x, logits, w_gate_up, w_down = _operands(4, 128, 2048, 768, seed=11)
     config = db.DecodeConfig(block_f=64, up_split=2, block_h=128, down_split=8)
+    if layout == "row_channel":  # the other kernel 1: shares of its list, routing by rank
+        config = BY_RANK
     quantized = [quantize_weights(w, layout, transpose=k_major) for w in (w_gate_up, w_down)]
     block = jax.jit(
         lambda x, g, a, b, sa, sb: db.decode_block(

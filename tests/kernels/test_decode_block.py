@@ -3,6 +3,8 @@ reference on small shapes, its edge cases, its config checks, and its lowering t
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,26 +36,37 @@ def _check(x, logits, w_gate_up, w_down, top_k, renormalize=True, config=SMALL):
 
 
 @pytest.mark.parametrize(
-    "tokens, experts, top_k, renormalize, split, up_split",
+    "tokens, experts, top_k, renormalize, split, up_split, up_programs",
     [
-        (1, 8, 2, True, 1, 1),
-        (3, 8, 2, False, 1, 2),
-        (5, 16, 4, True, 3, 1),
-        (2, 4, 1, True, 2, 2),
-        (1, 8, 3, True, 2, 2),
+        (1, 8, 2, True, 1, 1, 0),
+        (3, 8, 2, False, 1, 2, 0),
+        (5, 16, 4, True, 3, 1, 0),
+        (2, 4, 1, True, 2, 2, 0),
+        (1, 8, 3, True, 2, 2, 0),
+        # Fewer programs than (slot, F tile) items: shares cross slots and F tiles mid-list.
+        (3, 8, 2, False, 1, 1, 3),
+        (5, 16, 4, True, 3, 1, 7),
+        # More programs than items: the ones past the list stream nothing.
+        (1, 8, 3, True, 2, 1, 64),
     ],
 )
-def test_interpreted_block_equals_the_reference(tokens, experts, top_k, renormalize, split, up_split):
+@pytest.mark.parametrize("by_rank", [False, True], ids=["argmax", "rank"])
+def test_interpreted_block_equals_the_reference(
+    tokens, experts, top_k, renormalize, split, up_split, up_programs, by_rank
+):
     config = db.DecodeConfig(
-        block_f=16, block_k=16, block_h=16, block_fd=16, down_split=split, up_split=up_split
-    )
+        block_f=16, block_k=16, block_h=16, block_fd=16, down_split=split, up_split=up_split,
+        up_programs=up_programs, route_by_rank=by_rank,
+    )  # fmt: skip
     _check(*_inputs(tokens, experts, 32, 32), top_k, renormalize, config)
 
 
-@pytest.mark.parametrize("up_split", [1, 2])
-def test_k_major_weights_give_the_same_block(up_split):
+@pytest.mark.parametrize("up_split, up_programs", [(1, 0), (2, 0), (1, 5)])
+def test_k_major_weights_give_the_same_block(up_split, up_programs):
     x, logits, w_gate_up, w_down = _inputs(3, 8, 32, 16, seed=4)
-    config = db.DecodeConfig(block_f=16, block_k=16, block_h=16, block_fd=16, up_split=up_split)
+    config = db.DecodeConfig(
+        block_f=16, block_k=16, block_h=16, block_fd=16, up_split=up_split, up_programs=up_programs
+    )
     out = db.decode_block(
         x, logits, w_gate_up.transpose(0, 2, 1), w_down.transpose(0, 2, 1), top_k=2, config=config,
         transpose_weights=True, interpret=True,
@@ -67,6 +80,7 @@ def test_one_expert_takes_every_token_and_the_others_none():
     logits = logits.at[:, 5].set(10.0)  # every token's first choice; most experts get no token
     _check(x, logits, w_gate_up, w_down, 1)
     _check(x, logits, w_gate_up, w_down, 2, config=db.DecodeConfig(16, 16, 1, 4, 16, 16, 1, 4, 4))
+    _check(x, logits, w_gate_up, w_down, 2, config=db.DecodeConfig(16, 16, 1, 4, 16, 16, 1, 4, 1, 1, 3))
 
 
 def test_nan_in_x_shows_in_its_token_only():
@@ -77,11 +91,13 @@ def test_nan_in_x_shows_in_its_token_only():
     assert np.isnan(np.asarray(out[1])).all() and not np.isnan(np.asarray(out[0])).any()
 
 
-def test_group_offset_sums_the_local_experts_only():
+@pytest.mark.parametrize("up_programs", [0, 2])
+def test_group_offset_sums_the_local_experts_only(up_programs):
     x, logits, w_gate_up, w_down = _inputs(3, 8, 32, 16, seed=3)
     offset = jnp.array([4], jnp.int32)
+    config = dataclasses.replace(SMALL, up_programs=up_programs)
     out = db.decode_block(
-        x, logits, w_gate_up[4:], w_down[4:], top_k=2, group_offset=offset, config=SMALL, interpret=True
+        x, logits, w_gate_up[4:], w_down[4:], top_k=2, group_offset=offset, config=config, interpret=True
     )
     # The whole layer with the other shard's experts zeroed is the local shard's share.
     zero = jnp.zeros_like
@@ -101,14 +117,26 @@ def test_bounds_and_configs_are_checked_by_name():
     with pytest.raises(ConfigInvalid, match="down_split=0"):
         db.DecodeConfig(down_split=0)
     assert "up_split=3" in db.unfit_reason(1, 8, 2, 256, 128, db.DecodeConfig(block_k=64, up_split=3))
+    with pytest.raises(ConfigInvalid, match="up_programs=4 takes up_split=1"):
+        db.DecodeConfig(up_programs=4, up_split=2)
+    by_rank = db.DecodeConfig(route_by_rank=True)
+    assert db.fits(1, 512, 10, 2048, 512, by_rank) and db.fits(8, 512, 8, 2048, 512, by_rank)
+    assert "route_by_rank takes T*E <= 4096" in db.unfit_reason(9, 512, 8, 2048, 512, by_rank)
     with pytest.raises(ConfigInvalid, match="decode block"):
         db.decode_block(*_inputs(1, 8, 32, 24), top_k=2, config=SMALL, interpret=True)
 
 
 def test_kernels_lower_to_two_triton_calls_for_an_h200(triton_lowering_for_h200):
     s = jax.ShapeDtypeStruct
-    for tokens, experts, top_k, split, k_major in ((1, 128, 8, 1, False), (5, 512, 10, 4, True)):
-        config = db.DecodeConfig(down_split=split, up_split=split)
+    for tokens, experts, top_k, split, k_major, programs, by_rank in (
+        (1, 128, 8, 1, False, 0, True),
+        (5, 512, 10, 4, True, 0, False),
+        (32, 512, 10, 1, False, 264, False),
+        (1, 512, 10, 1, False, 132, True),
+    ):
+        config = db.DecodeConfig(
+            down_split=split, up_split=split, up_programs=programs, route_by_rank=by_rank
+        )
         gate_up, down = (
             ((experts, 1024, 2048), (experts, 2048, 512))
             if k_major
@@ -159,14 +187,18 @@ def test_moe_mlp_chooses_the_block_by_mode_and_bound_and_says_why():
     np.testing.assert_allclose(np.asarray(grad(x)), np.asarray(unfused(x)), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("up_programs", [0, 3], ids=["per_tile", "shares"])
 @pytest.mark.parametrize("k_major", [False, True], ids=["kn", "k_major"])
 @pytest.mark.parametrize("layout", ["tensor", "row_channel", "block_1x128_128x128"])
-def test_fp8_weights_are_widened_on_chip_and_scaled_per_block(layout, k_major):
+def test_fp8_weights_are_widened_on_chip_and_scaled_per_block(layout, k_major, up_programs):
     from moetune.kernels.moe.fp8 import quantize_weights
     from moetune.kernels.ops.fp8_scales import expand
 
     x, logits, w_gate_up, w_down = _inputs(3, 4, 128, 64 if layout != "block_1x128_128x128" else 128, seed=5)
-    config = db.DecodeConfig(block_f=16, block_k=32, block_h=32, block_fd=32, up_split=2, down_split=2)
+    config = db.DecodeConfig(
+        block_f=16, block_k=32, block_h=32, block_fd=32, up_split=1 if up_programs else 2, down_split=2,
+        up_programs=up_programs,
+    )  # fmt: skip
     quantized = [quantize_weights(w, layout, transpose=k_major) for w in (w_gate_up, w_down)]
     out = db.decode_block(
         x.astype(jnp.bfloat16), logits, quantized[0][0], quantized[1][0], top_k=2, config=config,
@@ -221,6 +253,26 @@ def test_in_kernel_routing_is_lax_top_k_with_its_ties_and_signs(renormalize):
     want = scores if renormalize else jnp.take_along_axis(scores, want_ids, axis=1)
     np.testing.assert_allclose(np.asarray(weights[:, :3]), np.asarray(want), rtol=1e-6)
     assert np.asarray(taken).sum() == 6 and not np.asarray(taken[:, 8:]).any()
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 16])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_routing_by_rank_gives_what_the_argmax_rounds_give(chunk, renormalize):
+    # Ties across chunks, signed zeros, a padding token row (all -inf) and experts past E.
+    logits = jnp.array(
+        [[0.5, -1.0, 0.5, 2.0, -0.0, 0.0, -3.0, 2.0, 0.5, 2.0, -1.0, 7.0],
+         [-1.0, -2.0, -1.0, -0.5, -7.0, -1.0, -0.5, -9.0, -0.5, -0.5, -2.0, -1.0]],
+        jnp.float32,
+    )  # fmt: skip
+    padded = jnp.pad(logits, ((0, 2), (0, 4)), constant_values=-jnp.inf)
+    load = lambda c: jax.lax.dynamic_slice_in_dim(padded, c * chunk, chunk, axis=1)  # noqa: E731
+    ranks = db.rank_in_kernel(padded, load, experts=12, chunk=chunk)
+    for top_k in (1, 3, 5):
+        kwargs = dict(tokens=2, experts=12, top_k=top_k, renormalize=renormalize)
+        want = db.route_in_kernel(padded, **kwargs)
+        got = db.route_in_kernel(padded, ranks=ranks, **kwargs)
+        for g, w in zip(got, want, strict=True):  # ids, weights and taken, bit for bit (NaN where NaN)
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
 def test_moe_mlp_takes_the_fp8_block_when_asked_and_says_why_not_otherwise():

@@ -12,12 +12,14 @@ bound by how fast the weights stream, not by FLOPs. Per kernel:
            for the pipeline's stages, its registers, and a cap of programs per SM). A tile whose rows
            are contiguous runs shorter than a cache line (128 bytes) fetches whole lines: the rate is
            scaled by the run's share of a line (the weight layout decides which tile width is the run).
-  chain    one program's own chain, which no other program hides: kernel 1's routing, then its K steps,
+  chain    one program's own chain, which no other program hides: kernel 1's routing, then its K steps
+           (with up_programs, its share's steps, each finding its slot's expert and tokens anew),
            one memory latency per stages - 1 tiles; kernel 2's share of the (expert, F step) list the
            same way, plus the fixed-order meeting of down_split partial sums. Programs past what the SMs
            hold run in further waves, each a chain.
   routing  kernel 1 only: every program routes the whole batch itself (top_k rounds of argmax over the
-           [T, E] logits, kernel 1's docstring), so all programs' routing passes through the SMs' lanes.
+           [T, E] logits, or each expert's rank among its row's: kernel 1's docstring), so all programs'
+           routing passes through the SMs' lanes; its reductions across warps lie on each chain.
            A thread holds the [T, E] arrays across its warps' lanes; past its registers they spill, and
            the routing slows by the excess.
   a kernel takes its launch plus the largest of the three.
@@ -40,7 +42,7 @@ import jax.numpy as jnp
 from moetune.kernels.backends.mosaic_gpu import hardware
 from moetune.kernels.backends.mosaic_gpu.cost_model import LANE_OPS_PER_CLOCK, LAUNCH_S
 from moetune.kernels.device import DeviceFingerprint
-from moetune.kernels.moe.decode_block import DOT_ROWS, DecodeConfig
+from moetune.kernels.moe.decode_block import DOT_ROWS, DecodeConfig, rank_chunk
 from moetune.kernels.moe.pallas_mode import pow2_at_least
 from moetune.kernels.ops.moe_decode_block import touched_experts
 from moetune.kernels.problem import Problem
@@ -59,6 +61,22 @@ ROUTING_ARRAYS = 4
 # masked keys, the row max (a reduction), the tie compare, the index min (a reduction), the hit mask, the
 # taken update, the value pick and its sum, and the slot writes of ids and values.
 ROUTE_OPS_PER_ELEMENT = 12
+# route_by_rank's lane operations per pair of a row's experts (two key compares, the index compare, an
+# and, an or, the count's add) and per [T, E] element and top-k slot of its pick (a compare, an and, two
+# selects and their sums).
+RANK_OPS_PER_PAIR = 6
+RANK_PICK_OPS = 6
+# A reduction across a program's warps: five shuffles within each warp (~20 clocks each), then a
+# shared-memory store, a barrier and a load (derived from that sequence, not measured). Argmax routing
+# chains two per top-k round; rank routing one per chunk of experts and two for its pick; both a few more
+# for the touched experts' scan.
+REDUCTION_CLOCKS = 120
+SCAN_REDUCTIONS = 4
+# Lane operations of each K step of a program streaming a share of kernel 1's list (up_programs): its
+# slot's expert (a compare, a select and a sum per expert) and its tokens' weights (a compare, two
+# selects and two sums per token and top-k choice).
+SLOT_OPS_PER_EXPERT = 3
+SLOT_OPS_PER_CHOICE = 5
 # The unit HBM reads through L2: a tile row's contiguous run shorter than this still costs a line.
 LINE_BYTES = 128
 # Lanes one warp scheduler issues a clock: a program of w warps issues min(w, 4) of an SM's 4 at most.
@@ -121,7 +139,8 @@ def _resident(facts: hardware.ArchFacts, warps: int, smem_bytes: int, registers:
 
 
 def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprint) -> KernelEstimate:
-    """Kernel 1: gate_up and the SwiGLU, grid (min(T*k, E) slots, F / block_f, up_split)."""
+    """Kernel 1: gate_up and the SwiGLU, grid (min(T*k, E) slots, F / block_f, up_split), or up_programs
+    programs each streaming a share of the (slot, F tile, K step) list."""
     facts = hardware.facts(device.compute_capability)
     clock, latency = facts.sustained_clock_hz, facts.memory_latency_s
     item = _itemsize(problem.rhs_dtype)
@@ -129,9 +148,20 @@ def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprin
     rows = max(DOT_ROWS, pow2_at_least(tokens))
     routed = pow2_at_least(tokens) * pow2_at_least(experts)  # the [T, E] routing arrays, padded
     f_tiles = inter // config.block_f
-    programs = min(tokens * top_k, experts) * f_tiles * config.up_split
-    active = touched_experts(problem) * f_tiles * config.up_split
-    steps = hidden // (config.block_k * config.up_split)
+    items = touched_experts(problem) * f_tiles * config.up_split
+    if config.up_programs:
+        # Shares of the flat (slot, F tile, K step) list: each program routes once and streams
+        # ceil(items / programs) tiles' K steps, finding each step's expert and tokens anew.
+        programs = config.up_programs
+        active = min(programs, items)
+        steps = math.ceil(items / programs) * (hidden // config.block_k)
+        choices = pow2_at_least(tokens) * pow2_at_least(top_k)
+        per_step = SLOT_OPS_PER_EXPERT * pow2_at_least(experts) + SLOT_OPS_PER_CHOICE * choices
+    else:
+        programs = min(tokens * top_k, experts) * f_tiles * config.up_split
+        active = items
+        steps = hidden // (config.block_k * config.up_split)
+        per_step = 0
     tile = 2 * config.block_f * config.block_k * item  # a step's gate and up tiles
     smem = pipeline_smem(problem, config)[0]
     threads = 32 * config.warps_up
@@ -141,12 +171,28 @@ def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprin
     run = (config.block_k if problem.transpose_rhs else config.block_f) * item
     rate = min(_line_rate(device, run), in_flight / latency)
     stream_s = touched_experts(problem) * hidden * problem.n * item / rate
-    route_ops = top_k * routed * ROUTE_OPS_PER_ELEMENT * spill
+    route_ops, reductions = _routing(tokens, experts, top_k, config.route_by_rank)
+    route_ops *= spill
     lanes = min(config.warps_up, SCHEDULERS_PER_SM) * LANES_PER_SCHEDULER
     route_s = programs * route_ops / (device.core_count * LANE_OPS_PER_CLOCK * clock)
-    chain = route_ops / (lanes * clock) + steps * latency / (config.stages_up - 1) + latency
+    chain = (
+        (route_ops + steps * per_step) / (lanes * clock)
+        + reductions * REDUCTION_CLOCKS / clock
+        + steps * latency / (config.stages_up - 1)
+        + latency
+    )
     waves = math.ceil(programs / (device.core_count * resident))
     return _kernel(stream_s, waves * chain, route_s, programs, resident)
+
+
+def _routing(tokens: int, experts: int, top_k: int, by_rank: bool) -> tuple[float, int]:
+    """(lane operations, reductions across warps in sequence) of one program's routing."""
+    rows, ep = pow2_at_least(tokens), pow2_at_least(experts)
+    if not by_rank:
+        return top_k * rows * ep * ROUTE_OPS_PER_ELEMENT, 2 * top_k + SCAN_REDUCTIONS
+    chunks = ep // rank_chunk(rows, ep)
+    pick = rows * ep * pow2_at_least(top_k) * RANK_PICK_OPS
+    return rows * ep * ep * RANK_OPS_PER_PAIR + pick, chunks + 2 + SCAN_REDUCTIONS
 
 
 def down_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprint) -> KernelEstimate:

@@ -3,9 +3,11 @@ weights, "moe_decode_block_fp8", kernel_decode.py): domains, named constraints, 
 times and the heuristic default.
 
 The tunables are the block's DecodeConfig (kernels/moe/decode_block.py), one domain each, grouped by the
-kernel that reads them: kernel 1's F tile per program (block_f), K step (block_k), pipeline depth, warps
-and K split across programs (up_split: how many CTAs share one expert's F tile); kernel 2's H tile per
-program (block_h), F step (block_fd), pipeline depth, warps and the programs per H tile (down_split,
+kernel that reads them: kernel 1's F tile per program (block_f), K step (block_k), pipeline depth, warps,
+K split across programs (up_split: how many CTAs share one expert's F tile), its programs (up_programs:
+0 for one per item, else that many streaming shares of the item list, each routing once) and how it
+takes the top k (route_by_rank: argmax rounds or ranks); kernel 2's H tile per program (block_h), F step
+(block_fd), pipeline depth, warps and the programs per H tile (down_split,
 whose float32 partial sums meet in a fixed order: deterministic). A field added to DecodeConfig is one
 line in its kernel's domains (a test holds the domains to DecodeConfig's fields); the config class
 follows by itself (kernel_decode.DecodeBlockConfig). `fused` adds the path the block replaces, the
@@ -15,8 +17,9 @@ Validity constraints: the block's own entry check (decode_block.unfit_reason, th
 kernel calls), K tiles within one block of block-scaled FP8 weights (the kernel's scale check), and the
 baseline's defaults. Pruning constraints drop points that run but waste: a
 pipeline deeper than a program's loop, a split with less than one F step per program, shared memory past
-an SM's for the pipeline's stages. Every non-deterministic variant (float atomics meeting partial sums)
-would be a field of its own named in the key (a Problem field); none exists.
+an SM's for the pipeline's stages, shares with no more programs than items. Every non-deterministic
+variant (float atomics meeting partial sums) would be a field of its own named in the key (a Problem
+field); none exists.
 
 The heuristic ranks each kernel's configs with cost_model_decode.py apart (its estimate is a sum of the
 two kernels', each reading only its own fields), best first, and takes the best pair that the whole
@@ -37,7 +40,7 @@ from moetune.kernels.backends.mosaic_gpu import cost_model_decode as cost
 from moetune.kernels.backends.mosaic_gpu import hardware
 from moetune.kernels.backends.mosaic_gpu.kernel_decode import TILING, DecodeBlockConfig
 from moetune.kernels.device import DeviceFingerprint
-from moetune.kernels.errors import Unsupported
+from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.moe import decode_block
 from moetune.kernels.ops import fp8_scales
 from moetune.kernels.ops.moe_decode_block import touched_experts
@@ -51,6 +54,10 @@ UP_DOMAINS: dict[str, tuple] = {
     "stages_up": (2, 3, 4),
     "warps_up": (4, 8, 16),
     "up_split": (1, 2, 4),
+    # 0: a program per (expert, F tile, split); else that many, each streaming a share of the list:
+    # one, two or four per SM of a 132-SM Hopper part, and a power of two for shares that divide evenly.
+    "up_programs": (0, 128, 132, 264, 528),
+    "route_by_rank": (False, True),
 }
 DOWN_DOMAINS: dict[str, tuple] = {
     "block_h": (32, 64, 128, 256),
@@ -141,6 +148,17 @@ def split_useful(problem: Problem, config: DecodeBlockConfig, device: DeviceFing
     return None
 
 
+def shares_useful(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint) -> str | None:
+    """up_programs below kernel 1's (expert, F tile) items under uniform routing: with as many programs
+    as items, each streams one, as the grid of one program per item does without the shares' loop."""
+    if not config.fused or not config.up_programs:
+        return None
+    items = touched_experts(problem) * ((problem.n // 2) // config.block_f)
+    if config.up_programs >= items:
+        return f"up_programs={config.up_programs} is not below the ~{items:.0f} (expert, F tile) items"
+    return None
+
+
 def smem_fits(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint) -> str | None:
     """Each kernel's pipelined loads and accumulators (cost_model_decode.pipeline_smem) within one
     program's shared memory: a config past it fails its compile."""
@@ -157,7 +175,7 @@ def smem_fits(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerp
 
 
 VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (block_fits, k_tiles_within_scale_blocks, baseline_at_defaults)
-PRUNING_CONSTRAINTS: tuple[Constraint, ...] = (pipeline_depth_useful, split_useful, smem_fits)
+PRUNING_CONSTRAINTS: tuple[Constraint, ...] = (pipeline_depth_useful, split_useful, shares_useful, smem_fits)
 CONSTRAINTS: tuple[Constraint, ...] = VALIDITY_CONSTRAINTS + PRUNING_CONSTRAINTS
 RESOURCE_CONSTRAINTS: frozenset[Constraint] = frozenset()
 
@@ -190,7 +208,10 @@ def _ranked(
     rows = []
     for values in itertools.product(*(domains[name] for name in names)):
         params = dict(zip(names, values, strict=True))
-        config = dataclasses.replace(SMALLEST, **params)
+        try:
+            config = dataclasses.replace(SMALLEST, **params)
+        except ConfigInvalid:  # a rule of the tiling's own (up_programs takes up_split=1)
+            continue
         if any(c(problem, config, device) for c in CONSTRAINTS):
             continue
         rows.append((params, kernel(problem, config.decode_config(), device)))
