@@ -295,8 +295,9 @@ def route_in_kernel(logits, *, tokens: int, experts: int, top_k: int, renormaliz
             best = jnp.max(keys, axis=1)
             pick = jnp.min(jnp.where(avail & (keys == best[:, None]), expert[None, :], ep), axis=1)
             taken = taken | (expert[None, :] == pick[:, None])
-            # The chosen logit comes back from `best` without a third reduction over E.
-            value = jax.lax.bitcast_convert_type(_order_key(best), jnp.float32)
+            # The key's map is its own inverse: the chosen logit comes back from `best` without a third
+            # reduction over E.
+            value = jax.lax.bitcast_convert_type(best ^ ((best >> 31) & jnp.int32(0x7FFFFFFF)), jnp.float32)
             ids = jnp.where(slot[None, :] == j, pick[:, None], ids)
             top = jnp.where(slot[None, :] == j, value[:, None], top)
     else:
@@ -386,20 +387,23 @@ def _up_kernel(
     narrow = pow2_at_least(tokens)
     token, expert, slot = jnp.arange(narrow), jnp.arange(ep), jnp.arange(kp)
     real_token = token < tokens
-
-    def load_logits(first, width):
-        columns = first + jnp.arange(width)
-        return pltriton.load(
-            logits_ref.at[pl.ds(0, narrow), pl.ds(first, width)],
-            mask=real_token[:, None] & (columns < experts)[None, :],
-            other=-jnp.inf,
-        ).astype(jnp.float32)
-
-    logits = load_logits(0, ep)
+    logits = pltriton.load(
+        logits_ref.at[pl.ds(0, narrow), pl.ds(0, ep)],
+        mask=real_token[:, None] & (expert < experts)[None, :],
+        other=-jnp.inf,
+    ).astype(jnp.float32)
     ranks = None
     if config.route_by_rank:
         chunk = rank_chunk(narrow, ep)
-        chunk_at = lambda c: load_logits(pl.multiple_of(c * chunk, chunk), chunk)  # noqa: E731
+
+        def chunk_at(c):
+            first = pl.multiple_of(c * chunk, chunk)
+            return pltriton.load(
+                logits_ref.at[pl.ds(0, narrow), pl.ds(first, chunk)],
+                mask=real_token[:, None] & ((first + jnp.arange(chunk)) < experts)[None, :],
+                other=-jnp.inf,
+            ).astype(jnp.float32)
+
         ranks = rank_in_kernel(logits, chunk_at, experts=experts, chunk=chunk)
     ids, weights, taken = route_in_kernel(
         logits, tokens=tokens, experts=experts, top_k=top_k, renormalize=renormalize, ranks=ranks
@@ -410,40 +414,32 @@ def _up_kernel(
     touched = (jnp.max(taken.astype(jnp.int32), axis=0) > 0) & is_local
     running = jnp.cumsum(touched.astype(jnp.int32))
     count = jnp.sum(touched.astype(jnp.int32))
+    bf, bk = config.block_f, config.block_k
     dtype = x_ref.dtype
     precision = jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
-    dot_token = jnp.arange(rows)
-    clamped = jnp.minimum(dot_token, tokens - 1)  # padding rows read the last token and are never stored
-    bf, bk = config.block_f, config.block_k
 
     def slot_of(p):
-        """Work slot p's expert (the p-th touched local expert, ascending; local index) and its routing:
-        which dot rows are its tokens and their weights. Example: E=8, local experts [0, 8), tokens chose
-        {1, 4, 6} -> touched 01001010, running count 01122333, so p=1 is the expert where touched and
-        count == 2: expert 4."""
+        """Work slot p's expert (the p-th touched local expert, ascending; local index), its routing
+        (which dot rows are its tokens, their weights) and whether it has one. Example: E=8, local
+        experts [0, 8), tokens chose {1, 4, 6} -> touched 01001010, running count 01122333, so p=1 is
+        the expert where touched and count == 2: expert 4."""
         active = p < count
         e = jnp.sum(jnp.where(touched & (running == p + 1), expert, 0))
         routed = (ids == e) & (slot < top_k)[None, :]  # [narrow, kp]: at most one slot per token
         mine = _widen((jnp.max(routed.astype(jnp.int32), axis=1) > 0) & real_token & active, rows)
         weight = _widen(jnp.sum(jnp.where(routed, weights, 0.0), axis=1), rows)
-        return jnp.where(active, e - offset, 0), mine, weight
+        return jnp.where(active, e - offset, 0), mine, weight, active
 
-    def gate_up_step(x_rows, local_e, f, ks, acc):
+    def gate_up_step(xs, local_e, tile, gate_cols, up_cols, ks, acc):
+        """The gate and up accumulators after one K step of F tile `tile`."""
         gate, up = acc
-        gate_cols = pl.ds(pl.multiple_of(f * bf, bf), bf)
-        up_cols = pl.ds(pl.multiple_of(inter + f * bf, bf), bf)
         gate_scale = up_scale = None
         if scale_block:
-            gate_scale, up_scale = (scale_ref, scale_block, f * bf), (scale_ref, scale_block, inter + f * bf)
-        gate += _dot_weights(x_rows, w_ref, local_e, ks, gate_cols, transposed, precision, gate_scale)
-        up += _dot_weights(x_rows, w_ref, local_e, ks, up_cols, transposed, precision, up_scale)
+            gate_scale = (scale_ref, scale_block, tile * bf)
+            up_scale = (scale_ref, scale_block, inter + tile * bf)
+        gate += _dot_weights(xs, w_ref, local_e, ks, gate_cols, transposed, precision, gate_scale)
+        up += _dot_weights(xs, w_ref, local_e, ks, up_cols, transposed, precision, up_scale)
         return gate, up
-
-    # The batch's real rows of an expert's slot: a token routed elsewhere stores zeros (its weight is 0
-    # there, and 0 * a finite value cannot carry a NaN of another token's x into the sum); the padding
-    # rows are neither stored nor read. Index arrays, not slices: the interpreter's stores take one kind.
-    row = dot_token[:, None]
-    real_rows = (dot_token < tokens)[:, None]
 
     def store_tables(p, local_e, mine, weight, first):
         """Kernel 2's tables, written once per expert: its id and each token's routing weight or 0."""
@@ -454,26 +450,32 @@ def _up_kernel(
             weight_ref.at[p, pl.ds(0, rows)], jnp.where(mine, weight, 0.0), mask=jnp.full((rows,), first)
         )
 
-    zeros = jnp.zeros((rows, bf), jnp.float32)
-    k_steps = hidden_size // bk
+    # The batch's real rows of an expert's slot: a token routed elsewhere stores zeros (its weight is 0
+    # there, and 0 * a finite value cannot carry a NaN of another token's x into the sum); the padding
+    # rows are neither stored nor read (padding rows of x read the last token). Index arrays, not
+    # slices: the interpreter's stores take one kind.
     if config.up_programs:
         # One program streams a contiguous share of the flat (slot, F tile, K step) list in one loop, so
         # its weight loads pipeline across slots and F tiles, and it routes once for all of them. The
         # accumulators restart at each K step 0 and are stored at the last.
-        f_tiles = inter // bf
+        dot_token = jnp.arange(rows)
+        clamped = jnp.minimum(dot_token, tokens - 1)
+        row, real_rows = dot_token[:, None], (dot_token < tokens)[:, None]
+        f_tiles, k_steps = inter // bf, hidden_size // bk
         work = count * f_tiles * k_steps
         share = (count * f_tiles + config.up_programs - 1) // config.up_programs * k_steps
         lo = jnp.minimum(p * share, work)
         hi = jnp.minimum(lo + share, work)
 
-        def step(i, acc):
+        def stream(i, acc):
             item, k = i // k_steps, i % k_steps
             slot_p, tile = item // f_tiles, item % f_tiles
-            local_e, mine, weight = slot_of(slot_p)
+            local_e, mine, weight, _ = slot_of(slot_p)
             ks = pl.ds(pl.multiple_of(k * bk, bk), bk)
-            fresh = k == 0
-            acc = tuple(jnp.where(fresh, 0.0, a) for a in acc)
-            gate, up = gate_up_step(x_ref[clamped, ks], local_e, tile, ks, acc)
+            gate_cols = pl.ds(pl.multiple_of(tile * bf, bf), bf)
+            up_cols = pl.ds(pl.multiple_of(inter + tile * bf, bf), bf)
+            acc = tuple(jnp.where(k == 0, 0.0, a) for a in acc)
+            gate, up = gate_up_step(x_ref[clamped, ks], local_e, tile, gate_cols, up_cols, ks, acc)
             last = k == k_steps - 1
             value = jnp.where(mine[:, None], _silu(gate) * up, 0.0).astype(dtype)
             columns = (tile * bf + jnp.arange(bf))[None, :]
@@ -481,21 +483,27 @@ def _up_kernel(
             store_tables(slot_p, local_e, mine, weight, last & (tile == 0))
             return gate, up
 
-        jax.lax.fori_loop(lo, hi, step, (zeros, zeros))
+        zeros = jnp.zeros((rows, bf), jnp.float32)
+        jax.lax.fori_loop(lo, hi, stream, (zeros, zeros))
     else:
-        local_e, mine, weight = slot_of(p)
-        active = p < count
+        local_e, mine, weight, active = slot_of(p)
+        dot_token = jnp.arange(rows)
+        clamped = jnp.minimum(dot_token, tokens - 1)
+        gate_cols = pl.ds(pl.multiple_of(f * bf, bf), bf)
+        up_cols = pl.ds(pl.multiple_of(inter + f * bf, bf), bf)
         k_rows = hidden_size // config.up_split
         k_start = s * k_rows
         steps = jnp.where(active, jnp.int32(k_rows // bk), jnp.int32(0))  # an idle program streams nothing
 
         def step(i, acc):
             ks = pl.ds(pl.multiple_of(k_start + i * bk, bk), bk)
-            return gate_up_step(x_ref[clamped, ks], local_e, f, ks, acc)
+            return gate_up_step(x_ref[clamped, ks], local_e, f, gate_cols, up_cols, ks, acc)
 
+        zeros = jnp.zeros((rows, bf), jnp.float32)
         gate, up = jax.lax.fori_loop(0, steps, step, (zeros, zeros))
+        row = dot_token[:, None]
         columns = (f * bf + jnp.arange(bf))[None, :]
-        keep = real_rows & active
+        keep = ((dot_token < tokens) & active)[:, None]
         if config.up_split == 1:
             value = jnp.where(mine[:, None], _silu(gate) * up, 0.0).astype(dtype)
             pltriton.store(hidden_ref.at[p, row, columns], value, mask=keep)

@@ -12,6 +12,9 @@ each kernel's).
     python3 lab/bench/pack_lowering.py restamp before.json after.json
         # on the tree after it: hashes again, and only if every entry's module is unchanged, stamps the
         # pack with the current source hash (its configs, times and creation date stay as they are)
+    python3 lab/bench/pack_lowering.py restamp before.json after.json --drop-changed
+        # a change that does alter some kernels: their entries leave the pack (their times were of the
+        # old kernels: a sweep on the device retunes them) and the rest are stamped
 """
 
 from __future__ import annotations
@@ -134,6 +137,9 @@ def main() -> int:
     parser.add_argument("action", choices=("hashes", "restamp"))
     parser.add_argument("files", nargs="+", type=Path, help="hashes: OUT; restamp: BEFORE OUT")
     parser.add_argument("--pack", type=Path, default=PACK)
+    parser.add_argument(
+        "--drop-changed", action="store_true", help="restamp: remove the entries whose kernel changed"
+    )
     args = parser.parse_args()
     pack = packs.load(args.pack)
     with stripped_locations():
@@ -144,10 +150,14 @@ def main() -> int:
         return 0
     before = json.loads(args.files[0].read_text())
     changed = sorted(k for k in before["modules"] if before["modules"][k] != now["modules"].get(k))
-    if changed or before["modules"].keys() != now["modules"].keys():
+    if before["modules"].keys() != now["modules"].keys() or (changed and not args.drop_changed):
         print(f"not restamped: {len(changed)} kernels changed, e.g. {changed[:3]}", file=sys.stderr)
         return 1
     data = json.loads(args.pack.read_text())
+    if changed:
+        kept = zip(data["entries"], pack.entries, strict=True)  # packs.load keeps the file's order
+        data["entries"] = [raw for raw, entry in kept if entry.problem.key not in changed]
+        print(f"dropped {len(changed)} entries whose kernel changed: {', '.join(changed)}")
     if data["kernel_source_hash"] != before["kernel_source_hash"]:
         print(
             f"not restamped: the pack is on source {data['kernel_source_hash']}, not 'before''s",

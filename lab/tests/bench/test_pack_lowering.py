@@ -78,3 +78,28 @@ def test_a_pack_of_another_backend_is_lowered_and_stamped_by_that_backend():
     ragged, segments = (pack_lowering.module_text(xla, e, pack.device) for e in entries)
     assert "stablehlo.while" in segments and "stablehlo.while" not in ragged  # each its strategy
     assert "tensor<16x32xf32>" in ragged and "tensor<32x32xf32>" in segments
+
+
+def test_restamp_refuses_a_changed_kernel_or_drops_its_entry_when_asked(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    xla = registry.get("xla")
+    gemm = Problem("grouped_matmul", m=16, k=32, n=64, g=4, lhs_dtype="float32", rhs_dtype="float32")
+    entries = tuple(
+        packs.PackEntry(dataclasses.replace(gemm, m=m), XlaConfig().to_dict(), 1e-5) for m in (16, 32)
+    )
+    pack = packs.Pack(current_fingerprint(), "xla", "older", entries)
+    path = tmp_path / "pack.json"
+    path.write_text(json.dumps(pack.to_dict()))
+    before = pack_lowering.hashes(pack) | {"kernel_source_hash": "older"}
+    before["modules"][entries[1].problem.key] = "the old kernel's"
+    (tmp_path / "before.json").write_text(json.dumps(before))
+    argv = ["pack_lowering.py", "restamp", str(tmp_path / "before.json"), str(tmp_path / "after.json")]
+    monkeypatch.setattr(sys, "argv", [*argv, "--pack", str(path)])
+    assert pack_lowering.main() == 1 and packs.load(path).kernel_source_hash == "older"
+    monkeypatch.setattr(sys, "argv", [*argv, "--pack", str(path), "--drop-changed"])
+    assert pack_lowering.main() == 0
+    restamped = packs.load(path)
+    assert restamped.kernel_source_hash == xla.source_hash()
+    assert [e.problem for e in restamped.entries] == [entries[0].problem]
