@@ -51,7 +51,9 @@ from moetune.kernels.space import Constraint, SearchSpace
 UP_DOMAINS: dict[str, tuple] = {
     "block_f": (16, 32, 64, 128),
     "block_k": (32, 64, 128, 256),
-    "stages_up": (2, 3, 4),
+    # Weight tiles in flight per program: deeper pipelines keep a few programs' narrow tiles at the
+    # bytes in flight the HBM rate needs (Little's law) where items are few (one token).
+    "stages_up": (2, 3, 4, 6, 8),
     "warps_up": (4, 8, 16),
     "up_split": (1, 2, 4),
     # 0: a program per (expert, F tile, split); else that many, each streaming a share of the list:
@@ -62,7 +64,7 @@ UP_DOMAINS: dict[str, tuple] = {
 DOWN_DOMAINS: dict[str, tuple] = {
     "block_h": (32, 64, 128, 256),
     "block_fd": (32, 64, 128, 256),
-    "stages_down": (2, 3, 4),
+    "stages_down": (2, 3, 4, 6, 8),
     "warps_down": (4, 8),
     "down_split": (1, 2, 4, 8, 16),
 }
