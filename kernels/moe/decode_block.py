@@ -1,7 +1,7 @@
 """The MoE MLP block at decode sizes in two Pallas Triton kernels, routing included.
 
     kernel 1  grid (P, F / block_f, up_split), P = min(T*k, E_local) work slots, or up_programs
-              programs each streaming a contiguous share of the flat (slot, F tile, K step) list.
+              programs each streaming a contiguous share of the flat (slot, F tile, split, K step) list.
               Every program routes the whole batch itself from router_logits [T, E] (softmax scores,
               top-k by repeated argmax or, with route_by_rank, by each expert's rank among its row's,
               weights renormalized or not, as `moe.route`) on the batch's own rows, takes the p-th
@@ -91,7 +91,7 @@ class DecodeConfig:
     up_split: int = 1  # kernel 1 programs per (expert, F tile), each over H / up_split rows of K; > 1:
     # they write float32 gate and up partials that kernel 2 sums in split order before the SwiGLU
     up_programs: int = 0  # kernel 1: 0, a program per (expert, F tile, split); > 0, that many programs,
-    # each routing once and streaming a contiguous share of the flat (expert, F tile, K step) list
+    # each routing once and streaming a contiguous share of the flat (expert, F tile, split, K step) list
     route_by_rank: bool = False  # kernel 1's top-k: False, k argmax rounds; True, each expert's rank
     # among its row's (T*E^2 compares, few reductions: the shorter chain where T*E is small)
 
@@ -105,8 +105,6 @@ class DecodeConfig:
                 raise ConfigInvalid(f"{name}={getattr(self, name)} must be >= 1")
         if self.up_programs < 0:
             raise ConfigInvalid(f"up_programs={self.up_programs} must be >= 0")
-        if self.up_programs and self.up_split > 1:
-            raise ConfigInvalid(f"up_programs={self.up_programs} takes up_split=1, not {self.up_split}")
         for name in ("warps_up", "warps_down"):
             if getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ConfigInvalid(f"{name}={getattr(self, name)} must be a power of two up to 16")
@@ -455,32 +453,43 @@ def _up_kernel(
     # rows are neither stored nor read (padding rows of x read the last token). Index arrays, not
     # slices: the interpreter's stores take one kind.
     if config.up_programs:
-        # One program streams a contiguous share of the flat (slot, F tile, K step) list in one loop, so
-        # its weight loads pipeline across slots and F tiles, and it routes once for all of them. The
-        # accumulators restart at each K step 0 and are stored at the last.
+        # One program streams a contiguous share of the flat (slot, F tile, K split, K step) list in one
+        # loop, so its weight loads pipeline across slots and F tiles, and it routes once for all of
+        # them. The accumulators restart at each unit's first K step and are stored at its last: with
+        # up_split == 1 the SwiGLU rows, else the unit's float32 gate and up partial sums, as the grid
+        # of one program per unit stores them.
         dot_token = jnp.arange(rows)
         clamped = jnp.minimum(dot_token, tokens - 1)
         row, real_rows = dot_token[:, None], (dot_token < tokens)[:, None]
-        f_tiles, k_steps = inter // bf, hidden_size // bk
-        work = count * f_tiles * k_steps
-        share = (count * f_tiles + config.up_programs - 1) // config.up_programs * k_steps
+        split = config.up_split
+        f_tiles, unit_steps = inter // bf, hidden_size // (bk * split)
+        units = count * f_tiles * split
+        work = units * unit_steps
+        share = (units + config.up_programs - 1) // config.up_programs * unit_steps
         lo = jnp.minimum(p * share, work)
         hi = jnp.minimum(lo + share, work)
 
         def stream(i, acc):
-            item, k = i // k_steps, i % k_steps
-            slot_p, tile = item // f_tiles, item % f_tiles
+            unit, k = i // unit_steps, i % unit_steps
+            slot_p, tile, part = unit // (f_tiles * split), unit // split % f_tiles, unit % split
             local_e, mine, weight, _ = slot_of(slot_p)
-            ks = pl.ds(pl.multiple_of(k * bk, bk), bk)
+            ks = pl.ds(pl.multiple_of((part * unit_steps + k) * bk, bk), bk)
             gate_cols = pl.ds(pl.multiple_of(tile * bf, bf), bf)
             up_cols = pl.ds(pl.multiple_of(inter + tile * bf, bf), bf)
             acc = tuple(jnp.where(k == 0, 0.0, a) for a in acc)
             gate, up = gate_up_step(x_ref[clamped, ks], local_e, tile, gate_cols, up_cols, ks, acc)
-            last = k == k_steps - 1
-            value = jnp.where(mine[:, None], _silu(gate) * up, 0.0).astype(dtype)
+            last = k == unit_steps - 1
             columns = (tile * bf + jnp.arange(bf))[None, :]
-            pltriton.store(hidden_ref.at[slot_p, row, columns], value, mask=real_rows & last)
-            store_tables(slot_p, local_e, mine, weight, last & (tile == 0))
+            if split == 1:
+                value = jnp.where(mine[:, None], _silu(gate) * up, 0.0).astype(dtype)
+                pltriton.store(hidden_ref.at[slot_p, row, columns], value, mask=real_rows & last)
+            else:
+                for value, at in ((gate, columns), (up, inter + columns)):
+                    pltriton.store(
+                        hidden_ref.at[part, slot_p, row, at], jnp.where(mine[:, None], value, 0.0),
+                        mask=real_rows & last,
+                    )  # fmt: skip
+            store_tables(slot_p, local_e, mine, weight, last & (tile == 0) & (part == 0))
             return gate, up
 
         zeros = jnp.zeros((rows, bf), jnp.float32)

@@ -48,6 +48,9 @@ def _check(x, logits, w_gate_up, w_down, top_k, renormalize=True, config=SMALL):
         (5, 16, 4, True, 3, 1, 7),
         # More programs than items: the ones past the list stream nothing.
         (1, 8, 3, True, 2, 1, 64),
+        # Shares of (slot, F tile, K split) units: float32 partials, a unit's splits on two programs.
+        (3, 8, 2, False, 1, 2, 3),
+        (1, 8, 3, True, 2, 2, 5),
     ],
 )
 @pytest.mark.parametrize("by_rank", [False, True], ids=["argmax", "rank"])
@@ -117,8 +120,8 @@ def test_bounds_and_configs_are_checked_by_name():
     with pytest.raises(ConfigInvalid, match="down_split=0"):
         db.DecodeConfig(down_split=0)
     assert "up_split=3" in db.unfit_reason(1, 8, 2, 256, 128, db.DecodeConfig(block_k=64, up_split=3))
-    with pytest.raises(ConfigInvalid, match="up_programs=4 takes up_split=1"):
-        db.DecodeConfig(up_programs=4, up_split=2)
+    with pytest.raises(ConfigInvalid, match="up_programs=-1"):
+        db.DecodeConfig(up_programs=-1)
     by_rank = db.DecodeConfig(route_by_rank=True)
     assert db.fits(1, 512, 10, 2048, 512, by_rank) and db.fits(8, 512, 8, 2048, 512, by_rank)
     assert "route_by_rank takes T*E <= 4096" in db.unfit_reason(9, 512, 8, 2048, 512, by_rank)
@@ -133,6 +136,7 @@ def test_kernels_lower_to_two_triton_calls_for_an_h200(triton_lowering_for_h200)
         (5, 512, 10, 4, True, 0, False),
         (32, 512, 10, 1, False, 264, False),
         (1, 512, 10, 1, False, 132, True),
+        (1, 128, 8, 2, True, 128, False),
     ):
         config = db.DecodeConfig(
             down_split=split, up_split=split, up_programs=programs, route_by_rank=by_rank

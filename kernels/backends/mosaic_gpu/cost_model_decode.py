@@ -150,11 +150,11 @@ def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprin
     f_tiles = inter // config.block_f
     items = touched_experts(problem) * f_tiles * config.up_split
     if config.up_programs:
-        # Shares of the flat (slot, F tile, K step) list: each program routes once and streams
-        # ceil(items / programs) tiles' K steps, finding each step's expert and tokens anew.
+        # Shares of the flat (slot, F tile, split, K step) list: each program routes once and streams
+        # ceil(items / programs) units' K steps, finding each step's expert and tokens anew.
         programs = config.up_programs
         active = min(programs, items)
-        steps = math.ceil(items / programs) * (hidden // config.block_k)
+        steps = math.ceil(items / programs) * (hidden // (config.block_k * config.up_split))
         choices = pow2_at_least(tokens) * pow2_at_least(top_k)
         per_step = SLOT_OPS_PER_EXPERT * pow2_at_least(experts) + SLOT_OPS_PER_CHOICE * choices
     else:

@@ -151,13 +151,14 @@ def split_useful(problem: Problem, config: DecodeBlockConfig, device: DeviceFing
 
 
 def shares_useful(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint) -> str | None:
-    """up_programs below kernel 1's (expert, F tile) items under uniform routing: with as many programs
-    as items, each streams one, as the grid of one program per item does without the shares' loop."""
+    """up_programs below kernel 1's (expert, F tile, split) units under uniform routing: with as many
+    programs as units, each streams one, as the grid of one program per unit does without the shares'
+    loop."""
     if not config.fused or not config.up_programs:
         return None
-    items = touched_experts(problem) * ((problem.n // 2) // config.block_f)
-    if config.up_programs >= items:
-        return f"up_programs={config.up_programs} is not below the ~{items:.0f} (expert, F tile) items"
+    units = touched_experts(problem) * ((problem.n // 2) // config.block_f) * config.up_split
+    if config.up_programs >= units:
+        return f"up_programs={config.up_programs} is not below the ~{units:.0f} (expert, F tile, split) units"
     return None
 
 
@@ -212,7 +213,7 @@ def _ranked(
         params = dict(zip(names, values, strict=True))
         try:
             config = dataclasses.replace(SMALLEST, **params)
-        except ConfigInvalid:  # a rule of the tiling's own (up_programs takes up_split=1)
+        except ConfigInvalid:  # a rule of the tiling's own
             continue
         if any(c(problem, config, device) for c in CONSTRAINTS):
             continue
@@ -236,16 +237,20 @@ def ranking(
         hardware.facts(device.compute_capability)
     except Unsupported:
         return ()
-    up = _ranked(problem, device, UP_DOMAINS, cost.up_estimate)[:SEEDS]
     down = _ranked(problem, device, DOWN_DOMAINS, cost.down_estimate)[:SEEDS]
-    pairs = []
-    for (i, (up_params, up_est)), (j, (down_params, down_est)) in itertools.product(
-        enumerate(up), enumerate(down)
-    ):
-        config = DecodeBlockConfig(**up_params, **down_params)
-        if not any(c(problem, config, device) for c in CONSTRAINTS):
-            estimate = cost.Estimate(up_est.seconds + down_est.seconds, up_est, down_est)
-            pairs.append((i + j, config, estimate))
+    pairs, paired = [], 0
+    # Kernel 1's configs in their order, the first SEEDS that pair with one of kernel 2's best: kernel 2
+    # reads what kernel 1 stores (up_split's float32 partials), so a pair may fail where each alone fits.
+    for up_params, _ in _ranked(problem, device, UP_DOMAINS, cost.up_estimate):
+        found = False
+        for j, (down_params, _) in enumerate(down):
+            config = DecodeBlockConfig(**up_params, **down_params)
+            if not any(c(problem, config, device) for c in CONSTRAINTS):
+                pairs.append((paired + j, config, cost.estimate(problem, config.decode_config(), device)))
+                found = True
+        paired += found
+        if paired == SEEDS:
+            break
     pairs.sort(key=lambda p: (p[0], p[2].seconds))
     return tuple((config, estimate) for _, config, estimate in pairs)
 
