@@ -30,7 +30,10 @@ CONFIGS = [
     # Kernel 1 as 132 programs streaming shares of its list.
     db.DecodeConfig(block_f=32, up_programs=132, block_h=128, down_split=8),
 ]
-BY_RANK = db.DecodeConfig(block_f=32, up_programs=132, route_by_rank=True, block_h=128, down_split=8)
+# Shares of K-split units (float32 partials) and routing by rank.
+BY_RANK = db.DecodeConfig(
+    block_f=32, up_programs=132, up_split=2, route_by_rank=True, block_h=128, down_split=8
+)
 
 
 @pytest.fixture(autouse=True)
