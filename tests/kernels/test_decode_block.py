@@ -36,24 +36,27 @@ def _check(x, logits, w_gate_up, w_down, top_k, renormalize=True, config=SMALL):
 
 
 @pytest.mark.parametrize(
-    "tokens, experts, top_k, renormalize, split, up_split, up_programs",
+    "tokens, experts, top_k, renormalize, split, up_split, up_programs, by_rank",
     [
-        (1, 8, 2, True, 1, 1, 0),
-        (3, 8, 2, False, 1, 2, 0),
-        (5, 16, 4, True, 3, 1, 0),
-        (2, 4, 1, True, 2, 2, 0),
-        (1, 8, 3, True, 2, 2, 0),
+        (1, 8, 2, True, 1, 1, 0, False),
+        (3, 8, 2, False, 1, 2, 0, False),
+        (5, 16, 4, True, 3, 1, 0, False),
+        (2, 4, 1, True, 2, 2, 0, False),
+        (1, 8, 3, True, 2, 2, 0, False),
         # Fewer programs than (slot, F tile) items: shares cross slots and F tiles mid-list.
-        (3, 8, 2, False, 1, 1, 3),
-        (5, 16, 4, True, 3, 1, 7),
+        (3, 8, 2, False, 1, 1, 3, False),
+        (5, 16, 4, True, 3, 1, 7, False),
         # More programs than items: the ones past the list stream nothing.
-        (1, 8, 3, True, 2, 1, 64),
+        (1, 8, 3, True, 2, 1, 64, False),
         # Shares of (slot, F tile, K split) units: float32 partials, a unit's splits on two programs.
-        (3, 8, 2, False, 1, 2, 3),
-        (1, 8, 3, True, 2, 2, 5),
+        (3, 8, 2, False, 1, 2, 3, False),
+        (1, 8, 3, True, 2, 2, 5, False),
+        # Top-k by rank, with a program per item and with shares, renormalized or not.
+        (1, 8, 2, True, 1, 1, 0, True),
+        (5, 16, 4, False, 3, 1, 7, True),
+        (3, 8, 2, True, 1, 2, 3, True),
     ],
 )
-@pytest.mark.parametrize("by_rank", [False, True], ids=["argmax", "rank"])
 def test_interpreted_block_equals_the_reference(
     tokens, experts, top_k, renormalize, split, up_split, up_programs, by_rank
 ):
