@@ -439,6 +439,18 @@ def _up_kernel(
         up += _dot_weights(xs, w_ref, local_e, ks, up_cols, transposed, precision, up_scale)
         return gate, up
 
+    def store_hidden(part, p, row, columns, gate, up, mine, mask):
+        """Slot p's hidden rows at `columns`: with one split the SwiGLU in x's dtype, else split `part`'s
+        float32 gate and up partial sums, which kernel 2 adds in split order."""
+        if config.up_split == 1:
+            value = jnp.where(mine[:, None], _silu(gate) * up, 0.0).astype(dtype)
+            pltriton.store(hidden_ref.at[p, row, columns], value, mask=mask)
+        else:
+            for value, at in ((gate, columns), (up, inter + columns)):
+                pltriton.store(
+                    hidden_ref.at[part, p, row, at], jnp.where(mine[:, None], value, 0.0), mask=mask
+                )
+
     def store_tables(p, local_e, mine, weight, first):
         """Kernel 2's tables, written once per expert: its id and each token's routing weight or 0."""
         pltriton.store(
@@ -480,15 +492,7 @@ def _up_kernel(
             gate, up = gate_up_step(x_ref[clamped, ks], local_e, tile, gate_cols, up_cols, ks, acc)
             last = k == unit_steps - 1
             columns = (tile * bf + jnp.arange(bf))[None, :]
-            if split == 1:
-                value = jnp.where(mine[:, None], _silu(gate) * up, 0.0).astype(dtype)
-                pltriton.store(hidden_ref.at[slot_p, row, columns], value, mask=real_rows & last)
-            else:
-                for value, at in ((gate, columns), (up, inter + columns)):
-                    pltriton.store(
-                        hidden_ref.at[part, slot_p, row, at], jnp.where(mine[:, None], value, 0.0),
-                        mask=real_rows & last,
-                    )  # fmt: skip
+            store_hidden(part, slot_p, row, columns, gate, up, mine, real_rows & last)
             store_tables(slot_p, local_e, mine, weight, last & (tile == 0) & (part == 0))
             return gate, up
 
@@ -513,12 +517,7 @@ def _up_kernel(
         row = dot_token[:, None]
         columns = (f * bf + jnp.arange(bf))[None, :]
         keep = ((dot_token < tokens) & active)[:, None]
-        if config.up_split == 1:
-            value = jnp.where(mine[:, None], _silu(gate) * up, 0.0).astype(dtype)
-            pltriton.store(hidden_ref.at[p, row, columns], value, mask=keep)
-        else:
-            for value, at in ((gate, columns), (up, inter + columns)):
-                pltriton.store(hidden_ref.at[s, p, row, at], jnp.where(mine[:, None], value, 0.0), mask=keep)
+        store_hidden(s, p, row, columns, gate, up, mine, keep)
         store_tables(p, local_e, mine, weight, active & (f == 0) & (s == 0))
 
     # The count and the zeroed arrival counters, once per call.
