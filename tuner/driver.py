@@ -216,8 +216,8 @@ class SweepDriver:
             | {"verify_draws": len(draws)},
             budget=self.spec.budget,
             heuristic=heuristic.to_dict() if heuristic is not None else None,
-            valid_count=len(space.valid()),
-            pruned_count=len(space.pruned()),
+            valid_count=len(space.valid()) if space.enumerable else None,
+            pruned_count=len(space.pruned()) if space.enumerable else None,
         )
         if winner is not None and winner.source_hash == source_hash:
             run.winner_trial_id = winner.trial_id
@@ -704,9 +704,12 @@ class SweepDriver:
 
 
 def _remaining_estimate(run: ProblemRun) -> int:
-    """Trials this problem will still run: the budget left, or (about) the untried valid configs."""
+    """Trials this problem will still run: the budget left, or (about) the untried valid configs (none
+    counted in a space too large to enumerate: its time limit ends it)."""
     if run.phase != "search":
         return 0
-    untried = max(0, run.valid_count - len(run.known) - len(run.in_flight))
     left = run.budget_left()
+    if run.valid_count is None:
+        return left or 0
+    untried = max(0, run.valid_count - len(run.known) - len(run.in_flight))
     return untried if left is None else min(left, untried)

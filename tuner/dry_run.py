@@ -26,11 +26,11 @@ from moetune.tuner.tasks import Task, canonical
 class PlanRow:
     label: str
     problem_key: str
-    valid: int
-    pruned: int
+    valid: int | None  # None: a space too large to enumerate (tuner/strategies/base.py), only sampled
+    pruned: int | None
     done: int  # valid configs already timed on this device and kernel source (never re-timed)
     to_run: int
-    skipped: str = ""
+    skipped: str = ""  # the plan's note: why a problem is skipped, or that its space is only sampled
     compile_s: float = 0.0  # per candidate, from the cost model
     device_s: float = 0.0
     basis: str = ""  # the cost model's: "history", "nearest" or "prior"
@@ -87,20 +87,26 @@ def make_plan(
         if run.phase == "skipped":
             rows.append(PlanRow(run.label, run.problem.key, 0, 0, 0, 0, run.skipped, **shape))
             continue
-        valid = set(run.strategy.space.valid())
-        done = sum(1 for c in valid if canonical(c.to_dict()) in run.known)
-        to_run = len(valid) - done
-        if spec.budget is not None:
-            to_run = min(to_run, spec.budget)
+        space, note = run.strategy.space, ""
+        if space.enumerable:
+            valid = set(space.valid())
+            done = sum(1 for c in valid if canonical(c.to_dict()) in run.known)
+            to_run = len(valid) - done
+            if spec.budget is not None:
+                to_run = min(to_run, spec.budget)
+        else:
+            done, to_run = len(run.known), spec.budget or 0
+            note = f"{space.space.size:,} points, sampled: the budget or time limit ends it"
         cost = costs.cost(run.problem)
         rows.append(
             PlanRow(
                 run.label,
                 run.problem.key,
-                len(valid),
+                len(valid) if space.enumerable else None,
                 run.pruned_count,
                 done,
                 to_run,
+                note,
                 compile_s=cost.compile_s,
                 device_s=cost.device_s,
                 basis=cost.basis,

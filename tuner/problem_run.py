@@ -41,8 +41,8 @@ class ProblemRun:
     verify_sizes: tuple[tuple[int, ...], ...] = ()
     routing: dict[str, Any] = dataclasses.field(default_factory=dict)
     budget: int | None = None
-    valid_count: int = 0  # configs of the pruned grid
-    pruned_count: int = 0
+    valid_count: int | None = 0  # configs of the pruned grid; None: a space too large to enumerate
+    pruned_count: int | None = 0
     used: int = 0  # trials this sweep has recorded for the problem (what the budget counts)
     known: dict[str, Known] = dataclasses.field(default_factory=dict)
     in_flight: dict[str, KernelConfig] = dataclasses.field(default_factory=dict)  # task id -> config

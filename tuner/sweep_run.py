@@ -249,7 +249,8 @@ def _dry_run(spec, planned, store, as_json: bool) -> None:
         T = problem_cells.UNKNOWN if r.tokens is None else r.tokens
         m = r.m if r.filled_rows is None else f"{r.m} ({r.filled_rows} filled)"
         shape = (r.op, T, m, r.kng) if with_tokens else (r.op, m, r.kng)
-        values = (r.label, *shape, r.valid, r.pruned, r.done, r.to_run, per_candidate, r.skipped)
+        valid, pruned = ("-", "-") if r.valid is None else (r.valid, r.pruned)
+        values = (r.label, *shape, valid, pruned, r.done, r.to_run, per_candidate, r.skipped)
         table.add_row(*map(cell, values))
     out = table_console()
     out.print(table)

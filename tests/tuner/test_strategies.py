@@ -140,3 +140,30 @@ def test_tpe_reaches_the_grid_optimum_within_3_percent_in_a_quarter_of_the_trial
             f"seed {seed}: {tpe.best[1]:.4g} after {trials} of {len(valid)} trials"
         )
         assert trials <= allowed
+
+
+@pytest.mark.parametrize("name", strategies.names())
+def test_a_space_too_large_to_enumerate_is_walked_lazily_without_repeats(name, small_space, monkeypatch):
+    from moetune.tuner.strategies import base
+
+    valid = small_space.valid()  # enumerated while the limit allows it
+    monkeypatch.setattr(base, "ENUMERATION_LIMIT", small_space.space.size - 1)
+    large = CandidateSpace(small_space.space, PROBLEM, DEVICE)
+    assert not large.enumerable
+    with pytest.raises(ConfigInvalid, match="more than the .* a sweep enumerates"):
+        large.valid()
+    warm = Tiles(128, 64, 32, 5, "snake")
+    strategy = strategies.get(name)(large, seed=1, warm_start=[warm])
+    seen: list[Tiles] = []
+    for _ in range(6):
+        batch = strategy.ask(4)
+        assert batch and not set(seen) & set(batch) and len(set(batch)) == len(batch)
+        assert all(large.is_valid(c) for c in batch)
+        seen += batch
+        for config in batch:
+            strategy.tell(config, synthetic_time(config))
+    assert seen[0] == warm
+    if name == "grid":  # the lazy walk keeps the enumerated order
+        assert seen[1:] == [c for c in valid if c != warm][:23]
+    if name == "tpe":  # no count to exhaust: the budget or the time limit ends it
+        assert not strategy.exhausted

@@ -14,17 +14,26 @@ from __future__ import annotations
 
 import abc
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+import itertools
+import random
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.problem import Problem
 from moetune.kernels.space import Pruned, SearchSpace
 
+# A space of more points than this is sampled, never enumerated: a point costs tens of microseconds to
+# build and check, so the product of the fused decode block's two kernels (millions of points) would
+# spend minutes of a sweep's budget before its first trial.
+ENUMERATION_LIMIT = 250_000
+
 
 class CandidateSpace:
-    """One problem's search space on one device; the valid configs are enumerated once, on first use."""
+    """One problem's search space on one device; the valid configs are enumerated once, on first use, where
+    the space has at most ENUMERATION_LIMIT points (`enumerable`); a larger one is only sampled."""
 
     def __init__(self, space: SearchSpace, problem: Problem, device: DeviceFingerprint) -> None:
         self.space = space
@@ -39,8 +48,37 @@ class CandidateSpace:
     def _enumerated(self) -> tuple[list[KernelConfig], list[Pruned]]:
         return self.space.enumerate(self.problem, self.device)
 
+    @property
+    def enumerable(self) -> bool:
+        return self.space.size <= ENUMERATION_LIMIT
+
     def valid(self) -> list[KernelConfig]:
+        if not self.enumerable:
+            raise ConfigInvalid(
+                f"the space of {self.problem.op} has {self.space.size:,} points, more than the "
+                f"{ENUMERATION_LIMIT:,} a sweep enumerates: walk or sample it"
+            )
         return self._enumerated[0]
+
+    def walk(self) -> Iterator[KernelConfig]:
+        """The valid configs in domain order, generated as they are reached: `valid()` without building
+        the whole list."""
+        for params in self.space.points():
+            try:
+                yield self.make(params)
+            except ConfigInvalid:
+                continue
+
+    def sample(self, rng: random.Random, draws: int) -> Iterator[KernelConfig]:
+        """The valid configs among `draws` points drawn uniformly at random (with repeats), in draw order:
+        how a space too large to enumerate is walked."""
+        names = list(self.space.domains)
+        for _ in range(draws):
+            params = {name: rng.choice(self.space.domains[name]) for name in names}
+            try:
+                yield self.make(params)
+            except ConfigInvalid:
+                continue
 
     def pruned(self) -> list[Pruned]:
         return self._enumerated[1]
@@ -105,29 +143,37 @@ class Strategy(abc.ABC):
 
 
 class OrderedStrategy(Strategy):
-    """Proposes configs in a fixed order (warm starts first) until none is left."""
+    """Proposes configs in a fixed order (warm starts first) until none is left. A space too large to
+    enumerate is walked lazily (`walk`), as far as the budget goes."""
 
     def __init__(
         self, space: CandidateSpace, *, seed: int = 0, warm_start: Sequence[KernelConfig] = ()
     ) -> None:
         super().__init__(space, seed=seed, warm_start=warm_start)
-        self._order = self._warm + self.order(space.valid())
-        self._next = 0
+        rest = self.order(space.valid()) if space.enumerable else self.walk()
+        self._order: Iterator[KernelConfig] = itertools.chain(self._warm, rest)
+        self._head: KernelConfig | None = None  # the next config not seen yet, once `exhausted` found it
 
     @abc.abstractmethod
     def order(self, configs: list[KernelConfig]) -> list[KernelConfig]: ...
 
+    @abc.abstractmethod
+    def walk(self) -> Iterator[KernelConfig]:
+        """This strategy's order over a space too large to enumerate, generated as it goes."""
+
     def ask(self, n: int) -> list[KernelConfig]:
         taken = []
         while len(taken) < n and not self.exhausted:
-            config = self._order[self._next]
+            config, self._head = self._head, None
             self._mark_seen(config)
             taken.append(config)
         return taken
 
     @property
     def exhausted(self) -> bool:
-        # Skips what was observed since: the pointer only moves forward, so this stays cheap.
-        while self._next < len(self._order) and self._order[self._next] in self._seen:
-            self._next += 1
-        return self._next >= len(self._order)
+        # Skips what was observed since: the order only moves forward, so this stays cheap.
+        while self._head is None or self._head in self._seen:
+            self._head = next(self._order, None)
+            if self._head is None:
+                return True
+        return False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from moetune.kernels.config import KernelConfig
 from moetune.tuner.strategies.base import OrderedStrategy
 
@@ -11,3 +13,6 @@ class GridStrategy(OrderedStrategy):
 
     def order(self, configs: list[KernelConfig]) -> list[KernelConfig]:
         return list(configs)
+
+    def walk(self) -> Iterator[KernelConfig]:
+        return self.space.walk()

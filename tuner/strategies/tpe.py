@@ -8,14 +8,16 @@ domain (strategy names, flags) is categorical. A failed candidate, or a point a 
 told as +inf, so TPE learns to avoid the region rather than ignoring the trial.
 
 Discrete spaces run out: when TPE keeps proposing configs that were already tried, the strategy falls
-back to unseen valid configs in a seeded random order, so a batch is always filled while any remain.
+back to unseen valid configs in a seeded random order, so a batch is always filled while any remain. A
+space too large to enumerate (CandidateSpace.enumerable) is never exhausted: its fallback draws random
+points instead, and the sweep's budget or time limit ends the search.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from moetune.kernels.config import KernelConfig
@@ -26,6 +28,8 @@ from moetune.tuner.strategies.base import CandidateSpace, Strategy
 # Proposals one `ask` may waste on known or forbidden points before the fallback fills the batch: each
 # proposal costs milliseconds, and near the end of a small space almost every proposal is a repeat.
 MAX_WASTED_PROPOSALS = 10
+# Random points one fallback may draw from a space too large to enumerate, per config it wants.
+FALLBACK_DRAWS = 200
 FAILED = math.inf
 
 
@@ -53,6 +57,7 @@ class TpeStrategy(Strategy):
         self._fallback: list[KernelConfig] | None = None
         self._valid: frozenset[KernelConfig] | None = None
         self._seen_valid = 0
+        self._rng = random.Random(seed)
 
     def _record(self, config: KernelConfig, value: float | None) -> None:
         """Add a result for a config that TPE did not propose (warm start, fallback, earlier sweep)."""
@@ -93,10 +98,12 @@ class TpeStrategy(Strategy):
             self._asked[config] = trial
             taken.append(config)
         if len(taken) < n:
-            taken += self._take_unseen(self._fallback_order(), n - len(taken))
+            taken += self._take_unseen(self._fallback_order(n - len(taken)), n - len(taken))
         return taken
 
-    def _fallback_order(self) -> list[KernelConfig]:
+    def _fallback_order(self, wanted: int) -> Iterable[KernelConfig]:
+        if not self.space.enumerable:
+            return self.space.sample(self._rng, FALLBACK_DRAWS * wanted)
         if self._fallback is None:
             self._fallback = list(self.space.valid())
             random.Random(self.seed).shuffle(self._fallback)
@@ -108,10 +115,10 @@ class TpeStrategy(Strategy):
         return self._valid
 
     def _mark_seen(self, config: KernelConfig) -> None:
-        if config not in self._seen and config in self._valid_set():
+        if self.space.enumerable and config not in self._seen and config in self._valid_set():
             self._seen_valid += 1
         super()._mark_seen(config)
 
     @property
     def exhausted(self) -> bool:
-        return self._seen_valid >= len(self._valid_set())
+        return self.space.enumerable and self._seen_valid >= len(self._valid_set())
