@@ -125,3 +125,18 @@ def test_a_sweep_of_the_blocks_space_times_its_baseline_first_and_promotes_the_f
         choice = decode_choice(x, logits, w_gate_up, 2, backend="decode_interpreted", device=interpreted.H200)
     assert (choice.config is None) is unfused_wins, choice.reason
     assert choice.reason.startswith("the pack exact winner")
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_dry_run_of_a_space_too_large_to_enumerate_counts_its_points_not_its_configs(
+    store, db_url, interpreted
+):
+    from moetune.tuner.dry_run import make_plan
+
+    spec = SweepSpec(backend="decode_interpreted", strategy="tpe", budget=12)
+    planned = [PlannedProblem(TINY, "block T=2", tokens=2)]
+    (row,) = make_plan(spec, planned, store, "decode_interpreted", interpreted.H200, workers=2).rows
+    size = interpreted.InterpretedDecodeBackend().search_space(TINY, interpreted.H200).size
+    assert size > 250_000  # the product of the two kernels' domains
+    assert (row.valid, row.pruned, row.to_run) == (None, None, 12)
+    assert f"{size:,} points, sampled" in row.skipped
