@@ -102,7 +102,7 @@ def make_plan(
             PlanRow(
                 run.label,
                 run.problem.key,
-                len(valid) if space.enumerable else None,
+                run.valid_count,
                 run.pruned_count,
                 done,
                 to_run,

@@ -63,18 +63,16 @@ class CandidateSpace:
     def walk(self) -> Iterator[KernelConfig]:
         """The valid configs in domain order, generated as they are reached: `valid()` without building
         the whole list."""
-        for params in self.space.points():
-            try:
-                yield self.make(params)
-            except ConfigInvalid:
-                continue
+        return self._valid_among(self.space.points())
 
     def sample(self, rng: random.Random, draws: int) -> Iterator[KernelConfig]:
-        """The valid configs among `draws` points drawn uniformly at random (with repeats), in draw order:
-        how a space too large to enumerate is walked."""
+        """The valid configs among `draws` points drawn uniformly at random (with repeats), in draw order."""
         names = list(self.space.domains)
-        for _ in range(draws):
-            params = {name: rng.choice(self.space.domains[name]) for name in names}
+        drawn = ({name: rng.choice(self.space.domains[name]) for name in names} for _ in range(draws))
+        return self._valid_among(drawn)
+
+    def _valid_among(self, points: Iterable[Mapping[str, Any]]) -> Iterator[KernelConfig]:
+        for params in points:
             try:
                 yield self.make(params)
             except ConfigInvalid:
