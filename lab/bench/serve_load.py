@@ -156,14 +156,16 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(url: str, workers: int = 1) -> Iterator[tuple[str, int]]:
+def server(url: str, workers: int = 1, log: Path | None = None) -> Iterator[tuple[str, int]]:
     """`moetune serve` on a free loopback port, in a process of its own (`workers` processes): its base
-    URL and the first process's pid (the others are its children)."""
+    URL and the first process's pid (the others are its children). Its log goes to `log` (or nowhere): a
+    pipe nobody reads while clients run would stall the server once it filled."""
     port = _free_port()
     env = os.environ | {"MOETUNE_SERVER_TOKEN": secrets.token_urlsafe(24)}
     command = [sys.executable, "-m", "moetune.cli", "serve", "--db", url, "--port", str(port)]
     command += ["--workers", str(workers)] if workers > 1 else []
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with open(log or os.devnull, "w") as sink:
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=sink)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -173,12 +175,21 @@ def server(url: str, workers: int = 1) -> Iterator[tuple[str, int]]:
                 break
             except httpx.TransportError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"the server did not start: {process.stderr.read()[-2000:]}") from None
+                    said = log.read_text()[-2000:] if log else ""
+                    raise SystemExit(f"the server did not start: {said}") from None
                 time.sleep(0.1)
         yield base, process.pid
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def server_errors(log: Path, limit: int = 40) -> list[str]:
+    """The server's log from its first error or traceback on (`limit` lines at most): why requests failed,
+    beside the clients' count of them."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    first = next((i for i, line in enumerate(lines) if "ERROR" in line or line.startswith("Traceback")), None)
+    return [] if first is None else lines[first : first + limit]
 
 
 def machine() -> dict:
@@ -327,9 +338,12 @@ class _Connection:
         reconnects)."""
         try:
             return await asyncio.wait_for(self._get(path, headers), timeout_s)
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
+        except TimeoutError:
             await self.close()
-            raise OSError("the request failed") from None
+            raise OSError(f"no answer within {timeout_s:g} s") from None
+        except (OSError, asyncio.IncompleteReadError, ValueError) as error:
+            await self.close()
+            raise OSError(f"the exchange failed ({type(error).__name__}: {error})") from None
 
     async def _get(self, path: str, headers: dict[str, str]) -> tuple[int, str | None]:
         if self._writer is None:
@@ -379,13 +393,15 @@ async def _client(
         etag = None
         try:
             status, etag = await client.get(path, headers)
-        except OSError:
-            status = None
+        except OSError as error:
+            status, why = None, str(error)
         latency = time.perf_counter() - started
         results["latencies_s"].append(latency)
         results["by_path"].setdefault(path, []).append(latency)
         if status != (304 if path in tags else 200):
             results["errors"] += 1
+            what = f"{path}: {why if status is None else f'HTTP {status}'}"
+            results["why"][what] = results["why"].get(what, 0) + 1
         elif revalidate and status == 200 and etag:
             tags[path] = etag
 
@@ -393,7 +409,7 @@ async def _client(
 async def _load(
     base: str, paths: list[str], clients: int, seconds: float, revalidate: bool, rate: float | None = None
 ) -> dict:
-    results: dict = {"latencies_s": [], "errors": 0, "by_path": {}}
+    results: dict = {"latencies_s": [], "errors": 0, "why": {}, "by_path": {}}
     made = [_Connection(base) for _ in range(clients)]
     try:
         # Every client is connected, and has had one answer of each of its routes, before the clock
@@ -426,8 +442,8 @@ async def _warm(client: _Connection, paths: list[str]) -> str | None:
     for path in paths:
         try:
             status, _ = await client.get(path, {}, timeout_s=START_TIMEOUT_S)
-        except OSError:
-            return f"{path}: the request failed"
+        except OSError as error:
+            return f"{path}: {error}"
         if status != 200:
             return f"{path}: {status}"
     return None
@@ -464,6 +480,7 @@ def summary(
         "rate_per_client": rate,
         "requests": len(latencies),
         "errors": results["errors"],
+        "error_causes": dict(sorted(results.get("why", {}).items(), key=lambda item: -item[1])),
         "requests_per_s": round(len(latencies) / results["elapsed_s"], 1),
         "p50_ms": ms(statistics.median(latencies)) if latencies else None,
         "p99_ms": ms(_percentile(latencies, 0.99)) if latencies else None,
@@ -523,7 +540,8 @@ def main(argv: list[str] | None = None) -> dict | list[dict]:
         url = f"sqlite:///{Path(folder) / 'moetune.db'}"
         device_kind, backend, sweep_id = seed(url)
         fill = {"pack": f"/api/packs/{urllib.parse.quote(device_kind)}/{backend}", "sweep": str(sweep_id)}
-        with server(url, args.workers) as (base, pid):
+        log = Path(folder) / "server.log"
+        with server(url, args.workers, log) as (base, pid):
             for targets in runs:
                 for attempt in range(1, QUIET_ATTEMPTS + 1):
                     if args.max_others is not None:
@@ -538,6 +556,14 @@ def main(argv: list[str] | None = None) -> dict | list[dict]:
                 results.append(result)
                 if not args.json:
                     _print(result)
+        if any(result["errors"] for result in results):
+            said = server_errors(log)
+            print(
+                "the server's log, from its first error:" if said else "the server logged no error",
+                file=sys.stderr,
+            )
+            for line in said:
+                print(f"    {line}", file=sys.stderr)
     if args.out:
         args.out.write_text(json.dumps({"environment": env, "results": results}, indent=1) + "\n")
     if args.json:
@@ -565,7 +591,12 @@ def _one_run(
 def failures(results: dict | list[dict]) -> list[str]:
     """One line per run that had an error: what makes the command exit 1."""
     runs = results if isinstance(results, list) else [results]
-    return [f"{r['target']}: {r['errors']} of {r['requests']} requests failed" for r in runs if r["errors"]]
+    return [
+        f"{r['target']}: {r['errors']} of {r['requests']} requests failed"
+        + "".join(f"\n    {count} x {cause}" for cause, count in r.get("error_causes", {}).items())
+        for r in runs
+        if r["errors"]
+    ]
 
 
 def _goal_and_others(result: dict) -> str:

@@ -106,6 +106,58 @@ def test_a_run_with_an_error_fails_the_command():
     assert serve_load.failures([clean, clean | {"target": "jobs", "errors": 3}]) == [
         "jobs: 3 of 10 requests failed"
     ]
+    causes = {"/api/jobs: HTTP 503": 2, "/api/jobs: no answer within 10 s": 1}
+    assert serve_load.failures(clean | {"target": "jobs", "errors": 3, "error_causes": causes}) == [
+        "jobs: 3 of 10 requests failed\n    2 x /api/jobs: HTTP 503\n    1 x /api/jobs: no answer within 10 s"
+    ]
+
+
+def test_the_servers_log_is_quoted_from_its_first_error(tmp_path):
+    log = tmp_path / "server.log"
+    assert serve_load.server_errors(log) == []  # no log at all
+    log.write_text("INFO:     Started server process [1]\nINFO:     Application startup complete.\n")
+    assert serve_load.server_errors(log) == []
+    log.write_text(
+        "INFO:     Started server process [1]\nERROR:    Exception in ASGI application\n"
+        "Traceback (most recent call last):\n  File x\nValueError: boom\n"
+    )
+    assert serve_load.server_errors(log, limit=3) == [
+        "ERROR:    Exception in ASGI application",
+        "Traceback (most recent call last):",
+        "  File x",
+    ]
+
+
+def _ask(base: str, paths: list[str], seconds: float) -> dict:
+    """One client asking `paths` in turn for `seconds`: its results (errors and their causes)."""
+
+    async def ask() -> dict:
+        results: dict = {"latencies_s": [], "errors": 0, "why": {}, "by_path": {}}
+        client = serve_load._Connection(base)
+        try:
+            await serve_load._client(client, paths, time.perf_counter() + seconds, False, results, None)
+        finally:
+            await client.close()
+        return results
+
+    return serve_load._run(ask())
+
+
+@pytest.mark.slow  # a server process starts
+def test_each_failed_request_is_counted_with_its_cause(tmp_path):
+    """A route that answers 404, and a server that is gone: each error names its path and what happened."""
+    url = f"sqlite:///{tmp_path / 'moetune.db'}"
+    serve_load.seed(url)
+    with serve_load.server(url) as (base, _pid):
+        results = _ask(base, ["/api/health", "/api/sweeps/999/trials"], 0.5)
+    requests = len(results["latencies_s"])
+    assert results["errors"] == requests // 2 and results["why"] == {
+        "/api/sweeps/999/trials: HTTP 404": requests // 2
+    }
+    gone = _ask(base, ["/api/health"], 0.2)
+    (cause,) = gone["why"]
+    assert gone["errors"] == len(gone["latencies_s"]) > 0
+    assert cause.startswith("/api/health: the exchange failed (ConnectionRefusedError")
 
 
 @pytest.mark.slow
