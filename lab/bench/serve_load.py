@@ -59,6 +59,10 @@ import httpx
 SHIPPED_PACK = "nvidia_h200__mosaic_gpu.json"
 START_TIMEOUT_S = 60  # for the server to start, and for each route's first answer (a warm-up)
 REQUEST_TIMEOUT_S = 10  # a measured request that takes longer is an error
+# A server closes a keep-alive connection left idle (uvicorn: after 5 s), and a request sent as it does
+# fails. A client idle for longer than this opens a new connection first, as HTTP clients do: a client
+# whose warm-up ended before the others' did, or one paced slower than one request per 4 s.
+IDLE_REOPEN_S = 4.0
 # --max-others: how long a quiet moment is, how long to wait for one, and how often a run is made again.
 QUIET_WINDOW_S = 2.0
 QUIET_WAIT_S = 600.0
@@ -320,6 +324,7 @@ class _Connection:
         self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 80
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
+        self._used_at = 0.0  # when the last answer came (time.monotonic)
 
     async def open(self) -> None:
         self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
@@ -346,6 +351,8 @@ class _Connection:
             raise OSError(f"the exchange failed ({type(error).__name__}: {error})") from None
 
     async def _get(self, path: str, headers: dict[str, str]) -> tuple[int, str | None]:
+        if self._writer is not None and time.monotonic() - self._used_at > IDLE_REOPEN_S:
+            await self.close()
         if self._writer is None:
             await self.open()
         assert self._reader is not None and self._writer is not None
@@ -358,6 +365,7 @@ class _Connection:
         length = int(fields.get("content-length", "0"))
         if length:
             await self._reader.readexactly(length)
+        self._used_at = time.monotonic()
         if fields.get("connection", "").lower() == "close":
             await self.close()
         return status, fields.get("etag")

@@ -4,6 +4,7 @@ and a run file the baselines take; its record of the machine and of the CPU time
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -158,6 +159,27 @@ def test_each_failed_request_is_counted_with_its_cause(tmp_path):
     (cause,) = gone["why"]
     assert gone["errors"] == len(gone["latencies_s"]) > 0
     assert cause.startswith("/api/health: the exchange failed (ConnectionRefusedError")
+
+
+@pytest.mark.slow  # a server process starts, and a client waits out its keep-alive
+def test_a_client_idle_past_the_servers_keep_alive_reconnects_instead_of_failing(tmp_path):
+    """uvicorn closes a connection idle for 5 s; a client that waited longer (its warm-up ended before the
+    others', or it is paced slowly) opens a new one, as HTTP clients do, rather than count an error."""
+    url = f"sqlite:///{tmp_path / 'moetune.db'}"
+    serve_load.seed(url)
+
+    async def ask_twice(base: str) -> list[int]:
+        client = serve_load._Connection(base)
+        try:
+            first, _ = await client.get("/api/health", {})
+            await asyncio.sleep(6.0)  # past uvicorn's 5 s
+            second, _ = await client.get("/api/health", {})
+        finally:
+            await client.close()
+        return [first, second]
+
+    with serve_load.server(url) as (base, _pid):
+        assert serve_load._run(ask_twice(base)) == [200, 200]
 
 
 @pytest.mark.slow
