@@ -17,6 +17,16 @@ class Rotation:
     sets: tuple[tuple, ...]
 
 
+@dataclasses.dataclass(frozen=True)
+class Timed:
+    """What `Timer.time_kernels` measured: each rotation's samples (seconds per call, as `time_each`), and
+    where the timer sees each launch, the kernels one call launches in launch order, each with its median
+    seconds over every call (a trial's details keep them: which of an op's kernels the time went to)."""
+
+    samples: list[list[float]]
+    kernels: tuple[tuple[str, float], ...] = ()
+
+
 class Timer(abc.ABC):
     """Times `fn` over rotating argument sets and returns one duration (seconds) per run.
 
@@ -60,6 +70,18 @@ class Timer(abc.ABC):
         skip its warm-up pass.
         """
         return [self.time(fn, rotation, runs=runs) for rotation in rotations]
+
+    def time_kernels(
+        self,
+        fn: Callable[..., Any],
+        rotations: Sequence[Sequence[tuple] | Rotation],
+        *,
+        runs: int = 10,
+        warmed: bool = False,
+    ) -> Timed:
+        """`time_each`'s samples, with each kernel's time where the timer records launches (no kernels
+        here: a host clock sees calls, not launches)."""
+        return Timed(self.time_each(fn, rotations, runs=runs, warmed=warmed))
 
 
 class WallTimer(Timer):

@@ -589,6 +589,8 @@ class SweepDriver:
             details = (details or {}) | {"phases": dict(result.phases)}
         if result.lane:  # which device timed it (sweep_timeline.py's per-lane busy time)
             details = (details or {}) | {"lane": result.lane}
+        if result.kernels:  # which of the op's kernels the time went to
+            details = (details or {}) | {"kernels": [[name, seconds] for name, seconds in result.kernels]}
         record = TrialRecord(
             sweep_id=self.sweep_id,
             device=self.device,

@@ -127,6 +127,9 @@ class CandidateResult:
     # time went. None where the trial ended before its set-up (compile errors, compile-only, executor's).
     phases: dict[str, float] | None = None
     lane: str = ""  # the device lane the run held (the executor's name for it; trial details' "lane")
+    # The kernels one call launched, each with its median seconds, where the timer sees launches (CUPTI):
+    # trial details' "kernels", which of an op's kernels the time went to.
+    kernels: tuple[tuple[str, float], ...] = ()
 
     @property
     def median_s(self) -> float | None:

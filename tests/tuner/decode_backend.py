@@ -1,8 +1,9 @@
 """mosaic_gpu's fused MoE decode block on a CPU, registered only in tests as "decode_interpreted": the
 backend's own search space, Config and kernels (the block's two Pallas Triton kernels, or the unfused
 layer of the baseline), built to run in Pallas's interpreter, verified for real, and timed by a simulated
-timer: the fused configs take the cost model's estimate for the device the sweep records, the unfused
-baseline takes `UNFUSED_S`. A test sets UNFUSED_S to make the fused block win or lose.
+timer: the fused configs take the cost model's estimate for the device the sweep records (each kernel's
+its own, as CUPTI names them), the unfused baseline takes `UNFUSED_S`. A test sets UNFUSED_S to make the
+fused block win or lose.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from moetune.kernels import timing
 from moetune.kernels.backends.mosaic_gpu import cost_model_decode
 from moetune.kernels.backends.mosaic_gpu.backend import MosaicGpuBackend
 from moetune.kernels.device import DeviceFingerprint
@@ -22,11 +24,12 @@ UNFUSED_S = 1.0
 
 
 class Timed:
-    """A compiled kernel with the seconds its simulated timing reports."""
+    """A compiled kernel with the seconds its simulated timing reports, and each of its kernels'."""
 
-    def __init__(self, compiled: Callable[..., Any], seconds: float) -> None:
+    def __init__(self, compiled: Callable[..., Any], kernels: tuple[tuple[str, float], ...]) -> None:
         self.compiled = compiled
-        self.seconds = seconds
+        self.kernels = kernels
+        self.seconds = sum(seconds for _, seconds in kernels)
 
     def __call__(self, *args: Any) -> Any:
         return self.compiled(*args)
@@ -39,6 +42,11 @@ class SimulatedTimer(Timer):
     def time(self, fn: Any, arg_sets: Sequence[tuple] | Rotation, *, runs: int = 10) -> list[float]:
         # A spread of +-0.2% around the simulated time, as tests/tuner/sim_backend.py's.
         return [fn.seconds * (1 + 0.002 * ((i % 5) - 2) / 2) for i in range(runs)]
+
+    def time_kernels(
+        self, fn: Any, rotations: Sequence, *, runs: int = 10, warmed: bool = False
+    ) -> timing.Timed:
+        return timing.Timed(self.time_each(fn, rotations, runs=runs, warmed=warmed), fn.kernels)
 
 
 class InterpretedDecodeBackend(MosaicGpuBackend):
@@ -62,8 +70,11 @@ class InterpretedDecodeBackend(MosaicGpuBackend):
         return functools.partial(kernel, interpret=True) if config.fused else kernel
 
     def executable(self, problem, config, compiled):
-        seconds = cost_model_decode.estimate(problem, config.decode_config(), H200).seconds
-        return Timed(compiled, seconds if config.fused else UNFUSED_S)
+        if not config.fused:
+            return Timed(compiled, (("unfused", UNFUSED_S),))
+        estimate = cost_model_decode.estimate(problem, config.decode_config(), H200)
+        kernels = (("moetune_decode_up", estimate.up.seconds), ("moetune_decode_down", estimate.down.seconds))
+        return Timed(compiled, kernels)
 
     def timer(self) -> Timer:
         return SimulatedTimer()

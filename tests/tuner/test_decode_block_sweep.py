@@ -99,7 +99,7 @@ def _sweep(store, backend, budget):
 def test_a_sweep_of_the_blocks_space_times_its_baseline_first_and_promotes_the_faster(
     store, db_url, interpreted, monkeypatch, unfused_wins, tmp_path
 ):
-    from moetune.kernels.backends.mosaic_gpu import space_decode
+    from moetune.kernels.backends.mosaic_gpu import cost_model_decode, space_decode
 
     monkeypatch.setattr(interpreted, "UNFUSED_S", 1e-9 if unfused_wins else 1.0)
     outcome = _sweep(store, interpreted, budget=2)
@@ -109,6 +109,12 @@ def test_a_sweep_of_the_blocks_space_times_its_baseline_first_and_promotes_the_f
     # The unfused path is timed first, whatever the budget; then the heuristic's pick.
     heuristic = space_decode.heuristic(TINY, interpreted.H200)
     assert [t.config for t in trials] == [space_decode.BASELINE.to_dict(), heuristic.to_dict()]
+    # Each trial's details say which kernels its time went to (CUPTI's names on a GPU).
+    estimate = cost_model_decode.estimate(TINY, heuristic.decode_config(), interpreted.H200)
+    assert [t.details["kernels"] for t in trials] == [
+        [["unfused", interpreted.UNFUSED_S]],
+        [["moetune_decode_up", estimate.up.seconds], ["moetune_decode_down", estimate.down.seconds]],
+    ]
     (winner,) = store.winners(backend="decode_interpreted")
     assert winner.config["fused"] is not unfused_wins
     pack = store.export_pack(device_kind="NVIDIA H200", backend="decode_interpreted")

@@ -14,10 +14,11 @@ the summed kernel time of its launches divided by the number of sets.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from moetune.kernels.timing import Rotation, Timer
+from moetune.kernels.timing import Rotation, Timed, Timer
 
 # DESIGN.md: every timing is the median of at least this many runs.
 MIN_RUNS = 10
@@ -121,6 +122,16 @@ class CuptiTimer(Timer):
         runs: int = MIN_RUNS,
         warmed: bool = False,
     ) -> list[list[float]]:
+        return self.time_kernels(fn, rotations, runs=runs, warmed=warmed).samples
+
+    def time_kernels(
+        self,
+        fn: Callable[..., Any],
+        rotations: Sequence[Sequence[tuple] | Rotation],
+        *,
+        runs: int = MIN_RUNS,
+        warmed: bool = False,
+    ) -> Timed:
         """All rotations in one CUPTI session: starting and stopping one costs more than the passes.
         Without `warmed`, one untimed pass over every rotation first, so first-launch costs stay out."""
         import jax
@@ -153,4 +164,19 @@ class CuptiTimer(Timer):
             passes = [timings[start + i * per_pass : start + (i + 1) * per_pass] for i in range(runs)]
             samples.append([sum(ms for _, ms in launches) * 1e-3 / len(sets) for launches in passes])
             start += runs * per_pass
-        return samples
+        return Timed(samples, _per_kernel(timings, calls))
+
+
+def _per_kernel(timings: list[tuple[str, float]], calls: int) -> tuple[tuple[str, float], ...]:
+    """Each kernel name's seconds per call (the median over `calls`; a name launched twice a call counts
+    both), in the order of first launch. By name, not position: CUPTI's record order within a call can
+    differ from call to call."""
+    by_name: dict[str, list[float]] = {}
+    for name, ms in timings:
+        by_name.setdefault(name, []).append(ms)
+    kernels = []
+    for name, launches in by_name.items():
+        each = len(launches) // calls  # launches of this name per call
+        per_call = [sum(launches[i * each : (i + 1) * each]) for i in range(calls)] if each else launches
+        kernels.append((name, statistics.median(per_call) * 1e-3))
+    return tuple(kernels)
