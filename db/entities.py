@@ -137,6 +137,11 @@ def exists(session: Session, column: Any, value: Any) -> bool:
     return session.scalar(select(column).where(column == value).limit(1)) is not None
 
 
+def device_of(session: Session, fingerprint_hash: str) -> DeviceFingerprint | None:
+    row = session.scalar(select(Device).where(Device.fingerprint_hash == fingerprint_hash))
+    return None if row is None else device_value(row)
+
+
 def device_value(row: Device) -> DeviceFingerprint:
     return DeviceFingerprint(
         device_kind=row.device_kind,

@@ -212,6 +212,11 @@ class Store:
     def device_kinds(self) -> list[str]:
         return self._run(lambda s: entities.known(s, Device.device_kind), write=False)
 
+    def device(self, fingerprint_hash: str) -> DeviceFingerprint | None:
+        """The device fingerprint a trial's `fingerprint_hash` names (None when none does)."""
+
+        return self._run(lambda s: entities.device_of(s, fingerprint_hash), write=False)
+
     def backends(self) -> list[str]:
         return self._run(lambda s: entities.known(s, Kernel.backend), write=False)
 

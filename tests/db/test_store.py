@@ -30,6 +30,13 @@ def test_ensure_rows_are_idempotent(store):
     assert store.has_problem(GATE_UP.key) and not store.has_problem(GATE_UP.with_m(3).key)
 
 
+def test_a_trials_fingerprint_hash_names_its_device(store):
+    store.record_trial(trial(device=H200_NEW_DRIVER))
+    (row,) = store.trials()
+    assert store.device(row.fingerprint_hash) == H200_NEW_DRIVER
+    assert store.device("no such hash") is None
+
+
 def test_sweep_lifecycle(store):
     spec = {"problems": [GATE_UP.key], "budget": 50}
     sweep_id = store.create_sweep(
