@@ -7,11 +7,12 @@
 #      (lab/bench/dev_shapes.py names: qwen3-30b-a3b qwen3-next-80b-a3b) at DBS_TOKENS (1 8 32), TPE,
 #      DBS_BUDGET (40) trials per problem, DBS_WORKERS (8) workers, DBS_SWEEP_S (240) seconds; each
 #      sweep times the unfused path first, so a fused winner was measured faster than it;
-#   3. the export of its winners ($OUT/pack.json), merged here into the shipped pack (lower time wins);
+#   3. the export of its winners ($OUT/pack.json), merged here into the shipped pack (lower time wins), and
+#      lab/bench/decode_model_check.py on the sweep: the cost model's estimate of each kernel beside its time;
 #   4. after a 16-bit [E, H, 2F] sweep, lab/bench/bench_block.py for DBS_BENCH_MODELS (DBS_MODELS) at
 #      DBS_TOKENS on the merged pack, for DBS_BENCH_S (100) seconds, "0" skips: the block as moe_mlp
 #      takes it, beside the unfused path, tokamax and torch._grouped_mm.
-# $OUT gets: run.log, gpu-tests.log, pack.json, sweep.db, tune.log, block.json, block.log.
+# $OUT gets: run.log, gpu-tests.log, pack.json, sweep.db, tune.log, model-check.log, block.json, block.log.
 #
 # On the GPU machine, from the repository root with .devdeps carried:
 #   bash lab/device/decode_block.sh
@@ -63,6 +64,9 @@ EOF
    "${MOETUNE[@]}" export --gpu "NVIDIA H200" --backend mosaic_gpu -o "$OUT/pack.json" 2>&1 | tail -2)
   merge_wal "$WORK"
   cp "$WORK/sweep.db" "$OUT/sweep.db" 2>/dev/null
+  # How the cost model's estimate of each kernel compares with the sweep's CUPTI times of it (CPU only).
+  python3 lab/bench/decode_model_check.py "$WORK/sweep.db" >"$OUT/model-check.log" 2>&1
+  tail -14 "$OUT/model-check.log"
 
   # bench_block.py times 16-bit [E, H, 2F] blocks: after an FP8 or K-major sweep it has nothing to add.
   if [ "${DBS_BENCH_S:-100}" -gt 0 ] && [ -s "$OUT/pack.json" ] && [ "$op" = moe_decode_block ]; then
