@@ -29,6 +29,20 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.4g}"
 
 
+KERNELS_SHOWN = 3  # a trial's longest kernels named in its row; the rest counted
+
+
+def _kernels(details: dict | None) -> str:
+    """The trial's longest kernels with their median ms (where its timer saw each launch), longest first:
+    how a fused op's time splits, or which of an unfused path's many launches cost the most."""
+    kernels = sorted((details or {}).get("kernels") or [], key=lambda kernel: -kernel[1])
+    if not kernels:
+        return "-"
+    shown = ", ".join(f"{name} {_ms(seconds)}" for name, seconds in kernels[:KERNELS_SHOWN])
+    rest = kernels[KERNELS_SHOWN:]
+    return shown + (f", {len(rest)} more {_ms(sum(s for _, s in rest))}" if rest else "")
+
+
 def trials_table(db: Store, sweep_id: int) -> str:
     """The sweep's trials (the newest TRIALS_SHOWN), sortable by any column and filtered by a text box."""
     rows = db.trials(sweep_id=sweep_id, limit=TRIALS_SHOWN)
@@ -40,6 +54,7 @@ def trials_table(db: Store, sweep_id: int) -> str:
             config_diff.text(t.backend, dict(t.config)) if t.backend else str(t.config),
             Html(f"<span class=status-{t.status}>{t.status}</span>"),
             _ms(t.median_s),
+            _kernels(t.details),
             (t.error or "")[:160],
         ]
         for t in rows
@@ -53,7 +68,16 @@ def trials_table(db: Store, sweep_id: int) -> str:
         "(every word must appear in the row).</p>"
         + filter_box(table_id, "filter trials: status, config, problem ...")
         + table(
-            ["trial", "problem", "backend", "config (not default)", "status", "median ms", "error"],
+            [
+                "trial",
+                "problem",
+                "backend",
+                "config (not default)",
+                "status",
+                "median ms",
+                "kernels (ms)",
+                "error",
+            ],
             cells,
             sortable=True,
             table_id=table_id,

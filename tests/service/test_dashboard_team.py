@@ -12,6 +12,7 @@ import pytest
 
 from moetune.db import open_store
 from moetune.db.records import TrialRecord
+from moetune.kernels.problem import Problem
 from moetune.service.app import create_app
 from moetune.service.settings import ServiceSettings
 from moetune.tuner import hf_config
@@ -73,6 +74,44 @@ def test_the_sweep_page_has_a_sortable_filterable_trial_table_with_anchors(seed)
         trials = store.trials(sweep_id=sweep_id)
     assert all(f'id="trial-{t.id}"' in text for t in trials)
     assert script.status_code == 200 and "sortable" in script.text
+
+
+def test_the_trial_table_names_each_trials_longest_kernels(tmp_path):
+    """Where a trial's timer saw each launch (CUPTI), its row names its longest kernels and their ms."""
+    url = f"sqlite:///{tmp_path / 'moetune.db'}"
+    with open_store(url) as store:
+        sweep_id = store.create_sweep(backend="sim", strategy="grid", spec={}, host="h", user="u")
+        fused = [["moetune_decode_up", 18.5e-6], ["moetune_decode_down", 9.7e-6]]
+        unfused = [[f"fusion_{i}", (i + 1) * 1e-6] for i in range(5)]
+        ids = []
+        for config, kernels in (({"tile": 1}, fused), ({"tile": 2}, unfused), ({"tile": 3}, None)):
+            trial_id = store.record_trial(
+                TrialRecord(
+                    sweep_id=sweep_id,
+                    device=DEVICE,
+                    backend="sim",
+                    family="",
+                    source_hash="s",
+                    problem=Problem("grouped_matmul", m=8, k=64, n=64, g=4),
+                    config=config,
+                    status="ok",
+                    samples_s=(1e-3,),
+                    median_s=1e-3,
+                    details={"kernels": kernels} if kernels else None,
+                )
+            )
+            ids.append(trial_id)
+    with client(url) as c:
+        text = c.get(f"/sweeps/{sweep_id}").text
+    assert "<th>kernels (ms)</th>" in text
+    rows = {int(i): row for i, row in re.findall(r'<tr><td><span id="trial-(\d+)">(.*?)</tr>', text)}
+    cells = {i: re.findall(r"<td>(.*?)</td>", rows[i])[-2] for i in ids}  # the kernels column
+    # The three longest of five, the other two counted with their sum; none where no kernel was seen.
+    assert [cells[i] for i in ids] == [
+        "moetune_decode_up 0.0185, moetune_decode_down 0.0097",
+        "fusion_4 0.005, fusion_3 0.004, fusion_2 0.003, 2 more 0.003",
+        "-",
+    ]
 
 
 def test_two_sweeps_side_by_side(seed):
