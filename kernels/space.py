@@ -37,7 +37,12 @@ class SearchSpace:
     `baseline`: the config that runs what the op replaces, where an op is a faster path to something
     moetune runs anyway (the fused MoE decode block: the unfused path). Every search of the problem times
     it first, whatever the budget or a narrowed space (the sweep driver), so a tuned winner other than it
-    was measured faster than it; dispatch takes the op only for such a winner (kernels/moe/layer.py)."""
+    was measured faster than it; dispatch takes the op only for such a winner (kernels/moe/layer.py).
+
+    `kernels`: where an op is several kernels run one after another, each set by its own parameters, the
+    kernels' names (as a timer names their launches) and each one's parameters. A call's time is then the
+    sum of its kernels', and a search can take each kernel's parameters from the config whose time of that
+    kernel was best (tuner/strategies/base.py `recombined`)."""
 
     config_cls: type[KernelConfig]
     domains: Mapping[str, tuple[Any, ...]]
@@ -45,6 +50,15 @@ class SearchSpace:
     seeds: tuple[KernelConfig, ...] = ()
     validity: tuple[Constraint, ...] = ()
     baseline: KernelConfig | None = None
+    kernels: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        fields = [name for names in self.kernels.values() for name in names]
+        unknown = sorted(set(fields) - set(self.domains))
+        if unknown or len(fields) != len(set(fields)):
+            raise ValueError(
+                f"kernels: each parameter of at most one kernel, every one a parameter (unknown: {unknown})"
+            )
 
     @property
     def size(self) -> int:

@@ -385,7 +385,7 @@ class SweepDriver:
             if left is not None:
                 room = min(room, left)
             if room > 0:
-                for config in run.strategy.ask(room):
+                for config in run.strategy.next_configs(room):
                     self._submit_candidate(run, config)
                     asked += 1
         if run.in_flight:
@@ -572,6 +572,8 @@ class SweepDriver:
             trial_id, config.to_dict(), result.status, result.median_s, self.sweep_id
         )
         run.strategy.tell(config, result.median_s if result.status == OK else None)
+        if result.status == OK and result.kernels:
+            run.strategy.note_kernels(config, dict(result.kernels))
 
     def _record(
         self,

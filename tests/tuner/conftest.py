@@ -64,3 +64,13 @@ def ray_cluster():
         os.environ.pop("PYTHONPATH", None)
     else:
         os.environ["PYTHONPATH"] = previous
+
+
+@pytest.fixture
+def two_kernel():
+    """The simulated two-kernel backend "two_kernel" (tests/tuner/two_kernel_backend.py)."""
+    from tests.tuner import two_kernel_backend
+
+    two_kernel_backend.FORBIDDEN.clear()
+    yield from _register("two_kernel", "tests.tuner.two_kernel_backend")
+    two_kernel_backend.FORBIDDEN.clear()

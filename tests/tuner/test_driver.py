@@ -324,3 +324,49 @@ def test_a_problem_with_filled_rows_is_timed_and_verified_on_routings_of_those_r
     assert all(sum(sizes) <= 3 for task in tasks for sizes in task.verify_sizes)
     rows = sim_trials(store)
     assert {sum(sizes) for r in rows for sizes in r.routing["group_sizes"]} == {3}
+
+
+def _two_kernel_sweep(store, **settings):
+    from tests.tuner import two_kernel_backend
+
+    spec = SweepSpec(backend="two_kernel", **settings)
+    sweep_id = store.create_sweep(backend="two_kernel", strategy=spec.strategy, spec={}, host="h", user="u")
+    executor = InlineExecutor(two_kernel_backend.simulate, DEVICE)
+    SweepDriver(store, executor, spec, backend="two_kernel", poll_s=0).run([PROBLEM], sweep_id=sweep_id)
+    trials = sorted(store.trials(sweep_id=sweep_id, backend="two_kernel"), key=lambda t: t.id)
+    return [(t.config["a"], t.config["b"]) for t in trials]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_op_of_two_kernels_tries_each_kernels_fastest_parameters_together(store, db_url, two_kernel):
+    """The heuristic (a=4, b=1) runs the first kernel fastest; the grid then walks b at a=1. Each time the
+    second kernel's best b improves, the next trial is a=4 with that b: the two kernels' best together."""
+    assert _two_kernel_sweep(store, strategy="grid", budget=6) == [
+        (4, 1),
+        (1, 1),
+        (1, 2),
+        (4, 2),
+        (1, 3),
+        (4, 3),
+    ]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_recombination_a_rule_forbids_is_not_proposed(store, db_url, two_kernel):
+    from tests.tuner import two_kernel_backend
+
+    two_kernel_backend.FORBIDDEN.add((4, 2))
+    assert _two_kernel_sweep(store, strategy="grid", budget=5) == [(4, 1), (1, 1), (1, 2), (1, 3), (4, 3)]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("strategy", ["random", "tpe"])
+def test_every_strategy_takes_the_recombined_config_beside_its_own(store, db_url, two_kernel, strategy):
+    """TPE is told the result of a config it did not propose; random's draws skip it."""
+    configs = _two_kernel_sweep(store, strategy=strategy, budget=8)
+    assert len(configs) == len(set(configs)) == 8 and configs[0] == (4, 1)
+    # The heuristic ran the first kernel at its best (a=4): a trial that ran the second kernel faster than
+    # any before (a higher b) is followed by that b with a=4, unless that pair ran already.
+    for i, (_, b) in enumerate(configs[1:-1], start=1):
+        if b > max(earlier for _, earlier in configs[:i]) and (4, b) not in configs[:i]:
+            assert configs[i + 1] == (4, b), configs

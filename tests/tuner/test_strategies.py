@@ -167,3 +167,35 @@ def test_a_space_too_large_to_enumerate_is_walked_lazily_without_repeats(name, s
         assert seen[1:] == [c for c in valid if c != warm][:23]
     if name == "tpe":  # no count to exhaust: the budget or the time limit ends it
         assert not strategy.exhausted
+
+
+def test_a_spaces_kernels_name_parameters_of_one_kernel_each():
+    from moetune.kernels.space import SearchSpace
+    from tests.tuner.two_kernel_backend import TwoKernelConfig
+
+    domains = {"a": (1, 2), "b": (1, 2)}
+    assert SearchSpace(TwoKernelConfig, domains, kernels={"first": ("a",), "second": ("b",)}).kernels
+    with pytest.raises(ValueError, match="unknown: \\['c'\\]"):
+        SearchSpace(TwoKernelConfig, domains, kernels={"first": ("a", "c")})
+    with pytest.raises(ValueError, match="at most one kernel"):
+        SearchSpace(TwoKernelConfig, domains, kernels={"first": ("a",), "second": ("a", "b")})
+
+
+def test_kernel_times_count_only_where_every_kernel_of_the_space_was_timed():
+    from moetune.kernels.space import SearchSpace
+    from tests.tuner.two_kernel_backend import TwoKernelConfig
+
+    space = SearchSpace(
+        TwoKernelConfig, {"a": (1, 2), "b": (1, 2)}, kernels={"first": ("a",), "second": ("b",)}
+    )
+    strategy = strategies.get("grid")(CandidateSpace(space, PROBLEM, DEVICE))
+    slow_first, slow_second = TwoKernelConfig(1, 2), TwoKernelConfig(2, 1)
+    for config in (slow_first, slow_second):
+        strategy.tell(config, 3.0)
+    strategy.note_kernels(slow_first, {"first": 2.0})  # the second kernel's time missing: not kept
+    assert strategy.recombined() is None
+    strategy.note_kernels(slow_first, {"first": 2.0, "second": 1.0, "copy": 0.1})
+    strategy.note_kernels(slow_second, {"first": 1.0, "second": 2.0})
+    assert strategy.recombined() == TwoKernelConfig(2, 2)
+    assert strategy.next_configs(2) == [TwoKernelConfig(2, 2), TwoKernelConfig(1, 1)]
+    assert strategy.recombined() is None  # proposed once

@@ -3,11 +3,18 @@
 Call order, from the one driver thread that owns a strategy (strategies are not thread-safe):
   1. `observe(config, value)` for every result known before the sweep (earlier sweeps, a resumed one);
   2. then, repeatedly and interleaved as results come back in any order:
-       `ask(n)`  -> at most n configs, each never asked or observed before; [] means "nothing right now"
-                    (a model-based strategy may wait for results), `exhausted` means "nothing ever again";
-       `tell(config, value)` for every asked config.
+       `next_configs(n)` -> at most n configs, each never asked or observed before: `ask(n)`'s, after the
+                    recombined config where one is due (below); [] means "nothing right now" (a
+                    model-based strategy may wait for results), `exhausted` means "nothing ever again";
+       `tell(config, value)` for every config it gave, and `note_kernels(config, kernels)` where the
+                    trial's timer named each kernel's time.
 `value` is the median seconds of a candidate that passed verification, or None for one that failed.
 Budgets (trials, minutes) belong to the driver, which simply stops asking.
+
+Recombination: where an op is kernels run one after another, each set by its own parameters
+(SearchSpace.kernels), its time is the sum of theirs, so the best config takes each kernel's parameters
+from the config that ran that kernel fastest. Once two configs' kernel times are known, every strategy
+proposes that config first, whenever it is valid and new; the strategy's own search goes on around it.
 """
 
 from __future__ import annotations
@@ -43,6 +50,11 @@ class CandidateSpace:
     @property
     def domains(self) -> Mapping[str, tuple[Any, ...]]:
         return self.space.domains
+
+    @property
+    def kernels(self) -> Mapping[str, tuple[str, ...]]:
+        """Each kernel's parameters, where the op is several kernels (SearchSpace.kernels)."""
+        return self.space.kernels
 
     @functools.cached_property
     def _enumerated(self) -> tuple[list[KernelConfig], list[Pruned]]:
@@ -101,6 +113,7 @@ class Strategy(abc.ABC):
         self._warm = [c for c in dict.fromkeys(warm_start) if space.is_valid(c)]
         self._seen: set[KernelConfig] = set()
         self.values: dict[KernelConfig, float | None] = {}
+        self._kernel_times: dict[KernelConfig, dict[str, float]] = {}  # each kernel's seconds (recombination)
 
     def observe(self, config: KernelConfig, value: float | None) -> None:
         """A result known before this sweep asked for it."""
@@ -112,6 +125,37 @@ class Strategy(abc.ABC):
 
     @abc.abstractmethod
     def ask(self, n: int) -> list[KernelConfig]: ...
+
+    def note_kernels(self, config: KernelConfig, kernels: Mapping[str, float]) -> None:
+        """Each kernel's seconds for `config`, as its trial's timer named them: kept where the space splits
+        by kernel and every one of its kernels was timed."""
+        if self.space.kernels and all(name in kernels for name in self.space.kernels):
+            self._kernel_times[config] = {name: kernels[name] for name in self.space.kernels}
+
+    def recombined(self) -> KernelConfig | None:
+        """The config taking each kernel's parameters from the config that ran that kernel fastest (the
+        rest from the fastest config overall of those timed by kernel); None until two configs' kernel
+        times are known, or where that config was seen before or breaks a rule of the space."""
+        timed = self._kernel_times
+        if len(timed) < 2:
+            return None
+        params = min(timed, key=lambda c: sum(timed[c].values())).to_dict()
+        for kernel, fields in self.space.kernels.items():
+            fastest = min(timed, key=lambda c: timed[c][kernel]).to_dict()
+            params.update({name: fastest[name] for name in fields})
+        try:
+            config = self.space.make(params)
+        except ConfigInvalid:
+            return None
+        return None if config in self._seen else config
+
+    def next_configs(self, n: int) -> list[KernelConfig]:
+        """At most n configs to run next: the recombined config where one is due, then `ask`'s."""
+        taken: list[KernelConfig] = []
+        if n > 0 and (config := self.recombined()) is not None:
+            self._mark_seen(config)
+            taken.append(config)
+        return taken + (self.ask(n - len(taken)) if n > len(taken) else [])
 
     @property
     @abc.abstractmethod

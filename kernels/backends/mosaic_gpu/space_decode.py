@@ -68,6 +68,12 @@ DOWN_DOMAINS: dict[str, tuple] = {
     "warps_down": (4, 8),
     "down_split": (1, 2, 4, 8, 16),
 }
+# Each kernel's name, as its pallas_call in kernels/moe/decode_block.py gives it and CUPTI reports it, and
+# the fields it reads: the block's time is the two kernels' in turn (SearchSpace.kernels).
+KERNELS: dict[str, tuple[str, ...]] = {
+    "moetune_decode_up": tuple(UP_DOMAINS),
+    "moetune_decode_down": tuple(DOWN_DOMAINS),
+}
 # fused=False, the baseline, is timed apart (SearchSpace.baseline), not searched: it has no tiling to vary.
 DOMAINS: dict[str, tuple] = {"fused": (True,), **UP_DOMAINS, **DOWN_DOMAINS}
 # The path the block replaces: moe_mlp's unfused layer (kernel_decode.moe_decode_block).
@@ -199,6 +205,7 @@ def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
         seeds=tuple(preferred(problem, device)),
         validity=VALIDITY_CONSTRAINTS,
         baseline=BASELINE,
+        kernels=KERNELS,
     )
 
 

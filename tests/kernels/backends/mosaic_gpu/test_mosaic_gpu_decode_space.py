@@ -65,6 +65,21 @@ def test_every_tiling_field_has_one_domain_of_values_its_config_takes():
             DecodeBlockConfig(**{name: value})  # each value passes the Config's own rules
 
 
+def test_the_spaces_kernels_are_the_blocks_two_pallas_calls_each_with_its_own_fields():
+    """The names a CUPTI timer reports for the block's launches, so that a sweep can take each kernel's
+    fields from the config that ran it fastest (SearchSpace.kernels)."""
+    import inspect
+
+    source = inspect.getsource(decode_block)
+    assert list(space.KERNELS) == ["moetune_decode_up", "moetune_decode_down"]
+    assert all(f'name="{name}"' in source for name in space.KERNELS)
+    assert space.KERNELS == {
+        "moetune_decode_up": tuple(space.UP_DOMAINS),
+        "moetune_decode_down": tuple(space.DOWN_DOMAINS),
+    }
+    assert space.space(_block(1, 8, 2, 64, 32), H200).kernels == space.KERNELS
+
+
 def test_the_space_admits_exactly_what_the_kernels_entry_check_runs():
     problems = [_block(1, 8, 2, 64, 32), _block(5, 16, 4, 96, 48), _block(33, 8, 2, 64, 32)]
     problems.append(_block(32, 128, 11, 2048, 768))  # T * top_k = 352 rows: past the block's bound
