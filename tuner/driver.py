@@ -228,7 +228,8 @@ class SweepDriver:
             problem_key=problem.key,
         )
         for row in done.values():
-            run.observe(Known(row.id, row.config, row.status, row.median_s, row.sweep_id))
+            kernels = dict((row.details or {}).get("kernels") or [])
+            run.observe(Known(row.id, row.config, row.status, row.median_s, row.sweep_id), kernels)
             if self.compile_target and row.details and row.details.get("binary_hash"):
                 run.binaries.setdefault(row.details["binary_hash"], row.id)
         run.used = sum(1 for k in run.known.values() if sweep_id is not None and k.sweep_id == sweep_id)

@@ -75,14 +75,17 @@ class ProblemRun:
             return None
         return max(0, self.budget - self.used - len(self.in_flight))
 
-    def observe(self, known: Known) -> None:
-        """Take in a trial recorded before (an earlier sweep, or this one before a resume)."""
+    def observe(self, known: Known, kernels: dict[str, float] | None = None) -> None:
+        """Take in a trial recorded before (an earlier sweep, or this one before a resume), with each of
+        its kernels' seconds where its details hold them."""
         self.known[canonical(known.config)] = known
         try:
             config = self.backend.config_class(self.problem.op).from_dict(known.config)
         except (ConfigInvalid, TypeError):  # a config of an older Config schema: only kept as history
             return
         self.strategy.observe(config, known.median_s if known.status == OK else None)
+        if kernels and known.status == OK:
+            self.strategy.note_kernels(config, kernels)
 
     def ok_trials(self) -> list[Known]:
         return sorted(

@@ -370,3 +370,10 @@ def test_every_strategy_takes_the_recombined_config_beside_its_own(store, db_url
     for i, (_, b) in enumerate(configs[1:-1], start=1):
         if b > max(earlier for _, earlier in configs[:i]) and (4, b) not in configs[:i]:
             assert configs[i + 1] == (4, b), configs
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_later_sweep_recombines_the_kernel_times_an_earlier_one_recorded(store, db_url, two_kernel):
+    assert _two_kernel_sweep(store, strategy="grid", budget=3) == [(4, 1), (1, 1), (1, 2)]
+    # The next sweep of the problem reads those trials' kernel times back from their details.
+    assert _two_kernel_sweep(store, strategy="grid", budget=1) == [(4, 2)]
