@@ -214,7 +214,6 @@ class Store:
 
     def device(self, fingerprint_hash: str) -> DeviceFingerprint | None:
         """The device fingerprint a trial's `fingerprint_hash` names (None when none does)."""
-
         return self._run(lambda s: entities.device_of(s, fingerprint_hash), write=False)
 
     def backends(self) -> list[str]:

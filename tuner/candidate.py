@@ -29,7 +29,7 @@ import jax
 from moetune.kernels import registry
 from moetune.kernels.errors import ConfigInvalid, WrongResult
 from moetune.kernels.problem import Problem
-from moetune.kernels.timing import Timed, Timer
+from moetune.kernels.timing import Timer
 from moetune.tuner import verify
 from moetune.tuner.input_cache import InputCache
 from moetune.tuner.tasks import (
@@ -212,7 +212,7 @@ class CandidateRunner:
             verify_error = verify.verify(fn, inputs, self.cache, task.verify_sizes)
             phases["verify_s"], clock = time.perf_counter() - clock, time.perf_counter()
             stage = "time"
-            timed = self._time_on_routings(
+            samples, kernels = self._time_on_routings(
                 self._task_timer(task), fn, inputs, task.timing_sizes, task.runs, warmed=True
             )
             phases["time_s"] = time.perf_counter() - clock
@@ -228,10 +228,10 @@ class CandidateRunner:
             OK,
             prepared,
             device_started,
-            samples_s=tuple(timed.samples),
+            samples_s=tuple(samples),
             verify_error=verify_error,
             phases=phases,
-            kernels=timed.kernels,
+            kernels=kernels,
         )
 
     def _task_timer(self, task: CandidateTask | RetimeTask) -> Timer:
@@ -252,14 +252,14 @@ class CandidateRunner:
         runs: int,
         *,
         warmed: bool,
-    ) -> Timed:
+    ) -> tuple[list[float], tuple[tuple[str, float], ...]]:
         """`runs` samples, each the mean over the routings of one run on each (paired by run index): an
         estimate of the time per call when calls come in those routings alike, whose median is robust; and
-        the timer's kernels where it sees them. `warmed`: `fn` ran already (verified, or timed in an
-        earlier round): no warm-up pass."""
+        the timer's kernels where it sees them (Timed.kernels). `warmed`: `fn` ran already (verified, or
+        timed in an earlier round): no warm-up pass."""
         rotations = [self.cache.rotation(inputs, sizes, timer) for sizes in timing_sizes]
         timed = timer.time_kernels(fn, rotations, runs=runs, warmed=warmed)
-        return Timed([sum(run) / len(run) for run in zip(*timed.samples, strict=True)], timed.kernels)
+        return [sum(run) / len(run) for run in zip(*timed.samples, strict=True)], timed.kernels
 
     def _compile_only(self, task: CompileOnlyTask, started: datetime.datetime) -> CandidateResult:
         backend = registry.get(task.backend)
@@ -304,7 +304,7 @@ class CandidateRunner:
                         task.timing_sizes,
                         task.runs_per_round,
                         warmed=round_index > 0,
-                    ).samples
+                    )[0]
                 except Exception as e:  # one finalist failing must not cost the others their numbers
                     errors.append(error_text(e))
                     live.remove(i)

@@ -5,8 +5,7 @@ from a sweep's database: every fused trial whose details hold its kernels' CUPTI
 Per problem and kernel it reports the trials, the median and spread of measured / estimated, and
 Spearman's rank correlation of the two over the trials: whether the model orders configs as the GPU does,
 which is what the heuristic's pick rests on (a constant factor off leaves the pick as it is). Kernels are
-matched by name (`moetune_decode_up`, `moetune_decode_down`); any other launch of a trial is summed as
-`other`.
+matched by name (space_decode.KERNELS); any other launch of a trial is summed as `other`.
 
     python3 lab/bench/decode_model_check.py sweep.db [--sweep N] [--json]
 """
@@ -23,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from moetune.db.store import open_any_revision
-from moetune.kernels.backends.mosaic_gpu import cost_model_decode
+from moetune.kernels.backends.mosaic_gpu import cost_model_decode, space_decode
 from moetune.kernels.backends.mosaic_gpu.kernel_decode import DecodeBlockConfig
 from moetune.kernels.errors import MoetuneError
 
-# The block's kernels as CUPTI names them (kernels/moe/decode_block.py), and the estimate of each.
-KERNELS = {"moetune_decode_up": "up", "moetune_decode_down": "down"}
+# The block's kernels as CUPTI names them (space_decode.KERNELS, kernel 1 first), and the estimate of each.
+KERNELS = dict(zip(space_decode.KERNELS, ("up", "down"), strict=True))
 BLOCK_OPS = ("moe_decode_block", "moe_decode_block_fp8")
 
 
