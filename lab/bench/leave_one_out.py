@@ -50,15 +50,18 @@ CONFIG_PEERS = {
 
 @contextlib.contextmanager
 def constants(values: dict[str, float]) -> Iterator[None]:
-    """The cost model with `values` in place of its constants, for the duration."""
+    """The cost model with `values` in place of its constants, for the duration. The space caches each
+    problem's ranking whatever the constants, so the cache is emptied on the way in and out."""
     saved = {name: getattr(cost_model, name) for name in values}
     try:
         for name, value in values.items():
             setattr(cost_model, name, value)
+        space.ranking.cache_clear()
         yield
     finally:
         for name, value in saved.items():
             setattr(cost_model, name, value)
+        space.ranking.cache_clear()
 
 
 def estimate(problem: dict, config: dict, values: dict[str, float]) -> float:
@@ -103,12 +106,33 @@ def timed_rows(baselines: dict) -> Iterator[tuple[Problem, dict[str, Any], float
             yield problem, MosaicGpuConfig(**config).to_dict(), median * scale
 
 
+@dataclasses.dataclass(frozen=True)
+class Timed:
+    problem: Problem
+    config: dict[str, Any]
+    seconds: float  # the baselines' median
+
+
+def timed_key(problem: Problem, config: dict[str, Any]) -> tuple[str, str]:
+    return problem.key, json.dumps(config, sort_keys=True)
+
+
+def timed_configs(baselines: dict) -> list[Timed]:
+    """Every (shape, config) the baselines timed, the first median of each kept."""
+    out: dict[tuple[str, str], Timed] = {}
+    for problem, config, seconds in timed_rows(baselines):
+        out.setdefault(timed_key(problem, config), Timed(problem, config, seconds))
+    return list(out.values())
+
+
+def times_of(timed: list[Timed]) -> dict[tuple[str, str], float]:
+    """(problem key, config JSON) -> the median (s)."""
+    return {timed_key(t.problem, t.config): t.seconds for t in timed}
+
+
 def measured_times(baselines: dict) -> dict[tuple[str, str], float]:
     """(problem key, config JSON) -> the median (s) of every row and peer that names its config."""
-    out: dict[tuple[str, str], float] = {}
-    for problem, config, seconds in timed_rows(baselines):
-        out.setdefault((problem.key, json.dumps(config, sort_keys=True)), seconds)
-    return out
+    return times_of(timed_configs(baselines))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,14 +152,8 @@ class Row:
 
 
 def pick(problem: Problem, values: dict[str, float]) -> dict[str, Any]:
-    """The heuristic's config for `problem` under `values`. The space caches each problem's ranking
-    whatever the constants, so the cache is emptied on the way in and out."""
     with constants(values):
-        space.ranking.cache_clear()
-        try:
-            return space.heuristic(problem, H200).to_dict()
-        finally:
-            space.ranking.cache_clear()
+        return space.heuristic(problem, H200).to_dict()
 
 
 def leave_one_out(cal: calibration.Calibration, baselines: dict) -> tuple[list[Row], list[str]]:
@@ -165,7 +183,7 @@ def leave_one_out(cal: calibration.Calibration, baselines: dict) -> tuple[list[R
             held = {k: c["value"] for k, c in cal.constants.items()}
             full_pick = pick(problem, dict(held, **{name: full}))
             loo_pick = pick(problem, dict(held, **{name: refit})) if refit is not None else full_pick
-            timed = [times.get((problem.key, json.dumps(c, sort_keys=True))) for c in (loo_pick, full_pick)]
+            timed = [times.get(timed_key(problem, c)) for c in (loo_pick, full_pick)]
             rows.append(Row(name, left_out, full, refit, loo_pick, full_pick, *timed))
     return rows, single
 
@@ -204,21 +222,6 @@ ORDER_SCALE = 0.03
 # The weight of the mean squared log(estimate / measured): small, so that order decides and the level
 # settles what order leaves open.
 LEVEL_WEIGHT = 0.1
-
-
-@dataclasses.dataclass(frozen=True)
-class Timed:
-    problem: Problem
-    config: dict[str, Any]
-    seconds: float  # the baselines' median
-
-
-def timed_configs(baselines: dict) -> list[Timed]:
-    """Every (shape, config) the baselines timed, the first median of each kept (as `measured_times`)."""
-    out: dict[tuple[str, str], Timed] = {}
-    for problem, config, seconds in timed_rows(baselines):
-        out.setdefault((problem.key, json.dumps(config, sort_keys=True)), Timed(problem, config, seconds))
-    return list(out.values())
 
 
 def forward_kernel(problem: Problem) -> bool:
@@ -405,11 +408,11 @@ def shape_picks(
     problems: list[Problem], refit: dict[str, float], estimates: Estimates
 ) -> tuple[ShapePick, ...]:
     """Each problem's heuristic pick under the refit beside the shipped one, with their measured times."""
-    times = {(t.problem.key, json.dumps(t.config, sort_keys=True)): t.seconds for t in estimates.timed}
+    times = times_of(estimates.timed)
     out = []
     for problem in problems:
         picks = (pick(problem, dict(estimates.shipped, **refit)), pick(problem, estimates.shipped))
-        timed = [times.get((problem.key, json.dumps(c, sort_keys=True))) for c in picks]
+        timed = [times.get(timed_key(problem, c)) for c in picks]
         out.append(ShapePick(problem.key, *picks, *timed))
     return tuple(out)
 
