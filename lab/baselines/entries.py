@@ -181,13 +181,17 @@ def finegrained_entries(run: dict) -> list[dict]:
 
 # bench_fp8.py's block-scale heuristic tiles timed on the per-channel data: a peer of the block entry.
 BLOCK_TILES_PER_CHANNEL = "block_tiles_per_channel"
+# bench_fp8.py's variants of the block-scale heuristic's config (bench_fp8.block_variants), peers of
+# its entry as moetune_<variant>.
+BLOCK_VARIANTS = ("one_block_steps", "staggered", "lockstep")
 
 
 def fp8_entries(run: dict) -> list[dict]:
     """One entry per case and scale layout of a bench_fp8.py --out file whose heuristic FP8 config was
     timed (what a user gets with no tuning): the fastest of the cost model's alternatives is the peer
     `moetune_alternative`, under block scales the heuristic's tiles at one scale block per K step
-    `moetune_one_block_steps` and its tiles on the per-token x per-channel data (no promotion)
+    `moetune_one_block_steps`, its consumers staggered `moetune_staggered` (or, where it staggers them,
+    in lockstep `moetune_lockstep`), and its tiles on the per-token x per-channel data (no promotion)
     `moetune_same_tiles_row_channel`, torch's FP8 and bf16 grouped GEMMs, moetune's bf16 op and cuBLAS's dense
     FP8 GEMM of the same FLOPs the other peers, the HBM roofline of the touched FP8 weights a bound."""
     env = run["environment"]
@@ -213,10 +217,11 @@ def fp8_entries(run: dict) -> list[dict]:
             per_channel = methods.get(BLOCK_TILES_PER_CHANNEL, {})
             if layout == "block_1x128_128x128" and "samples_ms" in per_channel:
                 timed["moetune_same_tiles_row_channel"] = per_channel
-            one_block = methods.get(prefix + "one_block_steps", {})
-            if "samples_ms" in one_block:
-                timed["moetune_one_block_steps"] = one_block
-                params["one_block_steps_config"] = one_block["config"]
+            for variant in BLOCK_VARIANTS:
+                method = methods.get(prefix + variant, {})
+                if "samples_ms" in method:
+                    timed[f"moetune_{variant}"] = method
+                    params[f"{variant}_config"] = method["config"]
             entry = _timed_entry(
                 env,
                 f"fp8/{case['model']}/{case['gemm']}/T={case['tokens']}/{layout}",

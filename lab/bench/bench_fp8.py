@@ -5,7 +5,9 @@ Per case (model, GEMM, T; dev_shapes.py) and scale layout it times, with CUPTI d
 10, inputs rotating over routings that touch more than twice the L2 of weights):
   moetune_fp8_<layout>    the mosaic_gpu FP8 op (SwiGLU fused for gate_up) with the heuristic's config,
                           and at T >= 1024 the cost model's next two tile shapes; under block scales
-                          also the heuristic's tiles at one scale block per K step; the best counts
+                          also the heuristic's tiles at one scale block per K step, and its config
+                          with its two consumers staggered (lockstep, where it staggers them); the
+                          best counts
   block_tiles_per_channel the block-scale heuristic's config on the row_channel data (T >= 1024): the
                           same tiles without the per-block promotion
   torch_scaled_grouped_mm torch._scaled_grouped_mm, FP8 rowwise (per-token x per-channel scales), on the
@@ -164,12 +166,10 @@ class Runner:
         if tokens >= ALTERNATIVES_MIN_TOKENS:
             for i, config in enumerate(space.preferred(problem, self.device)[1:3]):
                 named[f"alt{i + 1}"] = config
-        one_block = one_block_steps(problem, named["heuristic"])
-        if (
-            one_block is not None
-            and space.space(problem, self.device).violation(problem, one_block, self.device) is None
-        ):
-            named["one_block_steps"] = one_block
+        search = space.space(problem, self.device)
+        for name, variant in block_variants(problem, named["heuristic"]).items():
+            if search.violation(problem, variant, self.device) is None:
+                named[name] = variant
         return named
 
     def moetune(self, problem, config, sets) -> dict:
@@ -198,17 +198,26 @@ class Runner:
         return _summary(samples, path=mk.explain(case.problem).backend)
 
 
-def one_block_steps(problem, config):
-    """Under block scales, the heuristic's tiles with K steps of one scale block (twice the stages, the
-    same shared memory, up to the pipeline's deepest): what one wgmma wait per two blocks is worth."""
+def block_variants(problem, config) -> dict:
+    """Under block scales, variants of the heuristic's config (entries.BLOCK_VARIANTS), each a pair with
+    it that isolates one cost: `one_block_steps` its tiles with K steps of one scale block (twice the
+    stages, the same shared memory, up to the pipeline's deepest), what one wgmma wait per two blocks is
+    worth; `staggered` its two consumers taking turns at the tensor cores (`lockstep` not, where the
+    heuristic staggers them), what hiding one's promotion under the other's wgmmas is worth."""
     import dataclasses
 
     from moetune.kernels.backends.mosaic_gpu import tiling
 
-    if tiling.scale_blocks(problem, config) != 2:
-        return None
-    steps = min(2 * config.max_concurrent_steps, MAX_STEPS)
-    return dataclasses.replace(config, block_k=tiling.SCALE_BLOCK, max_concurrent_steps=steps)
+    out = {}
+    if tiling.scale_blocks(problem, config) == 2:
+        steps = min(2 * config.max_concurrent_steps, MAX_STEPS)
+        out["one_block_steps"] = dataclasses.replace(
+            config, block_k=tiling.SCALE_BLOCK, max_concurrent_steps=steps
+        )
+    if problem.scale_layout == tiling.BLOCK_SCALE_LAYOUT and config.consumers == 2:
+        other = "lockstep" if config.stagger_consumers else "staggered"
+        out[other] = dataclasses.replace(config, stagger_consumers=not config.stagger_consumers)
+    return out
 
 
 def check(problem, out, lhs_q, lhs_scale, w_q, w_scale, group_sizes) -> float:

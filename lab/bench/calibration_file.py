@@ -334,6 +334,14 @@ def main(argv=None):
                 "pairs' median (1.05x)"
             ),
         ),
+        "STAGGER_HIDDEN": dict(
+            value=0.0,
+            unit="fraction",
+            **NOT(
+                "no staggered kernel has been timed yet; 0 credits none of the overlap, so the heuristic "
+                "keeps lockstep consumers (a tie goes to them) until a same-tile pair fits it"
+            ),
+        ),
         "SMOOTH_MAX_POWER": dict(
             value=6, unit="exponent", **NOT("a modelling choice (an L6 norm), not fitted")
         ),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The FP8 kernels on one H200 in one device call: their GPU tests, then bench_fp8.py's cases against
-# torch's FP8 and bf16 grouped GEMMs. Knobs: FP8_TESTS_S (200; 0 skips the tests), FP8_BENCH_S (330),
-# FP8_MODELS, FP8_TOKENS, FP8_LAYOUTS (bench_fp8.py's defaults when unset).
+# torch's FP8 and bf16 grouped GEMMs. Knobs: FP8_TESTS_S (200; 0 skips the tests), FP8_TESTS_K (a pytest
+# -k expression choosing tests), FP8_BENCH_S (330), FP8_MODELS, FP8_TOKENS, FP8_LAYOUTS (bench_fp8.py's
+# defaults when unset).
 #
 # On the GPU machine, from the repository root with .devdeps carried:
 #   bash lab/device/fp8.sh
@@ -12,8 +13,10 @@ source lab/device/env.sh
 unset XLA_PYTHON_CLIENT_ALLOCATOR  # one process on the GPU at a time here: XLA's own allocator
 if [ "${FP8_TESTS_S:-200}" != 0 ]; then
   step "FP8 GPU tests (${FP8_TESTS_S:-200} s)" | tee -a "$OUT/run.log"
+  select=()
+  [ -n "${FP8_TESTS_K:-}" ] && select=(-k "$FP8_TESTS_K")
   timeout "${FP8_TESTS_S:-200}" python3 -m pytest tests/gpu/test_mosaic_gpu_fp8.py -m gpu -q -p no:cacheprovider \
-    -rfEs --junitxml "$OUT/gpu_tests_fp8.xml" -o faulthandler_timeout=60 >"$OUT/gpu_tests_fp8.log" 2>&1
+    "${select[@]}" -rfEs --junitxml "$OUT/gpu_tests_fp8.xml" -o faulthandler_timeout=60 >"$OUT/gpu_tests_fp8.log" 2>&1
   echo "fp8 gpu tests rc=$? (124: cut at the time box)" | tee -a "$OUT/run.log"
   tail -n 30 "$OUT/gpu_tests_fp8.log"
 fi

@@ -9,6 +9,8 @@ checked for NaN and a zero tail.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -40,6 +42,11 @@ CONFIGS = {
         block_m=64, block_n=64, block_k=256, max_concurrent_steps=2, warp_specialized=False, wg_split="none"
     ),
     "swab_k256": MosaicGpuConfig(block_m=16, block_n=64, block_k=256, max_concurrent_steps=2, wg_split="n"),
+}
+# The consumers taking turns at the tensor cores: one promotes while the other's wgmmas run.
+CONFIGS |= {
+    f"{name}_stagger": dataclasses.replace(CONFIGS[name], stagger_consumers=True)
+    for name in ("ws_n", "ws_m", "swab", "ws_m_k256", "ws_n_k256")
 }
 
 

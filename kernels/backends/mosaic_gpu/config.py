@@ -46,6 +46,10 @@ class MosaicGpuConfig(KernelConfig):
         unrolled, in every tile (code, compile time and per-tile work grow with G; every config tuned
         before "table" existed lowers exactly as it did). "table": from a table of row tiles an XLA
         prologue builds once per call from group_sizes (one load per tile whatever G; see schedule.py).
+    stagger_consumers: the two consumer warpgroups take turns at the tensor cores, half a K step apart:
+        each issues a step's wgmmas only after the other has issued its own, so that one promotes FP8
+        block scales on the CUDA cores while the other's wgmmas run (without it both wait on the same
+        stage and promote at once, the tensor cores idle meanwhile). Needs two consumers.
 
     A block_m of 8-56 rows (a multiple of 8) is swap-AB (`swap_ab`): the weights are wgmma's A operand
     (64 of their columns per instruction) and the token rows its narrow N side, so that a tile of a few
@@ -68,6 +72,7 @@ class MosaicGpuConfig(KernelConfig):
     split_k: int = 1
     pad_lhs: bool = False
     tile_schedule: str = "walk"
+    stagger_consumers: bool = False
 
     def validate(self) -> None:
         ints = ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_tile_width", "split_k")
@@ -75,7 +80,7 @@ class MosaicGpuConfig(KernelConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigInvalid(f"{name}={value!r} must be an integer")
-        for name in ("persistent", "warp_specialized", "pad_lhs"):
+        for name in ("persistent", "warp_specialized", "pad_lhs", "stagger_consumers"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigInvalid(f"{name}={getattr(self, name)!r} must be a bool")
         if self.tile_schedule not in TILE_SCHEDULES:
@@ -103,6 +108,8 @@ class MosaicGpuConfig(KernelConfig):
             raise ConfigInvalid(f"wg_split={self.wg_split!r} is not one of {WG_SPLITS}")
         if self.wg_split != "none" and not self.warp_specialized:
             raise ConfigInvalid(f"wg_split={self.wg_split!r} needs warp_specialized=True")
+        if self.stagger_consumers and self.wg_split == "none":
+            raise ConfigInvalid("stagger_consumers needs two consumer warpgroups (wg_split 'm' or 'n')")
         if self.epi_tile_n % 32 or self.block_n % self.epi_tile_n:
             raise ConfigInvalid(
                 f"epi_tile_n={self.epi_tile_n} must be a multiple of 32 dividing block_n={self.block_n}"

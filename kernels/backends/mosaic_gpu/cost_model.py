@@ -78,6 +78,10 @@ M_SPLIT_MMA_EFFICIENCY = _CALIBRATION.value("M_SPLIT_MMA_EFFICIENCY")
 PROMOTE_OPS = _CALIBRATION.value("PROMOTE_OPS")
 LANE_OPS_PER_CLOCK = 128
 TALL_PROMOTION = _CALIBRATION.value("TALL_PROMOTION")
+# Staggered consumers (stagger_consumers) take turns at the tensor cores, so that each promotes its half
+# while the other's wgmmas run: at best a step takes max(T, (T + P) / 2) for wgmmas T and promotions P,
+# not T + P. The share of that saving the model credits (0 until a staggered kernel is timed).
+STAGGER_HIDDEN = _CALIBRATION.value("STAGGER_HIDDEN")
 STEP_WAIT_S = _CALIBRATION.value("STEP_WAIT_S")
 # lhs rows past its end that TMA zero-fills, against rows it copies from L2.
 ZERO_FILL_COST = _CALIBRATION.value("ZERO_FILL_COST")
@@ -144,6 +148,16 @@ def promotion_s(problem: Problem, config: MosaicGpuConfig, geo: tiling.TileGeome
     acc_rows = config.block_n if config.swap_ab else config.block_m  # a consumer's accumulator rows
     ops = PROMOTE_OPS * (TALL_PROMOTION if acc_rows > WGMMA_M else 1.0)
     return values * blocks * ops / (LANE_OPS_PER_CLOCK * clock) + geo.k_steps * STEP_WAIT_S
+
+
+def multiply_s(config: MosaicGpuConfig, mma_s: float, promote_s: float) -> float:
+    """An item's tensor-core time `mma_s` and its promotions `promote_s` (promotion_s): one after the
+    other, or under stagger_consumers overlapped by STAGGER_HIDDEN of what the turns can hide."""
+    serial = mma_s + promote_s
+    if not config.stagger_consumers:
+        return serial
+    overlapped = max(mma_s, serial / 2)
+    return serial - STAGGER_HIDDEN * (serial - overlapped)
 
 
 def resident_ctas(problem: Problem, config: MosaicGpuConfig, facts: hardware.ArchFacts) -> int:
@@ -230,7 +244,7 @@ def estimate(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprin
         stream = min(per_sm_items * cta_in_flight / facts.memory_latency_s, port)
         stall = per_sm_items * stalled
         shared = (hbm / bandwidth * n / items + stall, item_bytes * n / facts.l2_bytes_per_s)
-        multiply = per_sm_items * (flops / mma_rate + promote)
+        multiply = per_sm_items * multiply_s(config, flops / mma_rate, promote)
         return max(_smooth_max(*shared, multiply), per_sm_items * item_bytes / stream + stall)
 
     slots = busy * resident
@@ -358,8 +372,8 @@ def _shapes(problem: Problem, route: Routing) -> list[dict]:
 def family(problem: Problem, device: DeviceFingerprint, domains: dict[str, tuple]) -> list[MosaicGpuConfig]:
     """Configs the heuristic ranks, in order of measured preference, before any constraint: tile shapes,
     the K steps and tile schedules of the problem's space (`domains`; widest K step first), grid kind,
-    split-K at small M (not under swap_ab), tile orders, pad_lhs where M fits a tile, and pipeline
-    depths from shared memory."""
+    split-K at small M (not under swap_ab), tile orders, pad_lhs where M fits a tile, pipeline depths
+    from shared memory, and where the domains offer them staggered consumers."""
     facts = hardware.facts(device.compute_capability)
     route = uniform_routing(problem)
     splits = tuple(s for s in _SPLITS if s == 1 or problem.m <= 512)
@@ -385,9 +399,12 @@ def family(problem: Problem, device: DeviceFingerprint, domains: dict[str, tuple
                 pad_lhs=pad,
                 epi_tile_n=64,
             )
+            # Staggered consumers after lockstep ones: a tie keeps the lockstep config.
+            staggers = domains["stagger_consumers"] if base.consumers == 2 else (False,)
             out += [
-                dataclasses.replace(base, max_concurrent_steps=s)
+                dataclasses.replace(base, max_concurrent_steps=s, stagger_consumers=stagger)
                 for s in _stage_options(problem, base, facts)
+                for stagger in sorted(staggers)
             ]
     return out
 

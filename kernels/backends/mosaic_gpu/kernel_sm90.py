@@ -41,7 +41,9 @@ into the accumulator's row and column layouts. DeepSeek's block scales (`block_1
 every 128 along K, so each 128-wide scale block's wgmmas add into an accumulator of their own, which is
 then scaled by the block's token scales and its weight block's scale, added to the float32 total and
 reset (as DeepGEMM promotes). A 256-wide K step holds two scale blocks in two such accumulator sets,
-so that one wgmma wait serves both blocks' promotions.
+so that one wgmma wait serves both blocks' promotions. Two consumers wait on the same stages and so promote at
+once, the tensor cores idle meanwhile; with `stagger_consumers` they take turns at a barrier after each
+step's wgmmas, so that one promotes while the other's wgmmas run (DeepGEMM's schedule).
 """
 
 from __future__ import annotations
@@ -110,6 +112,7 @@ class _Static:
     persistent: bool = True
     swap_ab: bool = False
     scale_layout: str = "none"  # an FP8 op's: the kernel's operands after rhs are lhs_scale, rhs_scale
+    stagger: bool = False  # the two consumers issue their wgmmas in turn (MosaicGpuConfig.stagger_consumers)
 
     @property
     def block_scaled(self) -> bool:
@@ -260,6 +263,14 @@ def _promote_step(s: _Static, acc_refs: tuple, factors: list) -> None:
     plgpu.wgmma_wait(0)
     for block in range(s.scale_blocks):
         _promote(s, acc_refs, factors[block], block)
+
+
+def _take_turn(turn: Any) -> None:
+    """Meet the other consumer at `turn` (a barrier both arrive at): under stagger_consumers each
+    consumer calls it after issuing a step's wgmmas, so that neither issues its next step's before the
+    other has issued this one's."""
+    plgpu.barrier_arrive(turn)
+    plgpu.barrier_wait(turn)
 
 
 def _swapped_operands(s: _Static, a_smem: Any, b_smem: Any, wg: Any = None) -> tuple[Any, Any]:
@@ -507,13 +518,17 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, *refs, s: _Static) -> Non
         lhs_ref, *_rhs_operands(s, rhs_ref.at[0])
     )
 
+    # Under stagger_consumers, the barrier at which the consumers take turns (_take_turn).
+    turns = {"turn": plgpu.Barrier(num_arrivals=s.consumers)} if s.stagger else {}
+
     @functools.partial(
         pl.run_scoped,
         pipeline_allocs=allocations,
         o_smem=_out_smem(s, s.consumers),
         collective_axes=WARPGROUP_AXIS,
+        **turns,
     )
-    def _scope(pipeline_allocs, o_smem):
+    def _scope(pipeline_allocs, o_smem, turn=None):
         smem = o_smem.at[wg]
 
         # Chained: a CTA's first tile with rows starts the chain (the producer fills every stage), later
@@ -569,6 +584,11 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, *refs, s: _Static) -> Non
                         pl.when(row0 < rows.hi)(issue)
                     else:
                         issue()
+                    if s.stagger:
+                        # Past this meeting the other consumer has issued its wgmmas of the step before
+                        # (consumer 1) or of this step (consumer 0): this consumer's wait and promotion
+                        # run while they multiply.
+                        _take_turn(turn)
                     if s.block_scaled:
                         following = scale.step_factors(_next_step(s, t.split * s.k_steps, idx[0]))
                         _promote_step(s, acc_refs, factors)
@@ -579,10 +599,17 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, *refs, s: _Static) -> Non
 
                 def context(run_pipeline):
                     def _acc(*acc_refs):
+                        if s.stagger:
+                            # Consumer 1 meets once before its first step and consumer 0 once after its
+                            # last, so that consumer 1 issues each step after consumer 0 and both meet
+                            # as often per tile.
+                            pl.when(wg == 1)(lambda: _take_turn(turn))
                         if s.block_scaled:
                             run_pipeline((acc_refs, scale.step_factors(t.split * s.k_steps)))
                         else:
                             run_pipeline(acc_refs)
+                        if s.stagger:
+                            pl.when(wg == 0)(lambda: _take_turn(turn))
                         _store_rows(
                             _epilogue(s, acc_refs, scale),
                             out_view,
@@ -655,6 +682,7 @@ def kernel_name(config: MosaicGpuConfig, op: str = GROUPED_MATMUL) -> str:
     # Only what differs from the defaults, so that every config tuned before these existed keeps its name
     # (the name is part of the lowered module).
     parts += (["table"] if c.tile_schedule == "table" else []) + (["swab"] if c.swap_ab else [])
+    parts += ["stag"] if c.stagger_consumers else []
     return _NAME_PREFIX[op] + "_".join(parts)
 
 
@@ -838,6 +866,7 @@ def _grouped(
         persistent=config.persistent,
         swap_ab=config.swap_ab,
         scale_layout=scale_layout,
+        stagger=config.stagger_consumers,
     )
     if config.split_k > 1:
         out_type = jax.ShapeDtypeStruct((config.split_k, problem.m, problem.out_n), jnp.float32)

@@ -61,6 +61,8 @@ DOMAINS: dict[str, tuple] = {
     "split_k": (1, 2, 4),
     "pad_lhs": (False, True),
     "tile_schedule": ("walk", "table"),
+    # Staggered consumers hide FP8 block scales' promotions; elsewhere a consumer has none to hide.
+    "stagger_consumers": (False,),
 }
 # With few rows per expert (cost.FEW_ROWS or fewer), where an expert's rows fit one 64-row tile: token
 # tiles of 8-32 rows (swap-AB) or 64, no 128-row tile and so no epilogue row split, and two tile orders of
@@ -331,7 +333,7 @@ def domains(problem: Problem, device: DeviceFingerprint) -> dict[str, tuple]:
     multiple of 64 (it only halves a stage, and won nowhere on the H200), 32-column epilogue tiles where
     the output rows they store would be 64 bytes (only float32 partial sums or outputs fill 128), split-K
     where it does not pay, pad_lhs where M is taller than every CTA tile, the walk past WALK_MAX_GROUPS
-    experts."""
+    experts. Staggered consumers are offered only under FP8 block scales, the one promotion they hide."""
     _check(problem)
     out = dict(DOMAINS)
     if cost.uniform_routing(problem).rows <= cost.FEW_ROWS:
@@ -341,6 +343,7 @@ def domains(problem: Problem, device: DeviceFingerprint) -> dict[str, tuple]:
         out["block_k"] = (128, 256)
         if block_scaled:
             out["block_n"] = tuple(n for n in out["block_n"] if n <= tiling.SCALE_BLOCK)
+            out["stagger_consumers"] = (False, True)
     elif problem.k % 64 == 0:
         out["block_k"] = tuple(b for b in out["block_k"] if b >= 64)
     if not split_k_pays(problem, device):

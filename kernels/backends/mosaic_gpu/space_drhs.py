@@ -43,6 +43,7 @@ FIXED = (
     "split_k",
     "pad_lhs",
     "tile_schedule",
+    "stagger_consumers",
 )
 
 DOMAINS: dict[str, tuple] = {

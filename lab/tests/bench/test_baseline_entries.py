@@ -581,3 +581,14 @@ def test_a_maxtext_run_keeps_each_timed_case_with_maxtexts_route_as_the_peer():
     assert timed_anyway["params"]["parity_failed"] == "differs by 0.7"
     file = {"schema": "moetune.baselines", "schema_version": 1, "gpu": "Test GPU", "entries": [made]}
     assert baselines.problems_of(file) == []
+
+
+def test_an_fp8_block_run_keeps_the_staggered_variant_as_a_peer_with_its_config():
+    config = {"block_m": 64, "block_n": 64, "block_k": 256, "wg_split": "n"}
+    methods = {
+        "moetune_fp8_block_1x128_128x128_heuristic": _timed(8.8, config=config),
+        "moetune_fp8_block_1x128_128x128_staggered": _timed(7.9, config=config | {"stagger_consumers": True}),
+    }
+    (made,) = entries.fp8_entries(_fp8_run(methods) | {"layouts": ["block_1x128_128x128"]})
+    assert sorted(made["peers"]) == ["moetune_staggered"] and made["median"] == 8.8
+    assert made["params"]["staggered_config"]["stagger_consumers"] is True

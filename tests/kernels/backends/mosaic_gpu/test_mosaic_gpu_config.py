@@ -66,6 +66,8 @@ def test_unknown_field_is_rejected():
         ({"block_m": True}, "block_m=True"),
         ({"persistent": 1}, "persistent=1"),
         ({"tile_schedule": "scan"}, "tile_schedule='scan'"),
+        ({"stagger_consumers": 1}, "stagger_consumers=1"),
+        ({"wg_split": "none", "stagger_consumers": True}, "stagger_consumers needs two consumer"),
         ({"block_m": 12}, "block_m=12 is not a multiple of 8 below 64"),
         ({"block_m": 16, "wg_split": "m"}, "cannot split the token rows under swap_ab"),
         ({"block_m": 16, "split_k": 2}, "swap_ab stores 16-bit tiles only"),

@@ -285,3 +285,50 @@ def test_every_width_and_depth_the_backend_accepts_gets_a_ranked_config():
         assert space.ranking(problem, HOPPER), problem
         checked += 1
     assert checked >= 30
+
+
+DEEPSEEK_BLOCK_GATE_UP = Problem(
+    "grouped_matmul_fp8", m=131072, k=7168, n=4096, g=256, lhs_dtype="float8_e4m3fn",
+    rhs_dtype="float8_e4m3fn", out_dtype="bfloat16", transpose_rhs=True, scale_layout="block_1x128_128x128",
+)  # fmt: skip
+
+
+def test_staggered_consumers_are_offered_only_where_block_scales_promote():
+    assert space.domains(DEEPSEEK_BLOCK_GATE_UP, HOPPER)["stagger_consumers"] == (False, True)
+    channel = dataclasses.replace(DEEPSEEK_BLOCK_GATE_UP, scale_layout="row_channel")
+    for problem in (channel, PREFILL, QWEN3_DOWN):
+        assert space.domains(problem, HOPPER)["stagger_consumers"] == (False,)
+        assert not any(c.stagger_consumers for c in _family(problem))
+    staggered = [c for c in _family(DEEPSEEK_BLOCK_GATE_UP) if c.stagger_consumers]
+    assert staggered and all(c.consumers == 2 for c in staggered)
+
+
+def test_staggering_hides_at_most_what_the_other_consumer_s_wgmmas_cover(monkeypatch):
+    lockstep = C(block_m=64, block_n=64, block_k=128, max_concurrent_steps=2, wg_split="n")
+    staggered = dataclasses.replace(lockstep, stagger_consumers=True)
+    # Promotions shorter than the wgmmas hide fully, longer ones by half (each consumer promotes while
+    # the other multiplies), and nothing is credited until a staggered kernel is timed.
+    monkeypatch.setattr(cost, "STAGGER_HIDDEN", 1.0)
+    assert cost.multiply_s(staggered, 3.0, 1.0) == 3.0
+    assert cost.multiply_s(staggered, 1.0, 3.0) == 2.0
+    assert cost.multiply_s(lockstep, 1.0, 3.0) == 4.0
+    monkeypatch.setattr(cost, "STAGGER_HIDDEN", 0.5)
+    assert cost.multiply_s(staggered, 1.0, 3.0) == 3.0
+
+
+def test_the_heuristic_staggers_only_once_the_overlap_is_credited(monkeypatch):
+    # Uncredited, a staggered config ties its lockstep twin, and a tie keeps the lockstep one.
+    monkeypatch.setattr(cost, "STAGGER_HIDDEN", 0.0)
+    space.ranking.cache_clear()
+    assert not space.heuristic(DEEPSEEK_BLOCK_GATE_UP, HOPPER).stagger_consumers
+    monkeypatch.setattr(cost, "STAGGER_HIDDEN", 1.0)
+    space.ranking.cache_clear()
+    try:
+        pick = space.heuristic(DEEPSEEK_BLOCK_GATE_UP, HOPPER)
+        lockstep = dataclasses.replace(pick, stagger_consumers=False)
+        assert pick.stagger_consumers
+        assert cost.estimate(DEEPSEEK_BLOCK_GATE_UP, pick, HOPPER).seconds < (
+            cost.estimate(DEEPSEEK_BLOCK_GATE_UP, lockstep, HOPPER).seconds
+        )
+    finally:
+        space.ranking.cache_clear()

@@ -49,6 +49,12 @@ TWO_BLOCKS = {
     "plain-k256": dataclasses.replace(PLAIN, block_k=256),
     "swap_ab-k256": dataclasses.replace(SWAB, block_k=256),
 }
+# The consumers taking turns at the tensor cores (each promotes while the other's wgmmas run).
+STAGGERED = {
+    "ws-stagger": dataclasses.replace(WS, stagger_consumers=True),
+    "ws_m-k256-stagger": dataclasses.replace(TWO_BLOCKS["ws_m-k256"], stagger_consumers=True),
+    "swap_ab-k256-stagger": dataclasses.replace(TWO_BLOCKS["swap_ab-k256"], stagger_consumers=True),
+}
 # Experts starting at rows 0, 13, 14, 64 and 64; 16 rows past the groups.
 SIZES = [13, 1, 50, 0]
 
@@ -96,7 +102,9 @@ def test_interpreted_scales_in_the_epilogue_match_the_dequantized_reference(op, 
 
 
 @pytest.mark.parametrize(
-    "config", [WS, PLAIN, SWAB, *TWO_BLOCKS.values()], ids=["ws", "plain", "swap_ab", *TWO_BLOCKS]
+    "config",
+    [WS, PLAIN, SWAB, *TWO_BLOCKS.values(), *STAGGERED.values()],
+    ids=["ws", "plain", "swap_ab", *TWO_BLOCKS, *STAGGERED],
 )
 @pytest.mark.parametrize("op", ["grouped_matmul_fp8", "grouped_matmul_swiglu_fp8"])
 def test_block_scales_lower_for_hopper(op, config):

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import pathlib
 import random
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -264,6 +268,36 @@ def test_interpreted_partial_last_k_step_and_column_tile(config, k, n, transpose
     _interpret(config, 40, k, n, [17, 0, 13], transpose=transpose)
 
 
+STAGGER_CASES = {
+    # chained across tiles and experts, consumers splitting the columns
+    "chained-n": (dict(max_concurrent_steps=4, wg_split="n"), 200, 512, 256, [70, 0, 90, 30]),
+    # one pipeline a tile, consumers splitting the rows: consumer 1's half of an expert's last window
+    # often holds none of its rows, so it issues nothing there but must still take its turns
+    "unchained-m": (dict(max_concurrent_steps=3, wg_split="m"), 200, 512, 256, [70, 0, 90, 30]),
+}
+
+
+@pytest.mark.parametrize("case", STAGGER_CASES)
+def test_interpreted_staggered_consumers_take_balanced_turns(case):
+    # The interpreter simulates the warpgroups' threads and barriers, so turns that do not pair up
+    # deadlock it: run in a child process, whose timeout turns a deadlock into a failure here.
+    fields, m, k, n, sizes = STAGGER_CASES[case]
+    code = f"""
+from tests.kernels.backends.mosaic_gpu.test_mosaic_gpu_kernel_cpu import C, _interpret
+config = C(block_m=64, block_n=64, block_k=64, stagger_consumers=True, **{fields!r})
+_interpret(config, {m}, {k}, {n}, {sizes!r})
+"""
+    root = pathlib.Path(__file__).resolve().parents[4]
+    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu"}
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=240
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the staggered consumers deadlocked: their turns do not pair up")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
 def _lower(config, m, k, n, g):
     lhs = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
     rhs = jax.ShapeDtypeStruct((g, k, n), jnp.bfloat16)
@@ -298,6 +332,7 @@ def test_kernel_name_tags_the_config():
     name = kernel_sm90.kernel_name(C(wg_split="m", persistent=False, split_k=2, block_m=64))
     assert name == "moetune_gmm_m64n128k64s4_m8_np_wsm_e64x64_sk2"
     assert "_expert16_" in kernel_sm90.kernel_name(C(grid_minor_dim="expert", grid_tile_width=16))
+    assert kernel_sm90.kernel_name(C(stagger_consumers=True)).endswith("_sk1_stag")
 
 
 GPT_OSS_WIDTHS = [(2880, 2880), (1440, 2880), (2880, 5760), (2048, 1408), (1408, 2816)]
