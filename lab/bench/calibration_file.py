@@ -77,10 +77,21 @@ def main(argv=None):
     c = case(e["name"])
     pb = fp8_problem(c, "block_1x128_128x128")
     pr = fp8_problem(c, "row_channel")
+    # The heuristic's consumers staggered, where the row timed them (bench_fp8.py's `staggered`).
+    staggered = e["peers"].get("moetune_staggered")
     M["fp8_mixtral_down_4096"] = entry(
         e,
         "lab/baselines/nvidia_h200.json",
         {
+            **(
+                {
+                    "staggered": side(
+                        pb, e["params"]["staggered_config"], staggered["samples"], staggered["median"]
+                    )
+                }
+                if staggered
+                else {}
+            ),
             "block_scales": side(pb, e["config"], e["samples"], e["median"]),
             "same_tiles_row_channel": side(
                 pr,
@@ -337,9 +348,23 @@ def main(argv=None):
         "STAGGER_HIDDEN": dict(
             value=0.0,
             unit="fraction",
-            **NOT(
-                "no staggered kernel has been timed yet; 0 credits none of the overlap, so the heuristic "
-                "keeps lockstep consumers (a tie goes to them) until a same-tile pair fits it"
+            **(
+                {
+                    "evidence": fitted(
+                        "fp8_mixtral_down_4096",
+                        "block_scales",
+                        "staggered",
+                        [0.0, 1.0],
+                        1.25,
+                        None,
+                        "the heuristic's consumers in lockstep against the same tiles staggered",
+                    )
+                }
+                if staggered
+                else NOT(
+                    "no staggered kernel has been timed yet; 0 credits none of the overlap, so the "
+                    "heuristic keeps lockstep consumers (a tie goes to them) until a same-tile pair fits it"
+                )
             ),
         ),
         "SMOOTH_MAX_POWER": dict(
