@@ -74,6 +74,12 @@ FEW_ROWS_DOMAINS: dict[str, tuple] = {
     "grid_minor_dim": ("m", "n"),
     "grid_tile_width": (1, 4),
 }
+# Mid-size experts (MID_ROWS or fewer rows each, more than FEW_ROWS): 192-row tiles too, for sweeps to
+# try. An expert of 129-192 rows fills one of them where it takes two 128-row tiles, and one of up to 384
+# two where 128-row tiles need three; the windows' padding rows are multiplied all the same. Not ranked
+# by the heuristic (cost.family) until a sweep has timed them.
+MID_ROWS = 320
+MID_ROWS_DOMAINS: dict[str, tuple] = {"block_m": (64, 128, 192)}
 # The walk schedule unrolls a loop over every group into each tile: past this many experts its code and
 # compile time grow past what a sweep can afford (at G=256 one candidate lowered in 3-10 s on a CPU
 # against about 1 s for the table), and its per-tile work with them.
@@ -333,11 +339,15 @@ def domains(problem: Problem, device: DeviceFingerprint) -> dict[str, tuple]:
     multiple of 64 (it only halves a stage, and won nowhere on the H200), 32-column epilogue tiles where
     the output rows they store would be 64 bytes (only float32 partial sums or outputs fill 128), split-K
     where it does not pay, pad_lhs where M is taller than every CTA tile, the walk past WALK_MAX_GROUPS
-    experts. Staggered consumers are offered only under FP8 block scales, the one promotion they hide."""
+    experts. Staggered consumers are offered only under FP8 block scales, the one promotion they hide,
+    and 192-row tiles only to mid-size experts."""
     _check(problem)
     out = dict(DOMAINS)
-    if cost.uniform_routing(problem).rows <= cost.FEW_ROWS:
+    rows = cost.uniform_routing(problem).rows
+    if rows <= cost.FEW_ROWS:
         out.update(FEW_ROWS_DOMAINS)
+    elif rows <= MID_ROWS:
+        out.update(MID_ROWS_DOMAINS)
     if tiling.itemsize(problem.lhs_dtype) == 1:
         block_scaled = problem.scale_layout == tiling.BLOCK_SCALE_LAYOUT
         out["block_k"] = (128, 256)

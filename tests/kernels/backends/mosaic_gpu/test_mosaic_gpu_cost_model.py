@@ -332,3 +332,17 @@ def test_the_heuristic_staggers_only_once_the_overlap_is_credited(monkeypatch):
         )
     finally:
         space.ranking.cache_clear()
+
+
+QWEN3_T4096 = [QWEN3_GATE_UP.with_m(32768), QWEN3_DOWN.with_m(32768)]  # 256 rows an expert
+
+
+@pytest.mark.parametrize("problem", QWEN3_T4096, ids=lambda p: p.op)
+def test_mid_size_experts_offer_192_row_tiles_to_sweeps_but_not_to_the_heuristic(problem):
+    assert cost.FEW_ROWS < cost.uniform_routing(problem).rows <= space.MID_ROWS
+    assert 192 in space.domains(problem, HOPPER)["block_m"]
+    valid, _ = space.space(problem, HOPPER).enumerate(problem, HOPPER)
+    assert any(c.block_m == 192 for c in valid)
+    assert not any(c.block_m == 192 for c in _family(problem))
+    for other in (problem.with_m(8), problem.with_m(131072)):  # few rows, many rows
+        assert 192 not in space.domains(other, HOPPER)["block_m"]

@@ -27,6 +27,7 @@ jax = require("jax")
 jnp = jax.numpy
 plgpu = require("jax.experimental.pallas.mosaic_gpu")
 
+from moetune.kernels.backends.mosaic_gpu import cost_model as cost  # noqa: E402
 from moetune.kernels.backends.mosaic_gpu import kernel_sm90, schedule, space, tiling, timer  # noqa: E402
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig as C  # noqa: E402
 from moetune.kernels.device import DeviceFingerprint  # noqa: E402
@@ -298,6 +299,19 @@ _interpret(config, {m}, {k}, {n}, {sizes!r})
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+def test_interpreted_192_row_tiles_split_n_and_plain():
+    # Three wgmma row tiles a consumer; experts of 150 and 200 rows take one and two windows.
+    split_n = C(block_m=192, block_n=64, block_k=64, max_concurrent_steps=2, wg_split="n", epi_tile_n=64)
+    _interpret(split_n, 400, 128, 256, [150, 7, 0, 200])
+    _interpret(
+        C(block_m=192, block_n=64, block_k=64, max_concurrent_steps=2, **PLAIN),
+        400,
+        128,
+        128,
+        [150, 7, 0, 200],
+    )
+
+
 def _lower(config, m, k, n, g):
     lhs = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
     rhs = jax.ShapeDtypeStruct((g, k, n), jnp.bfloat16)
@@ -345,6 +359,22 @@ def test_heuristic_tail_configs_lower_for_hopper_at_full_size(k, n, tokens):
     problem = Problem("grouped_matmul", m=tokens * 4, k=k, n=n, g=128)
     config = space.heuristic(problem, HOPPER)
     assert "mosaic_gpu" in _lower(config, problem.m, k, n, problem.g).mlir_module()
+
+
+@pytest.mark.parametrize("op, k, n", [("grouped_matmul", 768, 2048), ("grouped_matmul_swiglu", 2048, 1536)])
+def test_the_best_ranked_192_row_tiles_lower_for_hopper_at_mid_size_experts(op, k, n):
+    # Qwen3-30B-A3B at 4096 tokens (256 rows an expert): the cost model's best 192-row config of the space.
+    problem = Problem(op, m=32768, k=k, n=n, g=128)
+    valid, _ = space.space(problem, HOPPER).enumerate(problem, HOPPER)
+    best = min(
+        (c for c in valid if c.block_m == 192), key=lambda c: cost.estimate(problem, c, HOPPER).seconds
+    )
+    call = kernel_sm90.grouped_matmul_swiglu if op == "grouped_matmul_swiglu" else kernel_sm90.grouped_matmul
+    fn = jax.jit(functools.partial(call, config=best, num_sms=132))
+    lhs = jax.ShapeDtypeStruct((problem.m, k), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct((problem.g, k, n), jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((problem.g,), jnp.int32)
+    assert "mosaic_gpu" in jax.export.export(fn, platforms=["cuda"])(lhs, rhs, sizes).mlir_module()
 
 
 def test_expert_order_lowers_for_hopper_mixtral_gate_up():

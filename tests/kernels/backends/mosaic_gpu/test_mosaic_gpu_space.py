@@ -288,7 +288,8 @@ def test_few_rows_narrow_the_domains():
     )
     assert few["block_m"] == (8, 16, 32, 64) and 128 not in few["block_m"]
     assert "expert" not in few["grid_minor_dim"] and few["epi_tile_m"] == (64,)
-    assert many["block_m"] == (64, 128) and "expert" in many["grid_minor_dim"]
+    assert many["block_m"] == (64, 128, 192) and "expert" in many["grid_minor_dim"]  # 256 rows: mid-size
+    assert space.domains(QWEN3_DOWN.with_m(131072), HOPPER)["block_m"] == (64, 128)
     # Split-K's float32 partial sums fill 128-byte rows at 32 columns; bf16 outputs need 64.
     assert 32 in space.domains(MIXTRAL_DOWN.with_m(2), HOPPER)["epi_tile_n"] and 32 not in few["epi_tile_n"]
     assert space.domains(dataclasses.replace(GATE_UP, k=4096 + 32), HOPPER)["block_k"] == (32, 64, 128)
@@ -313,12 +314,12 @@ def test_a_sweep_may_narrow_some_domains_to_subsets():
 def test_a_whole_model_sweeps_a_small_space(model):
     """Every T bucket and both GEMMs of a development model: the driver enumerates each problem's space
     before the sweep starts (about 30 us a point), so each stays small, and a fine-grained model's twelve
-    together too. Every heuristic pick lies in its space and passes every constraint."""
+    together too (under about 25 s). Every heuristic pick lies in its space and passes every constraint."""
     problems = _model_problems(model)
     sizes = [space.space(p, HOPPER).size for p in problems]
     assert max(sizes) <= 207360, dict(zip(problems, sizes, strict=True))
     if DEV_MODELS[model][0] >= 32:
-        assert sum(sizes) <= 700000, sum(sizes)
+        assert sum(sizes) <= 750000, sum(sizes)
     for problem in problems:
         config = space.heuristic(problem, HOPPER)
         assert space.space(problem, HOPPER).contains(config)
