@@ -342,6 +342,7 @@ def main() -> int:
     parser.add_argument("--models", default="deepseek-v3,qwen3-30b-a3b,mixtral-8x7b")
     parser.add_argument("--tokens", default="4096,16384,1024,1,16,128")
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--gemms", default=",".join(dev_shapes.GEMMS))
     parser.add_argument("--out", required=True)
     parser.add_argument("--budget-s", type=float, default=400)
     args = parser.parse_args()
@@ -349,11 +350,13 @@ def main() -> int:
 
     deadline = time.monotonic() + args.budget_s
     layouts = tuple(args.layouts.split(","))
+    gemms = args.gemms.split(",")
     unknown = [name for name in args.models.split(",") if name not in dev_shapes.MODELS]
-    if unknown or not set(layouts) <= set(LAYOUTS):
+    if unknown or not set(layouts) <= set(LAYOUTS) or not set(gemms) <= set(dev_shapes.GEMMS):
         print(
-            f"bench_fp8: unknown models {unknown} or layouts {layouts}; "
-            f"known: {', '.join(sorted(dev_shapes.MODELS))}; {', '.join(LAYOUTS)}",
+            f"bench_fp8: unknown models {unknown}, layouts {layouts} or GEMMs {gemms}; "
+            f"known: {', '.join(sorted(dev_shapes.MODELS))}; {', '.join(LAYOUTS)}; "
+            f"{', '.join(dev_shapes.GEMMS)}",
             file=sys.stderr,
         )
         return 2
@@ -367,6 +370,8 @@ def main() -> int:
     }
     tokens = tuple(int(t) for t in args.tokens.split(","))
     for case in dev_shapes.cases(args.models.split(","), tokens):
+        if case.gemm not in gemms:
+            continue
         if time.monotonic() > deadline:
             break
         record = runner.run(case, layouts)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The FP8 kernels on one H200 in one device call: their GPU tests, then bench_fp8.py's cases against
 # torch's FP8 and bf16 grouped GEMMs. Knobs: FP8_TESTS_S (200; 0 skips the tests), FP8_TESTS_K (a pytest
-# -k expression choosing tests), FP8_BENCH_S (330), FP8_MODELS, FP8_TOKENS, FP8_LAYOUTS (bench_fp8.py's
-# defaults when unset).
+# -k expression choosing tests), FP8_BENCH_S (330), FP8_MODELS, FP8_TOKENS, FP8_LAYOUTS, FP8_GEMMS
+# (bench_fp8.py's defaults when unset).
 #
 # On the GPU machine, from the repository root with .devdeps carried:
 #   bash lab/device/fp8.sh
@@ -25,4 +25,5 @@ args=(--out "$OUT/fp8.json" --budget-s "${FP8_BENCH_S:-330}")
 [ -n "${FP8_MODELS:-}" ] && args+=(--models "$FP8_MODELS")
 [ -n "${FP8_TOKENS:-}" ] && args+=(--tokens "$FP8_TOKENS")
 [ -n "${FP8_LAYOUTS:-}" ] && args+=(--layouts "$FP8_LAYOUTS")
+[ -n "${FP8_GEMMS:-}" ] && args+=(--gemms "$FP8_GEMMS")
 python3 lab/bench/bench_fp8.py "${args[@]}" 2>&1 | tee "$OUT/bench_fp8.log" | grep -v "^WARNING\|^I0000\|^W0000"
