@@ -57,12 +57,13 @@ def fp8_problem(case, layout: str):
 
 
 class Runner:
-    def __init__(self, deadline: float, read_GBps: float):
+    def __init__(self, deadline: float, read_GBps: float, skip_variants=()):
         from moetune.kernels import registry
         from moetune.kernels.backends.mosaic_gpu import timer
         from moetune.kernels.device import current_fingerprint
 
         self.deadline, self.read_GBps = deadline, read_GBps
+        self.skip_variants = frozenset(skip_variants)
         self.backend = registry.get("mosaic_gpu")
         self.device = current_fingerprint()
         self.l2_bytes = timer.device_l2_bytes()
@@ -168,7 +169,7 @@ class Runner:
                 named[f"alt{i + 1}"] = config
         search = space.space(problem, self.device)
         for name, variant in block_variants(problem, named["heuristic"]).items():
-            if search.violation(problem, variant, self.device) is None:
+            if name not in self.skip_variants and search.violation(problem, variant, self.device) is None:
                 named[name] = variant
         return named
 
@@ -343,6 +344,12 @@ def main() -> int:
     parser.add_argument("--tokens", default="4096,16384,1024,1,16,128")
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
     parser.add_argument("--gemms", default=",".join(dev_shapes.GEMMS))
+    parser.add_argument(
+        "--skip-variants",
+        default="",
+        help="block-scale variants not to time (comma-separated: one_block_steps, staggered, lockstep), "
+        "e.g. a kernel whose GPU tests failed",
+    )
     parser.add_argument("--out", required=True)
     parser.add_argument("--budget-s", type=float, default=400)
     args = parser.parse_args()
@@ -361,7 +368,7 @@ def main() -> int:
         )
         return 2
     bandwidth = bench_gemm.measure_bandwidth()
-    runner = Runner(deadline, bandwidth["read_GBps"])
+    runner = Runner(deadline, bandwidth["read_GBps"], filter(None, args.skip_variants.split(",")))
     payload = {
         "environment": moe_shapes.environment(),
         "bandwidth": bandwidth,
