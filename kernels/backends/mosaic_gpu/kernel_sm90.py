@@ -266,9 +266,11 @@ def _promote_step(s: _Static, acc_refs: tuple, factors: list) -> None:
 
 
 def _take_turn(turn: Any) -> None:
-    """Meet the other consumer at `turn` (a barrier both arrive at): under stagger_consumers each
-    consumer calls it after issuing a step's wgmmas, so that neither issues its next step's before the
-    other has issued this one's."""
+    """Meet the other consumer at `turn` (a barrier both arrive at). Under stagger_consumers each
+    consumer meets after issuing each step's wgmmas, consumer 1 once more before its first step and
+    consumer 0 once after its last: consumer 1 then issues step j only after consumer 0 has issued it,
+    and consumer 0 issues step j + 1 only after consumer 1 has issued step j - 1, so that their wgmmas
+    stay about half a step apart."""
     plgpu.barrier_arrive(turn)
     plgpu.barrier_wait(turn)
 
@@ -585,9 +587,7 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, *refs, s: _Static) -> Non
                     else:
                         issue()
                     if s.stagger:
-                        # Past this meeting the other consumer has issued its wgmmas of the step before
-                        # (consumer 1) or of this step (consumer 0): this consumer's wait and promotion
-                        # run while they multiply.
+                        # Each consumer waits for its wgmmas and promotes while the other's run.
                         _take_turn(turn)
                     if s.block_scaled:
                         following = scale.step_factors(_next_step(s, t.split * s.k_steps, idx[0]))
@@ -600,9 +600,8 @@ def _warp_specialized_kernel(gs_ref, lhs_ref, rhs_ref, *refs, s: _Static) -> Non
                 def context(run_pipeline):
                     def _acc(*acc_refs):
                         if s.stagger:
-                            # Consumer 1 meets once before its first step and consumer 0 once after its
-                            # last, so that consumer 1 issues each step after consumer 0 and both meet
-                            # as often per tile.
+                            # The meetings that pair consumer 1's step j with consumer 0's step j + 1
+                            # (_take_turn), as many for each consumer per tile.
                             pl.when(wg == 1)(lambda: _take_turn(turn))
                         if s.block_scaled:
                             run_pipeline((acc_refs, scale.step_factors(t.split * s.k_steps)))
