@@ -35,6 +35,7 @@ import traceback
 
 from moetune_lab.baselines.entries import (
     BLOCK_TILES_PER_CHANNEL,  # not a moetune_fp8_<layout>_ method: no layout's own
+    BLOCK_VARIANTS,
 )
 from moetune_lab.bench import dev_shapes, moe_shapes, torch_timing
 from moetune_lab.bench.bench_gemm import _summary
@@ -347,7 +348,7 @@ def main() -> int:
     parser.add_argument(
         "--skip-variants",
         default="",
-        help="block-scale variants not to time (comma-separated: one_block_steps, staggered, lockstep), "
+        help=f"block-scale variants not to time (comma-separated: {', '.join(BLOCK_VARIANTS)}), "
         "e.g. a kernel whose GPU tests failed",
     )
     parser.add_argument("--out", required=True)
@@ -358,17 +359,19 @@ def main() -> int:
     deadline = time.monotonic() + args.budget_s
     layouts = tuple(args.layouts.split(","))
     gemms = args.gemms.split(",")
+    skipped = [name for name in args.skip_variants.split(",") if name]
     unknown = [name for name in args.models.split(",") if name not in dev_shapes.MODELS]
-    if unknown or not set(layouts) <= set(LAYOUTS) or not set(gemms) <= set(dev_shapes.GEMMS):
+    known = set(layouts) <= set(LAYOUTS) and set(gemms) <= set(dev_shapes.GEMMS)
+    if unknown or not known or not set(skipped) <= set(BLOCK_VARIANTS):
         print(
-            f"bench_fp8: unknown models {unknown}, layouts {layouts} or GEMMs {gemms}; "
+            f"bench_fp8: unknown models {unknown}, layouts {layouts}, GEMMs {gemms} or variants {skipped}; "
             f"known: {', '.join(sorted(dev_shapes.MODELS))}; {', '.join(LAYOUTS)}; "
-            f"{', '.join(dev_shapes.GEMMS)}",
+            f"{', '.join(dev_shapes.GEMMS)}; {', '.join(BLOCK_VARIANTS)}",
             file=sys.stderr,
         )
         return 2
     bandwidth = bench_gemm.measure_bandwidth()
-    runner = Runner(deadline, bandwidth["read_GBps"], filter(None, args.skip_variants.split(",")))
+    runner = Runner(deadline, bandwidth["read_GBps"], skipped)
     payload = {
         "environment": moe_shapes.environment(),
         "bandwidth": bandwidth,

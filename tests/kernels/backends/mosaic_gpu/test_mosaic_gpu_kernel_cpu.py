@@ -312,11 +312,11 @@ def test_interpreted_192_row_tiles_split_n_and_plain():
     )
 
 
-def _lower(config, m, k, n, g):
+def _lower(config, m, k, n, g, call=kernel_sm90.grouped_matmul):
     lhs = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
     rhs = jax.ShapeDtypeStruct((g, k, n), jnp.bfloat16)
     sizes = jax.ShapeDtypeStruct((g,), jnp.int32)
-    fn = jax.jit(functools.partial(kernel_sm90.grouped_matmul, config=config, num_sms=132))
+    fn = jax.jit(functools.partial(call, config=config, num_sms=132))
     return jax.export.export(fn, platforms=["cuda"])(lhs, rhs, sizes)
 
 
@@ -370,11 +370,7 @@ def test_the_best_ranked_192_row_tiles_lower_for_hopper_at_mid_size_experts(op, 
         (c for c in valid if c.block_m == 192), key=lambda c: cost.estimate(problem, c, HOPPER).seconds
     )
     call = kernel_sm90.grouped_matmul_swiglu if op == "grouped_matmul_swiglu" else kernel_sm90.grouped_matmul
-    fn = jax.jit(functools.partial(call, config=best, num_sms=132))
-    lhs = jax.ShapeDtypeStruct((problem.m, k), jnp.bfloat16)
-    rhs = jax.ShapeDtypeStruct((problem.g, k, n), jnp.bfloat16)
-    sizes = jax.ShapeDtypeStruct((problem.g,), jnp.int32)
-    assert "mosaic_gpu" in jax.export.export(fn, platforms=["cuda"])(lhs, rhs, sizes).mlir_module()
+    assert "mosaic_gpu" in _lower(best, problem.m, k, n, problem.g, call).mlir_module()
 
 
 def test_expert_order_lowers_for_hopper_mixtral_gate_up():
