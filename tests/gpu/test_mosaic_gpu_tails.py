@@ -5,7 +5,8 @@ SwiGLU epilogue (F = 2880, 22.5 tiles of 128) and its down (K = N = 2880; at TP=
 step of 32 columns under a 64-byte swizzle), the heuristic's config and fixed full-width ones with a
 partial last K step and column tile; the widths 5760, 1408 and 2816; and the FP8 forms with scales
 constant along K (per tensor, per token x per channel); and the weight gradient (K = N = 2880, 2F = 5760:
-22.5 tiles of 128 along P and Q). The output buffer is poisoned (a NaN allocation
+22.5 tiles of 128 along P and Q). At TP=2 the column-split widths are 1440 = 22.5 x 64, which narrow the
+output tiles' and [K, N] weight tiles' swizzle to 64 bytes. The output buffer is poisoned (a NaN allocation
 freed just before the call), so an unwritten element shows as NaN.
 """
 
@@ -77,6 +78,16 @@ def test_gpt_oss_gate_up_swiglu(tokens, transpose, fixed):
     _run("grouped_matmul_swiglu", tokens, 2880, 2 * 2880, WIDE_SWIGLU if fixed else None, transpose)
 
 
+@pytest.mark.parametrize("tokens", [4096, 16384])
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("fixed", [False, True])
+def test_gpt_oss_tensor_parallel_widths(tokens, transpose, fixed):
+    # gate_up's F and a column-split down's N at TP=2: 1440 = 22.5 x 64 columns, stored through 64-byte
+    # swizzled tiles.
+    _run("grouped_matmul_swiglu", tokens, 2880, 2 * 1440, WIDE_SWIGLU if fixed else None, transpose)
+    _run("grouped_matmul", tokens, 2880, 1440, WIDE if fixed else None, transpose)
+
+
 @pytest.mark.parametrize("k, n", [(2880, 5760), (2048, 1408), (1408, 2816), (1440, 1408)])
 @pytest.mark.parametrize("transpose", [False, True])
 def test_other_widths_with_tails(k, n, transpose):
@@ -97,6 +108,8 @@ WIDE_FP8_SWIGLU = MosaicGpuConfig(block_m=128, block_n=64, block_k=256, max_conc
         ("grouped_matmul_fp8", 2880, 2880),
         ("grouped_matmul_fp8", 1440, 2880),
         ("grouped_matmul_swiglu_fp8", 2880, 5760),
+        ("grouped_matmul_fp8", 2880, 1440),
+        ("grouped_matmul_swiglu_fp8", 2880, 2880),
     ],
 )
 @pytest.mark.parametrize("fixed", [False, True])
@@ -122,19 +135,19 @@ def test_gpt_oss_fp8(op, k, n, layout, fixed):
     assert err < spec.tolerance["bfloat16"], f"relative error {err:.3e} for {config}"
 
 
-@pytest.mark.parametrize("n", [2880, 5760])
+@pytest.mark.parametrize("k, n", [(2880, 2880), (2880, 5760), (1440, 2880), (2880, 1440)])
 @pytest.mark.parametrize("transpose", [False, True])
-def test_gpt_oss_weight_gradient(n, transpose):
+def test_gpt_oss_weight_gradient(k, n, transpose):
     m = 4096 * TOP_K
-    problem = Problem("grouped_matmul_drhs", m, 2880, n, EXPERTS, transpose_rhs=transpose)
+    problem = Problem("grouped_matmul_drhs", m, k, n, EXPERTS, transpose_rhs=transpose)
     config = registry.get("mosaic_gpu").heuristic(problem, current_fingerprint())
-    print(f"grouped_matmul_drhs T=4096 K=2880 N={n} transpose={transpose}: {config}")
-    key_l, key_d = jax.random.split(jax.random.key(n))
-    lhs = jax.random.normal(key_l, (m, 2880), jnp.bfloat16)
+    print(f"grouped_matmul_drhs T=4096 K={k} N={n} transpose={transpose}: {config}")
+    key_l, key_d = jax.random.split(jax.random.key(k + n))
+    lhs = jax.random.normal(key_l, (m, k), jnp.bfloat16)
     dout = jax.random.normal(key_d, (m, n), jnp.bfloat16)
     group_sizes = _sizes(m, EXPERTS, seed=2)
     fn = jax.jit(registry.get("mosaic_gpu").build(problem, config))
-    shape = (EXPERTS, n, 2880) if transpose else (EXPERTS, 2880, n)
+    shape = (EXPERTS, n, k) if transpose else (EXPERTS, k, n)
     jax.block_until_ready(jnp.full(shape, jnp.nan, jnp.bfloat16)).delete()
     out = np.asarray(fn(lhs, dout, group_sizes).astype(jnp.float32))
     ref = np.asarray(reference_of(problem)(lhs, dout, group_sizes))

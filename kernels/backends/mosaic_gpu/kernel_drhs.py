@@ -29,13 +29,16 @@ chunks, split-K, pad_lhs and the tile schedule play no part and stay at their de
 
 Output sides that no tile divides (gpt-oss's K = N = 2880 in 128-wide tiles) take a partial last tile:
 TMA zero-fills the operand columns past them and the stores clip; a consumer's tile wholly past Q stores
-nothing. The sides must be multiples of 64: Mosaic GPU tiles the global arrays by the swizzled tiles.
+nothing. Mosaic GPU tiles the global arrays by the swizzled tiles, so their swizzle narrows to what the
+sides divide (one for both operands, as wgmma takes one): K = 1440 (22.5 x 64) takes 64-byte tiles of
+32 columns. The sides must be multiples of 16 (32-byte tiles).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -66,6 +69,18 @@ class _Static:
     minor_dim: str = "m"
     tile_width: int = 1
     q: int = 0  # output columns of an expert: the last CTA tile may reach past them
+    p: int = 0  # output rows of an expert: the last tile may reach past them
+
+    @property
+    def operand_columns(self) -> int:
+        """Columns of the operands' swizzled tiles, one width for both (wgmma takes one swizzle): what
+        the tiles and the output's sides divide, as Mosaic GPU tiles the global operands by them."""
+        return math.gcd(self.tile_p, self.p, self.tile_q, self.q)
+
+    @property
+    def out_columns(self) -> int:
+        """Columns of the output's swizzled tiles: what a consumer's tile and Q divide."""
+        return math.gcd(self.tile_q, self.q)
 
     @property
     def cta_q(self) -> int:
@@ -83,7 +98,7 @@ class _Static:
 
 def _transforms(cols: int, dtype: Any) -> tuple:
     item = jnp.dtype(dtype).itemsize
-    swizzle = plgpu.find_swizzle(cols * item * 8)
+    swizzle = tiling.swizzle_bytes(cols, item)
     return (plgpu.TilingTransform((8, swizzle // item)), plgpu.SwizzleTransform(swizzle))
 
 
@@ -93,13 +108,13 @@ def _in_specs(s: _Static, first: jax.Array, pt: jax.Array, qt: jax.Array, delay_
         plgpu.BlockSpec(
             (s.step, s.tile_p),
             lambda kk: (first + kk, pt),
-            transforms=_transforms(s.tile_p, s.in_dtype),
+            transforms=_transforms(s.operand_columns, s.in_dtype),
             delay_release=delay_release,
         ),
         plgpu.BlockSpec(
             (s.step, s.cta_q),
             lambda kk: (first + kk, qt),
-            transforms=_transforms(s.tile_q, s.in_dtype),
+            transforms=_transforms(s.operand_columns, s.in_dtype),
             delay_release=delay_release,
         ),
     ]
@@ -193,7 +208,7 @@ def _item(index: jax.Array, s: _Static) -> tuple[jax.Array, jax.Array, jax.Array
 
 def _out_smem(s: _Static, warpgroups: int) -> Any:
     return plgpu.SMEM(
-        (warpgroups, s.tile_p, s.tile_q), s.out_dtype, transforms=_transforms(s.tile_q, s.out_dtype)
+        (warpgroups, s.tile_p, s.tile_q), s.out_dtype, transforms=_transforms(s.out_columns, s.out_dtype)
     )
 
 
@@ -244,10 +259,9 @@ def _warp_specialized_kernel(bounds_ref, a_ref, b_ref, out_ref, *, s: _Static) -
     rows) pays no pipeline fill. Slot use c (counted over all items) waits for `full[c % stages]`, whose
     two copies arrive with their bytes, and is given back on `empty[c % stages]` by every consumer."""
     wg = lax.axis_index(WARPGROUP_AXIS)
-    a_spec = plgpu.SMEM(
-        (s.stages, s.step, s.tile_p), s.in_dtype, transforms=_transforms(s.tile_p, s.in_dtype)
-    )
-    b_spec = plgpu.SMEM((s.stages, s.step, s.cta_q), s.in_dtype, transforms=_transforms(s.tile_q, s.in_dtype))
+    operand = _transforms(s.operand_columns, s.in_dtype)
+    a_spec = plgpu.SMEM((s.stages, s.step, s.tile_p), s.in_dtype, transforms=operand)
+    b_spec = plgpu.SMEM((s.stages, s.step, s.cta_q), s.in_dtype, transforms=operand)
 
     @functools.partial(
         pl.run_scoped,
@@ -369,9 +383,10 @@ def grouped_matmul_drhs(
     lhs, dout = lhs[:m], dout[:m]
     a, b = (dout, lhs) if transpose_rhs else (lhs, dout)
     t = tiling.drhs_tiles(lhs.shape[1], dout.shape[1], transpose_rhs, config)
-    # Mosaic GPU tiles the global operands and output by the swizzled shared-memory tiles (64 columns).
-    if t.p % 64 or t.q % 64:
-        raise ValueError(f"output [{t.p}, {t.q}] must have sides that are multiples of 64")
+    # Mosaic GPU tiles the global operands and output by the swizzled shared-memory tiles, which narrow
+    # to what the sides divide (32 bytes at the narrowest).
+    if t.p % 16 or t.q % 16:
+        raise ValueError(f"output [{t.p}, {t.q}] must have sides that are multiples of 16")
     s = _Static(
         m=m,
         g=group_sizes.shape[0],
@@ -388,6 +403,7 @@ def grouped_matmul_drhs(
         minor_dim=config.grid_minor_dim,
         tile_width=config.grid_tile_width,
         q=t.q,
+        p=t.p,
     )
     # TMA boxes of the swizzled tiles need whole 8-row tiles; the padding rows belong to no group.
     if a.shape[0] % 8:

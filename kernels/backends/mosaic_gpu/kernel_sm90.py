@@ -147,19 +147,26 @@ class _Static:
 
 
 def _operand_transforms(s: _Static) -> tuple:
-    """The operand tiles' shared-memory tiling and swizzle. Mosaic GPU tiles the global operand by the
-    same (8, swizzle) tiles, so its contiguous dimension must be a whole number of them: with a partial
-    last K step, K = 1440 takes no 128-byte swizzle (64 columns) but a 64-byte one (32 columns)."""
-    swizzle = plgpu.find_swizzle(math.gcd(s.block_k, s.k) * jnp.dtype(s.in_dtype).itemsize * 8, "lhs")
-    elems = swizzle // jnp.dtype(s.in_dtype).itemsize
+    """The operand tiles' shared-memory tiling and swizzle (one for both: wgmma takes no other). Mosaic
+    GPU tiles the global operands by the same (8, swizzle) tiles, so each one's contiguous dimension, and
+    every tile's offset along it, must be a whole number of them: with a partial last K step, K = 1440
+    takes no 128-byte swizzle (64 columns) but a 64-byte one (32 columns). [K, N] weights are contiguous
+    along N, so F = 1440 under swiglu (an up tile 1440 columns on) narrows it likewise."""
+    width = math.gcd(s.block_k, s.k)
+    if not s.transpose_rhs:
+        width = math.gcd(width, s.out_n)
+    item = jnp.dtype(s.in_dtype).itemsize
+    swizzle = tiling.swizzle_bytes(width, item)
+    elems = swizzle // item
     return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
 
 
 def _out_smem(s: _Static, warpgroups: int) -> Any:
     """Two epilogue slots per consumer warpgroup. Tiling rows by 1 keeps any row a valid TMA start while
-    the swizzle keeps the register -> shared memory stores free of bank conflicts."""
+    the swizzle keeps the register -> shared memory stores free of bank conflicts. Mosaic GPU tiles the
+    global output by the same tiles, so the swizzle narrows to what divides N (32 columns for 1440)."""
     item = jnp.dtype(s.store_dtype).itemsize
-    swizzle = plgpu.find_swizzle(s.epi_n * item * 8, "out")
+    swizzle = tiling.out_swizzle_bytes(s.out_n, s.epi_n, item)
     transforms = (plgpu.TilingTransform((1, swizzle // item)), plgpu.SwizzleTransform(swizzle))
     return plgpu.SMEM((warpgroups, 2, s.epi_m, s.epi_n), s.store_dtype, transforms=transforms)
 

@@ -41,10 +41,15 @@ from moetune.kernels.space import Constraint, SearchSpace
 
 # Split-K pays for its float32 partial sums only while the output is small (decode).
 SPLIT_K_MAX_M = 512
-# 16-bit ops: K need only be a multiple of this, and N (F under swiglu) of 64; the last K step and
-# column tile may be partial (k_steps_fit, n_tiles_fit).
+# K need only be a multiple of these, and N (F under swiglu) of N_GRANULE; the last K step and column
+# tile may be partial (k_steps_fit, n_tiles_fit), and the operand and output tiles' swizzle narrows to
+# what divides them (kernel_sm90).
 K_GRANULE = 16
 FP8_K_GRANULE = 32
+# N: the output is stored through epilogue tiles by which Mosaic GPU tiles the global output too; for
+# 16-bit outputs the narrowest that lowers with rows on 128 bytes is 64 columns in 32-column swizzled
+# tiles (epilogue_rows_aligned, epilogue_fits_swizzle).
+N_GRANULE = 32
 
 DOMAINS: dict[str, tuple] = {
     "block_m": (64, 128),
@@ -140,6 +145,23 @@ def epilogue_rows_aligned(problem: Problem, config: MosaicGpuConfig, device: Dev
     row_bytes = config.epi_tile_n * tiling.geometry(problem, config).out_itemsize
     if row_bytes % 128:
         return f"epi_tile_n={config.epi_tile_n} gives {row_bytes}-byte rows; TMA stores need multiples of 128"
+    return None
+
+
+def epilogue_fits_swizzle(problem: Problem, config: MosaicGpuConfig, device: DeviceFingerprint) -> str | None:
+    # The epilogue tiles' swizzle narrows to what N divides (tiling.out_swizzle_bytes), and Mosaic GPU
+    # finds no layout for the accumulator's store into them (jax 0.11.2: every failing case lowered on a
+    # CPU) where a chunk holds more columns than the swizzle has bytes, or under swap_ab (a transposed
+    # store) where the swizzle is below 128 bytes.
+    item = tiling.geometry(problem, config).out_itemsize
+    swizzle = tiling.out_swizzle_bytes(problem.out_n, config.epi_tile_n, item)
+    if config.swap_ab and swizzle < 128:
+        return f"swap_ab stores through 128-byte swizzled tiles; {_out_columns(problem)} takes {swizzle}"
+    if config.epi_tile_n > swizzle:
+        return (
+            f"epi_tile_n={config.epi_tile_n} is wider than {_out_columns(problem)}'s {swizzle}-byte swizzle "
+            f"allows"
+        )
     return None
 
 
@@ -253,6 +275,7 @@ VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (
     split_k_linear,
     tma_box_fits,
     epilogue_rows_aligned,
+    epilogue_fits_swizzle,
     block_scale_steps,
     swap_ab_output_16bit,
     accumulator_fits_registers,
@@ -275,8 +298,7 @@ def check_problem(problem: Problem) -> None:
     backend's check declines the other ops first)."""
     if problem.scale_layout != "none":
         _check_fp8(problem)
-        if problem.out_n % 64:
-            raise Unsupported(f"{_out_columns(problem)} is not a multiple of 64 (the smallest block_n)")
+        _check_out_columns(problem)
         return
     if problem.lhs_dtype != problem.rhs_dtype or problem.lhs_dtype not in ("bfloat16", "float16"):
         raise Unsupported(
@@ -284,13 +306,18 @@ def check_problem(problem: Problem) -> None:
             f"lhs={problem.lhs_dtype} rhs={problem.rhs_dtype}"
         )
     # A partial last K step is zero-filled by TMA, whose rows must start on 16 bytes; the operand tiles'
-    # swizzle narrows to what divides K (kernel_sm90). The output's rows are stored through 128-byte
-    # swizzled tiles of 64 columns, and Mosaic GPU tiles the global output by them (jax 0.11.2 rounds
-    # no tiled dimension up): N (F under swiglu) a multiple of 64, its last CTA tile partial or not.
+    # swizzle narrows to what divides K (kernel_sm90).
     if problem.k % K_GRANULE:
         raise Unsupported(f"K={problem.k} is not a multiple of {K_GRANULE}")
-    if problem.out_n % 64:
-        raise Unsupported(f"{_out_columns(problem)} is not a multiple of 64 (the output's swizzled tiles)")
+    _check_out_columns(problem)
+
+
+def _check_out_columns(problem: Problem) -> None:
+    """Mosaic GPU tiles the global output (and [K, N] weights) by the shared-memory tiles, and rounds no
+    tiled dimension up (jax 0.11.2): N (F under swiglu) must be a whole number of the tiles of some
+    epilogue that lowers (N_GRANULE), its last CTA tile partial or not."""
+    if problem.out_n % N_GRANULE:
+        raise Unsupported(f"{_out_columns(problem)} is not a multiple of {N_GRANULE}")
 
 
 FP8_OPERANDS = ("float8_e4m3fn", "float8_e5m2")
@@ -387,7 +414,7 @@ def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
 SEEDS = 6
 # Places of the ranking where near-ties are broken by the family's order (cost.ranked).
 RANKED_PLACES = 64
-# Valid for every 16-bit problem check_problem() accepts (K a multiple of 16, N or F of 64; a partial
+# Valid for every 16-bit problem check_problem() accepts (K a multiple of 16, N or F of 32; a partial
 # last K step), and with 128-wide K steps for every FP8 one.
 _ALWAYS_VALID = MosaicGpuConfig(
     block_m=64, block_n=64, block_k=32, max_concurrent_steps=2, warp_specialized=False, wg_split="none"

@@ -60,6 +60,8 @@ DOMAINS: dict[str, tuple] = {
 }
 # Model fractions of the tensor cores' rate: one warpgroup both issuing copies and multiplying keeps one
 # wgmma group in flight; a producer warpgroup keeps the consumers' wgmmas back to back.
+# The output's sides: multiples of the narrowest swizzled tile's 16 bf16 columns (check_problem).
+DRHS_GRANULE = 16
 PLAIN_EFFICIENCY = 0.75
 SPECIALIZED_EFFICIENCY = 0.9
 # What a CTA of one item pays beyond a persistent CTA's item (start, barrier setup, exit): on the H200,
@@ -158,9 +160,11 @@ def check_problem(problem: Problem) -> None:
             f"lhs={problem.lhs_dtype} dout={problem.rhs_dtype}"
         )
     # Any tile takes a partial last one (kernel_drhs), but Mosaic GPU tiles the global arrays by the
-    # swizzled 64-column tiles.
-    if problem.k % 64 or problem.n % 64:
-        raise Unsupported(f"K={problem.k} and N={problem.n} must be multiples of 64 (the swizzled tiles)")
+    # swizzled tiles, whose rows narrow to what the sides divide, 32 bytes at the narrowest.
+    if problem.k % DRHS_GRANULE or problem.n % DRHS_GRANULE:
+        raise Unsupported(
+            f"K={problem.k} and N={problem.n} must be multiples of {DRHS_GRANULE} (the swizzled tiles)"
+        )
 
 
 def expected_steps(problem: Problem, config: MosaicGpuConfig) -> float:
@@ -299,7 +303,7 @@ def preferred(problem: Problem, device: DeviceFingerprint) -> list[MosaicGpuConf
     return list(seeds.values())
 
 
-# Valid wherever check_problem() accepts: K and N multiples of 64, 16-bit operands.
+# Valid wherever check_problem() accepts: K and N multiples of 16, 16-bit operands.
 ALWAYS_VALID = MosaicGpuConfig(
     block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, warp_specialized=False, wg_split="none"
 )

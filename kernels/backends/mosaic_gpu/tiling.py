@@ -12,6 +12,7 @@ with rows take tiles, and at most min(G + 1, M) groups have rows, which bounds t
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -31,6 +32,26 @@ BLOCK_SCALE_LAYOUT = "block_1x128_128x128"
 SCALE_LAYOUTS = (*EPILOGUE_SCALE_LAYOUTS, BLOCK_SCALE_LAYOUT)
 SCALE_BLOCK = 128
 BLOCK_SCALED_KS = (SCALE_BLOCK, 2 * SCALE_BLOCK)  # K steps of one or two scale blocks
+
+
+# Shared-memory swizzles wgmma and TMA take, widest first (bytes of a tile's contiguous row).
+SWIZZLES = (128, 64, 32)
+
+
+def swizzle_bytes(columns: int, item: int) -> int:
+    """The widest swizzle of which `columns` elements of `item` bytes are a whole number: Mosaic GPU tiles
+    the global array by the shared-memory tiles and rounds no tiled dimension up (jax 0.11.2), so a
+    dimension of 1440 bf16 columns (2880 bytes) takes 64-byte tiles, not 128-byte ones."""
+    width = columns * item
+    for swizzle in SWIZZLES:
+        if width % swizzle == 0:
+            return swizzle
+    raise ValueError(f"{columns} columns of {item} bytes are no whole number of {SWIZZLES[-1]}-byte tiles")
+
+
+def out_swizzle_bytes(out_n: int, epi_tile_n: int, item: int) -> int:
+    """The epilogue tiles' swizzle: what an epilogue chunk's columns and the output's both divide."""
+    return swizzle_bytes(math.gcd(epi_tile_n, out_n), item)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -196,11 +196,28 @@ def test_interpreted_partial_last_output_tiles(config, transpose):
     assert not out[1].any()
 
 
-@pytest.mark.parametrize("transpose", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_heuristic_partial_tiles_lower_for_hopper_at_gpt_oss_shapes(transpose):
-    # gpt-oss-120b's gate_up weight gradient (128 experts, T=4096 at top-4; K = 2880, 2F = 5760): no
-    # 128-wide tile divides 2880.
-    problem = Problem("grouped_matmul_drhs", 16384, 2880, 5760, 128, transpose_rhs=transpose)
+def test_interpreted_sides_of_half_and_quarter_swizzle_width():
+    # K = 96 (1.5 tiles of 64: 64-byte swizzled operand tiles, as 1440) and N = 176 (11 x 16: 32-byte).
+    sizes = [70, 0, 50]
+    lhs, dout = _operands(128, 96, 176)
+    out = _interpret(dataclasses.replace(SPLIT_N, block_k=64), lhs, dout, sizes)
+    assert np.isfinite(out).all(), "the interpreter's NaN-filled output was not fully overwritten"
+    np.testing.assert_allclose(out, _expected(lhs, dout, sizes), rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "k, n, transpose",
+    [
+        (2880, 5760, False),
+        pytest.param(2880, 5760, True, marks=pytest.mark.slow),
+        (1440, 2880, False),
+        pytest.param(2880, 1440, True, marks=pytest.mark.slow),
+    ],
+)
+def test_heuristic_partial_tiles_lower_for_hopper_at_gpt_oss_shapes(k, n, transpose):
+    # gpt-oss-120b's weight gradients (128 experts, T=4096 at top-4): gate_up's (K = 2880, 2F = 5760: no
+    # 128-wide tile divides 2880) and at TP=2 down's and gate_up's (1440 = 22.5 x 64: 64-byte swizzles).
+    problem = Problem("grouped_matmul_drhs", 16384, k, n, 128, transpose_rhs=transpose)
     config = BACKEND.heuristic(problem, H200)
     t = tiling.drhs_tiles(problem.k, problem.n, transpose, config)
     assert t.p % t.tile_p or t.q % t.cta_q
@@ -266,8 +283,9 @@ def test_a_chained_item_is_bound_by_its_shared_memory_traffic_and_two_stages_lea
 
 
 def test_problems_the_kernel_cannot_tile_are_declined():
-    with pytest.raises(Unsupported, match="multiples of 64"):
-        BACKEND.check(Problem("grouped_matmul_drhs", 64, 96, 128, 2))
+    with pytest.raises(Unsupported, match="multiples of 16"):
+        BACKEND.check(Problem("grouped_matmul_drhs", 64, 1416, 128, 2))
+    BACKEND.check(Problem("grouped_matmul_drhs", 64, 1440, 1424, 2))  # 22.5 x 64, 89 x 16
     with pytest.raises(Unsupported, match="bfloat16 or float16"):
         BACKEND.check(
             Problem("grouped_matmul_drhs", 64, 128, 128, 2, lhs_dtype="float32", rhs_dtype="float32")

@@ -150,6 +150,8 @@ def test_interpreted_partial_last_k_step_and_column_tile(op, layout, config, k, 
         ("grouped_matmul_fp8", 2880, 2880),
         ("grouped_matmul_fp8", 1440, 2880),
         ("grouped_matmul_swiglu_fp8", 2880, 5760),
+        ("grouped_matmul_fp8", 2880, 1440),  # TP=2's N and F: 22.5 x 64
+        ("grouped_matmul_swiglu_fp8", 2880, 2880),
     ],
 )
 def test_heuristic_tail_configs_lower_for_hopper_at_gpt_oss_shapes(op, k, n, tokens):

@@ -262,6 +262,8 @@ TAIL_PLAIN = C(block_m=64, block_n=128, block_k=64, max_concurrent_steps=2, **PL
         pytest.param(TAIL_PLAIN, 96, 2880, False, marks=pytest.mark.slow),
         # 12 steps (the last partial), 6 a split
         pytest.param(dataclasses.replace(TAIL_WS, split_k=2), 1440, 320, False, marks=pytest.mark.slow),
+        # N = 160 (2.5 x 64, as 1440): 32-column swizzled output tiles, [K, N] weights likewise
+        pytest.param(TAIL_WS, 192, 160, False, marks=pytest.mark.slow),
     ],
 )
 def test_interpreted_partial_last_k_step_and_column_tile(config, k, n, transpose):
@@ -349,7 +351,7 @@ def test_kernel_name_tags_the_config():
     assert kernel_sm90.kernel_name(C(stagger_consumers=True)).endswith("_sk1_stag")
 
 
-GPT_OSS_WIDTHS = [(2880, 2880), (1440, 2880), (2880, 5760), (2048, 1408), (1408, 2816)]
+GPT_OSS_WIDTHS = [(2880, 2880), (1440, 2880), (2880, 5760), (2048, 1408), (1408, 2816), (2880, 1440)]
 
 
 @pytest.mark.parametrize("tokens", [4096, 16384])
@@ -359,6 +361,27 @@ def test_heuristic_tail_configs_lower_for_hopper_at_full_size(k, n, tokens):
     problem = Problem("grouped_matmul", m=tokens * 4, k=k, n=n, g=128)
     config = space.heuristic(problem, HOPPER)
     assert "mosaic_gpu" in _lower(config, problem.m, k, n, problem.g).mlir_module()
+
+
+@pytest.mark.parametrize(
+    "config, lowers",
+    [
+        (C(block_m=128, block_n=128, block_k=64, max_concurrent_steps=2, epi_tile_n=64), True),
+        (C(block_m=128, block_n=128, block_k=64, max_concurrent_steps=2, epi_tile_n=128), False),
+        (C(block_m=16, block_n=64, block_k=64, wg_split="none", warp_specialized=False), False),
+    ],
+)
+def test_the_epilogue_swizzle_constraint_is_what_lowers(config, lowers):
+    # N = 1440 narrows the output's swizzled tiles to 32 columns: space.epilogue_fits_swizzle refuses
+    # exactly the epilogues Mosaic GPU cannot lay the accumulator's store out for (jax 0.11.2); should a
+    # newer one lower them, this fails and the constraint can go.
+    problem = Problem("grouped_matmul", m=64, k=2880, n=1440, g=16)
+    assert (space.epilogue_fits_swizzle(problem, config, HOPPER) is None) == lowers
+    if lowers:
+        assert "mosaic_gpu" in _lower(config, 64, 2880, 1440, 16).mlir_module()
+    else:
+        with pytest.raises(ValueError, match="Failed to infer a possible set of layouts"):
+            _lower(config, 64, 2880, 1440, 16)
 
 
 @pytest.mark.parametrize("op, k, n", [("grouped_matmul", 768, 2048), ("grouped_matmul_swiglu", 2048, 1536)])

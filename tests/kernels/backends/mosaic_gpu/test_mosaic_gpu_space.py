@@ -78,7 +78,9 @@ def test_n_tiles_fit_takes_a_partial_last_tile_but_not_under_block_scales():
     assert _reason(space.n_tiles_fit, _fp8(4096, 384), C(block_n=128, wg_split="none")) is None
 
 
-@pytest.mark.parametrize("k, n", [(2880, 2880), (1440, 2880), (2880, 5760), (2048, 1408), (1408, 2816)])
+@pytest.mark.parametrize(
+    "k, n", [(2880, 2880), (1440, 2880), (2880, 5760), (2048, 1408), (1408, 2816), (2880, 1440)]
+)
 def test_partial_widths_are_problems_and_full_width_tail_configs_pass_every_validity_constraint(k, n):
     problem = dataclasses.replace(GATE_UP, k=k, n=n)
     space.check_problem(problem)
@@ -86,6 +88,30 @@ def test_partial_widths_are_problems_and_full_width_tail_configs_pass_every_vali
     assert all(c(problem, wide, HOPPER) is None for c in space.VALIDITY_CONSTRAINTS)
     with pytest.raises(Unsupported, match="K=2888 is not a multiple of 16"):
         space.check_problem(dataclasses.replace(problem, k=2888))
+
+
+def test_n_need_only_be_a_multiple_of_32_and_the_swiglu_up_columns_of_f():
+    # gpt-oss at TP=2: F = 1440 = 22.5 x 64, under swiglu rhs [G, 2880, 2880].
+    space.check_problem(Problem("grouped_matmul_swiglu", m=4096, k=2880, n=2880, g=128))
+    space.check_problem(_fp8(2880, 1440, "row_channel"))
+    with pytest.raises(Unsupported, match="N=1424 is not a multiple of 32"):
+        space.check_problem(dataclasses.replace(GATE_UP, k=2880, n=1424))
+    with pytest.raises(Unsupported, match="F=712 is not a multiple of 32"):
+        space.check_problem(Problem("grouped_matmul_swiglu", m=4096, k=2880, n=1424, g=128))
+
+
+def test_epilogue_fits_the_swizzle_that_n_takes():
+    # N = 1440 takes 64-byte (32-column) swizzled epilogue tiles: 64-column chunks store through them,
+    # 128-column chunks and swap_ab's transposed stores do not lower (jax 0.11.2).
+    n_1440 = dataclasses.replace(GATE_UP, k=2880, n=1440)
+    assert _reason(space.epilogue_fits_swizzle, n_1440, C(epi_tile_n=64)) is None
+    assert "64-byte swizzle" in _reason(space.epilogue_fits_swizzle, n_1440, C(epi_tile_n=128))
+    swap = C(block_m=16, block_n=64, wg_split="none", warp_specialized=False)
+    assert "swap_ab" in _reason(space.epilogue_fits_swizzle, n_1440, swap)
+    assert _reason(space.epilogue_fits_swizzle, GATE_UP, swap) is None
+    # float32 partial sums (split-K): 32 columns are 128 bytes, so 128-column chunks fit.
+    split = dataclasses.replace(n_1440, m=64)
+    assert _reason(space.epilogue_fits_swizzle, split, C(block_m=64, epi_tile_n=128, split_k=2)) is None
 
 
 def test_tma_box_fits():

@@ -84,6 +84,9 @@ def test_interpreted_every_row_in_one_expert_transposed_plain():
     [
         (dataclasses.replace(PLAIN, block_n=128), 160, 192, False),  # F = 1.5 tiles; K = 2.5 steps of 64
         pytest.param(WS_N, 96, 320, True, marks=pytest.mark.slow),  # F = 2.5 CTA tiles of 128
+        # F = 96 (1.5 x 64, as 1440): 64-byte swizzled output and [K, 2F] weight tiles, the up tile 96
+        # columns on
+        pytest.param(dataclasses.replace(PLAIN, block_n=64), 160, 96, False, marks=pytest.mark.slow),
     ],
 )
 def test_interpreted_partial_last_column_tile_and_k_step(config, k, f, transpose):
@@ -93,11 +96,12 @@ def test_interpreted_partial_last_column_tile_and_k_step(config, k, f, transpose
 
 @pytest.mark.parametrize("tokens", [4096, pytest.param(16384, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("transpose", [False, True])
-def test_heuristic_tail_configs_lower_for_hopper_at_gpt_oss_gate_up(tokens, transpose):
-    # gpt-oss-120b's gate_up: 128 experts, top-4, H = F = 2880.
-    problem = _problem(tokens * 4, 2880, 2 * 2880, 128, transpose)
+@pytest.mark.parametrize("f", [2880, 1440])
+def test_heuristic_tail_configs_lower_for_hopper_at_gpt_oss_gate_up(tokens, transpose, f):
+    # gpt-oss-120b's gate_up: 128 experts, top-4, H = F = 2880; at TP=2 F = 1440 (22.5 x 64).
+    problem = _problem(tokens * 4, 2880, 2 * f, 128, transpose)
     config = space.heuristic(problem, HOPPER)
-    assert "mosaic_gpu" in _lower(config, problem.m, 2880, 2 * 2880, 128, transpose).mlir_module()
+    assert "mosaic_gpu" in _lower(config, problem.m, 2880, 2 * f, 128, transpose).mlir_module()
 
 
 def _lower(config, m, k, n, g, transpose=False):
