@@ -359,9 +359,9 @@ def layer_entries(run: dict) -> list[dict]:
 def block_entries(run: dict) -> list[dict]:
     """One entry per case of a bench_block.py --out file whose moetune block was timed: the forward MoE
     block, with the same block on tokamax's and XLA's grouped GEMMs and in PyTorch (where they ran) and
-    moetune's unfused and fused forms as peers, each stage of moetune's block (median ms) and each
-    method's kernel count and kernels' times in params, and the touched weights' HBM roofline as a bound
-    where the run recorded it."""
+    moetune's unfused and fused forms as peers, each stage of moetune's block (median ms), each method's
+    kernel count and kernels' times, and what moe_mlp ran for moetune's methods (the block's config and
+    its source) in params, and the touched weights' HBM roofline as a bound where the run recorded it."""
     entries = []
     for case, samples, peers in _moetune_cases(run):
         params = {key: case[key] for key in ("model", "tokens", "experts", "top_k", "hidden", "ffn")}
@@ -375,6 +375,10 @@ def block_entries(run: dict) -> list[dict]:
             for m, r in case["methods"].items()
             if "kernel_ms" in r
         }
+        # What moe_mlp ran for moetune's own methods: the block's config and its source, or why not.
+        blocks = {m: r["block"] for m, r in case["methods"].items() if "block" in r}
+        if blocks:
+            params["block"] = blocks
         fields = {"params": params, "peers": peers}
         if "roofline_ms" in case:  # the touched experts' weight bytes at the HBM read rate
             fields["bounds"] = {"hbm_roofline": round(case["roofline_ms"], 6)}

@@ -326,6 +326,25 @@ def fused_skip_reason(model: dev_shapes.Model, args) -> str | None:
     return None if choice.config is not None else choice.reason
 
 
+def block_decision(model: dev_shapes.Model, method: str, args) -> dict:
+    """What moe_mlp ran for one of moetune's own methods: the fused block's config and where it came
+    from (a tuned winner, the nearest tuned T, the heuristic), or why it kept the unfused path; a row of
+    the block table is then reproducible and the block's cost model can be set beside it."""
+    from moetune.kernels.moe.layer import decode_choice
+
+    mode = {"moetune": "auto", "moetune_fused": "kernel"}.get(method)
+    if mode is None:
+        return {}
+    x, logits, w_gate_up, _ = args
+    choice = decode_choice(x, logits, w_gate_up, model.top_k, decode_mode=mode)
+    if choice.config is None:
+        return {"block": {"fused": False, "reason": choice.reason}}
+    block = {"fused": True, "config": choice.config.to_dict(), "reason": choice.reason}
+    if choice.explanation is not None:
+        block["source"] = choice.explanation.source
+    return {"block": block}
+
+
 def measure_torch(model, args, runs, reference) -> dict:
     """The PyTorch block's entry, on DLPack views of the JAX arrays."""
     import jax
@@ -354,6 +373,7 @@ def measure_methods(model, tokens, args, runs, methods, timer, counter) -> dict:
                 entries[method] = measure_torch(model, args, runs, reference)
                 continue
             entries[method], out = measure_jax(model, method, args, runs, reference, timer, counter)
+            entries[method] |= block_decision(model, method, args)
             if method == "moetune":
                 reference = out
         except Exception as e:  # noqa: BLE001 - a method that fails is a record, not the end of the run

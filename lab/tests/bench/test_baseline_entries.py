@@ -471,6 +471,7 @@ def test_a_block_run_keeps_each_methods_kernel_count_and_the_roofline_its_shares
         "moetune_fused": {
             "samples_ms": [0.04, 0.04], "median_ms": 0.04, "kernels": 2,
             "kernel_names": ["moetune_decode_up", "moetune_decode_down"], "kernel_ms": [0.025, 0.015],
+            "block": {"fused": True, "config": {"block_f": 64}, "source": "heuristic", "reason": "r"},
         },
     }  # fmt: skip
     case = bench_block.case_record(model, 1, methods, {}, roofline_ms=0.02)
@@ -483,6 +484,8 @@ def test_a_block_run_keeps_each_methods_kernel_count_and_the_roofline_its_shares
     }
     assert made["bounds"] == {"hbm_roofline": 0.02}
     assert quotes.value(made, "roof:moetune_fused") == pytest.approx(0.5)
+    # Which config the fused block ran, and from where: the row can be rerun and modelled.
+    assert made["params"]["block"] == {"moetune_fused": methods["moetune_fused"]["block"]}
 
 
 def _timed(ms, **extra):

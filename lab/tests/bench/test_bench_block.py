@@ -53,8 +53,11 @@ def test_a_case_records_every_method_and_stage():
     assert methods["moetune"]["kernel_names"] == ["route", "gemm"]
     assert methods["moetune"]["kernel_ms"] == [0.25, 0.75]
     assert record["roofline_ms"] == 0.5 and methods["moetune_unfused"]["kernels"] == 2
-    # The fused block needs a Hopper GPU: here it is a skipped record naming why.
+    # The fused block needs a Hopper GPU: here it is a skipped record naming why, and moe_mlp's own
+    # choice (decode_mode "auto") is recorded with its reason.
     assert "the fused block does not run" in methods["moetune_fused"]["skipped"]
+    assert methods["moetune"]["block"]["fused"] is False and methods["moetune"]["block"]["reason"]
+    assert "block" not in methods["moetune_unfused"]
     assert methods["xla"]["rel_err"] < bench_block.PARITY_MAX_REL_ERR
     for peer in ("tokamax", "torch_grouped_mm"):  # absent or GPU-only here: a record, not a crash
         assert "median_ms" in methods[peer] or len(methods[peer]["error"]) <= 300
