@@ -302,6 +302,7 @@ def grouped_matmul_fp8(
     backend: str | None = None,
     config: KernelConfig | None = None,
     fallback: bool | None = None,
+    group_offset: Any = None,
 ) -> jax.Array:
     """out[M, N] = grouped_matmul of the dequantized operands: lhs [M, K] and rhs [G, K, N] (or [G, N, K])
     in float8_e4m3fn or float8_e5m2, each times its float32 scale in `scale_layout` ("tensor",
@@ -311,12 +312,13 @@ def grouped_matmul_fp8(
     The layout is part of the Problem key: each layout is tuned and looked up apart. A scale of the wrong
     shape or dtype raises ConfigInvalid at trace time naming it and the shape it needs; a backend that
     cannot serve the layout declines (Unsupported) and the call falls through as `grouped_matmul`'s does
-    (`backend`, `config`, `fallback` as there). No gradient (an inference op).
+    (`backend`, `config`, `fallback` and `group_offset` as there: rhs and its scale then hold the local
+    slice of experts). No gradient (an inference op).
     """
     return call_scaled_op(
         ops.GROUPED_MATMUL_FP8, lhs, lhs_scale, rhs, rhs_scale, group_sizes, scale_layout=scale_layout,
         transpose_rhs=transpose_rhs, preferred_element_type=preferred_element_type, backend=backend,
-        config=config, fallback=fallback,
+        config=config, fallback=fallback, group_offset=group_offset,
     )  # fmt: skip
 
 
@@ -332,7 +334,7 @@ def grouped_matmul_swiglu_fp8(
 ) -> jax.Array:
     """out[M, F] = silu(h[:, :F]) * h[:, F:] with h the float32 product of `grouped_matmul_fp8` into
     rhs [G, K, 2F]; the keyword `options` (transpose_rhs, preferred_element_type, backend, config,
-    fallback) as there."""
+    fallback, group_offset) as there."""
     return call_scaled_op(
         ops.GROUPED_MATMUL_SWIGLU_FP8, lhs, lhs_scale, rhs, rhs_scale, group_sizes,
         scale_layout=scale_layout, **options,
@@ -353,11 +355,16 @@ def call_scaled_op(
     backend: str | None = None,
     config: KernelConfig | None = None,
     fallback: bool | None = None,
+    group_offset: Any = None,
 ) -> jax.Array:
     """The registered op `op` with scale operands (an FP8 op) on lhs, lhs_scale, rhs, rhs_scale and
-    group_sizes, dispatched as `call_op` dispatches; the scales are checked against `scale_layout` first."""
+    group_sizes, dispatched as `call_op` dispatches (`group_offset` included: rhs and rhs_scale hold the
+    local slice of experts); the scales are checked against `scale_layout` first."""
     lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
     lhs_scale, rhs_scale = jnp.asarray(lhs_scale), jnp.asarray(rhs_scale)
+    row_start = None
+    if group_offset is not None:
+        group_sizes, row_start = _local_slice(op, lhs, rhs, group_sizes, group_offset, transpose_rhs, None)
     problem = problem_of(
         lhs,
         rhs,
@@ -368,8 +375,9 @@ def call_scaled_op(
         scale_layout=scale_layout,
     )
     fp8_scales.check_scales(problem, lhs_scale, rhs_scale)
-    _, kernel = _use(problem, backend, config, fallback)
-    return kernel(lhs, lhs_scale, rhs, rhs_scale, group_sizes.astype(jnp.int32))
+    _, kernel = _use(problem, backend, config, fallback, sliced=row_start is not None)
+    operands = (lhs, lhs_scale, rhs, rhs_scale, group_sizes.astype(jnp.int32))
+    return kernel(*operands) if row_start is None else kernel(*operands, row_start=row_start)
 
 
 def _use(

@@ -51,15 +51,20 @@ def moe_mlp_fp8(
     fuse: bool = True,
     routing_mode: str = "auto",
     transpose_weights: bool = False,
+    group_offset: Array | None = None,
 ) -> Array:
     """Routed MoE MLP as `moe_mlp`, with w_gate_up [E, H, 2F] and w_down [E, F, H] in FP8 ([E, 2F, H]
     and [E, H, F] with `transpose_weights`) and their float32 scales in `scale_layout`; x and the hidden
     rows are quantized to the weights' FP8 dtype in the same layout on the fly. Returns [T, H] in x's
-    dtype. ConfigInvalid names a scale whose shape or dtype does not fit, or weights that are not FP8."""
-    from moetune.kernels.moe.layer import _down_and_combine, route_rows
+    dtype. `group_offset` as moe_mlp's: the weights and their scales hold the local slice of experts
+    [offset, offset + E_local), and the result sums over those only. ConfigInvalid names a scale whose
+    shape or dtype does not fit, or weights that are not FP8."""
+    from moetune.kernels.moe.layer import _all_experts, _down_and_combine, route_rows
 
-    # Checked as the [E, K, N] weights they are the transposes of.
+    # Checked as the [E, K, N] weights they are the transposes of, a local slice as the whole layer's.
     weights = [_as_kn(w) if transpose_weights else w for w in (w_gate_up, w_down)]
+    if group_offset is not None:
+        weights = [_all_experts(w, router_logits) for w in weights]
     check_moe_args(x, router_logits, *weights, top_k=top_k, activation=activation)
     dtype = _fp8_dtype(w_gate_up, w_down)
     tokens, hidden = x.shape
@@ -76,6 +81,7 @@ def moe_mlp_fp8(
     if x_scale.shape[0] == tokens:
         x_scale = jnp.take(x_scale, rows.row_token, axis=0, mode="clip")
     scales = {"scale_layout": scale_layout, "backend": backend, "transpose_rhs": transpose_weights}
+    scales["group_offset"] = group_offset  # rows of other experts come out zero, and so add nothing
 
     fused_op = FUSED_OP.get(activation) if fuse else None
     if fused_op is not None and _serves(fused_op, gate_up, backend):

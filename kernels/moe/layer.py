@@ -300,26 +300,25 @@ def moe_mlp(
     block's decision, or the grouped GEMMs' of this path.
     """
     if scale_layout != "none":
-        if group_offset is not None:
-            raise Unsupported("moe_mlp with FP8 experts takes no group_offset yet: give the whole layer")
         from moetune.kernels.moe.fp8 import moe_mlp_fp8  # it builds on this module
 
         choice = decode_choice(
             x, router_logits, w_gate_up, top_k, activation, backend, fuse, decode_mode,
-            scale_layout=scale_layout, transpose_weights=transpose_weights,
+            sliced=group_offset is not None, scale_layout=scale_layout, transpose_weights=transpose_weights,
         )  # fmt: skip
         choice.note_declined()
         if choice.kernel is not None:  # forward only: FP8 experts are served for inference
             note_use(choice.explanation)  # the op "moe_decode_block_fp8", its config and source
             return choice.kernel(
                 x, router_logits, w_gate_up, w_gate_up_scale, w_down, w_down_scale, renormalize=renormalize,
-                interpret=choice.interpret,
+                group_offset=group_offset, interpret=choice.interpret,
             )  # fmt: skip
 
         return moe_mlp_fp8(
             x, router_logits, w_gate_up, w_gate_up_scale, w_down, w_down_scale, top_k=top_k,
             scale_layout=scale_layout, renormalize=renormalize, activation=activation, backend=backend,
             fuse=fuse, routing_mode=routing_mode, transpose_weights=transpose_weights,
+            group_offset=group_offset,
         )  # fmt: skip
     # A local slice is checked as the whole layer's weights would be.
     whole = [w if group_offset is None else _all_experts(w, router_logits) for w in (w_gate_up, w_down)]

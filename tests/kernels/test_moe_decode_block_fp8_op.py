@@ -156,3 +156,30 @@ def test_auto_takes_the_fp8_block_only_for_a_tuned_winner_that_is_the_block():
     assert [(c.problem, c.config, c.source) for c in calls] == [(problem, fused, "overlay exact")]
     ref = reference_of(problem)(x, logits, w_gate_up, gate_up_scale, w_down, down_scale)
     assert relative_error(out, ref) < 1e-2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["row_channel", "block_1x128_128x128"])
+def test_the_fp8_block_on_a_local_slice_of_experts_sums_its_experts_only(layout):
+    # Expert parallelism: two shards of four experts each; in the interpreter moe_mlp runs the FP8 block
+    # on each shard's weights and scales (group_offset), and the shards add up to the whole layer.
+    problem = _problem(layout)
+    x, logits, w_gate_up, gate_up_scale, w_down, down_scale = _operands(problem)
+    per_expert = lambda s, e: s[e : e + 4] if s.shape[0] == problem.g else s  # noqa: E731
+
+    def shard(e):
+        choice = layer.decode_choice(
+            x, logits, w_gate_up[e : e + 4], 2, decode_mode="interpret", sliced=True,
+            scale_layout=layout, transpose_weights=True,
+        )  # fmt: skip
+        assert choice.kernel is not None, choice.reason
+        return layer.moe_mlp(
+            x, logits, w_gate_up[e : e + 4], w_down[e : e + 4], top_k=2, decode_mode="interpret",
+            scale_layout=layout, transpose_weights=True, w_gate_up_scale=per_expert(gate_up_scale, e),
+            w_down_scale=per_expert(down_scale, e), group_offset=jnp.asarray([e], jnp.int32),
+        )  # fmt: skip
+
+    halves = [np.asarray(shard(e), np.float64) for e in (0, 4)]
+    ref = np.asarray(reference_of(problem)(x, logits, w_gate_up, gate_up_scale, w_down, down_scale))
+    assert relative_error(halves[0] + halves[1], ref) < 1e-2
+    assert relative_error(halves[0], ref) > 0.1  # one shard alone is not the layer

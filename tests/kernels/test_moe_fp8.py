@@ -106,3 +106,28 @@ def test_k_major_fp8_weights_give_the_same_layer(layer_inputs, layout):
     np.testing.assert_allclose(
         np.asarray(out, np.float32), np.asarray(want, np.float32), rtol=1e-5, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("layout", ["row_channel", "block_1x128_128x128"])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_fp8_experts_split_over_shards_sum_to_the_whole_layer(layer_inputs, layout, transpose):
+    # Expert parallelism: each shard holds two of the four experts' FP8 weights and scales
+    # (group_offset) and sums over those only. The activations' scales are per token and block here, so
+    # each shard quantizes every row as the whole layer does: the halves add up to it but for float32
+    # summation order and one bf16 rounding per half.
+    x, logits, w_gate_up, w_down, bf16 = layer_inputs
+    (gu, sgu), (d, sd) = (quantize_weights(w, layout, transpose=transpose) for w in (w_gate_up, w_down))
+
+    def layer(gu, sgu, d, sd, offset=None):
+        return moe_mlp(
+            x, logits, gu, d, w_gate_up_scale=sgu, w_down_scale=sd, top_k=TOP_K, scale_layout=layout,
+            transpose_weights=transpose, group_offset=offset,
+        )  # fmt: skip
+
+    whole = np.asarray(jax.jit(layer)(gu, sgu, d, sd), np.float64)
+    local = lambda e: (gu[e : e + 2], sgu[e : e + 2], d[e : e + 2], sd[e : e + 2])  # noqa: E731
+    halves = [jax.jit(layer)(*local(e), jnp.asarray([e], jnp.int32)) for e in (0, 2)]
+    summed = np.asarray(halves[0], np.float64) + np.asarray(halves[1], np.float64)
+    assert frobenius_error(summed, whole) < 1e-2
+    assert frobenius_error(halves[0], whole) > 0.2  # one half alone is not the layer
+    assert FLOOR < frobenius_error(summed, bf16) < BOUND

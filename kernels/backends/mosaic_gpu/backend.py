@@ -42,7 +42,15 @@ class MosaicGpuBackend(Backend):
     shared_kernel_modules = ("moetune.kernels.moe.decode_block", "moetune.kernels.moe.routing_kernel")
     # The 16-bit kernels take a local slice's `row_start` (the forward ones through the row-tile table);
     # the FP8 ones do not yet.
-    serves_group_offset = frozenset({"grouped_matmul", "grouped_matmul_swiglu", "grouped_matmul_drhs"})
+    serves_group_offset = frozenset(
+        {
+            "grouped_matmul",
+            "grouped_matmul_swiglu",
+            "grouped_matmul_drhs",
+            "grouped_matmul_fp8",
+            "grouped_matmul_swiglu_fp8",
+        }
+    )
     prior_compile_s = 2.5  # 1.4-4 s per candidate on the H200's tuning workers (tuner/driver.py)
 
     def available(self, device: DeviceFingerprint) -> str | None:

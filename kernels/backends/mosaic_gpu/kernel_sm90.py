@@ -754,14 +754,17 @@ def grouped_matmul_fp8(
     out_dtype: Any = None,
     rows: int | None = None,
     op: str = GROUPED_MATMUL_FP8,
+    row_start: jax.Array | None = None,
 ) -> jax.Array:
     """The FP8 grouped GEMM: dequant(lhs) [M, K] @ dequant(rhs) [G, N, K] per group -> [M, N], bf16
     unless `out_dtype` says otherwise, for the scale layouts of tiling.SCALE_LAYOUTS (scale shapes as
     kernels/ops/fp8_scales.py gives them). Weights must be K-major (`transpose_rhs`). `op` the SwiGLU
-    op: silu(gate) * up into rhs [G, 2F, K], gate and up each scaled first (grouped_matmul_swiglu_fp8)."""
+    op: silu(gate) * up into rhs [G, 2F, K], gate and up each scaled first (grouped_matmul_swiglu_fp8).
+    `row_start` as grouped_matmul's: rhs and rhs_scale hold a local slice of experts whose rows start
+    there (the token scales are read by lhs row, wherever the slice starts)."""
     return _grouped(
         op, lhs, rhs, group_sizes, config, num_sms, transpose_rhs, out_dtype, rows,
-        scales=(lhs_scale, rhs_scale), scale_layout=scale_layout,
+        scales=(lhs_scale, rhs_scale), scale_layout=scale_layout, row_start=row_start,
     )  # fmt: skip
 
 

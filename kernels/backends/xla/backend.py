@@ -96,10 +96,12 @@ def _first_scaled_rows(kernel: Callable[..., Any], m: int) -> Callable[..., Any]
     """`_first_rows` for an FP8 op (lhs, lhs_scale, rhs, rhs_scale, group_sizes): a per-row lhs scale
     carries the same rows past m as lhs."""
 
-    def on_first_rows(lhs: Any, lhs_scale: Any, rhs: Any, rhs_scale: Any, group_sizes: Any) -> Any:
+    def on_first_rows(
+        lhs: Any, lhs_scale: Any, rhs: Any, rhs_scale: Any, group_sizes: Any, row_start: Any = None
+    ) -> Any:
         if lhs.shape[0] > m:
             per_row = lhs_scale.shape[0] == lhs.shape[0]
             lhs, lhs_scale = lhs[:m], lhs_scale[:m] if per_row else lhs_scale
-        return kernel(lhs, lhs_scale, rhs, rhs_scale, group_sizes)
+        return kernel(lhs, lhs_scale, rhs, rhs_scale, group_sizes, row_start=row_start)
 
     return on_first_rows

@@ -298,7 +298,7 @@ def _drhs_chunked(lhs, dout, group_sizes, g, chunk_m, items_per_step, row_start=
 
 
 def _fp8_product(
-    lhs, lhs_scale, rhs, rhs_scale, group_sizes, *, config, transpose_rhs, scale_layout
+    lhs, lhs_scale, rhs, rhs_scale, group_sizes, *, config, transpose_rhs, scale_layout, row_start=None
 ) -> jax.Array:
     """The float32 product of FP8 operands and their scales [M, N], by layout:
 
@@ -312,12 +312,14 @@ def _fp8_product(
                          (XLA fuses the multiply into the GEMM's operand) and multiplied at full float32
                          precision. A kernel that sums 128-wide K steps apart and scales each (as the
                          Mosaic GPU one will) computes the same up to float32 rounding.
+    `row_start` as grouped_matmul's: the groups are a local slice of experts starting at that row.
     """
     if scale_layout == "block_1x128_128x128":
         lhs32, rhs32 = fp8_scales.dequantize(lhs, lhs_scale), fp8_scales.dequantize(rhs, rhs_scale)
         return grouped_matmul(
-            lhs32, rhs32, group_sizes, config=config, transpose_rhs=transpose_rhs, out_dtype=jnp.float32
-        )
+            lhs32, rhs32, group_sizes, config=config, transpose_rhs=transpose_rhs, out_dtype=jnp.float32,
+            row_start=row_start,
+        )  # fmt: skip
     unscaled = grouped_matmul(
         lhs.astype(jnp.bfloat16),
         rhs.astype(jnp.bfloat16),
@@ -325,17 +327,19 @@ def _fp8_product(
         config=config,
         transpose_rhs=transpose_rhs,
         out_dtype=jnp.dtype(jnp.float32),
+        row_start=row_start,
     )
     g = rhs.shape[0]
     per_expert = rhs_scale.reshape(g, -1)  # [g, 1] (tensor) or [g, N] (row_channel)
-    row_scale = per_expert[jnp.minimum(_row_groups(group_sizes, lhs.shape[0]), g - 1)]
-    # Rows past the groups are zero in `unscaled` and stay zero.
+    row_scale = per_expert[jnp.minimum(_row_groups(group_sizes, lhs.shape[0], row_start), g - 1)]
+    # Rows outside the groups are zero in `unscaled` and stay zero.
     return unscaled * lhs_scale.reshape(-1, 1) * row_scale
 
 
 def _scaled(
-    activation, lhs, lhs_scale, rhs, rhs_scale, group_sizes, *, config, transpose_rhs, out_dtype, scale_layout
-) -> jax.Array:
+    activation, lhs, lhs_scale, rhs, rhs_scale, group_sizes, *, config, transpose_rhs, out_dtype,
+    scale_layout, row_start=None,
+) -> jax.Array:  # fmt: skip
     """The FP8 op's output: its float32 product, then `activation` on it ("" for none) as the 16-bit
     gated ops apply it, cast to the output dtype once."""
     product = _fp8_product(
@@ -347,6 +351,7 @@ def _scaled(
         config=config,
         transpose_rhs=transpose_rhs,
         scale_layout=scale_layout,
+        row_start=row_start,
     )
     return (gated_activation(activation, product) if activation else product).astype(out_dtype)
 

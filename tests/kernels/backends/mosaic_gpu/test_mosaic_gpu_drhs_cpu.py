@@ -291,4 +291,4 @@ def test_problems_the_kernel_cannot_tile_are_declined():
             Problem("grouped_matmul_drhs", 64, 128, 128, 2, lhs_dtype="float32", rhs_dtype="float32")
         )
     assert BACKEND.takes_group_offset("grouped_matmul_drhs") and BACKEND.takes_group_offset("grouped_matmul")
-    assert not BACKEND.takes_group_offset("grouped_matmul_fp8")
+    assert BACKEND.takes_group_offset("grouped_matmul_fp8")

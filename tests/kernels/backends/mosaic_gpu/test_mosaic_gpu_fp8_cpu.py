@@ -102,6 +102,30 @@ def test_interpreted_scales_in_the_epilogue_match_the_dequantized_reference(op, 
 
 
 @pytest.mark.parametrize(
+    "op, layout, config",
+    [("grouped_matmul_fp8", "row_channel", WS), ("grouped_matmul_swiglu_fp8", "tensor", PLAIN)],
+    ids=["row_channel-ws", "tensor-swiglu-plain"],
+)
+def test_interpreted_local_slice_of_experts_matches_the_whole_on_its_rows(op, layout, config):
+    # Expert parallelism: the weights and their scales of experts 1 and 2 only, whose rows start at row
+    # 13; the rows of the other experts and past the groups come out zero.
+    problem = _problem(op, layout)
+    lhs, lhs_scale, rhs, rhs_scale, sizes = _inputs(problem)
+    per_expert = rhs_scale.shape[0] == rhs.shape[0]
+    local_scale = rhs_scale[1:3] if per_expert else rhs_scale
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
+        whole = _kernel(problem, config, num_sms=3)(lhs, lhs_scale, rhs, rhs_scale, sizes)
+        local = _kernel(problem, config, num_sms=3)(
+            lhs, lhs_scale, rhs[1:3], local_scale, sizes[1:3], row_start=jnp.int32(SIZES[0])
+        )
+    whole, local = np.asarray(whole.astype(jnp.float32)), np.asarray(local.astype(jnp.float32))
+    mine = slice(SIZES[0], sum(SIZES[:3]))
+    np.testing.assert_array_equal(local[mine], whole[mine])
+    assert np.abs(local[mine]).max() > 0.1
+    assert not local[: SIZES[0]].any() and not local[mine.stop :].any()
+
+
+@pytest.mark.parametrize(
     "config",
     [WS, PLAIN, SWAB, *TWO_BLOCKS.values(), *STAGGERED.values()],
     ids=["ws", "plain", "swap_ab", *TWO_BLOCKS, *STAGGERED],
