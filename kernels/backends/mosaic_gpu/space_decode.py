@@ -237,9 +237,9 @@ def _ranked(
 def ranking(
     problem: Problem, device: DeviceFingerprint
 ) -> tuple[tuple[DecodeBlockConfig, cost.Estimate], ...]:
-    """The fused configs the heuristic considers, best first: each kernel's best few (SEEDS), paired in
-    the order of their summed estimate, those the whole space admits. Empty where the device has no
-    hardware facts."""
+    """The fused configs the heuristic considers, best first: each kernel's best few (SEEDS), those pairs
+    the whole space admits, in the order of the pair's estimate (within TIE, of the kernels' ranks).
+    Empty where the device has no hardware facts."""
     try:
         hardware.facts(device.compute_capability)
     except Unsupported:
@@ -258,7 +258,11 @@ def ranking(
         paired += found
         if paired == SEEDS:
             break
-    pairs.sort(key=lambda p: (p[0], p[2].seconds))
+    # By the pair's own estimate: kernel 2 reads what kernel 1 stores (up_split's partials), so a kernel-1
+    # config that ranks first alone can cost kernel 2 more than it saves. Within TIE, in kernels' order.
+    best = min((p[2].seconds for p in pairs), default=0.0)
+    bucket = lambda e: math.floor(math.log(e.seconds / best) / math.log1p(TIE))  # noqa: E731
+    pairs.sort(key=lambda p: (bucket(p[2]), p[0], p[2].seconds))
     return tuple((config, estimate) for _, config, estimate in pairs)
 
 

@@ -154,6 +154,17 @@ def test_the_heuristic_picks_a_fitting_fused_config_for_each_development_model(m
     )
 
 
+@pytest.mark.parametrize("shape", [(128, 4, 2880, 2880), (256, 8, 7168, 2048), MODELS["qwen3-30b-a3b"]])
+def test_the_heuristic_takes_the_pair_with_the_best_estimate_of_both_kernels(shape):
+    # Kernel 2 reads what kernel 1 stores (up_split's float32 partials): gpt-oss-120b's best kernel 1
+    # alone costs kernel 2 more than it saves, and a pair ranked by the kernels' own ranks took it.
+    problem = _block(1, *shape)
+    ranked = space.ranking(problem, H200)
+    best = min(estimate.seconds for _, estimate in ranked)
+    assert ranked[0][1].seconds <= best * (1 + space.TIE)
+    assert ranked[0][1].seconds == cost.estimate(problem, ranked[0][0].decode_config(), H200).seconds
+
+
 def test_the_cost_model_follows_the_bytes_in_flight_and_the_routing():
     problem = _block(8, 128, 8, 2048, 768)
     shallow = decode_block.DecodeConfig(
