@@ -258,7 +258,7 @@ def _call(
     if group_sizes.dtype != jnp.int32:
         group_sizes = group_sizes.astype(jnp.int32)
     if problem.spec.vjp is None:
-        return _run(kernel, lhs, rhs, group_sizes, row_start)
+        return _run(kernel, lhs, rhs, group_sizes, row_start=row_start)
     # The backward follows the forward's choice of backend (a config names its backend), not its config:
     # each cotangent is its own Problem with its own winner.
     named = backend if backend is not None or config is None else explanation.backend
@@ -283,10 +283,12 @@ def _varying_axes(array: Any) -> frozenset:
     return jax.typeof(array).mat.varying
 
 
-def _run(kernel: KernelFn, lhs: Any, rhs: Any, group_sizes: Any, row_start: Any) -> jax.Array:
+def _run(kernel: KernelFn, *operands: Any, row_start: Any) -> jax.Array:
+    """The kernel on its operands, with `row_start` only for a local slice (a kernel without one need not
+    take it)."""
     if row_start is None:
-        return kernel(lhs, rhs, group_sizes)
-    return kernel(lhs, rhs, group_sizes, row_start=row_start)
+        return kernel(*operands)
+    return kernel(*operands, row_start=row_start)
 
 
 def grouped_matmul_fp8(
@@ -376,8 +378,7 @@ def call_scaled_op(
     )
     fp8_scales.check_scales(problem, lhs_scale, rhs_scale)
     _, kernel = _use(problem, backend, config, fallback, sliced=row_start is not None)
-    operands = (lhs, lhs_scale, rhs, rhs_scale, group_sizes.astype(jnp.int32))
-    return kernel(*operands) if row_start is None else kernel(*operands, row_start=row_start)
+    return _run(kernel, lhs, lhs_scale, rhs, rhs_scale, group_sizes.astype(jnp.int32), row_start=row_start)
 
 
 def _use(
@@ -444,10 +445,10 @@ def _differentiable(kernel: KernelFn, problem: Problem, backend: str | None, fal
 
     @jax.custom_vjp
     def op(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, row_start: Any) -> jax.Array:
-        return _run(kernel, lhs, rhs, group_sizes, row_start)
+        return _run(kernel, lhs, rhs, group_sizes, row_start=row_start)
 
     def forward(lhs, rhs, group_sizes, row_start):
-        return _run(kernel, lhs, rhs, group_sizes, row_start), (lhs, rhs, group_sizes, row_start)
+        return _run(kernel, lhs, rhs, group_sizes, row_start=row_start), (lhs, rhs, group_sizes, row_start)
 
     def backward(residuals, dout):
         lhs, rhs, group_sizes, row_start = residuals

@@ -80,8 +80,9 @@ def moe_mlp_fp8(
     permuted = jnp.take(qx, rows.row_token, axis=0, mode="clip")
     if x_scale.shape[0] == tokens:
         x_scale = jnp.take(x_scale, rows.row_token, axis=0, mode="clip")
+    # Under group_offset the rows of other experts come out zero, and so add nothing to the combine.
     scales = {"scale_layout": scale_layout, "backend": backend, "transpose_rhs": transpose_weights}
-    scales["group_offset"] = group_offset  # rows of other experts come out zero, and so add nothing
+    scales |= {"group_offset": group_offset}
 
     fused_op = FUSED_OP.get(activation) if fuse else None
     if fused_op is not None and _serves(fused_op, gate_up, backend):

@@ -40,8 +40,8 @@ class MosaicGpuBackend(Backend):
     kernel_module = "moetune.kernels.backends.mosaic_gpu.kernel_sm90"
     # The decode block's two kernels, and the routing kernel its unfused baseline (fused=False) runs on a GPU.
     shared_kernel_modules = ("moetune.kernels.moe.decode_block", "moetune.kernels.moe.routing_kernel")
-    # The 16-bit kernels take a local slice's `row_start` (the forward ones through the row-tile table);
-    # the FP8 ones do not yet.
+    # The GEMM kernels take a local slice's `row_start` (the forward and FP8 ones through the row-tile
+    # table).
     serves_group_offset = frozenset(
         {
             "grouped_matmul",

@@ -385,8 +385,8 @@ def grouped_matmul_drhs(
     t = tiling.drhs_tiles(lhs.shape[1], dout.shape[1], transpose_rhs, config)
     # Mosaic GPU tiles the global operands and output by the swizzled shared-memory tiles, which narrow
     # to what the sides divide (32 bytes at the narrowest).
-    if t.p % 16 or t.q % 16:
-        raise ValueError(f"output [{t.p}, {t.q}] must have sides that are multiples of 16")
+    if t.p % tiling.DRHS_GRANULE or t.q % tiling.DRHS_GRANULE:
+        raise ValueError(f"output [{t.p}, {t.q}] must have sides that are multiples of {tiling.DRHS_GRANULE}")
     s = _Static(
         m=m,
         g=group_sizes.shape[0],

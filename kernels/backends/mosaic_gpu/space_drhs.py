@@ -60,8 +60,6 @@ DOMAINS: dict[str, tuple] = {
 }
 # Model fractions of the tensor cores' rate: one warpgroup both issuing copies and multiplying keeps one
 # wgmma group in flight; a producer warpgroup keeps the consumers' wgmmas back to back.
-# The output's sides: multiples of the narrowest swizzled tile's 16 bf16 columns (check_problem).
-DRHS_GRANULE = 16
 PLAIN_EFFICIENCY = 0.75
 SPECIALIZED_EFFICIENCY = 0.9
 # What a CTA of one item pays beyond a persistent CTA's item (start, barrier setup, exit): on the H200,
@@ -161,9 +159,10 @@ def check_problem(problem: Problem) -> None:
         )
     # Any tile takes a partial last one (kernel_drhs), but Mosaic GPU tiles the global arrays by the
     # swizzled tiles, whose rows narrow to what the sides divide, 32 bytes at the narrowest.
-    if problem.k % DRHS_GRANULE or problem.n % DRHS_GRANULE:
+    granule = tiling.DRHS_GRANULE
+    if problem.k % granule or problem.n % granule:
         raise Unsupported(
-            f"K={problem.k} and N={problem.n} must be multiples of {DRHS_GRANULE} (the swizzled tiles)"
+            f"K={problem.k} and N={problem.n} must be multiples of {granule} (the swizzled tiles)"
         )
 
 

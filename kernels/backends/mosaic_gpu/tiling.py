@@ -36,6 +36,8 @@ BLOCK_SCALED_KS = (SCALE_BLOCK, 2 * SCALE_BLOCK)  # K steps of one or two scale 
 
 # Shared-memory swizzles wgmma and TMA take, widest first (bytes of a tile's contiguous row).
 SWIZZLES = (128, 64, 32)
+# The weight gradient's output sides: multiples of the narrowest swizzled tile's 16 bf16 columns.
+DRHS_GRANULE = 16
 
 
 def swizzle_bytes(columns: int, item: int) -> int:
