@@ -1,7 +1,9 @@
 """The MoE MLP block at decode sizes in two Pallas Triton kernels, routing included.
 
     kernel 1  grid (P, F / block_f, up_split), P = min(T*k, E_local) work slots, or up_programs
-              programs each streaming a contiguous share of the flat (slot, F tile, split, K step) list.
+              programs each streaming a contiguous share of the flat (slot, F tile, split, K step) list
+              (the few slots a share spans found once before its loop, each unit's rows stored in a
+              branch at its last step, so a step is its loads, its dots and a few scalar selects).
               Every program routes the whole batch itself from router_logits [T, E] (softmax scores,
               top-k by repeated argmax or, with route_by_rank, by each expert's rank among its row's,
               weights renormalized or not, as `moe.route`) on the batch's own rows, takes the p-th
@@ -73,6 +75,8 @@ INT32_MIN = -(2**31)
 # RANK_CHUNK_ELEMENTS // (T*E) other experts at a time.
 RANK_MAX_ROUTED = 4096
 RANK_CHUNK_ELEMENTS = 8192
+# With up_programs, the work slots one program's share may span, each found (and held) before its loop.
+MAX_SHARE_SLOTS = 8
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -134,11 +138,28 @@ def unfit_reason(
         return f"H={hidden} is not a multiple of block_h={config.block_h}"
     if hidden % (config.block_k * config.up_split):
         return f"H={hidden} is not a multiple of block_k={config.block_k} x up_split={config.up_split}"
+    if config.up_programs:
+        units = intermediate // config.block_f * config.up_split
+        spanned = slots_per_share(min(tokens * top_k, experts), units, config.up_programs)
+        if spanned > MAX_SHARE_SLOTS:
+            return (
+                f"up_programs={config.up_programs} leaves a program {spanned} work slots to find before "
+                f"its loop (at most {MAX_SHARE_SLOTS})"
+            )
     return None
 
 
 def fits(tokens: int, experts: int, top_k: int, hidden: int, intermediate: int, config: DecodeConfig) -> bool:
     return unfit_reason(tokens, experts, top_k, hidden, intermediate, config) is None
+
+
+def slots_per_share(slots: int, slot_units: int, programs: int) -> int:
+    """The most work slots one of `programs` contiguous shares of `slots` * `slot_units` units spans:
+    kernel 1 with up_programs routes that many slots before its loop. Example: 320 slots of 8 units
+    over 128 programs: shares of at most 20 units, which start anywhere in a slot and so span up to
+    ceil(20 / 8) + 1 = 4 slots."""
+    share = -(-slots * slot_units // programs)
+    return min(slots, -(-share // slot_units) + 1)
 
 
 def decode_block(
@@ -467,34 +488,54 @@ def _up_kernel(
     if config.up_programs:
         # One program streams a contiguous share of the flat (slot, F tile, K split, K step) list in one
         # loop, so its weight loads pipeline across slots and F tiles, and it routes once for all of
-        # them. The accumulators restart at each unit's first K step and are stored at its last: with
-        # up_split == 1 the SwiGLU rows, else the unit's float32 gate and up partial sums, as the grid
-        # of one program per unit stores them.
+        # them. The few slots a share spans (slots_per_share) are found before the loop, so a step
+        # picks its expert among them with scalar selects instead of a reduction over E; a unit's
+        # accumulators are stored (with up_split == 1 the SwiGLU rows, else its float32 gate and up
+        # partial sums, as the grid of one program per unit stores them) and restarted in a branch
+        # taken at its last K step only.
         dot_token = jnp.arange(rows)
         clamped = jnp.minimum(dot_token, tokens - 1)
         row, real_rows = dot_token[:, None], (dot_token < tokens)[:, None]
         split = config.up_split
         f_tiles, unit_steps = inter // bf, hidden_size // (bk * split)
-        units = count * f_tiles * split
+        slot_units = f_tiles * split
+        units = count * slot_units
         work = units * unit_steps
         share = (units + config.up_programs - 1) // config.up_programs * unit_steps
         lo = jnp.minimum(p * share, work)
         hi = jnp.minimum(lo + share, work)
+        first_slot = lo // unit_steps // slot_units
+        spanned = slots_per_share(min(tokens * top_k, local), slot_units, config.up_programs)
+        found = [slot_of(first_slot + j) for j in range(spanned)]
+
+        def pick(j, values):
+            """values[j] by selects (a share's slots are few and known only at run time)."""
+            picked = values[0]
+            for at in range(1, len(values)):
+                picked = jnp.where(j == at, values[at], picked)
+            return picked
+
+        def store_unit(slot_p, tile, part, acc):
+            j = slot_p - first_slot
+            local_e = pick(j, [f[0] for f in found])
+            mine = pick(j, [f[1] for f in found])
+            weight = pick(j, [f[2] for f in found])
+            columns = (tile * bf + jnp.arange(bf))[None, :]
+            store_hidden(part, slot_p, row, columns, *acc, mine, real_rows)
+            store_tables(slot_p, local_e, mine, weight, (tile == 0) & (part == 0))
+            return tuple(jnp.zeros_like(a) for a in acc)
 
         def stream(i, acc):
             unit, k = i // unit_steps, i % unit_steps
-            slot_p, tile, part = unit // (f_tiles * split), unit // split % f_tiles, unit % split
-            local_e, mine, weight, _ = slot_of(slot_p)
+            slot_p, tile, part = unit // slot_units, unit // split % f_tiles, unit % split
+            local_e = pick(slot_p - first_slot, [f[0] for f in found])
             ks = pl.ds(pl.multiple_of((part * unit_steps + k) * bk, bk), bk)
             gate_cols = pl.ds(pl.multiple_of(tile * bf, bf), bf)
             up_cols = pl.ds(pl.multiple_of(inter + tile * bf, bf), bf)
-            acc = tuple(jnp.where(k == 0, 0.0, a) for a in acc)
-            gate, up = gate_up_step(x_ref[clamped, ks], local_e, tile, gate_cols, up_cols, ks, acc)
-            last = k == unit_steps - 1
-            columns = (tile * bf + jnp.arange(bf))[None, :]
-            store_hidden(part, slot_p, row, columns, gate, up, mine, real_rows & last)
-            store_tables(slot_p, local_e, mine, weight, last & (tile == 0) & (part == 0))
-            return gate, up
+            acc = gate_up_step(x_ref[clamped, ks], local_e, tile, gate_cols, up_cols, ks, acc)
+            return jax.lax.cond(
+                k == unit_steps - 1, lambda a: store_unit(slot_p, tile, part, a), lambda a: a, acc
+            )
 
         zeros = jnp.zeros((rows, bf), jnp.float32)
         jax.lax.fori_loop(lo, hi, stream, (zeros, zeros))

@@ -125,6 +125,9 @@ def test_bounds_and_configs_are_checked_by_name():
     assert "up_split=3" in db.unfit_reason(1, 8, 2, 256, 128, db.DecodeConfig(block_k=64, up_split=3))
     with pytest.raises(ConfigInvalid, match="up_programs=-1"):
         db.DecodeConfig(up_programs=-1)
+    # One program streaming all 320 slots of Qwen3-Next at T=32 would find them all before its loop.
+    assert "320 work slots" in db.unfit_reason(32, 512, 10, 2048, 512, db.DecodeConfig(up_programs=1))
+    assert db.fits(32, 512, 10, 2048, 512, db.DecodeConfig(up_programs=128))
     by_rank = db.DecodeConfig(route_by_rank=True)
     assert db.fits(1, 512, 10, 2048, 512, by_rank) and db.fits(8, 512, 8, 2048, 512, by_rank)
     assert "route_by_rank takes T*E <= 4096" in db.unfit_reason(9, 512, 8, 2048, 512, by_rank)
@@ -362,3 +365,21 @@ def test_the_block_under_shard_map_and_grad_matches_the_whole_layer(tmp_path):
 
     output = run_python(EXPERT_PARALLEL_BLOCK, tmp_path, XLA_FLAGS="--xla_force_host_platform_device_count=4")
     assert "expert parallel block ok" in output
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_share_spans_no_more_slots_than_the_kernel_finds_before_its_loop(seed):
+    # Kernel 1 with up_programs splits count * slot_units units into contiguous shares of
+    # ceil(units / programs); whatever the touched count, no share crosses more slots than the bound.
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        slots, slot_units, programs = (int(v) for v in rng.integers(1, [64, 24, 200]))
+        bound = db.slots_per_share(slots, slot_units, programs)
+        for count in range(1, slots + 1):
+            units = count * slot_units
+            share = -(-units // programs)
+            spans = [
+                (min(lo + share, units) - 1) // slot_units - lo // slot_units + 1
+                for lo in range(0, units, share)
+            ]
+            assert max(spans) <= bound, (slots, slot_units, programs, count)

@@ -13,15 +13,16 @@ bound by how fast the weights stream, not by FLOPs. Per kernel:
            are contiguous runs shorter than a cache line (128 bytes) fetches whole lines: the rate is
            scaled by the run's share of a line (the weight layout decides which tile width is the run).
   chain    one program's own chain, which no other program hides: kernel 1's routing, then its K steps
-           (with up_programs, its share's steps, each finding its slot's expert and tokens anew),
+           (with up_programs, its share's steps, after finding the few slots the share spans),
            one memory latency per stages - 1 tiles; kernel 2's share of the (expert, F step) list the
            same way, plus the fixed-order meeting of down_split partial sums. Programs past what the SMs
            hold run in further waves, each a chain.
   routing  kernel 1 only: every program routes the whole batch itself (top_k rounds of argmax over the
            [T, E] logits, or each expert's rank among its row's: kernel 1's docstring), so all programs'
            routing passes through the SMs' lanes; its reductions across warps lie on each chain.
-           A thread holds the [T, E] arrays across its warps' lanes; past its registers they spill, and
-           the routing slows by the excess.
+           A thread holds the [T, E] arrays across its warps' lanes; past its registers (the ISA's 255,
+           or the SM's 65536 over the program's threads where fewer) they spill, and the routing slows
+           by the excess.
   a kernel takes its launch plus the largest of the three.
 
 What it leaves out: the 16-row dots (a fraction of a step's load time at these sizes), x's and the
@@ -42,7 +43,7 @@ import jax.numpy as jnp
 from moetune.kernels.backends.mosaic_gpu import hardware
 from moetune.kernels.backends.mosaic_gpu.cost_model import LANE_OPS_PER_CLOCK, LAUNCH_S
 from moetune.kernels.device import DeviceFingerprint
-from moetune.kernels.moe.decode_block import DOT_ROWS, DecodeConfig, rank_chunk
+from moetune.kernels.moe.decode_block import DOT_ROWS, DecodeConfig, rank_chunk, slots_per_share
 from moetune.kernels.moe.pallas_mode import pow2_at_least
 from moetune.kernels.ops.moe_decode_block import touched_experts
 from moetune.kernels.problem import Problem
@@ -72,9 +73,10 @@ RANK_PICK_OPS = 6
 # for the touched experts' scan.
 REDUCTION_CLOCKS = 120
 SCAN_REDUCTIONS = 4
-# Lane operations of each K step of a program streaming a share of kernel 1's list (up_programs): its
-# slot's expert (a compare, a select and a sum per expert) and its tokens' weights (a compare, two
-# selects and two sums per token and top-k choice).
+# Lane operations of finding one work slot's expert (a compare, a select and a sum per expert, the sum a
+# reduction across warps) and its tokens' weights (a compare, two selects and two sums per token and
+# top-k choice): once per program in the grid of one program per unit, once per slot its share spans
+# with up_programs (decode_block.slots_per_share), both before the loop.
 SLOT_OPS_PER_EXPERT = 3
 SLOT_OPS_PER_CHOICE = 5
 # The unit HBM reads through L2: a tile row's contiguous run shorter than this still costs a line.
@@ -129,13 +131,21 @@ def pipeline_smem(problem: Problem, config: DecodeConfig) -> tuple[int, int]:
     return up, down
 
 
+def register_ceiling(facts: hardware.ArchFacts, warps: int) -> int:
+    """The registers a thread of a `warps`-warp program may hold before the compiler spills: the ISA's
+    limit, or the SM's registers shared by the program's threads where that is less (16 warps on a
+    Hopper SM: 65536 / 512 = 128, so a program of 16 warps spills what 4 warps would keep)."""
+    return min(REGISTERS_PER_THREAD, facts.registers_per_sm // (32 * warps))
+
+
 def _resident(facts: hardware.ArchFacts, warps: int, smem_bytes: int, registers: float) -> tuple[int, float]:
     """(programs one SM holds, the routing's slow-down from spilled registers)."""
-    per_thread = min(registers, REGISTERS_PER_THREAD)
+    ceiling = register_ceiling(facts, warps)
+    per_thread = min(registers, ceiling)
     by_registers = facts.registers_per_sm // max(1, math.ceil(per_thread) * 32 * warps)
     by_smem = facts.smem_per_sm // max(1, smem_bytes)
     resident = max(1, min(WARPS_PER_SM // warps, by_smem, by_registers, PROGRAMS_PER_SM))
-    return resident, max(1.0, registers / REGISTERS_PER_THREAD)
+    return resident, max(1.0, registers / ceiling)
 
 
 def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprint) -> KernelEstimate:
@@ -149,19 +159,22 @@ def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprin
     routed = pow2_at_least(tokens) * pow2_at_least(experts)  # the [T, E] routing arrays, padded
     f_tiles = inter // config.block_f
     items = touched_experts(problem) * f_tiles * config.up_split
+    slots = min(tokens * top_k, experts)
     if config.up_programs:
-        # Shares of the flat (slot, F tile, split, K step) list: each program routes once and streams
-        # ceil(items / programs) units' K steps, finding each step's expert and tokens anew.
+        # Shares of the flat (slot, F tile, split, K step) list: each program routes once, finds the
+        # few slots its share spans (each a reduction over E and a pass over its tokens' choices), and
+        # streams ceil(items / programs) units' K steps.
         programs = config.up_programs
         active = min(programs, items)
         steps = math.ceil(items / programs) * (hidden // (config.block_k * config.up_split))
-        choices = pow2_at_least(tokens) * pow2_at_least(top_k)
-        per_step = SLOT_OPS_PER_EXPERT * pow2_at_least(experts) + SLOT_OPS_PER_CHOICE * choices
+        found = slots_per_share(slots, f_tiles * config.up_split, programs)
     else:
-        programs = min(tokens * top_k, experts) * f_tiles * config.up_split
+        programs = slots * f_tiles * config.up_split
         active = items
         steps = hidden // (config.block_k * config.up_split)
-        per_step = 0
+        found = 1
+    choices = pow2_at_least(tokens) * pow2_at_least(top_k)
+    slot_ops = found * (SLOT_OPS_PER_EXPERT * pow2_at_least(experts) + SLOT_OPS_PER_CHOICE * choices)
     tile = 2 * config.block_f * config.block_k * item  # a step's gate and up tiles
     smem = pipeline_smem(problem, config)[0]
     threads = 32 * config.warps_up
@@ -176,8 +189,8 @@ def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprin
     lanes = min(config.warps_up, SCHEDULERS_PER_SM) * LANES_PER_SCHEDULER
     route_s = programs * route_ops / (device.core_count * LANE_OPS_PER_CLOCK * clock)
     chain = (
-        (route_ops + steps * per_step) / (lanes * clock)
-        + reductions * REDUCTION_CLOCKS / clock
+        (route_ops + slot_ops) / (lanes * clock)
+        + (reductions + found) * REDUCTION_CLOCKS / clock
         + steps * latency / (config.stages_up - 1)
         + latency
     )

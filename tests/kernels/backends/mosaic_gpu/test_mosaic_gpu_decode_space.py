@@ -14,6 +14,7 @@ import pytest
 
 from moetune.kernels import ops, registry
 from moetune.kernels.backends.mosaic_gpu import cost_model_decode as cost
+from moetune.kernels.backends.mosaic_gpu import hardware
 from moetune.kernels.backends.mosaic_gpu import space_decode as space
 from moetune.kernels.backends.mosaic_gpu.config import MosaicGpuConfig
 from moetune.kernels.backends.mosaic_gpu.kernel_decode import DecodeBlockConfig
@@ -179,10 +180,16 @@ def test_the_cost_model_follows_the_bytes_in_flight_and_the_routing():
     narrow = _block(32, 128, 8, 2048, 768)
     config = decode_block.DecodeConfig()
     assert cost.up_estimate(wide, config, H200).route_s > 3 * cost.up_estimate(narrow, config, H200).route_s
-    # More warps hold the [T, E] routing arrays without spilling.
-    few, many = dataclasses.replace(config, warps_up=4), dataclasses.replace(config, warps_up=16)
-    assert cost.up_estimate(wide, many, H200).route_s < cost.up_estimate(wide, few, H200).route_s
-    assert cost.up_estimate(wide, many, H200).seconds < cost.up_estimate(wide, few, H200).seconds
+    # More warps spread the [T, E] routing arrays over more threads, up to the SM's registers: 8 warps
+    # spill less than 4, while 16 warps get at most 65536 / 512 = 128 registers a thread and spill more.
+    four, eight, sixteen = (dataclasses.replace(config, warps_up=w) for w in (4, 8, 16))
+    assert cost.up_estimate(wide, eight, H200).route_s < cost.up_estimate(wide, four, H200).route_s
+    assert cost.up_estimate(wide, sixteen, H200).route_s > cost.up_estimate(wide, eight, H200).route_s
+
+
+def test_a_thread_holds_what_the_isa_and_the_sm_s_registers_allow():
+    facts = hardware.facts("9.0")
+    assert [cost.register_ceiling(facts, w) for w in (1, 4, 8, 16)] == [255, 255, 255, 128]
 
 
 def test_the_cost_model_charges_lines_along_the_weights_contiguous_dimension():
