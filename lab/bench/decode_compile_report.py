@@ -1,0 +1,295 @@
+"""What the compiler makes of the fused decode block's two Triton kernels, read on a CPU: per kernel its
+registers, spilled bytes and shared memory (ptxas's resource report), and the instructions a warp issues
+in one step of its main loop (the SASS), beside the weight bytes that step loads.
+
+An SM issues at most one instruction per clock on each of its four schedulers, so a step takes at least
+instructions x warps / 4 clocks: the step's weight tile over that time is the most one program can stream
+whatever the memory does. Where that falls near an SM's share of the HBM rate, the loop is issue-bound,
+which no cost-model term of the bytes in flight would show (the decode cost model assumes a step is its
+loads).
+
+Each kernel is built as the mosaic_gpu backend builds it for an H200 (the op's config, Pallas's Triton
+lowering for that GPU, as lab/bench/pack_lowering.py lowers packs), its Triton IR taken from the lowered
+module, compiled for sm_90a by the `triton` package (pip; its ptxas and nvdisasm), not by XLA's own
+Triton build that jaxlib runs on the GPU: the two differ in version, so the figures are of the same code
+through a near compiler, good for comparing configs and kernel changes, not a GPU's exact registers.
+A step is the main loop's path when no branch inside it is taken (kernel 1 stores a unit's rows in a
+branch at its last step only); the branch's instructions are reported apart.
+
+    python3 lab/bench/decode_compile_report.py [--models qwen3-next-80b-a3b ...] [--tokens 1 8 32]
+        [--config '{"warps_up": 8}'] [--json OUT]
+
+Without --config each shape takes the heuristic's config (space_decode.heuristic); --config replaces
+fields of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from moetune.kernels import registry
+from moetune.kernels.backends.mosaic_gpu import hardware, space_decode
+from moetune.kernels.backends.mosaic_gpu.kernel_decode import DecodeBlockConfig
+from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.moe.decode_block import DecodeConfig
+from moetune.kernels.problem import Problem
+from moetune_lab.bench import dev_shapes
+from moetune_lab.bench.pack_lowering import lowering_platform, running_on
+
+H200 = DeviceFingerprint("NVIDIA H200", "gpu", 132, 141 << 30, "9.0", "", "cuda 13000", "0.11.2", "0.11.2")
+SCHEDULERS_PER_SM = 4
+# The block's development models (docs/decode-block.md's table).
+DECODE_MODELS = ("qwen3-30b-a3b", "qwen3-next-80b-a3b", "mixtral-8x7b")
+TRITON_CALL = "__gpu$xla.gpu.triton"
+# nvdisasm's instruction lines ("/*0120*/  @P0 BRA `(.L_x_3) ;") and labels (".L_x_3:").
+INSTRUCTION = re.compile(r"/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
+LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+TARGET = re.compile(r"BRA\S*\s+`?\(?(\.L_x_\d+)")
+OPCODES = ("HMMA", "LDGSTS", "LDSM", "BAR", "SHFL", "STG", "MUFU", "STL", "LDL")
+
+
+def block_problem(model: dev_shapes.Model, tokens: int) -> Problem:
+    return Problem(
+        "moe_decode_block", tokens, model.hidden, 2 * model.ffn, model.experts,
+        "bfloat16", "bfloat16", "bfloat16", top_k=model.top_k,
+    )  # fmt: skip
+
+
+def triton_kernels(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint) -> dict:
+    """{kernel name: (Triton IR as MLIR bytecode, num_warps, num_stages)} of the block as the mosaic_gpu
+    backend builds it on `device`, lowered from this CPU."""
+    backend = registry.get("mosaic_gpu")
+    with running_on(device):
+        kernel = backend.build(problem, config)
+        traced = jax.jit(kernel).trace(*problem.spec.shape_dtypes(problem))
+        module = traced.lower(lowering_platforms=(lowering_platform(device),)).compiler_ir("stablehlo")
+    found: dict = {}
+
+    def walk(operation) -> None:
+        for region in operation.regions:
+            for block in region.blocks:
+                for op in block.operations:
+                    if op.operation.name == "stablehlo.custom_call" and TRITON_CALL in str(
+                        op.attributes["call_target_name"]
+                    ):
+                        params = op.attributes["mhlo.backend_config"]
+                        found[str(params["name"]).strip('"')] = (
+                            bytes(params["ir"].value_bytes),
+                            _int(params["num_warps"]),
+                            _int(params["num_stages"]),
+                        )
+                    walk(op.operation)
+
+    walk(module.operation)
+    return found
+
+
+def _int(attribute: Any) -> int:
+    return int(str(attribute).split(":")[0])
+
+
+def ir_text(bytecode: bytes) -> str:
+    """The Triton IR as text the `triton` package parses: jaxlib's Triton dialect reads the bytecode;
+    gpu.barrier, whose dialect is not loaded here, prints in generic form and is written back plainly."""
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.triton import dialect as triton_dialect
+
+    context = ir.Context()
+    triton_dialect.register_dialect(context)
+    context.allow_unregistered_dialects = True
+    with context:
+        text = ir.Module.parse(bytecode).operation.get_asm(enable_debug_info=False)
+    return re.sub(r'"gpu\.barrier"\(\) <.*?> : \(\) -> \(\)', "gpu.barrier", text)
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    shared_bytes: int
+    registers: int
+    spill_bytes: int
+    sass: str
+
+
+def compile_sm90(text: str, warps: int, stages: int, workdir: Path) -> Compiled:
+    """Triton IR text compiled for sm_90a by the `triton` package, with ptxas's report and the SASS."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    source = workdir / "kernel.ttir"
+    source.write_text(text)
+    kernel = triton.compile(
+        str(source), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
+    )
+    ptx, cubin = workdir / "kernel.ptx", workdir / "kernel.cubin"
+    ptx.write_text(kernel.asm["ptx"])
+    report = subprocess.run(
+        [tools / "ptxas", "-v", "--gpu-name", "sm_90a", ptx, "-o", cubin],
+        capture_output=True, text=True, check=True,
+    ).stderr  # fmt: skip
+    sass = subprocess.run([tools / "nvdisasm", "-c", cubin], capture_output=True, text=True, check=True)
+    return Compiled(
+        shared_bytes=kernel.metadata.shared,
+        registers=int(re.search(r"Used (\d+) registers", report).group(1)),
+        spill_bytes=int(re.search(r"(\d+) bytes spill stores", report).group(1)),
+        sass=sass.stdout,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopStep:
+    instructions: int  # per warp, on the path that takes no branch inside the loop
+    opcodes: dict[str, int]
+    branch_instructions: int  # inside the loop, on the branches a step skips
+
+
+def _opcode(instruction: str) -> str:
+    words = instruction.split()
+    return (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
+
+
+def main_loop(sass: str) -> LoopStep | None:
+    """The loop with the most HMMA instructions (a backward branch and its target) and its straight path:
+    the instructions between a conditional forward branch inside it and that branch's target run only
+    in the steps that do not jump (kernel 1's store at a unit's last step), so they count as the
+    branch's, not the step's. None where the SASS has no loop."""
+    instructions, labels, pending = [], {}, None
+    for line in sass.splitlines():
+        label = LABEL.match(line)
+        if label:
+            pending = label.group(1)
+            continue
+        found = INSTRUCTION.search(line)
+        if found:
+            address = int(found.group(1), 16)
+            instructions.append((address, found.group(2)))
+            if pending:
+                labels[pending], pending = address, None
+    loops = []
+    for address, instruction in instructions:
+        target = TARGET.search(instruction)
+        if target and labels.get(target.group(1), address + 1) <= address:
+            start = labels[target.group(1)]
+            body = [(a, i) for a, i in instructions if start <= a <= address]
+            loops.append((sum("HMMA" in i for _, i in body), body))
+    if not loops:
+        return None
+    _, body = max(loops, key=lambda loop: loop[0])
+    end = body[-1][0]
+    straight, skipped, skip_to = [], [], None
+    for address, instruction in body:
+        if skip_to is not None and address >= skip_to:
+            skip_to = None
+        (skipped if skip_to is not None else straight).append(instruction)
+        target = TARGET.search(instruction)
+        if skip_to is None and target and instruction.startswith("@") and address < end:
+            destination = labels.get(target.group(1), 0)
+            if address < destination <= end:
+                skip_to = destination
+    counts = collections.Counter(_opcode(i) for i in straight)
+    return LoopStep(len(straight), {k: counts[k] for k in OPCODES if counts[k]}, len(skipped))
+
+
+def step_bytes(problem: Problem, config: DecodeConfig, kernel: int) -> int:
+    """Weight bytes one loop step loads: kernel 1 the gate and up tiles, kernel 2 the w_down tile."""
+    item = 2 if problem.rhs_dtype in ("bfloat16", "float16") else 1
+    if kernel == 1:
+        return 2 * config.block_k * config.block_f * item
+    return config.block_fd * config.block_h * item
+
+
+def report(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint = H200) -> list[dict]:
+    """One row per kernel of the block: the compiler's figures and the issue bound of its loop's step."""
+    facts = hardware.facts(device.compute_capability)
+    share_bytes_per_s = hardware.hbm_bytes_per_s(device.device_kind, device.compute_capability) / (
+        device.core_count
+    )
+    rows = []
+    for index, (name, (bytecode, warps, stages)) in enumerate(
+        sorted(triton_kernels(problem, config, device).items(), key=lambda kv: "down" in kv[0]), start=1
+    ):
+        with tempfile.TemporaryDirectory() as workdir:
+            compiled = compile_sm90(ir_text(bytecode), warps, stages, Path(workdir))
+        step = main_loop(compiled.sass)
+        row = {
+            "kernel": name,
+            "warps": warps,
+            "stages": stages,
+            "registers": compiled.registers,
+            "spill_bytes": compiled.spill_bytes,
+            "shared_bytes": compiled.shared_bytes,
+        }
+        if step is not None:
+            clocks = step.instructions * warps / SCHEDULERS_PER_SM
+            tile = step_bytes(problem, config.decode_config(), index)
+            rate = tile / (clocks / facts.sustained_clock_hz)
+            row |= {
+                "step_instructions": step.instructions,
+                "step_opcodes": step.opcodes,
+                "branch_instructions": step.branch_instructions,
+                "step_issue_clocks": clocks,
+                "step_bytes": tile,
+                "issue_bound_gb_per_s": rate / 1e9,
+                "issue_bound_per_hbm_share": rate / share_bytes_per_s,
+            }
+        rows.append(row)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", nargs="+", default=list(DECODE_MODELS))
+    parser.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--config", type=json.loads, default={}, help="fields replacing the heuristic's")
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    args = parser.parse_args()
+    models = dev_shapes.MODELS
+    unknown = [name for name in args.models if name not in models]
+    if unknown:
+        known = ", ".join(sorted(models))
+        print(f"decode_compile_report: unknown model {unknown[0]!r}; one of {known}", file=sys.stderr)
+        return 2
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        print("decode_compile_report: needs the triton package (pip install triton)", file=sys.stderr)
+        return 2
+    out = []
+    for name in args.models:
+        for tokens in args.tokens:
+            problem = block_problem(models[name], tokens)
+            config = dataclasses.replace(space_decode.heuristic(problem, H200), **args.config)
+            for row in report(problem, config):
+                row |= {"model": name, "tokens": tokens, "config": config.to_dict()}
+                out.append(row)
+                step = (
+                    f"step {row['step_instructions']} instr/warp ({row['step_issue_clocks']:.0f} issue "
+                    f"clocks for {row['step_bytes'] // 1024} KiB: {row['issue_bound_per_hbm_share']:.1f}x "
+                    f"an SM's HBM share)"
+                    if "step_instructions" in row
+                    else "no loop"
+                )
+                print(
+                    f"{name} T={tokens} {row['kernel']}: {row['warps']} warps, {row['registers']} registers, "
+                    f"{row['spill_bytes']} B spilled, {row['shared_bytes']} B shared; {step}"
+                )
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

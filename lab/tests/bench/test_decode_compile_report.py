@@ -1,0 +1,74 @@
+"""decode_compile_report.py: the main loop's straight path read from SASS, the block's Triton kernels taken
+from its lowering on a CPU, and (where the triton package is installed) the compiler's report."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moetune.kernels.backends.mosaic_gpu.kernel_decode import DecodeBlockConfig
+from moetune_lab.bench import decode_compile_report as report
+from moetune_lab.bench import dev_shapes
+
+SCRIPT = Path(report.__file__)
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_2:
+        /*0010*/                   LDGSTS.E.BYPASS.128 [R2], desc[UR4][R4.64] ;
+        /*0020*/                   HMMA.16816.F32.BF16 R8, R12, R14, R8 ;
+        /*0030*/                   HMMA.16816.F32.BF16 R16, R12, R18, R16 ;
+        /*0040*/              @P1   BRA `(.L_x_1) ;
+        /*0050*/                   MUFU.EX2 R20, R20 ;
+        /*0060*/                   STG.E.U16 desc[UR4][R6.64], R20 ;
+.L_x_1:
+        /*0070*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0080*/              @P2   BRA `(.L_x_2) ;
+        /*0090*/                   EXIT ;
+"""
+
+
+def test_the_step_is_the_loop_s_path_past_its_branch():
+    step = report.main_loop(SASS)
+    assert step.instructions == 6  # LDGSTS, 2 HMMA, the branch, BAR, the back edge
+    assert step.branch_instructions == 2  # MUFU and STG, at a unit's last step only
+    assert step.opcodes == {"HMMA": 2, "LDGSTS": 1, "BAR": 1}
+    assert report.main_loop(SASS.replace("@P2   BRA `(.L_x_2)", "NOP")) is None
+
+
+def test_the_block_s_triton_kernels_come_from_its_lowering_on_a_cpu():
+    problem = report.block_problem(dev_shapes.MODELS["qwen3-30b-a3b"], 8)
+    # down_split > 1: the split partials meet behind a barrier, which jaxlib prints in generic form.
+    config = DecodeBlockConfig(block_f=64, warps_up=8, stages_up=3, warps_down=4, stages_down=2, down_split=2)
+    kernels = report.triton_kernels(problem, config, report.H200)
+    assert {name: params[1:] for name, params in kernels.items()} == {
+        "moetune_decode_up": (8, 3),
+        "moetune_decode_down": (4, 2),
+    }
+    text = report.ir_text(kernels["moetune_decode_down"][0])
+    assert "tt.func public @moetune_decode_down" in text
+    assert '"gpu.barrier"' not in text and "gpu.barrier" in text
+
+
+def test_the_compiler_reports_kernel_1_s_step():
+    pytest.importorskip("triton", reason="the compiler report needs the triton package")
+    problem = report.block_problem(dev_shapes.MODELS["qwen3-30b-a3b"], 8)
+    config = DecodeBlockConfig(block_f=64, block_k=128, up_programs=128)
+    up, down = report.report(problem, config)
+    assert (up["kernel"], down["kernel"]) == ("moetune_decode_up", "moetune_decode_down")
+    assert up["step_bytes"] == 2 * 128 * 64 * 2 and down["step_bytes"] == 128 * 64 * 2
+    # Each step multiplies the gate and up tiles; storing a unit's rows waits in the branch.
+    assert up["step_opcodes"]["HMMA"] > 0 and "STG" not in up["step_opcodes"]
+    assert up["branch_instructions"] > 0
+    assert up["step_issue_clocks"] == up["step_instructions"] * up["warps"] / report.SCHEDULERS_PER_SM
+
+
+def test_an_unknown_model_is_one_line_and_exit_2():
+    run = subprocess.run(
+        [sys.executable, SCRIPT, "--models", "no-such-model"], capture_output=True, text=True
+    )
+    assert run.returncode == 2
+    message = run.stderr.strip()
+    assert message.count("\n") == 0 and "no-such-model" in message
