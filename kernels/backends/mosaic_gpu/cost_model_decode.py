@@ -15,8 +15,10 @@ bound by how fast the weights stream, not by FLOPs. Per kernel:
   chain    one program's own chain, which no other program hides: kernel 1's routing, then its K steps
            (with up_programs, its share's steps, after finding the few slots the share spans),
            one memory latency per stages - 1 tiles; kernel 2's share of the (expert, F step) list the
-           same way, plus the fixed-order meeting of down_split partial sums. Programs past what the SMs
-           hold run in further waves, each a chain.
+           same way, plus the fixed-order meeting of down_split partial sums, a step taking at least
+           the time its instructions take to issue where up_split's partials are added and the SwiGLU
+           applied at every step (the SM's four schedulers shared by the programs on it). Programs past
+           what the SMs hold run in further waves, each a chain.
   routing  kernel 1 only: every program routes the whole batch itself (top_k rounds of argmax over the
            [T, E] logits, or each expert's rank among its row's: kernel 1's docstring), so all programs'
            routing passes through the SMs' lanes; its reductions across warps lie on each chain.
@@ -25,12 +27,14 @@ bound by how fast the weights stream, not by FLOPs. Per kernel:
            by the excess.
   a kernel takes its launch plus the largest of the three.
 
-What it leaves out: the 16-row dots (a fraction of a step's load time at these sizes), x's and the
-hidden rows' reads (small, and from L2), skew in the routing (it plans with uniform routing: the expected
-touched experts of kernels/ops/moe_decode_block.py), and the unfused path it is compared with (a sweep
-times that: space_decode.BASELINE). Its constants are derived from the kernels' code and the hardware
-facts, not fitted to measurements: the lab's block benchmark records what each config takes, from which a
-calibration of these constants would be fitted as the GEMM model's are (calibration.py).
+What it leaves out: the 16-row dots (a fraction of a step's load time at these sizes), the issue time of
+every other step (a few hundred instructions a warp: lab/bench/decode_compile_report.py reads them from
+the compiled kernels), x's and the hidden rows' reads (small, and from L2), skew in the routing (it plans
+with uniform routing: the expected touched experts of kernels/ops/moe_decode_block.py), and the unfused
+path it is compared with (a sweep times that: space_decode.BASELINE). Its constants are derived from the
+kernels' code, the compiled kernels' instructions and the hardware facts, not fitted to timings: the
+lab's block benchmark records what each config takes, from which a calibration of these constants would
+be fitted as the GEMM model's are (calibration.py).
 """
 
 from __future__ import annotations
@@ -79,6 +83,15 @@ SCAN_REDUCTIONS = 4
 # with up_programs (decode_block.slots_per_share), both before the loop.
 SLOT_OPS_PER_EXPERT = 3
 SLOT_OPS_PER_CHOICE = 5
+# Kernel 2 with up_split > 1 adds the splits' float32 gate and up partials and applies the SwiGLU to each
+# step's [rows, block_fd] hidden tile before its dot, and every warp computes the whole tile (the dot's
+# operand layout gives each warp all of it): instructions per hidden element and lane of a warp, a fixed
+# part (the SwiGLU, the conversion, the addresses) and a part per split (its two loads and adds). Read
+# from the SASS of compiled kernels (lab/bench/decode_compile_report.py, Triton 3.6 for sm_90a:
+# Qwen3-30B-A3B at one token, block_fd 128, 4 warps: 26.7 per element at two splits, 34.0 at four;
+# gpt-oss-120b, block_fd 64 and 32, two splits: 26.8 and 27.5), not from timings.
+SWIGLU_INSTRUCTIONS = 19.4
+PARTIAL_INSTRUCTIONS_PER_SPLIT = 3.66
 # The unit HBM reads through L2: a tile row's contiguous run shorter than this still costs a line.
 LINE_BYTES = 128
 # Lanes one warp scheduler issues a clock: a program of w warps issues min(w, 4) of an SM's 4 at most.
@@ -230,9 +243,24 @@ def down_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerpr
     # Split programs of one H tile write float32 partial sums; the last to arrive (a counter, one more
     # latency) reads them back and adds them in split order.
     meeting = 2 * latency if config.down_split > 1 else 0.0
-    chain = latency + share * latency / (config.stages_down - 1) + meeting
+    # A step waits for its tile (the latency over the tiles in flight) or for its instructions to issue,
+    # the SM's schedulers shared by the programs on it.
+    together = min(resident, math.ceil(programs / device.core_count))
+    step = max(latency / (config.stages_down - 1), together * _swiglu_issue_s(config, rows, facts))
+    chain = latency + share * step + meeting
     waves = math.ceil(programs / (device.core_count * resident))
     return _kernel(stream_s, waves * chain, 0.0, programs, resident)
+
+
+def _swiglu_issue_s(config: DecodeConfig, rows: int, facts: hardware.ArchFacts) -> float:
+    """Seconds one program of kernel 2 spends issuing a step's SwiGLU of up_split's partials (0 with one
+    split: kernel 1 stored the hidden rows ready): every warp's instructions, an SM's schedulers each
+    issuing one a clock."""
+    if config.up_split == 1:
+        return 0.0
+    per_lane = rows * config.block_fd / LANES_PER_SCHEDULER
+    per_warp = per_lane * (SWIGLU_INSTRUCTIONS + PARTIAL_INSTRUCTIONS_PER_SPLIT * config.up_split)
+    return config.warps_down * per_warp / SCHEDULERS_PER_SM / facts.sustained_clock_hz
 
 
 def _line_rate(device: DeviceFingerprint, run_bytes: int) -> float:

@@ -22,9 +22,10 @@ variant (float atomics meeting partial sums) would be a field of its own named i
 field); none exists.
 
 The heuristic ranks each kernel's configs with cost_model_decode.py apart (its estimate is a sum of the
-two kernels', each reading only its own fields), best first, and takes the best pair that the whole
-space admits. Within TIE of the best, the model cannot tell configs apart: it takes the one whose other
-limits lie furthest from the bound (the most slack), then the fewer programs.
+two kernels', each reading its own fields and kernel 2 also up_split, whose partials it adds: it is
+ranked once per up_split), best first, and takes the best pair that the whole space admits. Within TIE
+of the best, the model cannot tell configs apart: it takes the one whose other limits lie furthest from
+the bound (the most slack), then the fewer programs.
 """
 
 from __future__ import annotations
@@ -210,16 +211,21 @@ def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
 
 
 def _ranked(
-    problem: Problem, device: DeviceFingerprint, domains: Mapping[str, tuple], kernel: Any
+    problem: Problem,
+    device: DeviceFingerprint,
+    domains: Mapping[str, tuple],
+    kernel: Any,
+    base: DecodeBlockConfig = SMALLEST,
 ) -> list[tuple[dict[str, Any], cost.KernelEstimate]]:
     """Every point of one kernel's `domains` with its estimate, best first (TIE: the module docstring). The
-    other kernel's fields are at their smallest values, which every shape the space serves divides."""
+    other kernel's fields are `base`'s: by default their smallest values, which every shape the space
+    serves divides."""
     names = list(domains)
     rows = []
     for values in itertools.product(*(domains[name] for name in names)):
         params = dict(zip(names, values, strict=True))
         try:
-            config = dataclasses.replace(SMALLEST, **params)
+            config = dataclasses.replace(base, **params)
         except ConfigInvalid:  # a rule of the tiling's own
             continue
         if any(c(problem, config, device) for c in CONSTRAINTS):
@@ -237,32 +243,40 @@ def _ranked(
 def ranking(
     problem: Problem, device: DeviceFingerprint
 ) -> tuple[tuple[DecodeBlockConfig, cost.Estimate], ...]:
-    """The fused configs the heuristic considers, best first: each kernel's best few (SEEDS), those pairs
-    the whole space admits, in the order of the pair's estimate (within TIE, of the kernels' ranks).
-    Empty where the device has no hardware facts."""
+    """The fused configs the heuristic considers, best first: for each up_split (the one field both
+    kernels read: kernel 2 adds its partials), kernel 1's best few configs with it (SEEDS) and kernel 2's
+    best few given it, those pairs the whole space admits, in the order of the pair's estimate (within
+    TIE, of the kernels' ranks). Empty where the device has no hardware facts."""
     try:
         hardware.facts(device.compute_capability)
     except Unsupported:
         return ()
-    down = _ranked(problem, device, DOWN_DOMAINS, cost.down_estimate)[:SEEDS]
-    pairs, paired = [], 0
-    # Kernel 1's configs in their order, the first SEEDS that pair with one of kernel 2's best: kernel 2
-    # reads what kernel 1 stores (up_split's float32 partials), so a pair may fail where each alone fits.
-    for up_params, _ in _ranked(problem, device, UP_DOMAINS, cost.up_estimate):
-        found = False
-        for j, (down_params, _) in enumerate(down):
-            config = DecodeBlockConfig(**up_params, **down_params)
-            if not any(c(problem, config, device) for c in CONSTRAINTS):
-                pairs.append((paired + j, config, cost.estimate(problem, config.decode_config(), device)))
-                found = True
-        paired += found
-        if paired == SEEDS:
-            break
-    # By the pair's own estimate: kernel 2 reads what kernel 1 stores (up_split's partials), so a kernel-1
-    # config that ranks first alone can cost kernel 2 more than it saves. Within TIE, in kernels' order.
+    ups = _ranked(problem, device, UP_DOMAINS, cost.up_estimate)
+    pairs = []
+    for split in UP_DOMAINS["up_split"]:
+        base = dataclasses.replace(SMALLEST, up_split=split)
+        down = _ranked(problem, device, DOWN_DOMAINS, cost.down_estimate, base)[:SEEDS]
+        paired = 0
+        # Kernel 1's configs with this split in their order, the first SEEDS that pair with one of
+        # kernel 2's best: a pair may fail where each alone fits (shared memory of both, say).
+        for rank, (up_params, _) in enumerate(ups):
+            if up_params["up_split"] != split:
+                continue
+            found = False
+            for j, (down_params, _) in enumerate(down):
+                config = DecodeBlockConfig(**up_params, **down_params)
+                if not any(c(problem, config, device) for c in CONSTRAINTS):
+                    pairs.append((rank + j, config, cost.estimate(problem, config.decode_config(), device)))
+                    found = True
+            paired += found
+            if paired == SEEDS:
+                break
+    # By the pair's own estimate; within TIE, as each kernel's configs are ranked: the most slack (the
+    # kernels' runner-up limits, summed), then the kernels' ranks.
     best = min((p[2].seconds for p in pairs), default=0.0)
     bucket = lambda e: math.floor(math.log(e.seconds / best) / math.log1p(TIE))  # noqa: E731
-    pairs.sort(key=lambda p: (bucket(p[2]), p[0], p[2].seconds))
+    slack = lambda e: e.up.terms[1] + e.down.terms[1]  # noqa: E731
+    pairs.sort(key=lambda p: (bucket(p[2]), slack(p[2]), p[0], p[2].seconds))
     return tuple((config, estimate) for _, config, estimate in pairs)
 
 

@@ -187,6 +187,28 @@ def test_the_cost_model_follows_the_bytes_in_flight_and_the_routing():
     assert cost.up_estimate(wide, sixteen, H200).route_s > cost.up_estimate(wide, eight, H200).route_s
 
 
+def test_kernel_2_issues_the_swiglu_of_up_split_s_partials_at_every_step():
+    # With one split kernel 1 stores the hidden rows ready; with more, every warp of kernel 2 adds the
+    # splits' partials and applies the SwiGLU to each step's [rows, block_fd] tile before its dot, which
+    # at Qwen3-30B-A3B's one token and 64-column tiles takes longer to issue than the tile to arrive.
+    problem = _block(1, *MODELS["qwen3-30b-a3b"])
+    one = decode_block.DecodeConfig(block_f=64, block_k=128, block_h=64, block_fd=128, down_split=8)
+    two, four = dataclasses.replace(one, up_split=2), dataclasses.replace(one, up_split=4)
+    chains = [cost.down_estimate(problem, c, H200).chain_s for c in (one, two, four)]
+    assert chains[0] < chains[1] < chains[2]
+    eight_warps = dataclasses.replace(two, warps_down=8)
+    assert cost.down_estimate(problem, eight_warps, H200).chain_s > chains[1]
+
+
+@pytest.mark.parametrize("shape", [(128, 4, 2880, 2880), MODELS["qwen3-30b-a3b"]])
+def test_the_heuristic_pairs_kernel_2_with_each_up_split_it_reads(shape):
+    # Kernel 2's best config depends on up_split (its partials' SwiGLU, their shared memory): each split
+    # gets kernel 2's ranking given it, so a split whose kernel 2 costs more loses to one that does not.
+    problem = _block(1, *shape)
+    splits = {config.up_split for config, _ in space.ranking(problem, H200)}
+    assert splits == {s for s in space.UP_DOMAINS["up_split"] if (shape[2] // 32) % s == 0}
+
+
 def test_a_thread_holds_what_the_isa_and_the_sm_s_registers_allow():
     facts = hardware.facts("9.0")
     assert [cost.register_ceiling(facts, w) for w in (1, 4, 8, 16)] == [255, 255, 255, 128]
