@@ -25,7 +25,9 @@ bound by how fast the weights stream, not by FLOPs. Per kernel:
            A thread holds the [T, E] arrays across its warps' lanes; past its registers (the ISA's 255,
            or the SM's 65536 over the program's threads where fewer) they spill, and the routing slows
            by the excess.
-  a kernel takes its launch plus the largest of the three.
+  a kernel takes its launch plus the largest of the three, plus kernel 1's routing where no weight
+  streams meanwhile: every program routes before its first load, so the first wave's routing is
+  exposed, and with one program per SM every wave's (nothing else on the SM streams meanwhile).
 
 What it leaves out: the 16-row dots (a fraction of a step's load time at these sizes), the issue time of
 every other step (a few hundred instructions a warp: lab/bench/decode_compile_report.py reads them from
@@ -107,6 +109,7 @@ class KernelEstimate:
     route_s: float  # every program's routing through the SMs' lanes (kernel 1)
     programs: int  # the grid
     resident: int  # programs one SM holds at once
+    exposed_s: float = 0.0  # kernel 1's routing while no weight streams (first wave, or every wave)
 
     @property
     def terms(self) -> tuple[float, float, float]:
@@ -201,14 +204,14 @@ def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprin
     route_ops *= spill
     lanes = min(config.warps_up, SCHEDULERS_PER_SM) * LANES_PER_SCHEDULER
     route_s = programs * route_ops / (device.core_count * LANE_OPS_PER_CLOCK * clock)
-    chain = (
-        (route_ops + slot_ops) / (lanes * clock)
-        + (reductions + found) * REDUCTION_CLOCKS / clock
-        + steps * latency / (config.stages_up - 1)
-        + latency
-    )
+    routing = (route_ops + slot_ops) / (lanes * clock) + (reductions + found) * REDUCTION_CLOCKS / clock
+    chain = routing + steps * latency / (config.stages_up - 1) + latency
     waves = math.ceil(programs / (device.core_count * resident))
-    return _kernel(stream_s, waves * chain, route_s, programs, resident)
+    # Every program routes before its first weight load, so no weight streams while the first wave
+    # routes; with one program per SM the same holds for every wave (an SM holds nothing else to
+    # stream meanwhile), with more a later program routes while the SM's others stream.
+    exposed = routing * (waves if resident == 1 else 1)
+    return _kernel(stream_s, waves * chain, route_s, programs, resident, exposed)
 
 
 def _routing(tokens: int, experts: int, top_k: int, by_rank: bool) -> tuple[float, int]:
@@ -269,9 +272,13 @@ def _line_rate(device: DeviceFingerprint, run_bytes: int) -> float:
     return peak * min(1.0, run_bytes / LINE_BYTES)
 
 
-def _kernel(stream_s: float, chain_s: float, route_s: float, programs: int, resident: int) -> KernelEstimate:
-    seconds = LAUNCH_S + max(stream_s, chain_s, route_s)
-    return KernelEstimate(seconds, stream_s, chain_s, route_s, programs, resident)
+def _kernel(
+    stream_s: float, chain_s: float, route_s: float, programs: int, resident: int, exposed_s: float = 0.0
+) -> KernelEstimate:
+    """The launch, the routing no stream hides, then the largest of the limits (the chains less that
+    routing, which they hold)."""
+    seconds = LAUNCH_S + exposed_s + max(stream_s, chain_s - exposed_s, route_s)
+    return KernelEstimate(seconds, stream_s, chain_s, route_s, programs, resident, exposed_s)
 
 
 def estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprint) -> Estimate:

@@ -209,6 +209,21 @@ def test_the_heuristic_pairs_kernel_2_with_each_up_split_it_reads(shape):
     assert splits == {s for s in space.UP_DOMAINS["up_split"] if (shape[2] // 32) % s == 0}
 
 
+def test_kernel_1_s_routing_adds_to_its_stream_where_no_weight_streams_meanwhile():
+    # Qwen3-30B-A3B at 8 tokens on a grid of 384 programs, one per SM at a time (three waves): each
+    # program routes before its first load, with nothing else on its SM streaming, so the two routings
+    # (argmax rounds; ranks, with their T*E^2 compares) differ in the kernel's time by three routings
+    # each, although the same stream bounds both.
+    problem = _block(8, *MODELS["qwen3-30b-a3b"])
+    argmax = decode_block.DecodeConfig(block_f=128, block_k=128, stages_up=4, warps_up=4)
+    by_rank = dataclasses.replace(argmax, route_by_rank=True)
+    fast, slow = (cost.up_estimate(problem, c, H200) for c in (argmax, by_rank))
+    assert slow.resident == fast.resident == 1 and slow.programs == 384
+    assert slow.stream_s == fast.stream_s == max(slow.terms)
+    assert fast.exposed_s < slow.exposed_s and fast.seconds < slow.seconds
+    assert slow.seconds - fast.seconds == pytest.approx(slow.exposed_s - fast.exposed_s)
+
+
 def test_a_thread_holds_what_the_isa_and_the_sm_s_registers_allow():
     facts = hardware.facts("9.0")
     assert [cost.register_ceiling(facts, w) for w in (1, 4, 8, 16)] == [255, 255, 255, 128]
