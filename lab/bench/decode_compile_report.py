@@ -17,7 +17,7 @@ A step is the main loop's path when no branch inside it is taken (kernel 1 store
 branch at its last step only); the branch's instructions are reported apart.
 
     python3 lab/bench/decode_compile_report.py [--models qwen3-next-80b-a3b ...] [--tokens 1 8 32]
-        [--config '{"warps_up": 8}'] [--json OUT]
+        [--config '{"warps_up": 8}'] [--fp8 row_channel] [--json OUT]
 
 Without --config each shape takes the heuristic's config (space_decode.heuristic); --config replaces
 fields of it.
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from moetune.kernels import registry
 from moetune.kernels.backends.mosaic_gpu import hardware, space_decode
@@ -56,13 +57,20 @@ TRITON_CALL = "__gpu$xla.gpu.triton"
 INSTRUCTION = re.compile(r"/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 TARGET = re.compile(r"BRA\S*\s+`?\(?(\.L_x_\d+)")
-OPCODES = ("HMMA", "LDGSTS", "LDSM", "BAR", "SHFL", "STG", "MUFU", "STL", "LDL")
+OPCODES = ("HMMA", "LDGSTS", "LDSM", "BAR", "SHFL", "STG", "MUFU", "F2F", "F2FP", "STL", "LDL")
 
 
-def block_problem(model: dev_shapes.Model, tokens: int) -> Problem:
+def block_problem(model: dev_shapes.Model, tokens: int, fp8: str | None = None) -> Problem:
+    """The block's problem: 16-bit [E, H, 2F] weights, or with `fp8` (a scale layout) the FP8 block's
+    K-major float8_e4m3fn weights scaled so."""
+    if fp8 is None:
+        return Problem(
+            "moe_decode_block", tokens, model.hidden, 2 * model.ffn, model.experts,
+            "bfloat16", "bfloat16", "bfloat16", top_k=model.top_k,
+        )  # fmt: skip
     return Problem(
-        "moe_decode_block", tokens, model.hidden, 2 * model.ffn, model.experts,
-        "bfloat16", "bfloat16", "bfloat16", top_k=model.top_k,
+        "moe_decode_block_fp8", tokens, model.hidden, 2 * model.ffn, model.experts,
+        "bfloat16", "float8_e4m3fn", "bfloat16", transpose_rhs=True, top_k=model.top_k, scale_layout=fp8,
     )  # fmt: skip
 
 
@@ -203,7 +211,7 @@ def main_loop(sass: str) -> LoopStep | None:
 
 def step_bytes(problem: Problem, config: DecodeConfig, kernel: int) -> int:
     """Weight bytes one loop step loads: kernel 1 the gate and up tiles, kernel 2 the w_down tile."""
-    item = 2 if problem.rhs_dtype in ("bfloat16", "float16") else 1
+    item = jnp.dtype(problem.rhs_dtype).itemsize
     if kernel == 1:
         return 2 * config.block_k * config.block_f * item
     return config.block_fd * config.block_h * item
@@ -254,6 +262,7 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=list(DECODE_MODELS))
     parser.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--config", type=json.loads, default={}, help="fields replacing the heuristic's")
+    parser.add_argument("--fp8", metavar="LAYOUT", help="the FP8 block, its weights' scales in LAYOUT")
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args()
     models = dev_shapes.MODELS
@@ -270,7 +279,7 @@ def main() -> int:
     out = []
     for name in args.models:
         for tokens in args.tokens:
-            problem = block_problem(models[name], tokens)
+            problem = block_problem(models[name], tokens, args.fp8)
             config = dataclasses.replace(space_decode.heuristic(problem, H200), **args.config)
             for row in report(problem, config):
                 row |= {"model": name, "tokens": tokens, "config": config.to_dict()}

@@ -52,6 +52,20 @@ def test_the_block_s_triton_kernels_come_from_its_lowering_on_a_cpu():
     assert '"gpu.barrier"' not in text and "gpu.barrier" in text
 
 
+def test_the_fp8_block_lowers_with_its_scales():
+    problem = report.block_problem(dev_shapes.MODELS["qwen3-30b-a3b"], 1, fp8="row_channel")
+    assert (problem.op, problem.rhs_dtype, problem.transpose_rhs) == (
+        "moe_decode_block_fp8",
+        "float8_e4m3fn",
+        True,
+    )
+    kernels = report.triton_kernels(problem, DecodeBlockConfig(), report.H200)
+    assert sorted(kernels) == ["moetune_decode_down", "moetune_decode_up"]
+    assert (
+        report.step_bytes(problem, DecodeBlockConfig().decode_config(), 1) == 2 * 128 * 32
+    )  # a byte a value
+
+
 def test_the_compiler_reports_kernel_1_s_step():
     pytest.importorskip("triton", reason="the compiler report needs the triton package")
     problem = report.block_problem(dev_shapes.MODELS["qwen3-30b-a3b"], 8)
