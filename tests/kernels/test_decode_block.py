@@ -67,6 +67,15 @@ def test_interpreted_block_equals_the_reference(
     _check(*_inputs(tokens, experts, 32, 32), top_k, renormalize, config)
 
 
+def test_a_share_of_many_slots_picks_each_step_s_expert_among_them():
+    # One F tile per expert (block_f = F) and three programs over up to 16 touched experts: a share
+    # spans up to 7 slots, found before the loop, its last ones past the touched count when few are.
+    config = db.DecodeConfig(block_f=32, block_k=16, block_h=16, block_fd=16, up_programs=3)
+    assert db.slots_per_share(16, 1, 3) == 7
+    for tokens, top_k in ((5, 4), (1, 2)):
+        _check(*_inputs(tokens, 16, 32, 32, seed=tokens), top_k, True, config)
+
+
 @pytest.mark.parametrize("up_split, up_programs", [(1, 0), (2, 0), (1, 5)])
 def test_k_major_weights_give_the_same_block(up_split, up_programs):
     x, logits, w_gate_up, w_down = _inputs(3, 8, 32, 16, seed=4)
