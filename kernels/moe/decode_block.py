@@ -506,7 +506,8 @@ def _up_kernel(
         hi = jnp.minimum(lo + share, work)
         first_slot = lo // unit_steps // slot_units
         spanned = slots_per_share(min(tokens * top_k, local), slot_units, config.up_programs)
-        found = [slot_of(first_slot + j) for j in range(spanned)]
+        # Each slot's (expert, its tokens' rows, their routing weights), the j-th for first_slot + j.
+        experts_of, mines, weights = zip(*(slot_of(first_slot + j)[:3] for j in range(spanned)), strict=True)
 
         def pick(j, values):
             """values[j] by selects (a share's slots are few and known only at run time)."""
@@ -517,9 +518,7 @@ def _up_kernel(
 
         def store_unit(slot_p, tile, part, acc):
             j = slot_p - first_slot
-            local_e = pick(j, [f[0] for f in found])
-            mine = pick(j, [f[1] for f in found])
-            weight = pick(j, [f[2] for f in found])
+            local_e, mine, weight = pick(j, experts_of), pick(j, mines), pick(j, weights)
             columns = (tile * bf + jnp.arange(bf))[None, :]
             store_hidden(part, slot_p, row, columns, *acc, mine, real_rows)
             store_tables(slot_p, local_e, mine, weight, (tile == 0) & (part == 0))
@@ -528,7 +527,7 @@ def _up_kernel(
         def stream(i, acc):
             unit, k = i // unit_steps, i % unit_steps
             slot_p, tile, part = unit // slot_units, unit // split % f_tiles, unit % split
-            local_e = pick(slot_p - first_slot, [f[0] for f in found])
+            local_e = pick(slot_p - first_slot, experts_of)
             ks = pl.ds(pl.multiple_of((part * unit_steps + k) * bk, bk), bk)
             gate_cols = pl.ds(pl.multiple_of(tile * bf, bf), bf)
             up_cols = pl.ds(pl.multiple_of(inter + tile * bf, bf), bf)

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from moetune.kernels import registry
-from moetune.kernels.backends.mosaic_gpu import hardware, space_decode
+from moetune.kernels.backends.mosaic_gpu import cost_model_decode, hardware, space_decode
 from moetune.kernels.backends.mosaic_gpu.kernel_decode import DecodeBlockConfig
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.moe.decode_block import DecodeConfig
@@ -49,7 +49,6 @@ from moetune_lab.bench import dev_shapes
 from moetune_lab.bench.pack_lowering import lowering_platform, running_on
 
 H200 = DeviceFingerprint("NVIDIA H200", "gpu", 132, 141 << 30, "9.0", "", "cuda 13000", "0.11.2", "0.11.2")
-SCHEDULERS_PER_SM = 4
 # The block's development models (docs/decode-block.md's table).
 DECODE_MODELS = ("qwen3-30b-a3b", "qwen3-next-80b-a3b", "mixtral-8x7b")
 TRITON_CALL = "__gpu$xla.gpu.triton"
@@ -224,9 +223,9 @@ def report(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprin
         device.core_count
     )
     rows = []
-    for index, (name, (bytecode, warps, stages)) in enumerate(
-        sorted(triton_kernels(problem, config, device).items(), key=lambda kv: "down" in kv[0]), start=1
-    ):
+    kernels = triton_kernels(problem, config, device)
+    for index, name in enumerate(space_decode.KERNELS, start=1):  # kernel 1, then kernel 2
+        bytecode, warps, stages = kernels[name]
         with tempfile.TemporaryDirectory() as workdir:
             compiled = compile_sm90(ir_text(bytecode), warps, stages, Path(workdir))
         step = main_loop(compiled.sass)
@@ -239,7 +238,7 @@ def report(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprin
             "shared_bytes": compiled.shared_bytes,
         }
         if step is not None:
-            clocks = step.instructions * warps / SCHEDULERS_PER_SM
+            clocks = step.instructions * warps / cost_model_decode.SCHEDULERS_PER_SM
             tile = step_bytes(problem, config.decode_config(), index)
             rate = tile / (clocks / facts.sustained_clock_hz)
             row |= {

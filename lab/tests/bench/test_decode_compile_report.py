@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from moetune.kernels.backends.mosaic_gpu import cost_model_decode
 from moetune.kernels.backends.mosaic_gpu.kernel_decode import DecodeBlockConfig
 from moetune_lab.bench import decode_compile_report as report
 from moetune_lab.bench import dev_shapes
@@ -76,7 +77,8 @@ def test_the_compiler_reports_kernel_1_s_step():
     # Each step multiplies the gate and up tiles; storing a unit's rows waits in the branch.
     assert up["step_opcodes"]["HMMA"] > 0 and "STG" not in up["step_opcodes"]
     assert up["branch_instructions"] > 0
-    assert up["step_issue_clocks"] == up["step_instructions"] * up["warps"] / report.SCHEDULERS_PER_SM
+    schedulers = cost_model_decode.SCHEDULERS_PER_SM
+    assert up["step_issue_clocks"] == up["step_instructions"] * up["warps"] / schedulers
 
 
 def test_an_unknown_model_is_one_line_and_exit_2():
