@@ -88,10 +88,11 @@ SLOT_OPS_PER_CHOICE = 5
 # Kernel 2 with up_split > 1 adds the splits' float32 gate and up partials and applies the SwiGLU to each
 # step's [rows, block_fd] hidden tile before its dot, and every warp computes the whole tile (the dot's
 # operand layout gives each warp all of it): instructions per hidden element and lane of a warp, a fixed
-# part (the SwiGLU, the conversion, the addresses) and a part per split (its two loads and adds). Read
-# from the SASS of compiled kernels (lab/bench/decode_compile_report.py, Triton 3.6 for sm_90a:
-# Qwen3-30B-A3B at one token, block_fd 128, 4 warps: 26.7 per element at two splits, 34.0 at four;
-# gpt-oss-120b, block_fd 64 and 32, two splits: 26.8 and 27.5), not from timings.
+# part (the SwiGLU, the conversion, the addresses) and a part per split (its two loads and adds). Fitted
+# to instruction counts of compiled kernels' SASS, not to timings (lab/bench/decode_compile_report.py,
+# Triton 3.6 for sm_90a: Qwen3-30B-A3B at one token, block_fd 128, 4 warps: 26.7 per element at two
+# splits, 34.0 at four, the two points of the fit; gpt-oss-120b, block_fd 64 and 32, two splits: 26.8
+# and 27.5, held out).
 SWIGLU_INSTRUCTIONS = 19.4
 PARTIAL_INSTRUCTIONS_PER_SPLIT = 3.66
 # The unit HBM reads through L2: a tile row's contiguous run shorter than this still costs a line.
