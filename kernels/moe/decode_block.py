@@ -63,6 +63,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from moetune.kernels.errors import ConfigInvalid
+from moetune.kernels.moe import fp8_widen
 from moetune.kernels.moe.pallas_mode import pow2_at_least
 
 Array = Any
@@ -98,6 +99,8 @@ class DecodeConfig:
     # each routing once and streaming a contiguous share of the flat (expert, F tile, split, K step) list
     route_by_rank: bool = False  # kernel 1's top-k: False, k argmax rounds; True, each expert's rank
     # among its row's (T*E^2 compares, few reductions: the shorter chain where T*E is small)
+    widen_up: str = "convert"  # how kernel 1 widens FP8 weight tiles (fp8_widen.MODES); 16-bit: convert
+    widen_down: str = "convert"  # the same for kernel 2
 
     def __post_init__(self):
         for name in ("block_f", "block_k", "block_h", "block_fd"):
@@ -112,6 +115,9 @@ class DecodeConfig:
         for name in ("warps_up", "warps_down"):
             if getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ConfigInvalid(f"{name}={getattr(self, name)} must be a power of two up to 16")
+        for name in ("widen_up", "widen_down"):
+            if getattr(self, name) not in fp8_widen.MODES:
+                raise ConfigInvalid(f"{name}={getattr(self, name)!r} is not one of {fp8_widen.MODES}")
 
     @property
     def name(self) -> str:
@@ -185,9 +191,10 @@ def decode_block(
     out sums over those only. FP8 weights come with float32 scales (`w_gate_up_scale`, `w_down_scale`),
     one per block of each weight in its own layout, as kernels/ops/fp8_scales.py lays them out ([E, 1, 1]
     per tensor, [E, 1, N] per channel, [E, K/128, N/128] in 128x128 blocks; K-major: the last two
-    swapped): each tile is widened to x's dtype on chip and its product scaled, so the weights cross
-    HBM once at one byte per value and x is never quantized. Shapes are checked by the caller
-    (`moe_mlp`); this raises ConfigInvalid where `fits` is False or a scale does not fit."""
+    swapped): each tile is widened on chip as `config.widen_up` / `widen_down` say (fp8_widen.py: exact)
+    and its product scaled, so the weights cross HBM once at one byte per value and x is never quantized.
+    Shapes are checked by the caller (`moe_mlp`); this raises ConfigInvalid where `fits` is False or a
+    scale does not fit."""
     tokens, hidden = x.shape
     experts = router_logits.shape[1]
     local = w_gate_up.shape[0]
@@ -196,6 +203,10 @@ def decode_block(
     if reason is not None:
         raise ConfigInvalid(f"decode block: {reason}")
     scales = _scale_blocks(w_gate_up, w_gate_up_scale, w_down, w_down_scale, transpose_weights, config)
+    for name, w in (("widen_up", w_gate_up), ("widen_down", w_down)):
+        reason = fp8_widen.unfit_reason(getattr(config, name), w.dtype, x.dtype)
+        if reason is not None:
+            raise ConfigInvalid(f"decode block: {name}: {reason}")
     rows = max(DOT_ROWS, pow2_at_least(tokens))
     slots = min(tokens * top_k, local)
     offset = jnp.zeros((1,), jnp.int32) if group_offset is None else group_offset.reshape(1).astype(jnp.int32)
@@ -214,6 +225,7 @@ def decode_block(
         functools.partial(
             _up_kernel, tokens=tokens, experts=experts, local=local, top_k=top_k, renormalize=renormalize,
             rows=rows, inter=inter, config=config, transposed=transpose_weights, scale_block=scales[0],
+            interpret=interpret,
         ),
         out_shape=(
             hidden_shape,
@@ -361,16 +373,19 @@ def rank_in_kernel(logits, load_chunk, *, experts: int, chunk: int):
     return jax.lax.fori_loop(0, ep // chunk, add_chunk, jnp.zeros((rows, ep), jnp.int32))
 
 
-def _dot_weights(rows_in, w_ref, expert, ks, cols, transposed: bool, precision, scale=None):
+def _dot_weights(rows_in, w_ref, expert, ks, cols, transposed: bool, precision, scale=None, widen=None):
     """rows_in [rows, K tile] @ the expert's weight tile (K rows ks, columns cols) in float32; a K-major
     weight ([E, N, K]) is read as its [N tile, K tile] block and contracted on its second dim. `scale`
-    (scale_ref, (K rows, N columns) per scale, first column index): FP8 weights, widened to rows_in's dtype
-    and the product scaled by the tile's column scales."""
+    (scale_ref, (K rows, N columns) per scale, first column index): FP8 weights, read as `widen` ((mode,
+    interpret): fp8_widen.operands) says and the product scaled by the tile's column scales."""
     w = w_ref[expert, cols, ks] if transposed else w_ref[expert, ks, cols]
+    row_factor = None
     if scale is not None:
-        w = w.astype(rows_in.dtype)
+        rows_in, w, row_factor = fp8_widen.operands(rows_in, w, *widen)
     dims = (((1,), (1,)), ((), ())) if transposed else (((1,), (0,)), ((), ()))
     part = jax.lax.dot_general(rows_in, w, dims, precision=precision, preferred_element_type=jnp.float32)
+    if row_factor is not None:
+        part = part * row_factor[:, None]
     if scale is None:
         return part
     scale_ref, (k_block, n_block), first = scale
@@ -394,7 +409,7 @@ def _widen(values, rows: int):
 
 def _up_kernel(
     x_ref, logits_ref, w_ref, offset_ref, *refs,
-    tokens, experts, local, top_k, renormalize, rows, inter, config, transposed, scale_block,
+    tokens, experts, local, top_k, renormalize, rows, inter, config, transposed, scale_block, interpret,
 ):  # fmt: skip
     scale_ref = refs[0] if scale_block else None
     hidden_ref, expert_ref, weight_ref, count_ref, counter_ref = refs[1:] if scale_block else refs
@@ -456,8 +471,9 @@ def _up_kernel(
         if scale_block:
             gate_scale = (scale_ref, scale_block, tile * bf)
             up_scale = (scale_ref, scale_block, inter + tile * bf)
-        gate += _dot_weights(xs, w_ref, local_e, ks, gate_cols, transposed, precision, gate_scale)
-        up += _dot_weights(xs, w_ref, local_e, ks, up_cols, transposed, precision, up_scale)
+        widen = (config.widen_up, interpret)
+        gate += _dot_weights(xs, w_ref, local_e, ks, gate_cols, transposed, precision, gate_scale, widen)
+        up += _dot_weights(xs, w_ref, local_e, ks, up_cols, transposed, precision, up_scale, widen)
         return gate, up
 
     def store_hidden(part, p, row, columns, gate, up, mine, mask):
@@ -624,7 +640,9 @@ def _down_kernel(
         rows_in = hidden_rows(p, f0)
         ks = pl.ds(pl.multiple_of(f0, bk), bk)
         scale = (scale_ref, scale_block, h * bh) if scale_block else None
-        part = _dot_weights(rows_in, w_ref, e, ks, cols, transposed, precision, scale)
+        part = _dot_weights(
+            rows_in, w_ref, e, ks, cols, transposed, precision, scale, (config.widen_down, interpret)
+        )
         return acc + part * weight[:, None]
 
     acc = jax.lax.fori_loop(lo, hi, step, jnp.zeros((rows, bh), jnp.float32))

@@ -14,7 +14,8 @@ Why an op of its own rather than a dtype of moe_decode_block: its call has two m
 and a key must say how they cover the weights, which is what the Problem's `scale_layout` is for; as with
 grouped_matmul_fp8 (its docstring), one op serves every layout, each layout tuned and looked up apart.
 
-x and the output share one 16- or 32-bit dtype: the block widens each weight tile to x's dtype on chip and
+x and the output share one 16- or 32-bit dtype: the block widens each weight tile on chip (to x's dtype,
+or to f16 beside x's tile scaled into f16 by powers of two: kernels/moe/fp8_widen.py, both exact) and
 scales its product, so x is never quantized and the weights cross HBM once at one byte per value
 (`touched_bytes`). The reference is moe_decode_block's on the dequantized weights (fp8_scales.dequantize),
 x as it is.

@@ -56,7 +56,7 @@ TRITON_CALL = "__gpu$xla.gpu.triton"
 INSTRUCTION = re.compile(r"/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 TARGET = re.compile(r"BRA\S*\s+`?\(?(\.L_x_\d+)")
-OPCODES = ("HMMA", "LDGSTS", "LDSM", "BAR", "SHFL", "STG", "MUFU", "F2F", "F2FP", "STL", "LDL")
+OPCODES = tuple("HMMA LDGSTS LDSM BAR SHFL STG MUFU F2F F2FP PRMT LOP3 HFMA2 STL LDL".split())
 
 
 def block_problem(model: dev_shapes.Model, tokens: int, fp8: str | None = None) -> Problem:

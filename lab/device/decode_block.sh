@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fused decode block on one GPU machine, in one device call (DBS_DEADLINE_S, 570 s):
-#   1. its GPU tests (tests/gpu/test_decode_block_gpu.py, test_decode_block_op_gpu.py; DBS_TESTS_S, "0"
-#      skips);
+#   1. its GPU tests (tests/gpu/test_fp8_widen_gpu.py, test_decode_block_gpu.py,
+#      test_decode_block_op_gpu.py; DBS_TESTS_S, "0" skips);
 #   2. a sweep of the block (op moe_decode_block; with DBS_FP8=LAYOUT moe_decode_block_fp8 on K-major
 #      float8_e4m3fn weights with scales in LAYOUT; with DBS_K_MAJOR=1 16-bit K-major weights) for DBS_MODELS
 #      (lab/bench/dev_shapes.py names: qwen3-30b-a3b qwen3-next-80b-a3b) at DBS_TOKENS (1 8 32), TPE,
@@ -48,8 +48,8 @@ EOF
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv 2>&1
   if [ "${DBS_TESTS_S:-190}" -gt 0 ]; then
     step "GPU tests of the block"
-    timeout "$(cap "${DBS_TESTS_S:-190}")" python3 -m pytest tests/gpu/test_decode_block_gpu.py \
-      tests/gpu/test_decode_block_op_gpu.py -m gpu -q -p no:cacheprovider -rs >"$OUT/gpu-tests.log" 2>&1
+    timeout "$(cap "${DBS_TESTS_S:-190}")" python3 -m pytest tests/gpu/test_fp8_widen_gpu.py \
+      tests/gpu/test_decode_block_gpu.py tests/gpu/test_decode_block_op_gpu.py -m gpu -q -p no:cacheprovider -rs >"$OUT/gpu-tests.log" 2>&1
     echo "gpu tests rc=$?"; tail -3 "$OUT/gpu-tests.log"
   fi
 

@@ -131,14 +131,21 @@ def test_fp8_and_k_major_weights_match_the_reference_of_what_they_stand_for(layo
     if layout == "row_channel":  # the other kernel 1: shares of its list, routing by rank
         config = BY_RANK
     quantized = [quantize_weights(w, layout, transpose=k_major) for w in (w_gate_up, w_down)]
-    block = jax.jit(
+    block_of = lambda config: jax.jit(  # noqa: E731
         lambda x, g, a, b, sa, sb: db.decode_block(
             x, g, a, b, top_k=8, config=config, transpose_weights=k_major, w_gate_up_scale=sa, w_down_scale=sb
         )
     )
+    block = block_of(config)
     args = (x, logits, quantized[0][0], quantized[1][0], quantized[0][1], quantized[1][1])
     first, second = block(*args), block(*args)
     assert np.array_equal(np.asarray(first), np.asarray(second))
+    # Widened by fp8_widen's integer sequence instead of the conversion: the same weights, the same output.
+    bits = block_of(dataclasses.replace(config, widen_up="bits", widen_down="bits"))
+    assert np.array_equal(np.asarray(bits(*args)), np.asarray(first))
+    # Read as f16 with x's rows scaled: the same products, float32 accumulation aside.
+    f16 = block_of(dataclasses.replace(config, widen_up="f16", widen_down="f16"))
+    assert _rel(f16(*args), first) < 1e-3
     dequantized = []
     for values, scale in quantized:
         w = values.astype(jnp.float32) * expand(scale, values.shape)

@@ -234,6 +234,33 @@ def test_fp8_weights_are_widened_on_chip_and_scaled_per_block(layout, k_major, u
     assert error < 1e-2  # the hidden rows and out are rounded to bf16 once each
 
 
+@pytest.mark.parametrize("layout", ["row_channel", "block_1x128_128x128"])
+def test_fp8_weights_read_as_f16_with_x_scaled_per_row_give_the_same_block(layout):
+    """widen="f16": the weights to f16, each x row to f16 times a power of two; the same products, so
+    the same block as widening to bf16, but for float32 accumulation order. x's rows span 2^-30 to 2^20
+    in magnitude: f16 alone would flush the one and overflow the other."""
+    from moetune.kernels.moe.fp8 import quantize_weights
+
+    x, logits, w_gate_up, w_down = _inputs(3, 4, 128, 128, seed=6)
+    x = (x * jnp.array([2.0**-30, 1.0, 2.0**20])[:, None]).astype(jnp.bfloat16)
+    quantized = [quantize_weights(w, layout, transpose=True) for w in (w_gate_up, w_down)]
+    base = db.DecodeConfig(block_f=16, block_k=32, block_h=32, block_fd=32, down_split=2, up_programs=3)
+    scales = dict(w_gate_up_scale=quantized[0][1], w_down_scale=quantized[1][1])
+    outs = [
+        np.asarray(
+            db.decode_block(
+                x, logits, quantized[0][0], quantized[1][0], top_k=2, transpose_weights=True, interpret=True,
+                config=dataclasses.replace(base, widen_up=mode, widen_down=mode), **scales,
+            ),
+            np.float32,
+        )
+        for mode in ("convert", "f16")
+    ]  # fmt: skip
+    for row in range(3):
+        error = np.linalg.norm(outs[1][row] - outs[0][row]) / np.linalg.norm(outs[0][row])
+        assert error < 1e-3, (row, error)
+
+
 def test_fp8_scales_are_checked_by_name():
     from moetune.kernels.moe.fp8 import quantize_weights
 

@@ -25,7 +25,10 @@ bound by how fast the weights stream, not by FLOPs. Per kernel:
            A thread holds the [T, E] arrays across its warps' lanes; past its registers (the ISA's 255,
            or the SM's 65536 over the program's threads where fewer) they spill, and the routing slows
            by the excess.
-  a kernel takes its launch plus the largest of the three, plus kernel 1's routing where no weight
+  widen    FP8 weights only: every value is read into the dots in registers (kernels/moe/fp8_widen.py:
+           widened to bf16 by conversion or by integer instructions, or to f16 with x's tile) on the
+           SMs that run the kernel's programs, at the rates of the pipes its instructions use.
+  a kernel takes its launch plus the largest of the four, plus kernel 1's routing where no weight
   streams meanwhile: every program routes before its first load, so the first wave's routing is
   exposed, and with one program per SM every wave's (nothing else on the SM streams meanwhile).
 
@@ -95,6 +98,16 @@ SLOT_OPS_PER_CHOICE = 5
 # and 27.5, held out).
 SWIGLU_INSTRUCTIONS = 19.4
 PARTIAL_INSTRUCTIONS_PER_SPLIT = 3.66
+# Reading FP8 weight tiles into the dots (kernels/moe/fp8_widen.py, by mode), instructions per weight
+# value from the compiled SASS: `convert` 1.5 conversions (an F2FP unpacking a pair to f16, an F2F per
+# value to bf16); `f16` 0.5 (the F2FP alone) plus x's tile to f16, a conversion per pair of its values;
+# `bits` 3 integer instructions (six a pair) and no conversion. The CUDA guide rates conversions at 16
+# results a clock per SM (compute capability 9.0, "all other type conversions"), integer instructions at
+# 64. From the compiled code and the guide's rates, not timed.
+CONVERSIONS_PER_VALUE = {"convert": 1.5, "bits": 0.0, "f16": 0.5}
+INTEGER_OPS_PER_VALUE = {"convert": 0.0, "bits": 3.0, "f16": 0.0}
+CONVERSION_LANES_PER_CLOCK = 16
+INTEGER_LANES_PER_CLOCK = 64
 # The unit HBM reads through L2: a tile row's contiguous run shorter than this still costs a line.
 LINE_BYTES = 128
 # Lanes one warp scheduler issues a clock: a program of w warps issues min(w, 4) of an SM's 4 at most.
@@ -111,11 +124,12 @@ class KernelEstimate:
     programs: int  # the grid
     resident: int  # programs one SM holds at once
     exposed_s: float = 0.0  # kernel 1's routing while no weight streams (first wave, or every wave)
+    widen_s: float = 0.0  # FP8 weights: every value widened on the SMs that run the programs
 
     @property
-    def terms(self) -> tuple[float, float, float]:
-        """The three limits, largest first: the runner-up says how much slack the bound leaves."""
-        return tuple(sorted((self.stream_s, self.chain_s, self.route_s), reverse=True))
+    def terms(self) -> tuple[float, float, float, float]:
+        """The four limits, largest first: the runner-up says how much slack the bound leaves."""
+        return tuple(sorted((self.stream_s, self.chain_s, self.route_s, self.widen_s), reverse=True))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -212,7 +226,9 @@ def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprin
     # routes; with one program per SM the same holds for every wave (an SM holds nothing else to
     # stream meanwhile), with more a later program routes while the SM's others stream.
     exposed = routing * (waves if resident == 1 else 1)
-    return _kernel(stream_s, waves * chain, route_s, programs, resident, exposed)
+    values = touched_experts(problem) * hidden * problem.n
+    widen_s = _widen_s(problem, values, config.widen_up, rows, 2 * config.block_f, active, device)
+    return _kernel(stream_s, waves * chain, route_s, programs, resident, exposed, widen_s)
 
 
 def _routing(tokens: int, experts: int, top_k: int, by_rank: bool) -> tuple[float, int]:
@@ -253,7 +269,10 @@ def down_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerpr
     step = max(latency / (config.stages_down - 1), together * _swiglu_issue_s(config, rows, facts))
     chain = latency + share * step + meeting
     waves = math.ceil(programs / (device.core_count * resident))
-    return _kernel(stream_s, waves * chain, 0.0, programs, resident)
+    widen_s = _widen_s(
+        problem, touched * inter * hidden, config.widen_down, rows, config.block_h, programs, device
+    )
+    return _kernel(stream_s, waves * chain, 0.0, programs, resident, widen_s=widen_s)
 
 
 def _swiglu_issue_s(config: DecodeConfig, rows: int, facts: hardware.ArchFacts) -> float:
@@ -267,6 +286,26 @@ def _swiglu_issue_s(config: DecodeConfig, rows: int, facts: hardware.ArchFacts) 
     return config.warps_down * per_warp / SCHEDULERS_PER_SM / facts.sustained_clock_hz
 
 
+def _widen_s(
+    problem: Problem,
+    values: float,
+    mode: str,
+    rows: int,
+    columns: int,
+    programs: int,
+    device: DeviceFingerprint,
+) -> float:
+    """Seconds the SMs running `programs` take to read `values` FP8 weight values into the dots by `mode`,
+    a step's weight tile `columns` wide beside an x tile of `rows` (0 for 16-bit weights, which a dot
+    reads as they are)."""
+    if _itemsize(problem.rhs_dtype) != 1:
+        return 0.0
+    conversions = CONVERSIONS_PER_VALUE[mode] + (rows / (2 * columns) if mode == "f16" else 0.0)
+    clocks = conversions / CONVERSION_LANES_PER_CLOCK + INTEGER_OPS_PER_VALUE[mode] / INTEGER_LANES_PER_CLOCK
+    clock = hardware.facts(device.compute_capability).sustained_clock_hz
+    return values * clocks / (max(1, min(device.core_count, programs)) * clock)
+
+
 def _line_rate(device: DeviceFingerprint, run_bytes: int) -> float:
     """The HBM read rate of tiles whose rows are `run_bytes` contiguous bytes (LINE_BYTES)."""
     peak = hardware.hbm_bytes_per_s(device.device_kind, device.compute_capability)
@@ -274,12 +313,18 @@ def _line_rate(device: DeviceFingerprint, run_bytes: int) -> float:
 
 
 def _kernel(
-    stream_s: float, chain_s: float, route_s: float, programs: int, resident: int, exposed_s: float = 0.0
+    stream_s: float,
+    chain_s: float,
+    route_s: float,
+    programs: int,
+    resident: int,
+    exposed_s: float = 0.0,
+    widen_s: float = 0.0,
 ) -> KernelEstimate:
     """The launch, the routing no stream hides, then the largest of the limits (the chains less that
     routing, which they hold)."""
-    seconds = LAUNCH_S + exposed_s + max(stream_s, chain_s - exposed_s, route_s)
-    return KernelEstimate(seconds, stream_s, chain_s, route_s, programs, resident, exposed_s)
+    seconds = LAUNCH_S + exposed_s + max(stream_s, chain_s - exposed_s, route_s, widen_s)
+    return KernelEstimate(seconds, stream_s, chain_s, route_s, programs, resident, exposed_s, widen_s)
 
 
 def estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprint) -> Estimate:

@@ -7,17 +7,19 @@ kernel that reads them: kernel 1's F tile per program (block_f), K step (block_k
 K split across programs (up_split: how many CTAs share one expert's F tile), its programs (up_programs:
 0 for one per item, else that many streaming shares of the item list, each routing once) and how it
 takes the top k (route_by_rank: argmax rounds or ranks); kernel 2's H tile per program (block_h), F step
-(block_fd), pipeline depth, warps and the programs per H tile (down_split,
-whose float32 partial sums meet in a fixed order: deterministic). A field added to DecodeConfig is one
-line in its kernel's domains (a test holds the domains to DecodeConfig's fields); the config class
-follows by itself (kernel_decode.DecodeBlockConfig). `fused` adds the path the block replaces, the
-unfused MoE layer: the space's BASELINE, timed first in every sweep, its other fields at their defaults.
+(block_fd), pipeline depth, warps and the programs per H tile (down_split, whose float32 partial sums
+meet in a fixed order: deterministic); and each kernel's widening of FP8 weights (widen_up, widen_down:
+kernels/moe/fp8_widen.py's conversion or integer sequence). A field added to DecodeConfig is one line in
+its kernel's domains (a test holds the domains to DecodeConfig's fields); the config class follows by
+itself (kernel_decode.DecodeBlockConfig). `fused` adds the path the block replaces, the unfused MoE
+layer: the space's BASELINE, timed first in every sweep, its other fields at their defaults.
 
-Validity constraints: the block's own entry check (decode_block.unfit_reason, the very function the
-kernel calls), K tiles within one block of block-scaled FP8 weights (the kernel's scale check), and the
-baseline's defaults. Pruning constraints drop points that run but waste: a
-pipeline deeper than a program's loop, a split with less than one F step per program, shared memory past
-an SM's for the pipeline's stages, shares with no more programs than items. Every non-deterministic
+Validity constraints: the widening's fit to the weights' and x's dtypes, the block's own entry check
+(decode_block.unfit_reason, the very function the kernel calls), K tiles within one block of
+block-scaled FP8 weights (the kernel's scale check), and the baseline's defaults. Pruning constraints
+drop points that run but waste: a pipeline deeper than a program's loop, a split with less than one F
+step per program, shared memory past an SM's for the pipeline's stages, shares with no more programs
+than items. Every non-deterministic
 variant (float atomics meeting partial sums) would be a field of its own named in the key (a Problem
 field); none exists.
 
@@ -42,7 +44,7 @@ from moetune.kernels.backends.mosaic_gpu import hardware
 from moetune.kernels.backends.mosaic_gpu.kernel_decode import TILING, DecodeBlockConfig
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import ConfigInvalid, Unsupported
-from moetune.kernels.moe import decode_block
+from moetune.kernels.moe import decode_block, fp8_widen
 from moetune.kernels.ops import fp8_scales
 from moetune.kernels.ops.moe_decode_block import touched_experts
 from moetune.kernels.problem import Problem
@@ -61,6 +63,7 @@ UP_DOMAINS: dict[str, tuple] = {
     # one, two or four per SM of a 132-SM Hopper part, and a power of two for shares that divide evenly.
     "up_programs": (0, 128, 132, 264, 528),
     "route_by_rank": (False, True),
+    "widen_up": fp8_widen.MODES,
 }
 DOWN_DOMAINS: dict[str, tuple] = {
     "block_h": (32, 64, 128, 256),
@@ -68,6 +71,7 @@ DOWN_DOMAINS: dict[str, tuple] = {
     "stages_down": (2, 3, 4, 6, 8),
     "warps_down": (4, 8),
     "down_split": (1, 2, 4, 8, 16),
+    "widen_down": fp8_widen.MODES,
 }
 # Each kernel's name, as its pallas_call in kernels/moe/decode_block.py gives it and CUPTI reports it, and
 # the fields it reads: the block's time is the two kernels' in turn (SearchSpace.kernels).
@@ -80,8 +84,9 @@ DOMAINS: dict[str, tuple] = {"fused": (True,), **UP_DOMAINS, **DOWN_DOMAINS}
 # The path the block replaces: moe_mlp's unfused layer (kernel_decode.moe_decode_block).
 BASELINE = DecodeBlockConfig(fused=False)
 _DEFAULTS = DecodeBlockConfig()
-# Every field at its domain's smallest value: what divides the most shapes (check_problem).
-SMALLEST = DecodeBlockConfig(**{name: min(values) for name, values in {**UP_DOMAINS, **DOWN_DOMAINS}.items()})
+# Every field at its domain's first value (the smallest; convert for the widening): what divides the most
+# shapes and runs on any weights (check_problem).
+SMALLEST = DecodeBlockConfig(**{name: values[0] for name, values in {**UP_DOMAINS, **DOWN_DOMAINS}.items()})
 TIE = 0.01
 # Each kernel's best configs the heuristic pairs up; the best pairs are a sweep's seeds.
 SEEDS = 4
@@ -97,6 +102,19 @@ def block_fits(problem: Problem, config: DecodeBlockConfig, device: DeviceFinger
     if not config.fused:
         return None
     return decode_block.unfit_reason(*_sizes(problem), config.decode_config())
+
+
+def widening_fits(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint) -> str | None:
+    """Each kernel's FP8 widening takes the problem's weights to x's dtype (fp8_widen.unfit_reason, as the
+    kernel checks): `bits` only from float8_e4m3fn to bfloat16; 16-bit weights keep `convert`, which
+    they never run."""
+    if not config.fused:
+        return None
+    for name in ("widen_up", "widen_down"):
+        reason = fp8_widen.unfit_reason(getattr(config, name), problem.rhs_dtype, problem.lhs_dtype)
+        if reason is not None:
+            return f"{name}: {reason}"
+    return None
 
 
 def k_tiles_within_scale_blocks(
@@ -184,7 +202,12 @@ def smem_fits(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerp
     return None
 
 
-VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (block_fits, k_tiles_within_scale_blocks, baseline_at_defaults)
+VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (
+    widening_fits,
+    block_fits,
+    k_tiles_within_scale_blocks,
+    baseline_at_defaults,
+)
 PRUNING_CONSTRAINTS: tuple[Constraint, ...] = (pipeline_depth_useful, split_useful, shares_useful, smem_fits)
 CONSTRAINTS: tuple[Constraint, ...] = VALIDITY_CONSTRAINTS + PRUNING_CONSTRAINTS
 RESOURCE_CONSTRAINTS: frozenset[Constraint] = frozenset()
@@ -239,6 +262,16 @@ def _ranked(
     return rows
 
 
+def _widenings_that_fit(problem: Problem, domains: Mapping[str, tuple]) -> dict[str, tuple]:
+    """`domains` without the widenings the problem's dtypes rule out (widening_fits), which the ranking
+    would otherwise enumerate with every other field only to drop."""
+    fits = lambda mode: fp8_widen.unfit_reason(mode, problem.rhs_dtype, problem.lhs_dtype) is None  # noqa: E731
+    return {
+        name: tuple(filter(fits, values)) if name in ("widen_up", "widen_down") else values
+        for name, values in domains.items()
+    }
+
+
 @functools.lru_cache(maxsize=256)
 def ranking(
     problem: Problem, device: DeviceFingerprint
@@ -251,11 +284,12 @@ def ranking(
         hardware.facts(device.compute_capability)
     except Unsupported:
         return ()
-    ups = _ranked(problem, device, UP_DOMAINS, cost.up_estimate)
+    ups = _ranked(problem, device, _widenings_that_fit(problem, UP_DOMAINS), cost.up_estimate)
+    downs = _widenings_that_fit(problem, DOWN_DOMAINS)
     pairs = []
     for split in UP_DOMAINS["up_split"]:
         base = dataclasses.replace(SMALLEST, up_split=split)
-        down = _ranked(problem, device, DOWN_DOMAINS, cost.down_estimate, base)[:SEEDS]
+        down = _ranked(problem, device, downs, cost.down_estimate, base)[:SEEDS]
         paired = 0
         # Kernel 1's configs with this split in their order, the first SEEDS that pair with one of
         # kernel 2's best: a pair may fail where each alone fits (shared memory of both, say).

@@ -224,6 +224,48 @@ def test_kernel_1_s_routing_adds_to_its_stream_where_no_weight_streams_meanwhile
     assert slow.seconds - fast.seconds == pytest.approx(slow.exposed_s - fast.exposed_s)
 
 
+def _fp8_block(tokens, experts, top_k, hidden, ffn, layout="row_channel") -> Problem:
+    return Problem(
+        "moe_decode_block_fp8", tokens, hidden, 2 * ffn, experts, "bfloat16", "float8_e4m3fn", "bfloat16",
+        transpose_rhs=True, top_k=top_k, scale_layout=layout,
+    )  # fmt: skip
+
+
+def test_fp8_weights_are_read_on_the_sms_at_their_pipes_rates():
+    # Qwen3-30B-A3B at one token, 96 programs of kernel 1 (8 experts x 12 F tiles): each value read on
+    # those 96 SMs. Triton's conversion to bf16: 1.5 conversions a value at 16 a clock per SM; the
+    # integer sequence: 3 integer instructions a value at 64 a clock, half that; f16: the F2FP alone
+    # (0.5) and x's 16-row tile (16 / (2 x 128) a weight value), a third of it. 16-bit weights: nothing.
+    problem = _fp8_block(1, *MODELS["qwen3-30b-a3b"])
+    convert = decode_block.DecodeConfig(block_f=64, block_k=128)
+    bits, f16 = (dataclasses.replace(convert, widen_up=m, widen_down=m) for m in ("bits", "f16"))
+    slow, fast, narrow = (cost.up_estimate(problem, c, H200) for c in (convert, bits, f16))
+    values = touched_experts(problem) * 2048 * 1536
+    clock = hardware.facts("9.0").sustained_clock_hz
+    assert slow.widen_s == pytest.approx(values * 1.5 / 16 / (96 * clock))
+    assert slow.widen_s == pytest.approx(2 * fast.widen_s)
+    assert narrow.widen_s == pytest.approx(slow.widen_s * (0.5 + 16 / 256) / 1.5)
+    assert slow.widen_s == max(slow.terms) and slow.seconds > fast.seconds  # conversion-bound
+    assert cost.up_estimate(_block(1, *MODELS["qwen3-30b-a3b"]), convert, H200).widen_s == 0.0
+    assert (
+        cost.down_estimate(problem, bits, H200).widen_s < cost.down_estimate(problem, convert, H200).widen_s
+    )
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_widening_fits_the_weights_and_the_heuristic_weighs_it(model):
+    fp8, bf16 = _fp8_block(1, *MODELS[model]), _block(1, *MODELS[model])
+    for mode in ("bits", "f16"):
+        other = DecodeBlockConfig(widen_up=mode, widen_down=mode)
+        assert space.widening_fits(fp8, other, H200) is None
+        assert "float8" in space.widening_fits(bf16, other, H200)
+    assert space.widening_fits(bf16, DecodeBlockConfig(), H200) is None
+    # 16-bit weights rank convert only; FP8 ones the mode the model's pipe rates make cheapest.
+    assert {(c.widen_up, c.widen_down) for c, _ in space.ranking(bf16, H200)} == {("convert", "convert")}
+    picked = space.heuristic(fp8, H200)
+    assert (picked.widen_up, picked.widen_down) == ("f16", "f16")
+
+
 def test_a_thread_holds_what_the_isa_and_the_sm_s_registers_allow():
     facts = hardware.facts("9.0")
     assert [cost.register_ceiling(facts, w) for w in (1, 4, 8, 16)] == [255, 255, 255, 128]
