@@ -96,3 +96,21 @@ def test_the_device_scripts_that_box_their_steps_take_the_shared_time_boxes():
     for script, text in boxed.items():
         assert any(line in text for line in sources), f"{script} calls cap/left/step without sourcing them"
         assert "cap() {" not in text and "left() {" not in text, f"{script} defines its own time boxes"
+
+
+@pytest.mark.parametrize("sweep", sorted(path.name for path in DEVICE.glob("*.yaml")))
+def test_each_device_sweep_file_loads_and_its_narrowed_space_holds_configs(sweep):
+    """A sweep file the GPU machine runs: its fields are known, its problems parse, and on an H200 every
+    problem's space narrowed by its `space:` keeps valid configs (a mistyped field or value would leave
+    none, or fail here rather than on the device)."""
+    from moetune.kernels import registry
+    from moetune.tuner.plan import parse_problem
+    from moetune.tuner.spec import load_sweep_file
+    from moetune_lab.bench.decode_compile_report import H200
+
+    spec, _ = load_sweep_file(str(DEVICE / sweep))
+    backend = registry.get(spec.backend)
+    for text in spec.problems:
+        problem = parse_problem(text).problem
+        valid, _ = backend.search_space(problem, H200).restricted(spec.space).enumerate(problem, H200)
+        assert valid, f"{sweep}: no valid config for {text}"
