@@ -373,11 +373,14 @@ def rank_in_kernel(logits, load_chunk, *, experts: int, chunk: int):
     return jax.lax.fori_loop(0, ep // chunk, add_chunk, jnp.zeros((rows, ep), jnp.int32))
 
 
-def _dot_weights(rows_in, w_ref, expert, ks, cols, transposed: bool, precision, scale=None, widen=None):
+def _dot_weights(
+    rows_in, w_ref, expert, ks, cols, transposed: bool, precision, scale=None, widen=None, scaled=True
+):
     """rows_in [rows, K tile] @ the expert's weight tile (K rows ks, columns cols) in float32; a K-major
     weight ([E, N, K]) is read as its [N tile, K tile] block and contracted on its second dim. `scale`
     (scale_ref, (K rows, N columns) per scale, first column index): FP8 weights, read as `widen` ((mode,
-    interpret): fp8_widen.operands) says and the product scaled by the tile's column scales."""
+    interpret): fp8_widen.operands) says and, where `scaled`, the product scaled by the tile's column
+    scales (else the caller scales the sum of its steps, the scales being the same at every step)."""
     w = w_ref[expert, cols, ks] if transposed else w_ref[expert, ks, cols]
     row_factor = None
     if scale is not None:
@@ -386,13 +389,18 @@ def _dot_weights(rows_in, w_ref, expert, ks, cols, transposed: bool, precision, 
     part = jax.lax.dot_general(rows_in, w, dims, precision=precision, preferred_element_type=jnp.float32)
     if row_factor is not None:
         part = part * row_factor[:, None]
-    if scale is None:
+    if scale is None or not scaled:
         return part
-    scale_ref, (k_block, n_block), first = scale
-    k_index = ks.start // k_block
-    n_index = (first + jnp.arange(part.shape[1])) // n_block
-    factor = scale_ref[expert, n_index, k_index] if transposed else scale_ref[expert, k_index, n_index]
+    scale_ref, block, first = scale
+    factor = _column_scales(scale_ref, block, expert, ks.start // block[0], first, part.shape[1], transposed)
     return part * factor[None, :]
+
+
+def _column_scales(scale_ref, block, expert, k_index, first, width: int, transposed: bool):
+    """The expert's scales of `width` columns from `first`, in K block `k_index` (`block`: the K rows and
+    N columns one scale covers)."""
+    n_index = (first + jnp.arange(width)) // block[1]
+    return scale_ref[expert, n_index, k_index] if transposed else scale_ref[expert, k_index, n_index]
 
 
 def _widen(values, rows: int):
@@ -464,6 +472,10 @@ def _up_kernel(
         weight = _widen(jnp.sum(jnp.where(routed, weights, 0.0), axis=1), rows)
         return jnp.where(active, e - offset, 0), mine, weight, active
 
+    # Scales per channel or per tensor are the same at every K step: a unit's sums are scaled once,
+    # before they are stored, instead of every step's product (block scales change along K).
+    once = bool(scale_block) and scale_block[0] >= hidden_size
+
     def gate_up_step(xs, local_e, tile, gate_cols, up_cols, ks, acc):
         """The gate and up accumulators after one K step of F tile `tile`."""
         gate, up = acc
@@ -472,13 +484,19 @@ def _up_kernel(
             gate_scale = (scale_ref, scale_block, tile * bf)
             up_scale = (scale_ref, scale_block, inter + tile * bf)
         widen = (config.widen_up, interpret)
-        gate += _dot_weights(xs, w_ref, local_e, ks, gate_cols, transposed, precision, gate_scale, widen)
-        up += _dot_weights(xs, w_ref, local_e, ks, up_cols, transposed, precision, up_scale, widen)
+        step = functools.partial(_dot_weights, xs, w_ref, local_e, ks, widen=widen, scaled=not once)
+        gate += step(gate_cols, transposed, precision, gate_scale)
+        up += step(up_cols, transposed, precision, up_scale)
         return gate, up
 
-    def store_hidden(part, p, row, columns, gate, up, mine, mask):
-        """Slot p's hidden rows at `columns`: with one split the SwiGLU in x's dtype, else split `part`'s
-        float32 gate and up partial sums, which kernel 2 adds in split order."""
+    def store_hidden(part, p, local_e, tile, row, columns, gate, up, mine, mask):
+        """Slot p's hidden rows at `columns` (F tile `tile` of local expert `local_e`): with one split the
+        SwiGLU in x's dtype, else split `part`'s float32 gate and up partial sums, which kernel 2 adds in
+        split order."""
+        if once:
+            scales = functools.partial(_column_scales, scale_ref, scale_block, local_e, 0, width=bf)
+            gate = gate * scales(tile * bf, transposed=transposed)[None, :]
+            up = up * scales(inter + tile * bf, transposed=transposed)[None, :]
         if config.up_split == 1:
             value = jnp.where(mine[:, None], _silu(gate) * up, 0.0).astype(dtype)
             pltriton.store(hidden_ref.at[p, row, columns], value, mask=mask)
@@ -536,7 +554,7 @@ def _up_kernel(
             j = slot_p - first_slot
             local_e, mine, weight = pick(j, experts_of), pick(j, mines), pick(j, weights)
             columns = (tile * bf + jnp.arange(bf))[None, :]
-            store_hidden(part, slot_p, row, columns, *acc, mine, real_rows)
+            store_hidden(part, slot_p, local_e, tile, row, columns, *acc, mine, real_rows)
             store_tables(slot_p, local_e, mine, weight, (tile == 0) & (part == 0))
             return tuple(jnp.zeros_like(a) for a in acc)
 
@@ -573,7 +591,7 @@ def _up_kernel(
         row = dot_token[:, None]
         columns = (f * bf + jnp.arange(bf))[None, :]
         keep = ((dot_token < tokens) & active)[:, None]
-        store_hidden(s, p, row, columns, gate, up, mine, keep)
+        store_hidden(s, p, local_e, f, row, columns, gate, up, mine, keep)
         store_tables(p, local_e, mine, weight, active & (f == 0) & (s == 0))
 
     # The count and the zeroed arrival counters, once per call.
