@@ -80,6 +80,10 @@ RANK_CHUNK_ELEMENTS = 8192
 MAX_SHARE_SLOTS = 8
 
 
+# DecodeConfig's fields that say how each kernel reads FP8 weight tiles (kernel 1's, kernel 2's).
+WIDEN_FIELDS = ("widen_up", "widen_down")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class DecodeConfig:
     """The two kernels' tiling: the op's search space once it is tuned."""
@@ -115,7 +119,7 @@ class DecodeConfig:
         for name in ("warps_up", "warps_down"):
             if getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ConfigInvalid(f"{name}={getattr(self, name)} must be a power of two up to 16")
-        for name in ("widen_up", "widen_down"):
+        for name in WIDEN_FIELDS:
             if getattr(self, name) not in fp8_widen.MODES:
                 raise ConfigInvalid(f"{name}={getattr(self, name)!r} is not one of {fp8_widen.MODES}")
 
@@ -152,6 +156,18 @@ def unfit_reason(
                 f"up_programs={config.up_programs} leaves a program {spanned} work slots to find before "
                 f"its loop (at most {MAX_SHARE_SLOTS})"
             )
+    return None
+
+
+def widening_unfit_reason(
+    config: DecodeConfig, gate_up_dtype: Any, down_dtype: Any, dtype: Any
+) -> str | None:
+    """None where each kernel's widening (WIDEN_FIELDS) reads its weights' dtype with x's `dtype`, else
+    the first field's reason (fp8_widen.unfit_reason)."""
+    for name, weights in zip(WIDEN_FIELDS, (gate_up_dtype, down_dtype), strict=True):
+        reason = fp8_widen.unfit_reason(getattr(config, name), weights, dtype)
+        if reason is not None:
+            return f"{name}: {reason}"
     return None
 
 
@@ -203,10 +219,9 @@ def decode_block(
     if reason is not None:
         raise ConfigInvalid(f"decode block: {reason}")
     scales = _scale_blocks(w_gate_up, w_gate_up_scale, w_down, w_down_scale, transpose_weights, config)
-    for name, w in (("widen_up", w_gate_up), ("widen_down", w_down)):
-        reason = fp8_widen.unfit_reason(getattr(config, name), w.dtype, x.dtype)
-        if reason is not None:
-            raise ConfigInvalid(f"decode block: {name}: {reason}")
+    reason = widening_unfit_reason(config, w_gate_up.dtype, w_down.dtype, x.dtype)
+    if reason is not None:
+        raise ConfigInvalid(f"decode block: {reason}")
     rows = max(DOT_ROWS, pow2_at_least(tokens))
     slots = min(tokens * top_k, local)
     offset = jnp.zeros((1,), jnp.int32) if group_offset is None else group_offset.reshape(1).astype(jnp.int32)

@@ -47,9 +47,9 @@ Array = Any
 MODES = ("convert", "bits", "f16")
 # 2^120 in bfloat16 (exponent 247), twice over: one per 16-bit lane.
 BF16_2_POW_120 = 0x7B807B80
-E4M3_TO_BF16 = """{
+E4M3_TO_BF16 = f"""{{
 .reg .b32 a0, a1, m0, m1, t0, t1, n0, n1, c0, c1, k;
-mov.b32 k, 0x7b807b80;
+mov.b32 k, {BF16_2_POW_120:#x};
 prmt.b32 a0, $2, 0, 0x1404;
 prmt.b32 a1, $2, 0, 0x3424;
 and.b32 m0, a0, 0x7f007f00;
@@ -64,7 +64,7 @@ prmt.b32 c0, n0, 0, 0xbb99;
 prmt.b32 c1, n1, 0, 0xbb99;
 fma.rn.bf16x2 $0, t0, k, c0;
 fma.rn.bf16x2 $1, t1, k, c1;
-}"""
+}}"""
 
 
 def unfit_reason(mode: str, weights_dtype: Any, dtype: Any) -> str | None:

@@ -105,16 +105,13 @@ def block_fits(problem: Problem, config: DecodeBlockConfig, device: DeviceFinger
 
 
 def widening_fits(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint) -> str | None:
-    """Each kernel's FP8 widening takes the problem's weights to x's dtype (fp8_widen.unfit_reason, as the
-    kernel checks): `bits` only from float8_e4m3fn to bfloat16; 16-bit weights keep `convert`, which
-    they never run."""
+    """Each kernel's FP8 widening reads the problem's weights with its x (decode_block.widening_unfit_reason,
+    the very check the kernel makes): `bits` only float8_e4m3fn with bfloat16; 16-bit weights keep
+    `convert`, which they never run."""
     if not config.fused:
         return None
-    for name in ("widen_up", "widen_down"):
-        reason = fp8_widen.unfit_reason(getattr(config, name), problem.rhs_dtype, problem.lhs_dtype)
-        if reason is not None:
-            return f"{name}: {reason}"
-    return None
+    rhs = problem.rhs_dtype
+    return decode_block.widening_unfit_reason(config.decode_config(), rhs, rhs, problem.lhs_dtype)
 
 
 def k_tiles_within_scale_blocks(
@@ -267,7 +264,7 @@ def _widenings_that_fit(problem: Problem, domains: Mapping[str, tuple]) -> dict[
     would otherwise enumerate with every other field only to drop."""
     fits = lambda mode: fp8_widen.unfit_reason(mode, problem.rhs_dtype, problem.lhs_dtype) is None  # noqa: E731
     return {
-        name: tuple(filter(fits, values)) if name in ("widen_up", "widen_down") else values
+        name: tuple(filter(fits, values)) if name in decode_block.WIDEN_FIELDS else values
         for name, values in domains.items()
     }
 
