@@ -6,7 +6,8 @@
               branch at its last step, so a step is its loads, its dots and a few scalar selects).
               Every program routes the whole batch itself from router_logits [T, E] (softmax scores,
               top-k by repeated argmax or, with route_by_rank, by each expert's rank among its row's,
-              weights renormalized or not, as `moe.route`) on the batch's own rows, takes the p-th
+              weights renormalized or not, as `moe.route`) on the batch's own rows (with
+              route_warp_rows, padded to a row per warp: routing_rows), takes the p-th
               touched local expert in ascending order (a cumulative sum over the touched mask), and
               runs gate_up over its F tile and its share of H for every token. With
               up_split == 1 it applies SwiGLU to the float32 accumulators and stores its expert's rows
@@ -103,6 +104,8 @@ class DecodeConfig:
     # each routing once and streaming a contiguous share of the flat (expert, F tile, split, K step) list
     route_by_rank: bool = False  # kernel 1's top-k: False, k argmax rounds; True, each expert's rank
     # among its row's (T*E^2 compares, few reductions: the shorter chain where T*E is small)
+    route_warp_rows: bool = False  # kernel 1 routes on at least warps_up rows (routing_rows): padding
+    # rows give each warp a row of its own, so its reductions over E need no barrier
     widen_up: str = "convert"  # how kernel 1 widens FP8 weight tiles (fp8_widen.MODES); 16-bit: convert
     widen_down: str = "convert"  # the same for kernel 2
 
@@ -138,8 +141,12 @@ def unfit_reason(
         return f"T*top_k={tokens * top_k} > {MAX_ROWS}"
     if experts > MAX_EXPERTS:
         return f"E={experts} > {MAX_EXPERTS}"
-    if config.route_by_rank and pow2_at_least(tokens) * pow2_at_least(experts) > RANK_MAX_ROUTED:
-        return f"route_by_rank takes T*E <= {RANK_MAX_ROUTED} (powers of two), not {tokens}*{experts}"
+    routed = routing_rows(tokens, config)
+    if config.route_by_rank and routed * pow2_at_least(experts) > RANK_MAX_ROUTED:
+        return (
+            f"route_by_rank takes T*E <= {RANK_MAX_ROUTED} (powers of two, {routed} routed rows), "
+            f"not {tokens}*{experts}"
+        )
     if intermediate % config.block_f or intermediate % config.block_fd:
         return (
             f"F={intermediate} is not a multiple of block_f={config.block_f} and block_fd={config.block_fd}"
@@ -173,6 +180,18 @@ def widening_unfit_reason(
 
 def fits(tokens: int, experts: int, top_k: int, hidden: int, intermediate: int, config: DecodeConfig) -> bool:
     return unfit_reason(tokens, experts, top_k, hidden, intermediate, config) is None
+
+
+def routing_rows(tokens: int, config: DecodeConfig) -> int:
+    """The rows kernel 1 routes on: the batch's own (a power of two), or with route_warp_rows at least
+    one per warp. With fewer rows than warps, Triton lays a row of the [rows, E] arrays across the
+    warps, so each reduction over E crosses them through shared memory and a barrier; with a row per
+    warp it stays inside its warp (Qwen3-30B-A3B's one token, argmax, 4 warps, compiled for sm_90a: 59
+    barriers before the first dot, 20 so, and about as many instructions). Where E is wider than a
+    warp's lanes hold, a row still spans warps and the padding only adds work: the tuner decides. The
+    padding rows' logits are -inf and nothing of theirs is stored."""
+    rows = pow2_at_least(tokens)
+    return max(rows, config.warps_up) if config.route_warp_rows else rows
 
 
 def slots_per_share(slots: int, slot_units: int, programs: int) -> int:
@@ -439,9 +458,10 @@ def _up_kernel(
     p, f, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     hidden_size = x_ref.shape[1]
     ep, kp = pow2_at_least(experts), pow2_at_least(top_k)
-    # The routing runs on the batch's own rows (a power of two), not on the dot's padded 16: at one
-    # token that is a sixteenth of the work every program does before its first weight load.
-    narrow = pow2_at_least(tokens)
+    # The routing runs on the batch's own rows (a power of two) or one per warp (routing_rows), not on
+    # the dot's padded 16: at one token that is a sixteenth of the work every program does before its
+    # first weight load.
+    narrow = routing_rows(tokens, config)
     token, expert, slot = jnp.arange(narrow), jnp.arange(ep), jnp.arange(kp)
     real_token = token < tokens
     logits = pltriton.load(

@@ -1,6 +1,7 @@
 """What the compiler makes of the fused decode block's two Triton kernels, read on a CPU: per kernel its
-registers, spilled bytes and shared memory (ptxas's resource report), and the instructions a warp issues
-in one step of its main loop (the SASS), beside the weight bytes that step loads.
+registers, spilled bytes and shared memory (ptxas's resource report), the instructions a warp issues
+in one step of its main loop (the SASS), beside the weight bytes that step loads, and the instructions
+and barriers before its first dot (kernel 1's routing and slot lookup).
 
 An SM issues at most one instruction per clock on each of its four schedulers, so a step takes at least
 instructions x warps / 4 clocks: the step's weight tile over that time is the most one program can stream
@@ -208,6 +209,24 @@ def main_loop(sass: str) -> LoopStep | None:
     return LoopStep(len(straight), {k: counts[k] for k in OPCODES if counts[k]}, len(skipped))
 
 
+@dataclasses.dataclass(frozen=True)
+class Prologue:
+    instructions: int  # in program order before the first HMMA (for kernel 1: its routing and more)
+    barriers: int  # BAR instructions among them: exchanges between the program's warps
+
+
+def prologue(sass: str) -> Prologue | None:
+    """The instructions before the kernel's first HMMA in program order, where each program's routing and
+    slot lookup run before its first weight tile is used (their static count: a loop among them counts
+    once). None where the SASS has no HMMA."""
+    before = []
+    for found in INSTRUCTION.finditer(sass):
+        if _opcode(found.group(2)) == "HMMA":
+            return Prologue(len(before), sum(_opcode(i) == "BAR" for i in before))
+        before.append(found.group(2))
+    return None
+
+
 def step_bytes(problem: Problem, config: DecodeConfig, kernel: int) -> int:
     """Weight bytes one loop step loads: kernel 1 the gate and up tiles, kernel 2 the w_down tile."""
     item = jnp.dtype(problem.rhs_dtype).itemsize
@@ -229,6 +248,7 @@ def report(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprin
         with tempfile.TemporaryDirectory() as workdir:
             compiled = compile_sm90(ir_text(bytecode), warps, stages, Path(workdir))
         step = main_loop(compiled.sass)
+        first = prologue(compiled.sass)
         row = {
             "kernel": name,
             "warps": warps,
@@ -237,6 +257,8 @@ def report(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprin
             "spill_bytes": compiled.spill_bytes,
             "shared_bytes": compiled.shared_bytes,
         }
+        if first is not None:
+            row |= {"prologue_instructions": first.instructions, "prologue_barriers": first.barriers}
         if step is not None:
             clocks = step.instructions * warps / cost_model_decode.SCHEDULERS_PER_SM
             tile = step_bytes(problem, config.decode_config(), index)
@@ -290,9 +312,15 @@ def main() -> int:
                     if "step_instructions" in row
                     else "no loop"
                 )
+                before = (
+                    f"; before the first dot {row['prologue_instructions']} instr/warp, "
+                    f"{row['prologue_barriers']} barriers"
+                    if "prologue_instructions" in row
+                    else ""
+                )
                 print(
                     f"{name} T={tokens} {row['kernel']}: {row['warps']} warps, {row['registers']} registers, "
-                    f"{row['spill_bytes']} B spilled, {row['shared_bytes']} B shared; {step}"
+                    f"{row['spill_bytes']} B spilled, {row['shared_bytes']} B shared; {step}{before}"
                 )
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

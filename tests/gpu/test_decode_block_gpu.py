@@ -93,14 +93,19 @@ def test_edge_cases_one_expert_every_token_top_k_one_and_nan():
 
 @pytest.mark.parametrize("tokens", [1, 8])
 @pytest.mark.parametrize("model", ["qwen3-30b", "qwen3-next"])
-def test_routing_by_rank_gives_bitwise_the_argmax_block(model, tokens):
+def test_routing_by_rank_or_on_a_row_per_warp_gives_bitwise_the_argmax_block(model, tokens):
     experts, top_k, hidden, inter = MODELS[model]
     args = _operands(tokens, experts, hidden, inter, seed=20 + tokens)
     argmax = dataclasses.replace(BY_RANK, route_by_rank=False)
-    outs = [
-        jax.jit(lambda *a, c=c: db.decode_block(*a, top_k=top_k, config=c))(*args) for c in (BY_RANK, argmax)
+    configs = [
+        BY_RANK,
+        argmax,
+        dataclasses.replace(argmax, route_warp_rows=True),
+        dataclasses.replace(BY_RANK, route_warp_rows=True),
     ]
-    assert np.array_equal(np.asarray(outs[0]), np.asarray(outs[1]))
+    outs = [jax.jit(lambda *a, c=c: db.decode_block(*a, top_k=top_k, config=c))(*args) for c in configs]
+    for out in outs[1:]:
+        assert np.array_equal(np.asarray(outs[0]), np.asarray(out))
 
 
 def test_moe_mlp_takes_the_block_when_asked_and_matches():

@@ -67,6 +67,20 @@ def test_interpreted_block_equals_the_reference(
     _check(*_inputs(tokens, experts, 32, 32), top_k, renormalize, config)
 
 
+@pytest.mark.parametrize(
+    "tokens, warps, by_rank, up_programs",
+    [(1, 4, False, 0), (3, 8, True, 0), (2, 16, False, 3), (1, 8, True, 5)],
+)
+def test_routing_on_a_row_per_warp_gives_the_same_block(tokens, warps, by_rank, up_programs):
+    # The padding rows route -inf logits: whatever they pick, nothing of theirs reaches a real row.
+    config = db.DecodeConfig(
+        block_f=16, block_k=16, block_h=16, block_fd=16, warps_up=warps, route_by_rank=by_rank,
+        route_warp_rows=True, up_programs=up_programs,
+    )  # fmt: skip
+    assert db.routing_rows(tokens, config) == warps
+    _check(*_inputs(tokens, 16, 32, 32, seed=warps), 4, True, config)
+
+
 def test_a_share_of_many_slots_picks_each_step_s_expert_among_them():
     # One F tile per expert (block_f = F) and three programs over up to 16 touched experts: a share
     # spans up to 7 slots, found before the loop, its last ones past the touched count when few are.
@@ -140,22 +154,30 @@ def test_bounds_and_configs_are_checked_by_name():
     by_rank = db.DecodeConfig(route_by_rank=True)
     assert db.fits(1, 512, 10, 2048, 512, by_rank) and db.fits(8, 512, 8, 2048, 512, by_rank)
     assert "route_by_rank takes T*E <= 4096" in db.unfit_reason(9, 512, 8, 2048, 512, by_rank)
+    # Padded to a row per warp, the routing's rows count: 16 of them over 512 experts is too many.
+    padded = dataclasses.replace(by_rank, route_warp_rows=True, warps_up=16)
+    assert db.routing_rows(1, padded) == 16 and db.routing_rows(32, padded) == 32
+    assert "16 routed rows" in db.unfit_reason(1, 512, 10, 2048, 512, padded)
+    assert db.fits(1, 256, 8, 2048, 512, padded)
     with pytest.raises(ConfigInvalid, match="decode block"):
         db.decode_block(*_inputs(1, 8, 32, 24), top_k=2, config=SMALL, interpret=True)
 
 
 def test_kernels_lower_to_two_triton_calls_for_an_h200(triton_lowering_for_h200):
     s = jax.ShapeDtypeStruct
-    for tokens, experts, top_k, split, k_major, programs, by_rank in (
-        (1, 128, 8, 1, False, 0, True),
-        (5, 512, 10, 4, True, 0, False),
-        (32, 512, 10, 1, False, 264, False),
-        (1, 512, 10, 1, False, 132, True),
-        (1, 128, 8, 2, True, 128, False),
+    for tokens, experts, top_k, split, k_major, programs, by_rank, warp_rows in (
+        (1, 128, 8, 1, False, 0, True, False),
+        (5, 512, 10, 4, True, 0, False, False),
+        (32, 512, 10, 1, False, 264, False, False),
+        (1, 512, 10, 1, False, 132, True, False),
+        (1, 128, 8, 2, True, 128, False, False),
+        (1, 128, 8, 1, False, 0, False, True),
+        (2, 128, 8, 1, False, 0, True, True),
     ):
         config = db.DecodeConfig(
-            down_split=split, up_split=split, up_programs=programs, route_by_rank=by_rank
-        )
+            down_split=split, up_split=split, up_programs=programs, route_by_rank=by_rank,
+            route_warp_rows=warp_rows,
+        )  # fmt: skip
         gate_up, down = (
             ((experts, 1024, 2048), (experts, 2048, 512))
             if k_major

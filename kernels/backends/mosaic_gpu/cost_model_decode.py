@@ -21,7 +21,8 @@ bound by how fast the weights stream, not by FLOPs. Per kernel:
            what the SMs hold run in further waves, each a chain.
   routing  kernel 1 only: every program routes the whole batch itself (top_k rounds of argmax over the
            [T, E] logits, or each expert's rank among its row's: kernel 1's docstring), so all programs'
-           routing passes through the SMs' lanes; its reductions across warps lie on each chain.
+           routing passes through the SMs' lanes; its reductions across warps lie on each chain (with
+           a row per warp, route_warp_rows, argmax's stay inside a warp where a warp holds a row).
            A thread holds the [T, E] arrays across its warps' lanes; past its registers (the ISA's 255,
            or the SM's 65536 over the program's threads where fewer) they spill, and the routing slows
            by the excess.
@@ -52,7 +53,7 @@ import jax.numpy as jnp
 from moetune.kernels.backends.mosaic_gpu import hardware
 from moetune.kernels.backends.mosaic_gpu.cost_model import LANE_OPS_PER_CLOCK, LAUNCH_S
 from moetune.kernels.device import DeviceFingerprint
-from moetune.kernels.moe.decode_block import DOT_ROWS, DecodeConfig, rank_chunk, slots_per_share
+from moetune.kernels.moe.decode_block import DOT_ROWS, DecodeConfig, rank_chunk, routing_rows, slots_per_share
 from moetune.kernels.moe.pallas_mode import pow2_at_least
 from moetune.kernels.ops.moe_decode_block import touched_experts
 from moetune.kernels.problem import Problem
@@ -82,6 +83,12 @@ RANK_PICK_OPS = 6
 # for the touched experts' scan.
 REDUCTION_CLOCKS = 120
 SCAN_REDUCTIONS = 4
+# The same reduction within one warp (route_warp_rows, a row per warp): the shuffles alone. It stays in
+# a warp only where a row fits one warp's lanes: 32 lanes of 16-byte vectors hold 128 float32 logits
+# (compiled for sm_90a at one token: Qwen3-30B-A3B's 128 experts lose 39 of 59 barriers with a row per
+# warp; DeepSeek-V3's 256 and Qwen3-Next's 512 gain some, their rows spanning warps still).
+WARP_REDUCTION_CLOCKS = 100
+WARP_ROW_VALUES = 128
 # Lane operations of finding one work slot's expert (a compare, a select and a sum per expert, the sum a
 # reduction across warps) and its tokens' weights (a compare, two selects and two sums per token and
 # top-k choice): once per program in the grid of one program per unit, once per slot its share spans
@@ -187,7 +194,8 @@ def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprin
     item = _itemsize(problem.rhs_dtype)
     tokens, hidden, inter, experts, top_k = problem.m, problem.k, problem.n // 2, problem.g, problem.top_k
     rows = max(DOT_ROWS, pow2_at_least(tokens))
-    routed = pow2_at_least(tokens) * pow2_at_least(experts)  # the [T, E] routing arrays, padded
+    route_rows = routing_rows(tokens, config)
+    routed = route_rows * pow2_at_least(experts)  # the [T, E] routing arrays, padded
     f_tiles = inter // config.block_f
     items = touched_experts(problem) * f_tiles * config.up_split
     slots = min(tokens * top_k, experts)
@@ -204,7 +212,7 @@ def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprin
         active = items
         steps = hidden // (config.block_k * config.up_split)
         found = 1
-    choices = pow2_at_least(tokens) * pow2_at_least(top_k)
+    choices = route_rows * pow2_at_least(top_k)
     slot_ops = found * (SLOT_OPS_PER_EXPERT * pow2_at_least(experts) + SLOT_OPS_PER_CHOICE * choices)
     tile = 2 * config.block_f * config.block_k * item  # a step's gate and up tiles
     smem = pipeline_smem(problem, config)[0]
@@ -215,11 +223,12 @@ def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprin
     run = (config.block_k if problem.transpose_rhs else config.block_f) * item
     rate = min(_line_rate(device, run), in_flight / latency)
     stream_s = touched_experts(problem) * hidden * problem.n * item / rate
-    route_ops, reductions = _routing(tokens, experts, top_k, config.route_by_rank)
+    in_warp = route_rows >= config.warps_up and pow2_at_least(experts) <= WARP_ROW_VALUES
+    route_ops, reduction_clocks = _routing(route_rows, experts, top_k, config.route_by_rank, in_warp)
     route_ops *= spill
     lanes = min(config.warps_up, SCHEDULERS_PER_SM) * LANES_PER_SCHEDULER
     route_s = programs * route_ops / (device.core_count * LANE_OPS_PER_CLOCK * clock)
-    routing = (route_ops + slot_ops) / (lanes * clock) + (reductions + found) * REDUCTION_CLOCKS / clock
+    routing = (route_ops + slot_ops) / (lanes * clock) + (reduction_clocks + found * REDUCTION_CLOCKS) / clock
     chain = routing + steps * latency / (config.stages_up - 1) + latency
     waves = math.ceil(programs / (device.core_count * resident))
     # Every program routes before its first weight load, so no weight streams while the first wave
@@ -231,14 +240,17 @@ def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprin
     return _kernel(stream_s, waves * chain, route_s, programs, resident, exposed, widen_s)
 
 
-def _routing(tokens: int, experts: int, top_k: int, by_rank: bool) -> tuple[float, int]:
-    """(lane operations, reductions across warps in sequence) of one program's routing."""
-    rows, ep = pow2_at_least(tokens), pow2_at_least(experts)
+def _routing(rows: int, experts: int, top_k: int, by_rank: bool, in_warp: bool) -> tuple[float, float]:
+    """(lane operations, clocks of the reductions in sequence) of one program's routing on `rows` rows;
+    `in_warp`: argmax's reductions over E stay inside a warp (a row per warp that one warp holds)."""
+    ep = pow2_at_least(experts)
     if not by_rank:
-        return top_k * rows * ep * ROUTE_OPS_PER_ELEMENT, 2 * top_k + SCAN_REDUCTIONS
+        over_e = WARP_REDUCTION_CLOCKS if in_warp else REDUCTION_CLOCKS
+        clocks = 2 * top_k * over_e + SCAN_REDUCTIONS * REDUCTION_CLOCKS
+        return top_k * rows * ep * ROUTE_OPS_PER_ELEMENT, clocks
     chunks = ep // rank_chunk(rows, ep)
     pick = rows * ep * pow2_at_least(top_k) * RANK_PICK_OPS
-    return rows * ep * ep * RANK_OPS_PER_PAIR + pick, chunks + 2 + SCAN_REDUCTIONS
+    return rows * ep * ep * RANK_OPS_PER_PAIR + pick, (chunks + 2 + SCAN_REDUCTIONS) * REDUCTION_CLOCKS
 
 
 def down_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprint) -> KernelEstimate:

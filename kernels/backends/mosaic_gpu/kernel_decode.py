@@ -12,6 +12,7 @@ measured faster than it. Its other fields stay at their defaults.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from moetune.kernels.config import KernelConfig
@@ -20,6 +21,9 @@ from moetune.kernels.moe import decode_block
 TILING = dataclasses.fields(decode_block.DecodeConfig)
 
 
+# Memoized: the space's constraints and the cost model ask each candidate for its tiling in turn, and
+# the heuristic ranks tens of thousands of them (both classes are frozen: sharing one is safe).
+@functools.lru_cache(maxsize=1024)
 def _decode_config(self: Any) -> decode_block.DecodeConfig:
     """The block's tiling (DecodeConfig, which checks its own rules)."""
     return decode_block.DecodeConfig(**{f.name: getattr(self, f.name) for f in TILING})

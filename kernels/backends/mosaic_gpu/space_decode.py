@@ -5,21 +5,22 @@ times and the heuristic default.
 The tunables are the block's DecodeConfig (kernels/moe/decode_block.py), one domain each, grouped by the
 kernel that reads them: kernel 1's F tile per program (block_f), K step (block_k), pipeline depth, warps,
 K split across programs (up_split: how many CTAs share one expert's F tile), its programs (up_programs:
-0 for one per item, else that many streaming shares of the item list, each routing once) and how it
-takes the top k (route_by_rank: argmax rounds or ranks); kernel 2's H tile per program (block_h), F step
-(block_fd), pipeline depth, warps and the programs per H tile (down_split, whose float32 partial sums
-meet in a fixed order: deterministic); and each kernel's widening of FP8 weights (widen_up, widen_down:
-kernels/moe/fp8_widen.py's conversion or integer sequence). A field added to DecodeConfig is one line in
-its kernel's domains (a test holds the domains to DecodeConfig's fields); the config class follows by
-itself (kernel_decode.DecodeBlockConfig). `fused` adds the path the block replaces, the unfused MoE
-layer: the space's BASELINE, timed first in every sweep, its other fields at their defaults.
+0 for one per item, else that many streaming shares of the item list, each routing once), how it takes
+the top k (route_by_rank: argmax rounds or ranks) and on how many rows (route_warp_rows: the batch's, or
+one per warp); kernel 2's H tile per program (block_h), F step (block_fd), pipeline depth, warps and the
+programs per H tile (down_split, whose float32 partial sums meet in a fixed order: deterministic); and
+each kernel's widening of FP8 weights (widen_up, widen_down: kernels/moe/fp8_widen.py's conversion or
+integer sequence). A field added to DecodeConfig is one line in its kernel's domains (a test holds the
+domains to DecodeConfig's fields); the config class follows by itself (kernel_decode.DecodeBlockConfig).
+`fused` adds the path the block replaces, the unfused MoE layer: the space's BASELINE, timed first in
+every sweep, its other fields at their defaults.
 
 Validity constraints: the widening's fit to the weights' and x's dtypes, the block's own entry check
 (decode_block.unfit_reason, the very function the kernel calls), K tiles within one block of
 block-scaled FP8 weights (the kernel's scale check), and the baseline's defaults. Pruning constraints
 drop points that run but waste: a pipeline deeper than a program's loop, a split with less than one F
 step per program, shared memory past an SM's for the pipeline's stages, shares with no more programs
-than items. Every non-deterministic
+than items, routing rows padded where the batch already has a row per warp. Every non-deterministic
 variant (float atomics meeting partial sums) would be a field of its own named in the key (a Problem
 field); none exists.
 
@@ -45,6 +46,7 @@ from moetune.kernels.backends.mosaic_gpu.kernel_decode import TILING, DecodeBloc
 from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.moe import decode_block, fp8_widen
+from moetune.kernels.moe.pallas_mode import pow2_at_least
 from moetune.kernels.ops import fp8_scales
 from moetune.kernels.ops.moe_decode_block import touched_experts
 from moetune.kernels.problem import Problem
@@ -63,6 +65,7 @@ UP_DOMAINS: dict[str, tuple] = {
     # one, two or four per SM of a 132-SM Hopper part, and a power of two for shares that divide evenly.
     "up_programs": (0, 128, 132, 264, 528),
     "route_by_rank": (False, True),
+    "route_warp_rows": (False, True),
     "widen_up": fp8_widen.MODES,
 }
 DOWN_DOMAINS: dict[str, tuple] = {
@@ -184,6 +187,17 @@ def shares_useful(problem: Problem, config: DecodeBlockConfig, device: DeviceFin
     return None
 
 
+def warp_rows_useful(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint) -> str | None:
+    """route_warp_rows only where the batch has fewer rows than kernel 1 has warps: elsewhere it routes
+    on the same rows as without it (decode_block.routing_rows)."""
+    if not config.fused or not config.route_warp_rows:
+        return None
+    rows = pow2_at_least(problem.m)
+    if decode_block.routing_rows(problem.m, config) == rows:
+        return f"route_warp_rows changes nothing: the batch's {rows} rows cover warps_up={config.warps_up}"
+    return None
+
+
 def smem_fits(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint) -> str | None:
     """Each kernel's pipelined loads and accumulators (cost_model_decode.pipeline_smem) within one
     program's shared memory: a config past it fails its compile."""
@@ -205,7 +219,13 @@ VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (
     k_tiles_within_scale_blocks,
     baseline_at_defaults,
 )
-PRUNING_CONSTRAINTS: tuple[Constraint, ...] = (pipeline_depth_useful, split_useful, shares_useful, smem_fits)
+PRUNING_CONSTRAINTS: tuple[Constraint, ...] = (
+    pipeline_depth_useful,
+    split_useful,
+    shares_useful,
+    warp_rows_useful,
+    smem_fits,
+)
 CONSTRAINTS: tuple[Constraint, ...] = VALIDITY_CONSTRAINTS + PRUNING_CONSTRAINTS
 RESOURCE_CONSTRAINTS: frozenset[Constraint] = frozenset()
 

@@ -119,6 +119,13 @@ def test_wasteful_points_are_pruned_by_name():
     wide = DecodeBlockConfig(block_f=128, block_k=256, stages_up=4)
     assert "bytes of shared memory" in space.smem_fits(big, wide, H200)
     assert "no hardware facts" in space.smem_fits(big, DecodeBlockConfig(), CPU)
+    # A batch with a row per warp already routes on the same rows with route_warp_rows as without.
+    padded = DecodeBlockConfig(route_warp_rows=True, warps_up=4)
+    assert "changes nothing" in space.warp_rows_useful(_block(4, 8, 2, 256, 64), padded, H200)
+    assert (
+        space.warp_rows_useful(_block(3, 8, 2, 256, 64), dataclasses.replace(padded, warps_up=8), H200)
+        is None
+    )
 
 
 def test_problems_no_tiling_runs_are_declined_with_the_kernels_reason():
@@ -222,6 +229,33 @@ def test_kernel_1_s_routing_adds_to_its_stream_where_no_weight_streams_meanwhile
     assert slow.stream_s == fast.stream_s == max(slow.terms)
     assert fast.exposed_s < slow.exposed_s and fast.seconds < slow.seconds
     assert slow.seconds - fast.seconds == pytest.approx(slow.exposed_s - fast.exposed_s)
+
+
+def test_a_row_per_warp_keeps_argmax_s_reductions_in_a_warp_where_one_holds_a_row():
+    # At one token the [1, E] routing arrays lie across kernel 1's warps: argmax's 2k reductions over E
+    # cross them. Padded to a row per warp they stay inside one where a warp holds a row (E <= 128):
+    # Qwen3-30B-A3B's routing chain shortens by 16 reductions' barriers; Qwen3-Next's 512 experts keep
+    # crossing warps and only gain the padding rows' work.
+    argmax = decode_block.DecodeConfig(block_f=64, block_k=128, warps_up=4)
+    padded = dataclasses.replace(argmax, route_warp_rows=True)
+    clock = hardware.facts("9.0").sustained_clock_hz
+    saved = 2 * 8 * (cost.REDUCTION_CLOCKS - cost.WARP_REDUCTION_CLOCKS) / clock
+    qwen3 = _block(1, *MODELS["qwen3-30b-a3b"])
+    one, four = (cost.up_estimate(qwen3, c, H200) for c in (argmax, padded))
+    # Three padding rows: their argmax rounds over 128 experts and their slot lookups of 8 choices.
+    padding_ops = 3 * 8 * (128 * cost.ROUTE_OPS_PER_ELEMENT + cost.SLOT_OPS_PER_CHOICE)
+    added = padding_ops / (4 * cost.LANES_PER_SCHEDULER * clock)
+    assert four.exposed_s - one.exposed_s == pytest.approx(added - saved)
+    assert four.route_s == pytest.approx(4 * one.route_s)
+    wide = _block(1, *MODELS["qwen3-next-80b-a3b"])
+    one, four = (cost.up_estimate(wide, c, H200) for c in (argmax, padded))
+    padding_ops = 3 * (10 * 512 * cost.ROUTE_OPS_PER_ELEMENT + 16 * cost.SLOT_OPS_PER_CHOICE)
+    assert four.exposed_s - one.exposed_s == pytest.approx(
+        padding_ops / (4 * cost.LANES_PER_SCHEDULER * clock)
+    )
+    # A batch of 4 rows on 4 warps needs no padding to keep them in a warp: the same estimate.
+    four_tokens = _block(4, *MODELS["qwen3-30b-a3b"])
+    assert cost.up_estimate(four_tokens, argmax, H200) == cost.up_estimate(four_tokens, padded, H200)
 
 
 def _fp8_block(tokens, experts, top_k, hidden, ffn, layout="row_channel") -> Problem:
