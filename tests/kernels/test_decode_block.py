@@ -68,17 +68,18 @@ def test_interpreted_block_equals_the_reference(
 
 
 @pytest.mark.parametrize(
-    "tokens, warps, by_rank, up_programs",
-    [(1, 4, False, 0), (3, 8, True, 0), (2, 16, False, 3), (1, 8, True, 5)],
+    "tokens, warps, by_rank, up_programs, renormalize",
+    [(1, 4, False, 0, True), (3, 8, True, 0, False), (2, 16, False, 3, False), (1, 8, True, 5, True)],
 )
-def test_routing_on_a_row_per_warp_gives_the_same_block(tokens, warps, by_rank, up_programs):
-    # The padding rows route -inf logits: whatever they pick, nothing of theirs reaches a real row.
+def test_routing_on_a_row_per_warp_gives_the_same_block(tokens, warps, by_rank, up_programs, renormalize):
+    # The padding rows route -inf logits (NaN weights without renormalizing): whatever they pick,
+    # nothing of theirs reaches a real row.
     config = db.DecodeConfig(
         block_f=16, block_k=16, block_h=16, block_fd=16, warps_up=warps, route_by_rank=by_rank,
         route_warp_rows=True, up_programs=up_programs,
     )  # fmt: skip
     assert db.routing_rows(tokens, config) == warps
-    _check(*_inputs(tokens, 16, 32, 32, seed=warps), 4, True, config)
+    _check(*_inputs(tokens, 16, 32, 32, seed=warps), 4, renormalize, config)
 
 
 def test_a_share_of_many_slots_picks_each_step_s_expert_among_them():
