@@ -28,7 +28,8 @@ bound by how fast the weights stream, not by FLOPs. Per kernel:
            by the excess.
   widen    FP8 weights only: every value is read into the dots in registers (kernels/moe/fp8_widen.py:
            widened to bf16 by conversion or by integer instructions, or to f16 with x's tile) on the
-           SMs that run the kernel's programs, at the rates of the pipes its instructions use.
+           SMs that run the kernel's programs, at the rates of the pipes its instructions use; kernel
+           2's slowed by its registers' excess past a thread's (its accumulator and weight tile).
   a kernel takes its launch plus the largest of the four, plus kernel 1's routing where no weight
   streams meanwhile: every program routes before its first load, so the first wave's routing is
   exposed, and with one program per SM every wave's (nothing else on the SM streams meanwhile).
@@ -105,6 +106,16 @@ SLOT_OPS_PER_CHOICE = 5
 # and 27.5, held out).
 SWIGLU_INSTRUCTIONS = 19.4
 PARTIAL_INSTRUCTIONS_PER_SPLIT = 3.66
+# Kernel 2's registers per thread: a base, and per value of the [rows, block_h] accumulator (the step's
+# product beside it, scaled and weighted before it is added) and of the [block_fd, block_h] weight tile
+# that a thread holds. Fitted to ptxas's register counts of compiled kernels, not to timings
+# (lab/bench/decode_compile_report.py, Triton 3.6 for sm_90a, Qwen3-30B-A3B's block: block_h and block_fd
+# 64, 128, 256 x 4 and 8 warps, at 8 and 32 tokens, every widening and 16-bit, the 117 of 126 below the
+# ceiling; 19 registers rms, 56 at most). It finds the one shape that spills much: 256 x 256 tiles on 4
+# warps at 32 tokens (292; ptxas: 255 and 580 bytes spilled by f16, 24 by bits, none by convert).
+DOWN_BASE_REGISTERS = 62.2
+DOWN_ACCUMULATOR_REGISTERS = 2.17
+DOWN_TILE_REGISTERS = 0.177
 # Reading FP8 weight tiles into the dots (kernels/moe/fp8_widen.py, by mode), instructions per weight
 # value from the compiled SASS: `convert` 1.5 conversions (an F2FP unpacking a pair to f16, an F2F per
 # value to bf16); `f16` 0.5 (the F2FP alone) plus x's tile to f16, a conversion per pair of its values;
@@ -266,8 +277,13 @@ def down_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerpr
     share = math.ceil(touched * inter / config.block_fd / config.down_split)
     tile = config.block_fd * config.block_h * item
     smem = pipeline_smem(problem, config)[1]
-    registers = BASE_REGISTERS + rows * config.block_h / (32 * config.warps_down)
-    resident, _ = _resident(facts, config.warps_down, smem, registers)
+    threads = 32 * config.warps_down
+    registers = (
+        DOWN_BASE_REGISTERS
+        + DOWN_ACCUMULATOR_REGISTERS * rows * config.block_h / threads
+        + DOWN_TILE_REGISTERS * config.block_fd * config.block_h / threads
+    )
+    resident, spill = _resident(facts, config.warps_down, smem, registers)
     in_flight = min(programs, device.core_count * resident) * (config.stages_down - 1) * tile
     run = (config.block_fd if problem.transpose_rhs else config.block_h) * item
     rate = min(_line_rate(device, run), in_flight / latency)
@@ -281,7 +297,9 @@ def down_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerpr
     step = max(latency / (config.stages_down - 1), together * _swiglu_issue_s(config, rows, facts))
     chain = latency + share * step + meeting
     waves = math.ceil(programs / (device.core_count * resident))
-    widen_s = _widen_s(
+    # Past the thread's registers the excess values go to local memory and back every step: the work on
+    # each weight value slows by the excess, as kernel 1's routing does.
+    widen_s = spill * _widen_s(
         problem, touched * inter * hidden, config.widen_down, rows, config.block_h, programs, device
     )
     return _kernel(stream_s, waves * chain, 0.0, programs, resident, widen_s=widen_s)

@@ -286,6 +286,25 @@ def test_fp8_weights_are_read_on_the_sms_at_their_pipes_rates():
     )
 
 
+def test_kernel_2_s_registers_past_the_ceiling_slow_its_widening():
+    # Qwen3-30B-A3B's FP8 block at 32 tokens: 256 x 256 tiles on 4 warps hold ~292 registers a thread
+    # (the fitted model; ptxas: 255 and, by f16, 580 bytes spilled, 53 stores and 88 loads a step in the
+    # loop); on 8 warps ~177. The same programs widen the same values: the excess slows the 4 warps'.
+    problem = _fp8_block(32, *MODELS["qwen3-30b-a3b"])
+    four = decode_block.DecodeConfig(block_h=256, block_fd=256, warps_down=4, stages_down=3, widen_down="f16")
+    eight = dataclasses.replace(four, warps_down=8)
+    registers = (
+        cost.DOWN_BASE_REGISTERS
+        + cost.DOWN_ACCUMULATOR_REGISTERS * 32 * 256 / 128
+        + cost.DOWN_TILE_REGISTERS * 256 * 256 / 128
+    )
+    assert registers > cost.REGISTERS_PER_THREAD
+    slow, fast = (cost.down_estimate(problem, c, H200) for c in (four, eight))
+    assert slow.widen_s / fast.widen_s == pytest.approx(registers / cost.REGISTERS_PER_THREAD)
+    picked = space.heuristic(problem, H200)
+    assert (picked.block_h * picked.block_fd) // (32 * picked.warps_down) < 512  # not the spilling tile
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_the_widening_fits_the_weights_and_the_heuristic_weighs_it(model):
     fp8, bf16 = _fp8_block(1, *MODELS[model]), _block(1, *MODELS[model])
