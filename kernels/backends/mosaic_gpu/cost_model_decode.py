@@ -109,13 +109,13 @@ PARTIAL_INSTRUCTIONS_PER_SPLIT = 3.66
 # Kernel 2's registers per thread: a base, and per value of the [rows, block_h] accumulator (the step's
 # product beside it, scaled and weighted before it is added) and of the [block_fd, block_h] weight tile
 # that a thread holds. Fitted to ptxas's register counts of compiled kernels, not to timings
-# (lab/bench/decode_compile_report.py, Triton 3.6 for sm_90a, Qwen3-30B-A3B's block: block_h and block_fd
-# 64, 128, 256 x 4 and 8 warps, at 8 and 32 tokens, every widening and 16-bit, the 117 of 126 below the
-# ceiling; 19 registers rms, 56 at most). It finds the one shape that spills much: 256 x 256 tiles on 4
-# warps at 32 tokens (292; ptxas: 255 and 580 bytes spilled by f16, 24 by bits, none by convert).
+# (lab/bench/decode_register_fit.py: Qwen3-30B-A3B's kernel 2, block_h and block_fd 64, 128, 256 x 4 and
+# 8 warps, at 8 and 32 tokens, every widening and 16-bit; the 119 of 126 below the ceiling, 19 registers
+# rms, 49 at most). It finds the one shape that spills much: 256 x 256 tiles on 4 warps at 32 tokens
+# (283; ptxas: 255 and 580 bytes spilled by f16, 24 by bits, none by convert).
 DOWN_BASE_REGISTERS = 62.2
-DOWN_ACCUMULATOR_REGISTERS = 2.17
-DOWN_TILE_REGISTERS = 0.177
+DOWN_ACCUMULATOR_REGISTERS = 2.303
+DOWN_TILE_REGISTERS = 0.143
 # Reading FP8 weight tiles into the dots (kernels/moe/fp8_widen.py, by mode), instructions per weight
 # value from the compiled SASS: `convert` 1.5 conversions (an F2FP unpacking a pair to f16, an F2F per
 # value to bf16); `f16` 0.5 (the F2FP alone) plus x's tile to f16, a conversion per pair of its values;

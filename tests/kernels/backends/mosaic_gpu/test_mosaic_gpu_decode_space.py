@@ -287,9 +287,9 @@ def test_fp8_weights_are_read_on_the_sms_at_their_pipes_rates():
 
 
 def test_kernel_2_s_registers_past_the_ceiling_slow_its_widening():
-    # Qwen3-30B-A3B's FP8 block at 32 tokens: 256 x 256 tiles on 4 warps hold ~292 registers a thread
+    # Qwen3-30B-A3B's FP8 block at 32 tokens: 256 x 256 tiles on 4 warps hold ~283 registers a thread
     # (the fitted model; ptxas: 255 and, by f16, 580 bytes spilled, 53 stores and 88 loads a step in the
-    # loop); on 8 warps ~177. The same programs widen the same values: the excess slows the 4 warps'.
+    # loop); on 8 warps ~172. The same programs widen the same values: the excess slows the 4 warps'.
     problem = _fp8_block(32, *MODELS["qwen3-30b-a3b"])
     four = decode_block.DecodeConfig(block_h=256, block_fd=256, warps_down=4, stages_down=3, widen_down="f16")
     eight = dataclasses.replace(four, warps_down=8)
