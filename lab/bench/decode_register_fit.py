@@ -37,10 +37,10 @@ CEILING = 250
 
 
 def features(tokens: int, block_h: int, block_fd: int, warps: int) -> tuple[float, float, float]:
-    """(1, accumulator values, weight-tile values) a thread of kernel 2 holds."""
-    threads = 32 * warps
+    """(1, accumulator values, weight-tile values) a thread of kernel 2 holds, as the model counts them
+    (cost_model_decode.down_thread_values)."""
     rows = max(cost_model_decode.DOT_ROWS, tokens)
-    return 1.0, rows * block_h / threads, block_fd * block_h / threads
+    return 1.0, *cost_model_decode.down_thread_values(rows, block_h, block_fd, warps)
 
 
 def compile_grid() -> list[dict]:

@@ -277,11 +277,9 @@ def down_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerpr
     share = math.ceil(touched * inter / config.block_fd / config.down_split)
     tile = config.block_fd * config.block_h * item
     smem = pipeline_smem(problem, config)[1]
-    threads = 32 * config.warps_down
+    accumulator, tile_values = down_thread_values(rows, config.block_h, config.block_fd, config.warps_down)
     registers = (
-        DOWN_BASE_REGISTERS
-        + DOWN_ACCUMULATOR_REGISTERS * rows * config.block_h / threads
-        + DOWN_TILE_REGISTERS * config.block_fd * config.block_h / threads
+        DOWN_BASE_REGISTERS + DOWN_ACCUMULATOR_REGISTERS * accumulator + DOWN_TILE_REGISTERS * tile_values
     )
     resident, spill = _resident(facts, config.warps_down, smem, registers)
     in_flight = min(programs, device.core_count * resident) * (config.stages_down - 1) * tile
@@ -303,6 +301,13 @@ def down_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerpr
         problem, touched * inter * hidden, config.widen_down, rows, config.block_h, programs, device
     )
     return _kernel(stream_s, waves * chain, 0.0, programs, resident, widen_s=widen_s)
+
+
+def down_thread_values(rows: int, block_h: int, block_fd: int, warps: int) -> tuple[float, float]:
+    """(values of the [rows, block_h] accumulator, values of the [block_fd, block_h] weight tile) a thread
+    of kernel 2 holds: what its registers are counted from (DOWN_*_REGISTERS, fitted on these)."""
+    threads = 32 * warps
+    return rows * block_h / threads, block_fd * block_h / threads
 
 
 def _swiglu_issue_s(config: DecodeConfig, rows: int, facts: hardware.ArchFacts) -> float:
