@@ -27,6 +27,8 @@
               arrive (an integer counter zeroed by kernel 1) adds them in split order 0, 1, ... and
               writes out. Both are deterministic: no float atomics, and
               the order of every sum is fixed whatever the programs' timing.
+Neither needs its tiles to divide H or F, only multiples of 16 (DIM_MULTIPLE): the last tile of a dim
+runs past its end, masked there (_tail), and a dim the tiles divide compiles unmasked.
 
 Why Pallas Triton and not Mosaic GPU: the routing is scalar-heavy work on [T, E] (argmax rounds,
 cumulative sums, gathers by token) that Triton expresses as ordinary array code, and rows of x and of
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -79,6 +82,10 @@ RANK_MAX_ROUTED = 4096
 RANK_CHUNK_ELEMENTS = 8192
 # With up_programs, the work slots one program's share may span, each found (and held) before its loop.
 MAX_SHARE_SLOTS = 8
+# H and F need only be multiples of this, not of the tiles: a last tile past a dim's end loads zeros there
+# and stores nothing (masked). 16 values keep each 16-byte vector of a 16-bit or FP8 row wholly inside or
+# wholly past the end, so a mask is constant over a vector and the loads stay vectorized.
+DIM_MULTIPLE = 16
 
 
 # DecodeConfig's fields that say how each kernel reads FP8 weight tiles (kernel 1's, kernel 2's).
@@ -147,16 +154,18 @@ def unfit_reason(
             f"route_by_rank takes T*E <= {RANK_MAX_ROUTED} (powers of two, {routed} routed rows), "
             f"not {tokens}*{experts}"
         )
-    if intermediate % config.block_f or intermediate % config.block_fd:
+    for name, size in (("H", hidden), ("F", intermediate)):
+        if size % DIM_MULTIPLE:
+            return f"{name}={size} is not a multiple of {DIM_MULTIPLE}"
+    k_steps = tiles(hidden, config.block_k)
+    per_split = split_steps(hidden, config.block_k, config.up_split)
+    if (config.up_split - 1) * per_split >= k_steps:
         return (
-            f"F={intermediate} is not a multiple of block_f={config.block_f} and block_fd={config.block_fd}"
+            f"up_split={config.up_split} leaves a split no K step of H={hidden} "
+            f"({k_steps} steps of block_k={config.block_k})"
         )
-    if hidden % config.block_h:
-        return f"H={hidden} is not a multiple of block_h={config.block_h}"
-    if hidden % (config.block_k * config.up_split):
-        return f"H={hidden} is not a multiple of block_k={config.block_k} x up_split={config.up_split}"
     if config.up_programs:
-        units = intermediate // config.block_f * config.up_split
+        units = tiles(intermediate, config.block_f) * config.up_split
         spanned = slots_per_share(min(tokens * top_k, experts), units, config.up_programs)
         if spanned > MAX_SHARE_SLOTS:
             return (
@@ -180,6 +189,17 @@ def widening_unfit_reason(
 
 def fits(tokens: int, experts: int, top_k: int, hidden: int, intermediate: int, config: DecodeConfig) -> bool:
     return unfit_reason(tokens, experts, top_k, hidden, intermediate, config) is None
+
+
+def tiles(size: int, tile: int) -> int:
+    """Tiles of `tile` over a dim of `size`, the last partial where `tile` does not divide it."""
+    return -(-size // tile)
+
+
+def split_steps(hidden: int, block_k: int, up_split: int) -> int:
+    """Kernel 1's K steps per split: H's block_k steps shared by up_split programs, the last split taking
+    what remains (fewer steps where they do not divide)."""
+    return tiles(tiles(hidden, block_k), up_split)
 
 
 def routing_rows(tokens: int, config: DecodeConfig) -> int:
@@ -244,7 +264,7 @@ def decode_block(
     rows = max(DOT_ROWS, pow2_at_least(tokens))
     slots = min(tokens * top_k, local)
     offset = jnp.zeros((1,), jnp.int32) if group_offset is None else group_offset.reshape(1).astype(jnp.int32)
-    h_tiles = hidden // config.block_h
+    h_tiles, f_tiles = tiles(hidden, config.block_h), tiles(inter, config.block_f)
     i32, f32 = jnp.int32, jnp.float32
     up_split = config.up_split
     # Laid out by work slot, so kernel 2 reads an expert's rows at an address it computes: one split,
@@ -268,7 +288,7 @@ def decode_block(
             jax.ShapeDtypeStruct((1,), i32),
             jax.ShapeDtypeStruct((h_tiles,), i32),
         ),
-        grid=(config.up_programs, 1, 1) if config.up_programs else (slots, inter // config.block_f, up_split),
+        grid=(config.up_programs, 1, 1) if config.up_programs else (slots, f_tiles, up_split),
         compiler_params=pltriton.CompilerParams(num_warps=config.warps_up, num_stages=config.stages_up),
         interpret=interpret,
         name="moetune_decode_up",
@@ -407,15 +427,38 @@ def rank_in_kernel(logits, load_chunk, *, experts: int, chunk: int):
     return jax.lax.fori_loop(0, ep // chunk, add_chunk, jnp.zeros((rows, ep), jnp.int32))
 
 
+def _tail(start, size: int, limit: int):
+    """Which of the indices [start, start + size) lie below `limit`: the mask of a tile in a dim its tiles
+    do not divide (in one they divide, the kernels trace no mask at all)."""
+    return start + jnp.arange(size) < limit
+
+
+def _masked(ref, index, row_mask, column_mask):
+    """The 2-D tile ref[index], its lanes outside the masks (None: no tail in that dim) read as 0: the last
+    tile of a dim its tiles do not divide loads only what lies inside."""
+    if row_mask is None and column_mask is None:
+        return ref[index]
+    rows = True if row_mask is None else row_mask[:, None]
+    columns = True if column_mask is None else column_mask[None, :]
+    return pltriton.load(ref.at[index], mask=rows & columns, other=jnp.zeros((), ref.dtype))
+
+
 def _dot_weights(
-    rows_in, w_ref, expert, ks, cols, transposed: bool, precision, scale=None, widen=None, scaled=True
-):
+    rows_in, w_ref, expert, ks, cols, transposed: bool, precision, scale=None, widen=None, scaled=True,
+    tails=(None, None),
+):  # fmt: skip
     """rows_in [rows, K tile] @ the expert's weight tile (K rows ks, columns cols) in float32; a K-major
-    weight ([E, N, K]) is read as its [N tile, K tile] block and contracted on its second dim. `scale`
-    (scale_ref, (K rows, N columns) per scale, first column index): FP8 weights, read as `widen` ((mode,
-    interpret): fp8_widen.operands) says and, where `scaled`, the product scaled by the tile's column
-    scales (else the caller scales the sum of its steps, the scales being the same at every step)."""
-    w = w_ref[expert, cols, ks] if transposed else w_ref[expert, ks, cols]
+    weight ([E, N, K]) is read as its [N tile, K tile] block and contracted on its second dim. `tails`:
+    the masks (_tail) of the tile's K rows and columns inside the weight, where a dim has a last partial
+    tile. `scale` (scale_ref, (K rows, N columns) per scale, first column index): FP8 weights, read as
+    `widen` ((mode, interpret): fp8_widen.operands) says and, where `scaled`, the product scaled by the
+    tile's column scales (else the caller scales the sum of its steps, the scales being the same at
+    every step)."""
+    k_mask, n_mask = tails
+    if transposed:
+        w = _masked(w_ref, (expert, cols, ks), n_mask, k_mask)
+    else:
+        w = _masked(w_ref, (expert, ks, cols), k_mask, n_mask)
     row_factor = None
     if scale is not None:
         rows_in, w, row_factor = fp8_widen.operands(rows_in, w, *widen)
@@ -426,14 +469,25 @@ def _dot_weights(
     if scale is None or not scaled:
         return part
     scale_ref, block, first = scale
-    factor = _column_scales(scale_ref, block, expert, ks.start // block[0], first, part.shape[1], transposed)
+    tail = (k_mask is not None, n_mask is not None)
+    factor = _column_scales(
+        scale_ref, block, expert, ks.start // block[0], first, part.shape[1], transposed, tail
+    )
     return part * factor[None, :]
 
 
-def _column_scales(scale_ref, block, expert, k_index, first, width: int, transposed: bool):
+def _column_scales(
+    scale_ref, block, expert, k_index, first, width: int, transposed: bool, tail=(False, False)
+):
     """The expert's scales of `width` columns from `first`, in K block `k_index` (`block`: the K rows and
-    N columns one scale covers)."""
+    N columns one scale covers). `tail` (K, N): where tiles run past the weight's end in that dim, an
+    index past it reads the last scale (its products are zeros) so that no load leaves the array."""
     n_index = (first + jnp.arange(width)) // block[1]
+    k_blocks, n_blocks = (scale_ref.shape[2], scale_ref.shape[1]) if transposed else scale_ref.shape[1:]
+    if tail[0]:
+        k_index = jnp.minimum(k_index, k_blocks - 1)
+    if tail[1]:
+        n_index = jnp.minimum(n_index, n_blocks - 1)
     return scale_ref[expert, n_index, k_index] if transposed else scale_ref[expert, k_index, n_index]
 
 
@@ -511,15 +565,42 @@ def _up_kernel(
     # before they are stored, instead of every step's product (block scales change along K).
     once = bool(scale_block) and scale_block[0] >= hidden_size
 
+    # H's K steps shared by the splits and F's tiles: where they do not divide, the last runs past the
+    # end, and its loads and stores are masked there (_tail); else they cover both exactly and the
+    # kernel is traced as it is without tails, op for op.
+    split = config.up_split
+    f_tiles, unit_steps = tiles(inter, bf), split_steps(hidden_size, bk, split)
+    k_tail, f_tail = unit_steps * split * bk != hidden_size, f_tiles * bf != inter
+
+    def x_tile(clamped, ks):
+        """x's [rows, block_k] tile at K rows `ks` (the padding rows read the last token's)."""
+        if not k_tail:
+            return x_ref[clamped, ks]
+        # Index arrays: the interpreter's masked loads take no mix of arrays and slices.
+        at = x_ref.at[clamped[:, None], (ks.start + jnp.arange(bk))[None, :]]
+        return pltriton.load(at, mask=_tail(ks.start, bk, hidden_size)[None, :], other=0)
+
+    def f_columns(tile):
+        """F tile `tile`'s gate and up columns. The up columns start at F, which a tile need not divide:
+        their hint is what F and the tile share."""
+        gate = pl.ds(pl.multiple_of(tile * bf, bf), bf)
+        return gate, pl.ds(pl.multiple_of(inter + tile * bf, math.gcd(inter, bf)), bf)
+
     def gate_up_step(xs, local_e, tile, gate_cols, up_cols, ks, acc):
         """The gate and up accumulators after one K step of F tile `tile`."""
         gate, up = acc
+        tails = (
+            _tail(ks.start, bk, hidden_size) if k_tail else None,
+            _tail(tile * bf, bf, inter) if f_tail else None,
+        )
         gate_scale = up_scale = None
         if scale_block:
             gate_scale = (scale_ref, scale_block, tile * bf)
             up_scale = (scale_ref, scale_block, inter + tile * bf)
         widen = (config.widen_up, interpret)
-        step = functools.partial(_dot_weights, xs, w_ref, local_e, ks, widen=widen, scaled=not once)
+        step = functools.partial(
+            _dot_weights, xs, w_ref, local_e, ks, widen=widen, scaled=not once, tails=tails
+        )
         gate += step(gate_cols, transposed, precision, gate_scale)
         up += step(up_cols, transposed, precision, up_scale)
         return gate, up
@@ -527,12 +608,16 @@ def _up_kernel(
     def store_hidden(part, p, local_e, tile, row, columns, gate, up, mine, mask):
         """Slot p's hidden rows at `columns` (F tile `tile` of local expert `local_e`): with one split the
         SwiGLU in x's dtype, else split `part`'s float32 gate and up partial sums, which kernel 2 adds in
-        split order."""
+        split order. A last tile past F stores its columns inside it alone."""
+        if f_tail:
+            mask = mask & (columns < inter)
         if once:
-            scales = functools.partial(_column_scales, scale_ref, scale_block, local_e, 0, width=bf)
+            scales = functools.partial(
+                _column_scales, scale_ref, scale_block, local_e, 0, width=bf, tail=(False, f_tail)
+            )
             gate = gate * scales(tile * bf, transposed=transposed)[None, :]
             up = up * scales(inter + tile * bf, transposed=transposed)[None, :]
-        if config.up_split == 1:
+        if split == 1:
             value = jnp.where(mine[:, None], _silu(gate) * up, 0.0).astype(dtype)
             pltriton.store(hidden_ref.at[p, row, columns], value, mask=mask)
         else:
@@ -561,12 +646,11 @@ def _up_kernel(
         # picks its expert among them with scalar selects instead of a reduction over E; a unit's
         # accumulators are stored (with up_split == 1 the SwiGLU rows, else its float32 gate and up
         # partial sums, as the grid of one program per unit stores them) and restarted in a branch
-        # taken at its last K step only.
+        # taken at its last K step only. Where the splits do not divide H's steps, the last split's
+        # steps past H load nothing (masked) and add zeros.
         dot_token = jnp.arange(rows)
         clamped = jnp.minimum(dot_token, tokens - 1)
         row, real_rows = dot_token[:, None], (dot_token < tokens)[:, None]
-        split = config.up_split
-        f_tiles, unit_steps = inter // bf, hidden_size // (bk * split)
         slot_units = f_tiles * split
         units = count * slot_units
         work = units * unit_steps
@@ -598,9 +682,8 @@ def _up_kernel(
             slot_p, tile, part = unit // slot_units, unit // split % f_tiles, unit % split
             local_e = pick(slot_p - first_slot, experts_of)
             ks = pl.ds(pl.multiple_of((part * unit_steps + k) * bk, bk), bk)
-            gate_cols = pl.ds(pl.multiple_of(tile * bf, bf), bf)
-            up_cols = pl.ds(pl.multiple_of(inter + tile * bf, bf), bf)
-            acc = gate_up_step(x_ref[clamped, ks], local_e, tile, gate_cols, up_cols, ks, acc)
+            gate_cols, up_cols = f_columns(tile)
+            acc = gate_up_step(x_tile(clamped, ks), local_e, tile, gate_cols, up_cols, ks, acc)
             return jax.lax.cond(
                 k == unit_steps - 1, lambda a: store_unit(slot_p, tile, part, a), lambda a: a, acc
             )
@@ -611,15 +694,15 @@ def _up_kernel(
         local_e, mine, weight, active = slot_of(p)
         dot_token = jnp.arange(rows)
         clamped = jnp.minimum(dot_token, tokens - 1)
-        gate_cols = pl.ds(pl.multiple_of(f * bf, bf), bf)
-        up_cols = pl.ds(pl.multiple_of(inter + f * bf, bf), bf)
-        k_rows = hidden_size // config.up_split
-        k_start = s * k_rows
-        steps = jnp.where(active, jnp.int32(k_rows // bk), jnp.int32(0))  # an idle program streams nothing
+        gate_cols, up_cols = f_columns(f)
+        k_start = s * (unit_steps * bk)
+        # An idle program streams nothing; where the splits do not divide H's steps, the last has fewer.
+        steps = unit_steps if not k_tail else jnp.minimum(unit_steps, tiles(hidden_size, bk) - s * unit_steps)
+        steps = jnp.where(active, jnp.int32(steps), jnp.int32(0))
 
         def step(i, acc):
             ks = pl.ds(pl.multiple_of(k_start + i * bk, bk), bk)
-            return gate_up_step(x_ref[clamped, ks], local_e, f, gate_cols, up_cols, ks, acc)
+            return gate_up_step(x_tile(clamped, ks), local_e, f, gate_cols, up_cols, ks, acc)
 
         zeros = jnp.zeros((rows, bf), jnp.float32)
         gate, up = jax.lax.fori_loop(0, steps, step, (zeros, zeros))
@@ -652,11 +735,15 @@ def _down_kernel(
     split = config.down_split
     bh, bk = config.block_h, config.block_fd
     precision = jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
+    hidden = out_ref.shape[1]
     cols = pl.ds(pl.multiple_of(h * bh, bh), bh)
     columns = (h * bh + jnp.arange(bh))[None, :]  # for stores: index arrays, as in _up_kernel
+    # Where block_h does not divide H (block_fd F), the last H tile (F step) runs past the end: its loads
+    # and stores are masked there (_tail); where they divide, no mask is traced.
+    h_tail = _tail(h * bh, bh, hidden) if hidden % bh else None
     # The work is the flat list of (touched expert, F step) pairs in ascending order; split s takes a
     # contiguous share of it, so few experts with wide F (Mixtral at one token) split as well as many.
-    f_steps = jnp.int32(inter // bk)
+    f_steps = jnp.int32(tiles(inter, bk))
     work = count_ref[0] * f_steps
     share = (work + split - 1) // split
     lo = jnp.minimum(s * share, work)
@@ -669,20 +756,21 @@ def _down_kernel(
     slot_ids = jnp.arange(expert_ref.shape[0])
     expert_ids = expert_ref[...]
 
-    def hidden_rows(p, f0):
+    def hidden_rows(p, f0, f_tail):
         """Work slot p's [rows, bk] SwiGLU outputs at F columns [f0, f0 + bk), in x's dtype; the padding
-        rows are 0 and never read."""
+        rows, and the columns past F of a last step past it, are 0 and never read."""
+        mask = real if f_tail is None else real & f_tail[None, :]
         if config.up_split == 1:
             at = hidden_ref.at[p, pl.ds(0, rows), pl.ds(pl.multiple_of(f0, bk), bk)]
-            return pltriton.load(at, mask=real, other=0.0)
+            return pltriton.load(at, mask=mask, other=0.0)
         gate = jnp.zeros((rows, bk), jnp.float32)
         up = jnp.zeros((rows, bk), jnp.float32)
         gate_cols = pl.ds(pl.multiple_of(f0, bk), bk)
-        up_cols = pl.ds(pl.multiple_of(inter + f0, bk), bk)
+        up_cols = pl.ds(pl.multiple_of(inter + f0, math.gcd(inter, bk)), bk)
         for part in range(config.up_split):  # kernel 1's K splits, added in split order
             index = (jnp.int32(part), p, pl.ds(0, rows))
-            gate += pltriton.load(hidden_ref.at[(*index, gate_cols)], mask=real, other=0.0)
-            up += pltriton.load(hidden_ref.at[(*index, up_cols)], mask=real, other=0.0)
+            gate += pltriton.load(hidden_ref.at[(*index, gate_cols)], mask=mask, other=0.0)
+            up += pltriton.load(hidden_ref.at[(*index, up_cols)], mask=mask, other=0.0)
         return (_silu(gate) * up).astype(dtype)
 
     def step(i, acc):
@@ -690,11 +778,13 @@ def _down_kernel(
         f0 = (i % f_steps) * bk
         e = jnp.sum(jnp.where(slot_ids == p, expert_ids, 0))
         weight = weight_ref[p, pl.ds(0, rows)]
-        rows_in = hidden_rows(p, f0)
+        f_tail = _tail(f0, bk, inter) if inter % bk else None
+        rows_in = hidden_rows(p, f0, f_tail)
         ks = pl.ds(pl.multiple_of(f0, bk), bk)
         scale = (scale_ref, scale_block, h * bh) if scale_block else None
+        widen = (config.widen_down, interpret)
         part = _dot_weights(
-            rows_in, w_ref, e, ks, cols, transposed, precision, scale, (config.widen_down, interpret)
+            rows_in, w_ref, e, ks, cols, transposed, precision, scale, widen, tails=(f_tail, h_tail)
         )
         return acc + part * weight[:, None]
 
@@ -702,6 +792,8 @@ def _down_kernel(
     # Padding rows point one past the end: a masked lane touches no memory on the GPU, and the interpreter
     # (which stores every lane, masked ones with the value read) drops out-of-bounds lanes.
     beyond = jnp.where(token < tokens, token, tokens)[:, None]
+    if h_tail is not None:  # and a last H tile's columns past H store nothing
+        real = real & h_tail[None, :]
     if split == 1:
         pltriton.store(out_ref.at[beyond, columns], acc.astype(out_ref.dtype), mask=real)
         return

@@ -163,3 +163,60 @@ def test_fp8_and_k_major_weights_match_the_reference_of_what_they_stand_for(layo
             transpose_weights=True,
         )  # fmt: skip
         assert _rel(km, kn) < 1e-3
+
+
+# Dims that the tiles do not divide: gpt-oss-120b's 2880 = 64 x 45, and 1440 (32 x 45) with 1408 (128 x 11).
+TAIL_SHAPES = {"gpt-oss-120b": (128, 4, 2880, 2880), "h1440_f1408": (64, 6, 1440, 1408)}
+TAIL_CONFIGS = [
+    db.DecodeConfig(block_f=128, block_k=256, block_h=256, block_fd=256, up_split=2, down_split=2),
+    db.DecodeConfig(block_f=128, block_k=128, block_h=128, block_fd=128, up_programs=132, up_split=2),
+]
+
+
+@pytest.mark.parametrize("config", TAIL_CONFIGS, ids=["grid", "shares"])
+@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("shape", sorted(TAIL_SHAPES))
+def test_tiles_past_a_dim_s_end_match_the_reference_and_the_dividing_tiles(shape, tokens, config):
+    experts, top_k, hidden, inter = TAIL_SHAPES[shape]
+    tiled = (
+        (hidden, config.block_k),
+        (hidden, config.block_h),
+        (inter, config.block_f),
+        (inter, config.block_fd),
+    )
+    assert sum(dim % tile > 0 for dim, tile in tiled) >= 2  # last tiles past the dims' ends
+    args = _operands(tokens, experts, hidden, inter, seed=13)
+    block_of = lambda config: jax.jit(lambda *a: db.decode_block(*a, top_k=top_k, config=config))  # noqa: E731
+    block = block_of(config)
+    first, second = block(*args), block(*args)
+    assert np.array_equal(np.asarray(first), np.asarray(second))
+    assert _rel(first, _reference(*args, top_k)) < 1e-2
+    dividing = db.DecodeConfig(block_f=32, block_k=32, block_h=32, block_fd=32)
+    assert _rel(first, block_of(dividing)(*args)) < 1e-2
+    # A NaN in one token's x reaches its row only: no lane past a dim's end carries it elsewhere.
+    x = args[0].at[0, hidden - 1].set(jnp.nan)
+    out = np.asarray(block(x, *args[1:]), np.float32)
+    assert np.isnan(out[0]).all() and not np.isnan(out[1:]).any()
+
+
+@pytest.mark.parametrize("widen", ["convert", "bits", "f16"])
+def test_fp8_tiles_past_a_dim_s_end_match_the_reference(widen):
+    from moetune.kernels.moe.fp8 import quantize_weights
+    from moetune.kernels.ops.fp8_scales import expand
+
+    experts, top_k, hidden, inter = TAIL_SHAPES["gpt-oss-120b"]
+    x, logits, w_gate_up, w_down = _operands(2, experts, hidden, inter, seed=17)
+    quantized = [quantize_weights(w, "row_channel", transpose=True) for w in (w_gate_up, w_down)]
+    config = db.DecodeConfig(
+        block_f=128, block_k=128, block_h=256, block_fd=128, up_programs=132, down_split=4, widen_up=widen,
+        widen_down=widen,
+    )  # fmt: skip
+    out = db.decode_block(
+        x, logits, quantized[0][0], quantized[1][0], top_k=top_k, config=config, transpose_weights=True,
+        w_gate_up_scale=quantized[0][1], w_down_scale=quantized[1][1],
+    )  # fmt: skip
+    dequantized = [
+        jnp.swapaxes(values.astype(jnp.float32) * expand(scale, values.shape), 1, 2)
+        for values, scale in quantized
+    ]
+    assert _rel(out, _reference(x, logits, *dequantized, top_k)) < 1e-2

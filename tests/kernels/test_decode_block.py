@@ -105,6 +105,26 @@ def test_k_major_weights_give_the_same_block(up_split, up_programs):
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "up_split, up_programs, down_split, k_major",
+    [(1, 0, 1, False), (2, 0, 2, True), (2, 3, 1, False), (1, 3, 2, True)],
+)
+def test_tiles_past_a_dim_s_end_load_zeros_and_store_nothing(up_split, up_programs, down_split, k_major):
+    # H=80 and F=48 under 32- and 64-wide tiles: every dim's last tile runs past its end; two K splits
+    # over three steps leave the second one step (and with shares one step past H, all masked).
+    config = db.DecodeConfig(
+        block_f=32, block_k=32, block_h=64, block_fd=32, up_split=up_split, up_programs=up_programs,
+        down_split=down_split,
+    )  # fmt: skip
+    x, logits, w_gate_up, w_down = _inputs(3, 8, 80, 48, seed=7)
+    weights = (w_gate_up.transpose(0, 2, 1), w_down.transpose(0, 2, 1)) if k_major else (w_gate_up, w_down)
+    out = db.decode_block(
+        x, logits, *weights, top_k=2, config=config, transpose_weights=k_major, interpret=True
+    )
+    want = moe_mlp_reference(x, logits, w_gate_up, w_down, top_k=2)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
 def test_one_expert_takes_every_token_and_the_others_none():
     x, logits, w_gate_up, w_down = _inputs(3, 8, 32, 16, seed=1)
     logits = logits.at[:, 5].set(10.0)  # every token's first choice; most experts get no token
@@ -141,12 +161,17 @@ def test_bounds_and_configs_are_checked_by_name():
     assert db.fits(32, 128, 8, 2048, 768, db.DecodeConfig())
     assert db.unfit_reason(33, 128, 8, 2048, 768, db.DecodeConfig()) == "T=33 > 32"
     assert "T*top_k" in db.unfit_reason(32, 512, 16, 2048, 512, db.DecodeConfig())
-    assert "F=48" in db.unfit_reason(1, 8, 2, 64, 48, db.DecodeConfig())
+    assert db.unfit_reason(1, 8, 2, 64, 40, db.DecodeConfig()) == "F=40 is not a multiple of 16"
+    assert db.fits(1, 8, 2, 2880, 2880, db.DecodeConfig(block_f=128, block_k=256, block_h=256, block_fd=256))
     with pytest.raises(ConfigInvalid, match="block_f=24"):
         db.DecodeConfig(block_f=24)
     with pytest.raises(ConfigInvalid, match="down_split=0"):
         db.DecodeConfig(down_split=0)
-    assert "up_split=3" in db.unfit_reason(1, 8, 2, 256, 128, db.DecodeConfig(block_k=64, up_split=3))
+    # Four K steps over three splits would leave the third none; 2880 = 22.5 steps of 128 shares well.
+    assert "up_split=3 leaves a split no K step" in db.unfit_reason(
+        1, 8, 2, 256, 128, db.DecodeConfig(block_k=64, up_split=3)
+    )
+    assert db.fits(1, 8, 2, 2880, 128, db.DecodeConfig(block_k=128, up_split=4))
     with pytest.raises(ConfigInvalid, match="up_programs=-1"):
         db.DecodeConfig(up_programs=-1)
     # One program streaming all 320 slots of Qwen3-Next at T=32 would find them all before its loop.
@@ -199,6 +224,39 @@ def test_kernels_lower_to_two_triton_calls_for_an_h200(triton_lowering_for_h200)
         assert text.count("__gpu$xla.gpu.triton") == 2 and "moetune_decode_down" in text
 
 
+def test_tiles_past_a_dim_s_end_lower_for_an_h200(triton_lowering_for_h200):
+    # gpt-oss-120b's H = F = 2880 under 128- and 256-wide tiles (22.5 and 11.25 of them), 16-bit and
+    # K-major FP8 with per-channel scales, a program per item and shares.
+    s = jax.ShapeDtypeStruct
+    tiles = dict(block_f=128, block_k=256, block_h=256, block_fd=128)
+    for fp8, config in (
+        (False, db.DecodeConfig(**tiles, up_split=2, down_split=2)),
+        (True, db.DecodeConfig(**tiles, up_programs=132, widen_up="bits", widen_down="f16")),
+    ):
+        weights = jnp.float8_e4m3fn if fp8 else jnp.bfloat16
+        shapes = ((128, 5760, 2880), (128, 2880, 2880)) if fp8 else ((128, 2880, 5760), (128, 2880, 2880))
+        args = [
+            s((1, 2880), jnp.bfloat16),
+            s((1, 128), jnp.float32),
+            *(s(shape, weights) for shape in shapes),
+        ]
+        scales = dict(
+            w_gate_up_scale=s((128, 5760, 1), jnp.float32), w_down_scale=s((128, 2880, 1), jnp.float32)
+        )
+        block = jax.jit(
+            lambda *a, config=config, fp8=fp8, scales=scales: db.decode_block(
+                *a[:4], top_k=4, config=config, transpose_weights=fp8,
+                **(dict(zip(scales, a[4:], strict=True)) if fp8 else {}),
+            )
+        )  # fmt: skip
+        text = (
+            block.trace(*args, *(scales.values() if fp8 else ()))
+            .lower(lowering_platforms=("cuda",))
+            .as_text()
+        )
+        assert text.count("__gpu$xla.gpu.triton") == 2
+
+
 def test_moe_mlp_chooses_the_block_by_mode_and_bound_and_says_why():
     from moetune.kernels.moe import layer
 
@@ -233,28 +291,60 @@ def test_moe_mlp_chooses_the_block_by_mode_and_bound_and_says_why():
 @pytest.mark.parametrize("k_major", [False, True], ids=["kn", "k_major"])
 @pytest.mark.parametrize("layout", ["tensor", "row_channel", "block_1x128_128x128"])
 def test_fp8_weights_are_widened_on_chip_and_scaled_per_block(layout, k_major, up_programs):
-    from moetune.kernels.moe.fp8 import quantize_weights
-    from moetune.kernels.ops.fp8_scales import expand
-
     x, logits, w_gate_up, w_down = _inputs(3, 4, 128, 64 if layout != "block_1x128_128x128" else 128, seed=5)
     config = db.DecodeConfig(
         block_f=16, block_k=32, block_h=32, block_fd=32, up_split=1 if up_programs else 2, down_split=2,
         up_programs=up_programs,
     )  # fmt: skip
+    assert _fp8_block_error(x, logits, w_gate_up, w_down, layout, k_major, config) < 1e-2
+
+
+def _fp8_block_error(x, logits, w_gate_up, w_down, layout, k_major, config) -> float:
+    """The FP8 block's relative error (bf16 x, the weights quantized in `layout`) against the reference on
+    the weights the FP8 values and scales stand for: the hidden rows and out are rounded to bf16 once
+    each, within 1e-2."""
+    from moetune.kernels.moe.fp8 import quantize_weights
+    from moetune.kernels.ops.fp8_scales import expand
+
     quantized = [quantize_weights(w, layout, transpose=k_major) for w in (w_gate_up, w_down)]
     out = db.decode_block(
         x.astype(jnp.bfloat16), logits, quantized[0][0], quantized[1][0], top_k=2, config=config,
         transpose_weights=k_major, w_gate_up_scale=quantized[0][1], w_down_scale=quantized[1][1],
         interpret=True,
     )  # fmt: skip
-    # The reference on the weights the FP8 values and scales stand for.
     dequantized = []
     for values, scale in quantized:
         w = values.astype(jnp.float32) * expand(scale, values.shape)
         dequantized.append(jnp.swapaxes(w, 1, 2) if k_major else w)
     want = moe_mlp_reference(x.astype(jnp.bfloat16).astype(jnp.float32), logits, *dequantized, top_k=2)
-    error = np.linalg.norm(np.asarray(out, np.float32) - np.asarray(want)) / np.linalg.norm(np.asarray(want))
-    assert error < 1e-2  # the hidden rows and out are rounded to bf16 once each
+    return float(
+        np.linalg.norm(np.asarray(out, np.float32) - np.asarray(want)) / np.linalg.norm(np.asarray(want))
+    )
+
+
+@pytest.mark.parametrize(
+    "layout, hidden, inter, config",
+    [
+        ("row_channel", 80, 48, db.DecodeConfig(block_f=32, block_k=32, block_h=64, block_fd=32, up_split=2)),
+        (
+            "row_channel", 80, 48,
+            db.DecodeConfig(
+                block_f=32, block_k=32, block_h=64, block_fd=32, up_programs=3, widen_up="f16",
+                widen_down="f16",
+            ),
+        ),
+        # H = 3 scale blocks: the last H tile of 256 runs past it, and two K splits of 128-row steps
+        # leave shares a step past H, whose scales' index stays inside their array.
+        (
+            "block_1x128_128x128", 384, 128,
+            db.DecodeConfig(block_f=16, block_k=128, block_h=256, block_fd=64, up_split=2, up_programs=3),
+        ),
+    ],
+    ids=["row_channel", "row_channel_f16", "block"],
+)  # fmt: skip
+def test_fp8_tiles_past_a_dim_s_end_read_zeros_and_the_last_scales(layout, hidden, inter, config):
+    x, logits, w_gate_up, w_down = _inputs(3, 4, hidden, inter, seed=8)
+    assert _fp8_block_error(x, logits, w_gate_up, w_down, layout, True, config) < 1e-2
 
 
 @pytest.mark.parametrize("layout", ["row_channel", "block_1x128_128x128"])

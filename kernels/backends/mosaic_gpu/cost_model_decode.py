@@ -54,7 +54,15 @@ import jax.numpy as jnp
 from moetune.kernels.backends.mosaic_gpu import hardware
 from moetune.kernels.backends.mosaic_gpu.cost_model import LANE_OPS_PER_CLOCK, LAUNCH_S
 from moetune.kernels.device import DeviceFingerprint
-from moetune.kernels.moe.decode_block import DOT_ROWS, DecodeConfig, rank_chunk, routing_rows, slots_per_share
+from moetune.kernels.moe.decode_block import (
+    DOT_ROWS,
+    DecodeConfig,
+    rank_chunk,
+    routing_rows,
+    slots_per_share,
+    split_steps,
+    tiles,
+)
 from moetune.kernels.moe.pallas_mode import pow2_at_least
 from moetune.kernels.ops.moe_decode_block import touched_experts
 from moetune.kernels.problem import Problem
@@ -207,7 +215,7 @@ def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprin
     rows = max(DOT_ROWS, pow2_at_least(tokens))
     route_rows = routing_rows(tokens, config)
     routed = route_rows * pow2_at_least(experts)  # the [T, E] routing arrays, padded
-    f_tiles = inter // config.block_f
+    f_tiles = tiles(inter, config.block_f)
     items = touched_experts(problem) * f_tiles * config.up_split
     slots = min(tokens * top_k, experts)
     if config.up_programs:
@@ -216,12 +224,12 @@ def up_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerprin
         # streams ceil(items / programs) units' K steps.
         programs = config.up_programs
         active = min(programs, items)
-        steps = math.ceil(items / programs) * (hidden // (config.block_k * config.up_split))
+        steps = math.ceil(items / programs) * split_steps(hidden, config.block_k, config.up_split)
         found = slots_per_share(slots, f_tiles * config.up_split, programs)
     else:
         programs = slots * f_tiles * config.up_split
         active = items
-        steps = hidden // (config.block_k * config.up_split)
+        steps = split_steps(hidden, config.block_k, config.up_split)
         found = 1
     choices = route_rows * pow2_at_least(top_k)
     slot_ops = found * (SLOT_OPS_PER_EXPERT * pow2_at_least(experts) + SLOT_OPS_PER_CHOICE * choices)
@@ -273,8 +281,8 @@ def down_estimate(problem: Problem, config: DecodeConfig, device: DeviceFingerpr
     tokens, hidden, inter = problem.m, problem.k, problem.n // 2
     rows = max(DOT_ROWS, pow2_at_least(tokens))
     touched = touched_experts(problem)
-    programs = hidden // config.block_h * config.down_split
-    share = math.ceil(touched * inter / config.block_fd / config.down_split)
+    programs = tiles(hidden, config.block_h) * config.down_split
+    share = math.ceil(touched * tiles(inter, config.block_fd) / config.down_split)
     tile = config.block_fd * config.block_h * item
     smem = pipeline_smem(problem, config)[1]
     accumulator, tile_values = down_thread_values(rows, config.block_h, config.block_fd, config.warps_down)

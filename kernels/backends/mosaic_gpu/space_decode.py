@@ -18,9 +18,10 @@ every sweep, its other fields at their defaults.
 Validity constraints: the widening's fit to the weights' and x's dtypes, the block's own entry check
 (decode_block.unfit_reason, the very function the kernel calls), K tiles within one block of
 block-scaled FP8 weights (the kernel's scale check), and the baseline's defaults. Pruning constraints
-drop points that run but waste: a pipeline deeper than a program's loop, a split with less than one F
-step per program, shared memory past an SM's for the pipeline's stages, shares with no more programs
-than items, routing rows padded where the batch already has a row per warp. Every non-deterministic
+drop points that run but waste: a tile wider than its dim needs (H and F need not be multiples of the
+tiles: a last tile past the end is masked), a pipeline deeper than a program's loop, a split with less
+than one F step per program, shared memory past an SM's for the pipeline's stages, shares with no more
+programs than items, routing rows padded where the batch already has a row per warp. Every non-deterministic
 variant (float atomics meeting partial sums) would be a field of its own named in the key (a Problem
 field); none exists.
 
@@ -87,8 +88,8 @@ DOMAINS: dict[str, tuple] = {"fused": (True,), **UP_DOMAINS, **DOWN_DOMAINS}
 # The path the block replaces: moe_mlp's unfused layer (kernel_decode.moe_decode_block).
 BASELINE = DecodeBlockConfig(fused=False)
 _DEFAULTS = DecodeBlockConfig()
-# Every field at its domain's first value (the smallest; convert for the widening): what divides the most
-# shapes and runs on any weights (check_problem).
+# Every field at its domain's first value (the smallest; convert for the widening): what runs on any
+# weights (check_problem).
 SMALLEST = DecodeBlockConfig(**{name: values[0] for name, values in {**UP_DOMAINS, **DOWN_DOMAINS}.items()})
 TIE = 0.01
 # Each kernel's best configs the heuristic pairs up; the best pairs are a sweep's seeds.
@@ -155,12 +156,26 @@ def pipeline_depth_useful(
     expert, the least of a program's share)."""
     if not config.fused:
         return None
-    up_steps = problem.k // (config.block_k * config.up_split)
+    up_steps = decode_block.split_steps(problem.k, config.block_k, config.up_split)
     if config.stages_up > max(2, up_steps):
         return f"stages_up={config.stages_up} exceeds the {up_steps} K steps of a program"
-    down_steps = (problem.n // 2) // config.block_fd
+    down_steps = decode_block.tiles(problem.n // 2, config.block_fd)
     if config.stages_down > max(2, down_steps):
         return f"stages_down={config.stages_down} exceeds the {down_steps} F steps of an expert"
+    return None
+
+
+def tiles_within_dims(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint) -> str | None:
+    """No tile wider than the dim it tiles rounded up to a power of two: past that a narrower tile covers
+    the same dim in as many tiles, with fewer lanes masked past its end. Example: H=80 takes block_h up to
+    128."""
+    if not config.fused:
+        return None
+    dims = {"H": problem.k, "F": problem.n // 2}
+    for name, dim in (("block_f", "F"), ("block_k", "H"), ("block_h", "H"), ("block_fd", "F")):
+        tile = getattr(config, name)
+        if tile > pow2_at_least(dims[dim]):
+            return f"{name}={tile} is wider than {dim}={dims[dim]} needs"
     return None
 
 
@@ -169,7 +184,7 @@ def split_useful(problem: Problem, config: DecodeBlockConfig, device: DeviceFing
     one item of it under uniform routing."""
     if not config.fused or config.down_split == 1:
         return None
-    items = touched_experts(problem) * ((problem.n // 2) // config.block_fd)
+    items = touched_experts(problem) * decode_block.tiles(problem.n // 2, config.block_fd)
     if config.down_split > items:
         return f"down_split={config.down_split} exceeds the ~{items:.0f} (expert, F step) items of an H tile"
     return None
@@ -181,7 +196,7 @@ def shares_useful(problem: Problem, config: DecodeBlockConfig, device: DeviceFin
     loop."""
     if not config.fused or not config.up_programs:
         return None
-    units = touched_experts(problem) * ((problem.n // 2) // config.block_f) * config.up_split
+    units = touched_experts(problem) * decode_block.tiles(problem.n // 2, config.block_f) * config.up_split
     if config.up_programs >= units:
         return f"up_programs={config.up_programs} is not below the ~{units:.0f} (expert, F tile, split) units"
     return None
@@ -220,6 +235,7 @@ VALIDITY_CONSTRAINTS: tuple[Constraint, ...] = (
     baseline_at_defaults,
 )
 PRUNING_CONSTRAINTS: tuple[Constraint, ...] = (
+    tiles_within_dims,
     pipeline_depth_useful,
     split_useful,
     shares_useful,
@@ -231,8 +247,8 @@ RESOURCE_CONSTRAINTS: frozenset[Constraint] = frozenset()
 
 
 def check_problem(problem: Problem) -> None:
-    """Unsupported where no tiling runs the block: the batch's bounds (T, T * top_k, E) or dims that even
-    the smallest tiles do not divide."""
+    """Unsupported where no tiling runs the block: the batch's bounds (T, T * top_k, E) or dims that are not
+    multiples of 16 (decode_block.DIM_MULTIPLE)."""
     reason = decode_block.unfit_reason(*_sizes(problem), SMALLEST.decode_config())
     if reason is not None:
         raise Unsupported(reason)
@@ -259,7 +275,7 @@ def _ranked(
 ) -> list[tuple[dict[str, Any], cost.KernelEstimate]]:
     """Every point of one kernel's `domains` with its estimate, best first (TIE: the module docstring). The
     other kernel's fields are `base`'s: by default their smallest values, which every shape the space
-    serves divides."""
+    serves takes."""
     names = list(domains)
     rows = []
     for values in itertools.product(*(domains[name] for name in names)):
