@@ -115,6 +115,10 @@ class DecodeConfig:
     # rows give each warp a row of its own, so its reductions over E need no barrier
     widen_up: str = "convert"  # how kernel 1 widens FP8 weight tiles (fp8_widen.MODES); 16-bit: convert
     widen_down: str = "convert"  # the same for kernel 2
+    swap_ab_up: bool = False  # kernel 1's dots as w^T @ x^T (the weight tile the A operand), transposed
+    # back: Triton then feeds a widened FP8 tile to the tensor cores from registers (wgmma where the tile
+    # has 64 columns or more) instead of moving it into mma's operand registers
+    swap_ab_down: bool = False  # the same for kernel 2
 
     def __post_init__(self):
         for name in ("block_f", "block_k", "block_h", "block_fd"):
@@ -445,12 +449,13 @@ def _masked(ref, index, row_mask, column_mask):
 
 def _dot_weights(
     rows_in, w_ref, expert, ks, cols, transposed: bool, precision, scale=None, widen=None, scaled=True,
-    tails=(None, None),
+    tails=(None, None), swap_ab=False,
 ):  # fmt: skip
     """rows_in [rows, K tile] @ the expert's weight tile (K rows ks, columns cols) in float32; a K-major
     weight ([E, N, K]) is read as its [N tile, K tile] block and contracted on its second dim. `tails`:
     the masks (_tail) of the tile's K rows and columns inside the weight, where a dim has a last partial
-    tile. `scale` (scale_ref, (K rows, N columns) per scale, first column index): FP8 weights, read as
+    tile; `swap_ab`: the dot as w^T @ rows_in^T, transposed back (the same sum of products). `scale`
+    (scale_ref, (K rows, N columns) per scale, first column index): FP8 weights, read as
     `widen` ((mode, interpret): fp8_widen.operands) says and, where `scaled`, the product scaled by the
     tile's column scales (else the caller scales the sum of its steps, the scales being the same at
     every step)."""
@@ -462,8 +467,15 @@ def _dot_weights(
     row_factor = None
     if scale is not None:
         rows_in, w, row_factor = fp8_widen.operands(rows_in, w, *widen)
-    dims = (((1,), (1,)), ((), ())) if transposed else (((1,), (0,)), ((), ()))
-    part = jax.lax.dot_general(rows_in, w, dims, precision=precision, preferred_element_type=jnp.float32)
+    if swap_ab:  # w^T [N, K] as the A operand: a K-major tile is that as it is loaded
+        w_t = w if transposed else w.T
+        dims = (((1,), (0,)), ((), ()))
+        part = jax.lax.dot_general(
+            w_t, rows_in.T, dims, precision=precision, preferred_element_type=jnp.float32
+        ).T
+    else:
+        dims = (((1,), (1,)), ((), ())) if transposed else (((1,), (0,)), ((), ()))
+        part = jax.lax.dot_general(rows_in, w, dims, precision=precision, preferred_element_type=jnp.float32)
     if row_factor is not None:
         part = part * row_factor[:, None]
     if scale is None or not scaled:
@@ -599,8 +611,9 @@ def _up_kernel(
             up_scale = (scale_ref, scale_block, inter + tile * bf)
         widen = (config.widen_up, interpret)
         step = functools.partial(
-            _dot_weights, xs, w_ref, local_e, ks, widen=widen, scaled=not once, tails=tails
-        )
+            _dot_weights, xs, w_ref, local_e, ks, widen=widen, scaled=not once, tails=tails,
+            swap_ab=config.swap_ab_up,
+        )  # fmt: skip
         gate += step(gate_cols, transposed, precision, gate_scale)
         up += step(up_cols, transposed, precision, up_scale)
         return gate, up
@@ -784,8 +797,9 @@ def _down_kernel(
         scale = (scale_ref, scale_block, h * bh) if scale_block else None
         widen = (config.widen_down, interpret)
         part = _dot_weights(
-            rows_in, w_ref, e, ks, cols, transposed, precision, scale, widen, tails=(f_tail, h_tail)
-        )
+            rows_in, w_ref, e, ks, cols, transposed, precision, scale, widen, tails=(f_tail, h_tail),
+            swap_ab=config.swap_ab_down,
+        )  # fmt: skip
         return acc + part * weight[:, None]
 
     acc = jax.lax.fori_loop(lo, hi, step, jnp.zeros((rows, bh), jnp.float32))

@@ -57,7 +57,9 @@ TRITON_CALL = "__gpu$xla.gpu.triton"
 INSTRUCTION = re.compile(r"/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 TARGET = re.compile(r"BRA\S*\s+`?\(?(\.L_x_\d+)")
-OPCODES = tuple("HMMA LDGSTS LDSM BAR SHFL STG MUFU F2F F2FP PRMT LOP3 HFMA2 STL LDL".split())
+# The tensor-core instructions: mma.sync (HMMA), and wgmma (HGMMA) where a dot fills a warpgroup.
+MMA = ("HMMA", "HGMMA")
+OPCODES = tuple("HMMA HGMMA LDGSTS LDSM BAR SHFL STG MUFU F2F F2FP PRMT LOP3 HFMA2 STL LDL".split())
 
 
 def block_problem(model: dev_shapes.Model, tokens: int, fp8: str | None = None) -> Problem:
@@ -190,7 +192,7 @@ def main_loop(sass: str) -> LoopStep | None:
         if target and labels.get(target.group(1), address + 1) <= address:
             start = labels[target.group(1)]
             body = [(a, i) for a, i in instructions if start <= a <= address]
-            loops.append((sum("HMMA" in i for _, i in body), body))
+            loops.append((sum(_opcode(i) in MMA for _, i in body), body))
     if not loops:
         return None
     _, body = max(loops, key=lambda loop: loop[0])
@@ -221,7 +223,7 @@ def prologue(sass: str) -> Prologue | None:
     once). None where the SASS has no HMMA."""
     before = []
     for found in INSTRUCTION.finditer(sass):
-        if _opcode(found.group(2)) == "HMMA":
+        if _opcode(found.group(2)) in MMA:
             return Prologue(len(before), sum(_opcode(i) == "BAR" for i in before))
         before.append(found.group(2))
     return None

@@ -151,6 +151,12 @@ def test_fp8_and_k_major_weights_match_the_reference_of_what_they_stand_for(layo
     # Read as f16 with x's rows scaled: the same products, float32 accumulation aside.
     f16 = block_of(dataclasses.replace(config, widen_up="f16", widen_down="f16"))
     assert _rel(f16(*args), first) < 1e-3
+    # With the weight tiles as the dots' A operand (wgmma from registers where a tile is 64 wide or more).
+    for mode in ("convert", "f16"):
+        swapped = dataclasses.replace(
+            config, widen_up=mode, widen_down=mode, swap_ab_up=True, swap_ab_down=True
+        )
+        assert _rel(block_of(swapped)(*args), first) < 1e-3, mode
     dequantized = []
     for values, scale in quantized:
         w = values.astype(jnp.float32) * expand(scale, values.shape)
@@ -209,7 +215,7 @@ def test_fp8_tiles_past_a_dim_s_end_match_the_reference(widen):
     quantized = [quantize_weights(w, "row_channel", transpose=True) for w in (w_gate_up, w_down)]
     config = db.DecodeConfig(
         block_f=128, block_k=128, block_h=256, block_fd=128, up_programs=132, down_split=4, widen_up=widen,
-        widen_down=widen,
+        widen_down=widen, swap_ab_up=widen == "f16", swap_ab_down=widen == "f16",
     )  # fmt: skip
     out = db.decode_block(
         x, logits, quantized[0][0], quantized[1][0], top_k=top_k, config=config, transpose_weights=True,

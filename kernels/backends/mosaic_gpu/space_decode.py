@@ -10,8 +10,9 @@ the top k (route_by_rank: argmax rounds or ranks) and on how many rows (route_wa
 one per warp); kernel 2's H tile per program (block_h), F step (block_fd), pipeline depth, warps and the
 programs per H tile (down_split, whose float32 partial sums meet in a fixed order: deterministic); and
 each kernel's widening of FP8 weights (widen_up, widen_down: kernels/moe/fp8_widen.py's conversion or
-integer sequence). A field added to DecodeConfig is one line in its kernel's domains (a test holds the
-domains to DecodeConfig's fields); the config class follows by itself (kernel_decode.DecodeBlockConfig).
+integer sequence) and which operand of its dots the FP8 weight tile is (swap_ab_up, swap_ab_down). A
+field added to DecodeConfig is one line in its kernel's domains (a test holds the domains to
+DecodeConfig's fields); the config class follows by itself (kernel_decode.DecodeBlockConfig).
 `fused` adds the path the block replaces, the unfused MoE layer: the space's BASELINE, timed first in
 every sweep, its other fields at their defaults.
 
@@ -21,7 +22,8 @@ block-scaled FP8 weights (the kernel's scale check), and the baseline's defaults
 drop points that run but waste: a tile wider than its dim needs (H and F need not be multiples of the
 tiles: a last tile past the end is masked), a pipeline deeper than a program's loop, a split with less
 than one F step per program, shared memory past an SM's for the pipeline's stages, shares with no more
-programs than items, routing rows padded where the batch already has a row per warp. Every non-deterministic
+programs than items, routing rows padded where the batch already has a row per warp, swapped dot
+operands on 16-bit weights. Every non-deterministic
 variant (float atomics meeting partial sums) would be a field of its own named in the key (a Problem
 field); none exists.
 
@@ -29,7 +31,8 @@ The heuristic ranks each kernel's configs with cost_model_decode.py apart (its e
 two kernels', each reading its own fields and kernel 2 also up_split, whose partials it adds: it is
 ranked once per up_split), best first, and takes the best pair that the whole space admits. Within TIE
 of the best, the model cannot tell configs apart: it takes the one whose other limits lie furthest from
-the bound (the most slack), then the fewer programs.
+the bound (the most slack), then the fewer programs. It holds the fields the model has no term for
+(MODEL_BLIND) at their defaults: sweeps time them.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ UP_DOMAINS: dict[str, tuple] = {
     "route_by_rank": (False, True),
     "route_warp_rows": (False, True),
     "widen_up": fp8_widen.MODES,
+    "swap_ab_up": (False, True),
 }
 DOWN_DOMAINS: dict[str, tuple] = {
     "block_h": (32, 64, 128, 256),
@@ -76,6 +80,7 @@ DOWN_DOMAINS: dict[str, tuple] = {
     "warps_down": (4, 8),
     "down_split": (1, 2, 4, 8, 16),
     "widen_down": fp8_widen.MODES,
+    "swap_ab_down": (False, True),
 }
 # Each kernel's name, as its pallas_call in kernels/moe/decode_block.py gives it and CUPTI reports it, and
 # the fields it reads: the block's time is the two kernels' in turn (SearchSpace.kernels).
@@ -92,6 +97,11 @@ _DEFAULTS = DecodeBlockConfig()
 # weights (check_problem).
 SMALLEST = DecodeBlockConfig(**{name: values[0] for name, values in {**UP_DOMAINS, **DOWN_DOMAINS}.items()})
 TIE = 0.01
+# Fields the cost model has no term for: the heuristic holds them at their first value and sweeps time
+# the rest. swap_ab_*: how a step's dot takes its operands changes its instructions (compiled for sm_90a,
+# the FP8 block's kernel 1 at 32 tokens: 900-1888 a step with, 1229-2224 without; at one token some
+# steps more), not its bytes or chain.
+MODEL_BLIND = ("swap_ab_up", "swap_ab_down")
 # Each kernel's best configs the heuristic pairs up; the best pairs are a sweep's seeds.
 SEEDS = 4
 
@@ -213,6 +223,18 @@ def warp_rows_useful(problem: Problem, config: DecodeBlockConfig, device: Device
     return None
 
 
+def swap_ab_useful(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint) -> str | None:
+    """swap_ab_* with FP8 weights only: a 16-bit tile enters the dot from shared memory in the operand
+    layout (ldmatrix) whichever operand it is; a widened FP8 tile is built in registers, which the swap
+    lets the tensor cores read as they are."""
+    if not config.fused or problem.rhs_dtype.startswith("float8"):
+        return None
+    swapped = [name for name in MODEL_BLIND if getattr(config, name)]
+    if swapped:
+        return f"{swapped[0]} only with FP8 weights"
+    return None
+
+
 def smem_fits(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprint) -> str | None:
     """Each kernel's pipelined loads and accumulators (cost_model_decode.pipeline_smem) within one
     program's shared memory: a config past it fails its compile."""
@@ -240,6 +262,7 @@ PRUNING_CONSTRAINTS: tuple[Constraint, ...] = (
     split_useful,
     shares_useful,
     warp_rows_useful,
+    swap_ab_useful,
     smem_fits,
 )
 CONSTRAINTS: tuple[Constraint, ...] = VALIDITY_CONSTRAINTS + PRUNING_CONSTRAINTS
@@ -295,14 +318,16 @@ def _ranked(
     return rows
 
 
-def _widenings_that_fit(problem: Problem, domains: Mapping[str, tuple]) -> dict[str, tuple]:
-    """`domains` without the widenings the problem's dtypes rule out (widening_fits), which the ranking
-    would otherwise enumerate with every other field only to drop."""
+def _ranked_domains(problem: Problem, domains: Mapping[str, tuple]) -> dict[str, tuple]:
+    """`domains` as the ranking enumerates them: without the widenings the problem's dtypes rule out
+    (widening_fits), which it would otherwise enumerate with every other field only to drop, and the
+    MODEL_BLIND fields at their first value (the model would rank their values alike)."""
     fits = lambda mode: fp8_widen.unfit_reason(mode, problem.rhs_dtype, problem.lhs_dtype) is None  # noqa: E731
-    return {
+    narrowed = {
         name: tuple(filter(fits, values)) if name in decode_block.WIDEN_FIELDS else values
         for name, values in domains.items()
     }
+    return {name: values[:1] if name in MODEL_BLIND else values for name, values in narrowed.items()}
 
 
 @functools.lru_cache(maxsize=256)
@@ -317,8 +342,8 @@ def ranking(
         hardware.facts(device.compute_capability)
     except Unsupported:
         return ()
-    ups = _ranked(problem, device, _widenings_that_fit(problem, UP_DOMAINS), cost.up_estimate)
-    downs = _widenings_that_fit(problem, DOWN_DOMAINS)
+    ups = _ranked(problem, device, _ranked_domains(problem, UP_DOMAINS), cost.up_estimate)
+    downs = _ranked_domains(problem, DOWN_DOMAINS)
     pairs = []
     for split in UP_DOMAINS["up_split"]:
         base = dataclasses.replace(SMALLEST, up_split=split)

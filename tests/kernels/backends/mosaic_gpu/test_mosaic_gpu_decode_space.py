@@ -399,3 +399,17 @@ def test_tiles_need_not_divide_h_and_f_so_k_major_fp8_reads_whole_lines_on_2880(
         == "block_h=256 is wider than H=80 needs"
     )
     assert "block_f=128" in space.tiles_within_dims(small, DecodeBlockConfig(block_f=128), H200)
+
+
+def test_swapped_dot_operands_are_swept_on_fp8_weights_only_and_the_heuristic_leaves_them_off():
+    # The model has no term for them (MODEL_BLIND): its ranking holds them at False, sweeps time them.
+    fp8, bf16 = _fp8_block(32, *MODELS["qwen3-30b-a3b"]), _block(32, *MODELS["qwen3-30b-a3b"])
+    swapped = DecodeBlockConfig(swap_ab_up=True)
+    assert space.swap_ab_useful(fp8, swapped, H200) is None
+    assert space.swap_ab_useful(bf16, swapped, H200) == "swap_ab_up only with FP8 weights"
+    assert space.swap_ab_useful(bf16, DecodeBlockConfig(swap_ab_down=True), H200) == (
+        "swap_ab_down only with FP8 weights"
+    )
+    for config, _ in space.ranking(fp8, H200):
+        assert not (config.swap_ab_up or config.swap_ab_down)
+    assert space.DOMAINS["swap_ab_up"] == space.DOMAINS["swap_ab_down"] == (False, True)
