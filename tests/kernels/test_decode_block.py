@@ -108,9 +108,12 @@ def test_k_major_weights_give_the_same_block(up_split, up_programs):
 @pytest.mark.parametrize(
     "up_split, up_programs, down_split, k_major, swap_ab",
     [
-        (1, 0, 1, False, False), (2, 0, 2, True, False), (2, 3, 1, False, False), (1, 3, 2, True, False),
+        (1, 0, 1, False, False), (2, 3, 1, False, False),
+        pytest.param(2, 0, 2, True, False, marks=pytest.mark.slow),
+        pytest.param(1, 3, 2, True, False, marks=pytest.mark.slow),
         # Each step's dot as w^T @ x^T, transposed back (swap_ab_up, swap_ab_down).
-        (1, 0, 2, False, True), (2, 3, 2, True, True),
+        (2, 3, 2, True, True),
+        pytest.param(1, 0, 2, False, True, marks=pytest.mark.slow),
     ],
 )  # fmt: skip
 def test_tiles_past_a_dim_s_end_load_zeros_and_store_nothing(

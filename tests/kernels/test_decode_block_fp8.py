@@ -54,7 +54,11 @@ def _fp8_block_error(x, logits, w_gate_up, w_down, layout, k_major, config) -> f
 @pytest.mark.parametrize(
     "layout, hidden, inter, config",
     [
-        ("row_channel", 80, 48, db.DecodeConfig(block_f=32, block_k=32, block_h=64, block_fd=32, up_split=2)),
+        pytest.param(
+            "row_channel", 80, 48,
+            db.DecodeConfig(block_f=32, block_k=32, block_h=64, block_fd=32, up_split=2),
+            marks=pytest.mark.slow,
+        ),
         (
             "row_channel", 80, 48,
             db.DecodeConfig(
