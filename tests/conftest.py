@@ -20,6 +20,14 @@ import uuid
 
 import pytest
 
+# The kernels under test run interpreted on XLA:CPU over tiny arrays: compiling them costs far more than
+# running them, and LLVM's optimisation passes are most of that compile. Set before any backend starts,
+# and inherited by the subprocesses and Ray workers the tests start. Not on a GPU host, whose XLA code
+# the GPU tests leave as a user gets it.
+_FAST_COMPILE = "--xla_backend_optimization_level=0"
+if not os.path.exists("/dev/nvidia0") and _FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
+
 POSTGRES_ENV = "MOETUNE_TEST_POSTGRES_URL"
 # Shared by every PostgreSQL test of this machine's test processes; the test that restarts the server
 # converts its hold to exclusive. The open file of this process's current test: flock locks belong to it.

@@ -5,8 +5,17 @@ kernel choices."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
+
+# The kernels under test run interpreted on XLA:CPU over tiny arrays: compiling them costs far more than
+# running them, and LLVM's optimisation passes are most of that compile. Set before any backend starts,
+# and inherited by the subprocesses and Ray workers the tests start. Not on a GPU host, whose XLA code
+# the GPU tests leave as a user gets it.
+_FAST_COMPILE = "--xla_backend_optimization_level=0"
+if not os.path.exists("/dev/nvidia0") and _FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
 
 
 @pytest.fixture(autouse=True)
