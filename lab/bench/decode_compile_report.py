@@ -18,10 +18,13 @@ A step is the main loop's path when no branch inside it is taken (kernel 1 store
 branch at its last step only); the branch's instructions are reported apart.
 
     python3 lab/bench/decode_compile_report.py [--models qwen3-next-80b-a3b ...] [--tokens 1 8 32]
-        [--config '{"warps_up": 8}'] [--fp8 row_channel] [--json OUT]
+        [--config '{"warps_up": 8}'] [--fp8 row_channel | --k-major] [--sample N [--seed S]] [--json OUT]
 
 Without --config each shape takes the heuristic's config (space_decode.heuristic); --config replaces
-fields of it.
+fields of it. With --sample N each shape takes N configs of the block's search space instead, drawn at
+random among the valid fused ones (--config then fixes those fields): what a sweep would build, compiled
+before any GPU is at hand. A config that fails to lower or compile is one line (FAILED, the error) and
+the exit code is 1.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import argparse
 import collections
 import dataclasses
 import json
+import random
 import re
 import subprocess
 import sys
@@ -44,6 +48,7 @@ from moetune.kernels import registry
 from moetune.kernels.backends.mosaic_gpu import cost_model_decode, hardware, space_decode
 from moetune.kernels.backends.mosaic_gpu.kernel_decode import DecodeBlockConfig
 from moetune.kernels.device import DeviceFingerprint
+from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.moe.decode_block import DecodeConfig
 from moetune.kernels.problem import Problem
 from moetune_lab.bench import dev_shapes
@@ -62,13 +67,15 @@ MMA = ("HMMA", "HGMMA")
 OPCODES = tuple("HMMA HGMMA LDGSTS LDSM BAR SHFL STG MUFU F2F F2FP PRMT LOP3 HFMA2 STL LDL".split())
 
 
-def block_problem(model: dev_shapes.Model, tokens: int, fp8: str | None = None) -> Problem:
-    """The block's problem: 16-bit [E, H, 2F] weights, or with `fp8` (a scale layout) the FP8 block's
-    K-major float8_e4m3fn weights scaled so."""
+def block_problem(
+    model: dev_shapes.Model, tokens: int, fp8: str | None = None, *, k_major: bool = False
+) -> Problem:
+    """The block's problem: 16-bit [E, H, 2F] weights (K-major [E, 2F, H] with `k_major`), or with `fp8`
+    (a scale layout) the FP8 block's K-major float8_e4m3fn weights scaled so."""
     if fp8 is None:
         return Problem(
             "moe_decode_block", tokens, model.hidden, 2 * model.ffn, model.experts,
-            "bfloat16", "bfloat16", "bfloat16", top_k=model.top_k,
+            "bfloat16", "bfloat16", "bfloat16", transpose_rhs=k_major, top_k=model.top_k,
         )  # fmt: skip
     return Problem(
         "moe_decode_block_fp8", tokens, model.hidden, 2 * model.ffn, model.experts,
@@ -278,6 +285,26 @@ def report(problem: Problem, config: DecodeBlockConfig, device: DeviceFingerprin
     return rows
 
 
+def sampled_configs(
+    problem: Problem, count: int, seed: int, fixed: dict[str, Any], device: DeviceFingerprint = H200
+) -> list[DecodeBlockConfig]:
+    """Up to `count` distinct valid fused configs of the block's space for `problem` (its domains narrowed
+    to `fixed`), each field drawn uniformly from its domain; fewer where few points are valid."""
+    space = space_decode.space(problem, device).restricted({"fused": True} | fixed)
+    rng = random.Random(seed)
+    found: dict[DecodeBlockConfig, None] = {}
+    for _ in range(5000 * count):  # about 1 point in 100 is valid: draw until enough are
+        if len(found) == count:
+            break
+        try:
+            found.setdefault(
+                space.make({n: rng.choice(v) for n, v in space.domains.items()}, problem, device)
+            )
+        except ConfigInvalid:
+            continue
+    return list(found)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -285,9 +312,18 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=list(DECODE_MODELS))
     parser.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--config", type=json.loads, default={}, help="fields replacing the heuristic's")
-    parser.add_argument("--fp8", metavar="LAYOUT", help="the FP8 block, its weights' scales in LAYOUT")
+    weights = parser.add_mutually_exclusive_group()
+    weights.add_argument("--fp8", metavar="LAYOUT", help="the FP8 block, its weights' scales in LAYOUT")
+    weights.add_argument("--k-major", action="store_true", help="16-bit K-major weights [E, 2F, H]")
+    parser.add_argument("--sample", type=int, default=0, metavar="N", help="N random valid configs a shape")
+    parser.add_argument("--seed", type=int, default=0, help="of --sample's draws")
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args()
+    if args.sample < 0:
+        print(
+            f"decode_compile_report: --sample {args.sample}: a count of configs, 0 or more", file=sys.stderr
+        )
+        return 2
     models = dev_shapes.MODELS
     unknown = [name for name in args.models if name not in models]
     if unknown:
@@ -299,34 +335,58 @@ def main() -> int:
     except ImportError:
         print("decode_compile_report: needs the triton package (pip install triton)", file=sys.stderr)
         return 2
-    out = []
+    out, compiled, failed = [], 0, 0
     for name in args.models:
         for tokens in args.tokens:
-            problem = block_problem(models[name], tokens, args.fp8)
-            config = dataclasses.replace(space_decode.heuristic(problem, H200), **args.config)
-            for row in report(problem, config):
-                row |= {"model": name, "tokens": tokens, "config": config.to_dict()}
-                out.append(row)
-                step = (
-                    f"step {row['step_instructions']} instr/warp ({row['step_issue_clocks']:.0f} issue "
-                    f"clocks for {row['step_bytes'] // 1024} KiB: {row['issue_bound_per_hbm_share']:.1f}x "
-                    f"an SM's HBM share)"
-                    if "step_instructions" in row
-                    else "no loop"
+            try:
+                problem = block_problem(models[name], tokens, args.fp8, k_major=args.k_major)
+                space_decode.check_problem(problem)
+                configs = (
+                    sampled_configs(problem, args.sample, args.seed, args.config)
+                    if args.sample
+                    else [dataclasses.replace(space_decode.heuristic(problem, H200), **args.config)]
                 )
-                before = (
-                    f"; before the first dot {row['prologue_instructions']} instr/warp, "
-                    f"{row['prologue_barriers']} barriers"
-                    if "prologue_instructions" in row
-                    else ""
-                )
-                print(
-                    f"{name} T={tokens} {row['kernel']}: {row['warps']} warps, {row['registers']} registers, "
-                    f"{row['spill_bytes']} B spilled, {row['shared_bytes']} B shared; {step}{before}"
-                )
+            except (ConfigInvalid, Unsupported) as e:
+                print(f"{name} T={tokens}: skipped ({e})")
+                continue
+            for config in configs:
+                try:
+                    rows = report(problem, config)
+                except Exception as e:  # noqa: BLE001 - any lowering or compile error is the finding
+                    failed += 1
+                    print(f"FAILED {name} T={tokens} {json.dumps(config.to_dict())}: {type(e).__name__}: {e}")
+                    continue
+                compiled += 1
+                print_rows(name, tokens, config, rows, out)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
-    return 0
+    if args.sample:
+        print(f"{compiled} configs compiled, {failed} failed")
+    return 1 if failed else 0
+
+
+def print_rows(name: str, tokens: int, config: DecodeBlockConfig, rows: list[dict], out: list[dict]) -> None:
+    """One line per kernel, each row kept in `out` with its model, T and config."""
+    for row in rows:
+        row |= {"model": name, "tokens": tokens, "config": config.to_dict()}
+        out.append(row)
+        step = (
+            f"step {row['step_instructions']} instr/warp ({row['step_issue_clocks']:.0f} issue "
+            f"clocks for {row['step_bytes'] // 1024} KiB: {row['issue_bound_per_hbm_share']:.1f}x "
+            f"an SM's HBM share)"
+            if "step_instructions" in row
+            else "no loop"
+        )
+        before = (
+            f"; before the first dot {row['prologue_instructions']} instr/warp, "
+            f"{row['prologue_barriers']} barriers"
+            if "prologue_instructions" in row
+            else ""
+        )
+        print(
+            f"{name} T={tokens} {row['kernel']}: {row['warps']} warps, {row['registers']} registers, "
+            f"{row['spill_bytes']} B spilled, {row['shared_bytes']} B shared; {step}{before}"
+        )
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from moetune.kernels.backends.mosaic_gpu import cost_model_decode
+from moetune.kernels.backends.mosaic_gpu import cost_model_decode, space_decode
 from moetune.kernels.backends.mosaic_gpu.kernel_decode import DecodeBlockConfig
 from moetune_lab.bench import decode_compile_report as report
 from moetune_lab.bench import dev_shapes
@@ -108,3 +108,37 @@ def test_an_unknown_model_is_one_line_and_exit_2():
     assert run.returncode == 2
     message = run.stderr.strip()
     assert message.count("\n") == 0 and "no-such-model" in message
+
+
+def test_sampled_configs_are_distinct_valid_fused_points_with_the_fixed_fields():
+    problem = report.block_problem(dev_shapes.MODELS["qwen3-30b-a3b"], 8, k_major=True)
+    assert problem.transpose_rhs
+    space = space_decode.space(problem, report.H200)
+    configs = report.sampled_configs(problem, 6, seed=1, fixed={"warps_up": 8})
+    assert len(configs) == len(set(configs)) == 6
+    for config in configs:
+        assert config.fused and config.warps_up == 8
+        assert space.violation(problem, config, report.H200) is None
+    assert report.sampled_configs(problem, 6, seed=1, fixed={"warps_up": 8}) == configs  # seeded
+    assert report.sampled_configs(problem, 6, seed=2, fixed={"warps_up": 8}) != configs
+
+
+def test_a_config_that_does_not_compile_is_one_line_and_exit_1(monkeypatch, capsys):
+    pytest.importorskip("triton", reason="the compiler report needs the triton package")
+
+    def fails(problem, config, device=report.H200):
+        raise RuntimeError("ptxas: no")
+
+    monkeypatch.setattr(report, "report", fails)
+    argv = ["decode_compile_report.py", "--models", "qwen3-30b-a3b", "--tokens", "1", "--sample", "2"]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert report.main() == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" ")[0] for line in lines[:2]] == ["FAILED", "FAILED"]
+    assert "RuntimeError: ptxas: no" in lines[0] and lines[-1] == "0 configs compiled, 2 failed"
+
+
+def test_a_negative_sample_is_one_line_and_exit_2():
+    run = subprocess.run([sys.executable, SCRIPT, "--sample", "-1"], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert run.stderr.strip().count("\n") == 0 and "--sample -1" in run.stderr
