@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -124,7 +125,8 @@ def test_sampled_configs_are_distinct_valid_fused_points_with_the_fixed_fields()
 
 
 def test_a_config_that_does_not_compile_is_one_line_and_exit_1(monkeypatch, capsys):
-    pytest.importorskip("triton", reason="the compiler report needs the triton package")
+    # The compile itself fails here, so the triton package need only import.
+    monkeypatch.setitem(sys.modules, "triton", types.ModuleType("triton"))
 
     def fails(problem, config, device=report.H200):
         raise RuntimeError("ptxas: no")
