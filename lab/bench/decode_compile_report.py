@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import itertools
 import json
 import random
 import re
@@ -51,6 +52,7 @@ from moetune.kernels.device import DeviceFingerprint
 from moetune.kernels.errors import ConfigInvalid, Unsupported
 from moetune.kernels.moe.decode_block import DecodeConfig
 from moetune.kernels.problem import Problem
+from moetune.tuner.strategies.base import CandidateSpace
 from moetune_lab.bench import dev_shapes
 from moetune_lab.bench.pack_lowering import lowering_platform, running_on
 
@@ -289,20 +291,11 @@ def sampled_configs(
     problem: Problem, count: int, seed: int, fixed: dict[str, Any], device: DeviceFingerprint = H200
 ) -> list[DecodeBlockConfig]:
     """Up to `count` distinct valid fused configs of the block's space for `problem` (its domains narrowed
-    to `fixed`), each field drawn uniformly from its domain; fewer where few points are valid."""
+    to `fixed`), drawn as a sweep's random strategy draws them; fewer where few points are valid."""
     space = space_decode.space(problem, device).restricted({"fused": True} | fixed)
-    rng = random.Random(seed)
-    found: dict[DecodeBlockConfig, None] = {}
-    for _ in range(5000 * count):  # about 1 point in 100 is valid: draw until enough are
-        if len(found) == count:
-            break
-        try:
-            found.setdefault(
-                space.make({n: rng.choice(v) for n, v in space.domains.items()}, problem, device)
-            )
-        except ConfigInvalid:
-            continue
-    return list(found)
+    # About 1 point in 100 is valid: enough draws that `count` of them almost surely are.
+    drawn = CandidateSpace(space, problem, device).sample(random.Random(seed), 5000 * count)
+    return list(itertools.islice(dict.fromkeys(drawn), count))
 
 
 def main() -> int:
@@ -357,7 +350,10 @@ def main() -> int:
                     print(f"FAILED {name} T={tokens} {json.dumps(config.to_dict())}: {type(e).__name__}: {e}")
                     continue
                 compiled += 1
-                print_rows(name, tokens, config, rows, out)
+                for row in rows:
+                    row |= {"model": name, "tokens": tokens, "config": config.to_dict()}
+                    out.append(row)
+                    print(row_line(row))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     if args.sample:
@@ -365,28 +361,25 @@ def main() -> int:
     return 1 if failed else 0
 
 
-def print_rows(name: str, tokens: int, config: DecodeBlockConfig, rows: list[dict], out: list[dict]) -> None:
-    """One line per kernel, each row kept in `out` with its model, T and config."""
-    for row in rows:
-        row |= {"model": name, "tokens": tokens, "config": config.to_dict()}
-        out.append(row)
-        step = (
-            f"step {row['step_instructions']} instr/warp ({row['step_issue_clocks']:.0f} issue "
-            f"clocks for {row['step_bytes'] // 1024} KiB: {row['issue_bound_per_hbm_share']:.1f}x "
-            f"an SM's HBM share)"
-            if "step_instructions" in row
-            else "no loop"
-        )
-        before = (
-            f"; before the first dot {row['prologue_instructions']} instr/warp, "
-            f"{row['prologue_barriers']} barriers"
-            if "prologue_instructions" in row
-            else ""
-        )
-        print(
-            f"{name} T={tokens} {row['kernel']}: {row['warps']} warps, {row['registers']} registers, "
-            f"{row['spill_bytes']} B spilled, {row['shared_bytes']} B shared; {step}{before}"
-        )
+def row_line(row: dict) -> str:
+    """One kernel's row as one line."""
+    step = (
+        f"step {row['step_instructions']} instr/warp ({row['step_issue_clocks']:.0f} issue "
+        f"clocks for {row['step_bytes'] // 1024} KiB: {row['issue_bound_per_hbm_share']:.1f}x "
+        f"an SM's HBM share)"
+        if "step_instructions" in row
+        else "no loop"
+    )
+    before = (
+        f"; before the first dot {row['prologue_instructions']} instr/warp, "
+        f"{row['prologue_barriers']} barriers"
+        if "prologue_instructions" in row
+        else ""
+    )
+    return (
+        f"{row['model']} T={row['tokens']} {row['kernel']}: {row['warps']} warps, {row['registers']} "
+        f"registers, {row['spill_bytes']} B spilled, {row['shared_bytes']} B shared; {step}{before}"
+    )
 
 
 if __name__ == "__main__":
