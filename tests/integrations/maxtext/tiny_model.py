@@ -78,18 +78,23 @@ def run(cfg: Any, *, moetune: bool) -> dict[str, Any]:
         picked = jnp.take_along_axis(jax.nn.log_softmax(logits.astype(jnp.float32)), targets[..., None], -1)
         return -jnp.mean(picked), logits
 
-    plugin = moetune_maxtext.installed() if moetune else contextlib.nullcontext()
-    with plugin, recording() as dispatched, mesh, nn_partitioning.axis_rules(cfg.logical_axis_rules):
-        model = model_creation_utils.from_config(cfg, mesh=mesh, rngs=nnx.Rngs(params=0, dropout=1))
+    def step(model: Any) -> tuple[Any, ...]:
         (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
         params = nnx.state(model, nnx.Param)
         stepped = jax.tree.map(lambda p, g: p - LEARNING_RATE * g, params, nnx.state(grads, nnx.Param))
         nnx.update(model, stepped)
         loss_after, _ = loss_fn(model)
+        return loss, logits, nnx.state(grads, nnx.Param), loss_after
+
+    plugin = moetune_maxtext.installed() if moetune else contextlib.nullcontext()
+    with plugin, recording() as dispatched, mesh, nn_partitioning.axis_rules(cfg.logical_axis_rules):
+        model = model_creation_utils.from_config(cfg, mesh=mesh, rngs=nnx.Rngs(params=0, dropout=1))
+        # One program, as a training step runs: op by op, every primitive would compile on its own.
+        loss, logits, grads, loss_after = nnx.jit(step)(model)
     return {
         "logits": logits,
         "loss": loss,
-        "grads": nnx.state(grads, nnx.Param),
+        "grads": grads,
         "loss_after": loss_after,
         "dispatched": list(dispatched),
     }
