@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-venv.sh
+source scripts/test-env.sh
 .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e lab
 cd lab
 exec ../.venv/bin/python -m pytest "$@"

@@ -10,7 +10,9 @@
 # Two pytest-xdist workers by default, each test file on one of them (loadfile: a module's fixtures, a Ray
 # cluster or a server, start once): the fast tier then takes about half its serial time on two cores.
 # PostgreSQL tests run when MOETUNE_TEST_POSTGRES_URL is set (.ci/run starts a server and sets it).
+# Every process the run starts shares jax's persistent compilation cache (scripts/test-env.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-venv.sh
+source scripts/test-env.sh
 exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
