@@ -25,7 +25,9 @@ its share of the HBM roofline: the bytes of the touched experts' weights (gate_u
 expert some token chose) over the part's HBM read rate, against its median time. The stages are
 moetune's own functions (kernels/moe/layer.py), each jitted on the materialised outputs of the stage
 before, so that their sum can be read beside the whole block. Times
-are CUPTI kernel time (every kernel of a call), the median over --runs calls.
+are CUPTI kernel time (every kernel of a call), the median over --runs calls. With --span, each JAX
+method's record also has its span (block_span.py: the block chained as a model's layers run, by the wall
+clock), which counts the gaps between its kernels and no overlap twice, and its share of the roofline.
 
     python3 lab/bench/bench_block.py --models qwen3-30b-a3b deepseek-v3 --tokens 1 128 4096 --out block.json
 """
@@ -39,7 +41,7 @@ import json
 import time
 from pathlib import Path
 
-from moetune_lab.bench import dev_shapes, moe_shapes, torch_timing
+from moetune_lab.bench import block_span, dev_shapes, moe_shapes, torch_timing
 from moetune_lab.bench.bench_backward import rel_err, time_jax
 from moetune_lab.bench.bench_layer_grad import parameters
 
@@ -100,6 +102,8 @@ def case_record(
         for entry in methods.values():
             if "median_ms" in entry:
                 entry["roofline_share"] = roofline_ms / entry["median_ms"]
+            if entry.get("span_ms", 0) > 0:
+                entry["span_roofline_share"] = roofline_ms / entry["span_ms"]
     stage_ms = timed_ms(stages)
     if set(stage_ms) == set(STAGES):
         record["stage_sum_ms"] = sum(stage_ms.values())
@@ -120,6 +124,7 @@ def case_line(record: dict) -> str:
             cell = f"{entry['median_ms']:.3f} ms"
             extras = [f"{entry['kernels']} kernels"] if "kernels" in entry else []
             extras += [f"{entry['roofline_share']:.0%} of roofline"] if "roofline_share" in entry else []
+            extras += [f"span {entry['span_ms']:.3f} ms"] if "span_ms" in entry else []
             cell += f" ({', '.join(extras)})" if extras else ""
         else:
             cell = entry.get("skipped") or entry["error"]
@@ -381,6 +386,29 @@ def measure_methods(model, tokens, args, runs, methods, timer, counter) -> dict:
     return entries
 
 
+def measure_spans(model, args, entries: dict, runs: int, l2_bytes: int, clock=block_span.wall_seconds):
+    """Each timed JAX method's span (block_span.py) added to its entry, on weight copies made once for
+    the case; a case whose copies do not fit gets the reason instead."""
+    import jax.numpy as jnp
+
+    x, logits, w_gate_up, w_down = args
+    touched = touched_experts(logits, model.top_k) * 3 * model.hidden * model.ffn * w_down.dtype.itemsize
+    count = block_span.copy_count(touched, l2_bytes)
+    timed = [m for m, e in entries.items() if m != "torch_grouped_mm" and "median_ms" in e]
+    reason = block_span.copies_skip_reason(count, w_gate_up.nbytes + w_down.nbytes)
+    if reason is not None:
+        for method in timed:
+            entries[method]["span_skipped"] = reason
+        return
+    copies = [(w_gate_up, w_down)]
+    copies += [(jnp.array(w_gate_up, copy=True), jnp.array(w_down, copy=True)) for _ in range(count - 1)]
+    for method in timed:
+        try:
+            entries[method] |= block_span.span_ms(jax_block(model, method), x, logits, copies, runs, clock)
+        except Exception as e:  # noqa: BLE001 - a span that fails leaves the method's CUPTI time
+            entries[method]["span_error"] = error_record(e)["error"]
+
+
 def measure_stages(model, args, runs, timer) -> dict:
     """Every stage's entry, each compiled and timed on materialised inputs."""
     try:
@@ -419,12 +447,15 @@ def run_case(
     timer=time_jax,
     counter=kernel_profile,
     roofline=roofline_ms,
+    spans=None,
 ) -> dict:
     """One (model, T) case's record; `timer(fn, args, runs)` gives the seconds of each call,
-    `counter(fn, args)` the kernels of one call with their times and `roofline(model, logits)` the HBM
-    bound in ms."""
+    `counter(fn, args)` the kernels of one call with their times, `roofline(model, logits)` the HBM
+    bound in ms and `spans(model, args, entries, runs)`, where given, adds each method's span."""
     args = block_inputs(params, tokens)
     entries = measure_methods(model, tokens, args, runs, methods, timer, counter)
+    if spans is not None:
+        spans(model, args, entries, runs)
     stages = measure_stages(model, args, runs, timer)
     return case_record(model, tokens, entries, stages, roofline(model, args[1]))
 
@@ -443,12 +474,17 @@ def model_records(model, tokens_list: list[int], args, deadline: float):
     except Exception as e:  # noqa: BLE001 - a model that does not fit leaves the others
         yield from ({"model": model.name, "tokens": t} | error_record(e) for t in tokens_list)
         return
+    spans = None
+    if args.span:
+        from moetune.kernels.backends.mosaic_gpu.timer import device_l2_bytes
+
+        spans = functools.partial(measure_spans, l2_bytes=device_l2_bytes())
     for tokens in tokens_list:
         if time.monotonic() > deadline:
             yield skipped_record(model, tokens, "budget spent")
             continue
         try:
-            yield run_case(model, tokens, params, args.runs, args.methods)
+            yield run_case(model, tokens, params, args.runs, args.methods, spans=spans)
         except Exception as e:  # noqa: BLE001 - one case's failure (memory) leaves the others
             yield {"model": model.name, "tokens": tokens} | error_record(e)
     del params
@@ -464,6 +500,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--budget-s", type=float, default=400.0, help="start no case past this many seconds")
+    parser.add_argument(
+        "--span", action="store_true", help="also each JAX method's span, chained as a model's layers run"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     deadline = time.monotonic() + args.budget_s

@@ -11,7 +11,8 @@
 #      lab/bench/decode_model_check.py on the sweep: the cost model's estimate of each kernel beside its time;
 #   4. after a 16-bit [E, H, 2F] sweep, lab/bench/bench_block.py for DBS_BENCH_MODELS (DBS_MODELS) at
 #      DBS_TOKENS on the merged pack, for DBS_BENCH_S (100) seconds, "0" skips: the block as moe_mlp
-#      takes it, beside the unfused path, tokamax and torch._grouped_mm.
+#      takes it, beside the unfused path, tokamax and torch._grouped_mm, each JAX path's span too
+#      (--span: chained as a model's layers run, by the wall clock, beside the sum of its CUPTI times).
 # $OUT gets: run.log, gpu-tests.log, pack.json, sweep.db, tune.log, model-check.log, block.json, block.log.
 #
 # On the GPU machine, from the repository root with .devdeps carried:
@@ -79,7 +80,7 @@ EOF
     # shellcheck disable=SC2086 # one word per model and per T
     (unset XLA_PYTHON_CLIENT_ALLOCATOR
      timeout "$budget" python3 lab/bench/bench_block.py --models ${DBS_BENCH_MODELS:-$MODELS} --tokens $TOKENS \
-       --methods moetune moetune_unfused moetune_fused tokamax torch_grouped_mm \
+       --methods moetune moetune_unfused moetune_fused tokamax torch_grouped_mm --span \
        --budget-s $(( budget - 20 )) --out "$OUT/block.json" >"$OUT/block.log" 2>&1
      echo "bench rc=$?"; grep -v "logging.cc" "$OUT/block.log" | tail -12)
   fi
