@@ -11,8 +11,9 @@
 #      lab/bench/decode_model_check.py on the sweep: the cost model's estimate of each kernel beside its time;
 #   4. after a 16-bit [E, H, 2F] sweep, lab/bench/bench_block.py for DBS_BENCH_MODELS (DBS_MODELS) at
 #      DBS_TOKENS on the merged pack, for DBS_BENCH_S (100) seconds, "0" skips: the block as moe_mlp
-#      takes it, beside the unfused path, tokamax and torch._grouped_mm, each JAX path's span too
-#      (--span: chained as a model's layers run, by the wall clock, beside the sum of its CUPTI times).
+#      takes it, beside the unfused path, tokamax and torch._grouped_mm; with DBS_SPAN=1 each JAX path's
+#      span too (--span: chained as a model's layers run, by the wall clock; two more compiles a path,
+#      so fewer cases fit the time box).
 # $OUT gets: run.log, gpu-tests.log, pack.json, sweep.db, tune.log, model-check.log, block.json, block.log.
 #
 # On the GPU machine, from the repository root with .devdeps carried:
@@ -76,11 +77,13 @@ EOF
     # The copy of the tree here is this run's own: moe_mlp finds the new winners where it finds the pack.
     cp "$WORK/merged.json" configs/tuned/nvidia_h200__mosaic_gpu.json
     budget=$(cap "${DBS_BENCH_S:-100}")
+    span=()
+    [ "${DBS_SPAN:-0}" = 1 ] && span=(--span)
     step "bench_block.py on the merged pack ($budget s)"
     # shellcheck disable=SC2086 # one word per model and per T
     (unset XLA_PYTHON_CLIENT_ALLOCATOR
      timeout "$budget" python3 lab/bench/bench_block.py --models ${DBS_BENCH_MODELS:-$MODELS} --tokens $TOKENS \
-       --methods moetune moetune_unfused moetune_fused tokamax torch_grouped_mm --span \
+       --methods moetune moetune_unfused moetune_fused tokamax torch_grouped_mm "${span[@]}" \
        --budget-s $(( budget - 20 )) --out "$OUT/block.json" >"$OUT/block.log" 2>&1
      echo "bench rc=$?"; grep -v "logging.cc" "$OUT/block.log" | tail -12)
   fi
