@@ -400,8 +400,13 @@ def measure_spans(model, args, entries: dict, runs: int, l2_bytes: int, clock=bl
         for method in timed:
             entries[method]["span_skipped"] = reason
         return
-    copies = [(w_gate_up, w_down)]
-    copies += [(jnp.array(w_gate_up, copy=True), jnp.array(w_down, copy=True)) for _ in range(count - 1)]
+    try:
+        copies = [(w_gate_up, w_down)]
+        copies += [(jnp.array(w_gate_up, copy=True), jnp.array(w_down, copy=True)) for _ in range(count - 1)]
+    except Exception as e:  # noqa: BLE001 - copies that do not fit in memory leave the CUPTI times
+        for method in timed:
+            entries[method]["span_error"] = error_record(e)["error"]
+        return
     for method in timed:
         try:
             entries[method] |= block_span.span_ms(jax_block(model, method), x, logits, copies, runs, clock)

@@ -101,3 +101,20 @@ def test_a_case_whose_copies_do_not_fit_names_why_and_keeps_its_times(monkeypatc
     count = 1 + math.ceil(2 * 10**6 / (bench_block.touched_experts(args[1], 2) * 3 * 64 * 32 * 2))
     assert entries["moetune"]["span_skipped"].startswith(f"{count} weight copies of")
     assert entries["moetune"]["median_ms"] == 1.0 and "span_skipped" not in entries["torch_grouped_mm"]
+
+
+def test_copies_the_device_cannot_hold_are_an_error_beside_the_kept_times(monkeypatch):
+    import jax.numpy as jnp
+
+    args = bench_block.block_inputs(bench_block.parameters(TINY, 4), 4)
+
+    def out_of_memory(*a, **k):
+        raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+
+    monkeypatch.setattr(jnp, "array", out_of_memory)
+    entries = {"moetune": {"median_ms": 1.0}}
+    bench_block.measure_spans(TINY, args, entries, 2, l2_bytes=10**6, clock=fixed_clock([]))
+    assert entries["moetune"] == {
+        "median_ms": 1.0,
+        "span_error": "RuntimeError: RESOURCE_EXHAUSTED: out of memory",
+    }
