@@ -291,6 +291,11 @@ def touched_experts(logits, top_k: int) -> int:
     return int(np.unique(np.asarray(jax.lax.top_k(logits, top_k)[1])).size)
 
 
+def touched_weight_bytes(model: dev_shapes.Model, logits, itemsize: int = 2) -> int:
+    """The gate_up and down weight bytes of the experts some token routes to: what the block must read."""
+    return touched_experts(logits, model.top_k) * 3 * model.hidden * model.ffn * itemsize
+
+
 def roofline_ms(model: dev_shapes.Model, logits) -> float:
     """The block's HBM bound: the touched experts' gate_up and down weights (bf16) over the part's HBM
     read rate."""
@@ -300,8 +305,7 @@ def roofline_ms(model: dev_shapes.Model, logits) -> float:
 
     device = jax.devices()[0]
     rate = hbm_bytes_per_s(device.device_kind, str(getattr(device, "compute_capability", "")))
-    per_expert = 3 * model.hidden * model.ffn * 2
-    return touched_experts(logits, model.top_k) * per_expert / rate * 1e3
+    return touched_weight_bytes(model, logits) / rate * 1e3
 
 
 def measure_jax(model, method, args, runs, reference, timer, counter) -> tuple[dict, object]:
@@ -392,8 +396,7 @@ def measure_spans(model, args, entries: dict, runs: int, l2_bytes: int, clock=bl
     import jax.numpy as jnp
 
     x, logits, w_gate_up, w_down = args
-    touched = touched_experts(logits, model.top_k) * 3 * model.hidden * model.ffn * w_down.dtype.itemsize
-    count = block_span.copy_count(touched, l2_bytes)
+    count = block_span.copy_count(touched_weight_bytes(model, logits, w_down.dtype.itemsize), l2_bytes)
     timed = [m for m, e in entries.items() if m != "torch_grouped_mm" and "median_ms" in e]
     reason = block_span.copies_skip_reason(count, w_gate_up.nbytes + w_down.nbytes)
     if reason is not None:

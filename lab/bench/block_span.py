@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable, Sequence
 
 SPAN_BLOCKS = (2, 8)
@@ -53,15 +52,9 @@ def chain(block: Callable, blocks: int) -> Callable:
 
 def wall_seconds(fn: Callable, args: Sequence, runs: int) -> list[float]:
     """Wall-clock seconds of each of `runs` calls of `fn(*args)`, each waited for, after one call."""
-    import jax
+    from moetune.kernels.timing import WallTimer
 
-    jax.block_until_ready(fn(*args))
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        samples.append(time.perf_counter() - start)
-    return samples
+    return WallTimer(warmup=1).time(fn, [tuple(args)], runs=runs)
 
 
 def span_ms(block: Callable, x, logits, copies: Sequence, runs: int, clock=wall_seconds) -> dict:
