@@ -7,8 +7,9 @@ kernel's own entry-point check and the tests all call the same functions, so the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from moetune.kernels.config import KernelConfig
@@ -28,7 +29,10 @@ class Pruned:
 @dataclasses.dataclass(frozen=True)
 class SearchSpace:
     """`seeds`: configs known to be good for this problem (a backend's preferred configs beyond the one its
-    heuristic picks), which a search tries early; the driver drops those a narrowed space excludes.
+    heuristic picks), which a search tries early; the driver drops those a narrowed space excludes. They
+    come from `seeding`, called when `seeds` is first read: a backend ranks its whole space with its cost
+    model to find them (seconds for a large space), which checking a config against the space
+    (`invalid`, for every entry of a pack a process loads) does not need.
 
     `validity`: the constraints among `constraints` that say the kernel cannot run a config at all; the
     others only prune correct but wasteful points. An imported config pack is refused for breaking a
@@ -47,7 +51,7 @@ class SearchSpace:
     config_cls: type[KernelConfig]
     domains: Mapping[str, tuple[Any, ...]]
     constraints: tuple[Constraint, ...] = ()
-    seeds: tuple[KernelConfig, ...] = ()
+    seeding: Callable[[], Iterable[KernelConfig]] = tuple
     validity: tuple[Constraint, ...] = ()
     baseline: KernelConfig | None = None
     kernels: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
@@ -59,6 +63,10 @@ class SearchSpace:
             raise ValueError(
                 f"kernels: each parameter of at most one kernel, every one a parameter (unknown: {unknown})"
             )
+
+    @functools.cached_property
+    def seeds(self) -> tuple[KernelConfig, ...]:
+        return tuple(self.seeding())
 
     @property
     def size(self) -> int:

@@ -7,8 +7,10 @@ import sys
 
 import pytest
 
-from moetune.kernels import packs, registry
+from moetune.kernels import lookup, packs, registry
 from moetune.kernels.api import explain
+from moetune.kernels.backends.xla import XlaConfig
+from moetune.kernels.space import SearchSpace
 
 SHIPPED = sorted(
     entry
@@ -68,3 +70,31 @@ def test_pack_on_another_driver_is_used_but_flagged_stale(entry, monkeypatch):
         assert explanation.source == "pack exact", str(explanation)
         assert explanation.config == backend.config_class(item.problem.op).from_dict(item.config)
         assert f"tuned on device fingerprint {pack.device.hash}, running {other.hash}" in explanation.stale
+
+
+@pytest.mark.parametrize("entry", SHIPPED, ids=lambda e: e.name)
+def test_trusting_a_packs_entries_asks_the_spaces_validity_and_never_their_seeds(entry, monkeypatch):
+    """A process's first tuned call checks every entry of the pack it loads against the backend's search
+    space for that problem (lookup.trusted_pack_entries, as `moetune import` does). Only the validity
+    constraints are needed there: a space's seeds rank the whole space with the cost model, seconds for one
+    problem on a large space, so reading them for each entry would make the first call wait."""
+
+    def seeds(space):
+        raise AssertionError(f"the seeds of a {space.config_cls.__name__} space were computed")
+
+    monkeypatch.setattr(SearchSpace, "seeds", property(seeds))
+    pack = packs.load(entry)
+    trusted, rejected = lookup.trusted_pack_entries(pack)
+    assert rejected == [] and len(trusted) == len(pack.entries)
+
+
+def test_a_spaces_seeds_are_computed_when_first_read_and_once():
+    calls = []
+
+    def seeding():
+        calls.append(1)
+        return [XlaConfig()]
+
+    space = SearchSpace(XlaConfig, {"chunk_m": (128, 256)}, seeding=seeding)
+    assert calls == [] and space.restricted({"chunk_m": 128}).domains["chunk_m"] == (128,)
+    assert space.seeds == (XlaConfig(),) and space.seeds == (XlaConfig(),) and calls == [1]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 
 import pytest
 
@@ -167,8 +166,10 @@ def test_warm_start_tries_heuristic_then_winners_of_neighbouring_m(store, sim):
 
 
 def test_search_space_seeds_come_after_the_measured_warm_starts(store, sim, monkeypatch):
-    seeded = SearchSpace(SimConfig, {"tile": sim_backend.TILES}, (sim_backend.tile_fits,))
-    seeded = dataclasses.replace(seeded, seeds=(SimConfig(7), SimConfig(sim_backend.HEURISTIC_TILE)))
+    seeds = (SimConfig(7), SimConfig(sim_backend.HEURISTIC_TILE))
+    seeded = SearchSpace(
+        SimConfig, {"tile": sim_backend.TILES}, (sim_backend.tile_fits,), seeding=lambda: seeds
+    )
     monkeypatch.setattr(sim_backend.SimBackend, "search_space", lambda self, problem, device: seeded)
     sim_backend.COSTS.update({5: 1e-4})
     sweep(store, planned=[PlannedProblem(PROBLEM.problem.with_m(16), "neighbour")], baseline=False)

@@ -405,7 +405,7 @@ def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
         MosaicGpuConfig,
         domains(problem, device),
         CONSTRAINTS,
-        seeds=tuple(preferred(problem, device)),
+        seeding=functools.partial(preferred, problem, device),
         validity=VALIDITY_CONSTRAINTS,
     )
 

@@ -282,7 +282,7 @@ def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
         DecodeBlockConfig,
         dict(DOMAINS),
         CONSTRAINTS,
-        seeds=tuple(preferred(problem, device)),
+        seeding=functools.partial(preferred, problem, device),
         validity=VALIDITY_CONSTRAINTS,
         baseline=BASELINE,
         kernels=KERNELS,

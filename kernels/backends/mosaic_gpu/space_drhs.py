@@ -266,7 +266,7 @@ def space(problem: Problem, device: DeviceFingerprint) -> SearchSpace:
         MosaicGpuConfig,
         dict(DOMAINS),
         CONSTRAINTS,
-        seeds=tuple(preferred(problem, device)),
+        seeding=functools.partial(preferred, problem, device),
         validity=VALIDITY_CONSTRAINTS,
     )
 
