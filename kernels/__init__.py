@@ -5,24 +5,54 @@
 
 Every op of moetune.kernels.ops is reachable as call_op(name, lhs, rhs, group_sizes).
 
-Importing this package loads jax and the standard library only.
+The public names load on first use (PEP 562): importing a module of this package that needs no kernel,
+as the CLI, the database layer and the service do (`moetune.kernels.errors`, say), then loads no more
+than that module needs, not the kernels' Pallas lowerings.
 """
 
-from moetune.kernels.api import (
-    Explanation,
-    call_op,
-    call_scaled_op,
-    explain,
-    grouped_matmul,
-    grouped_matmul_fp8,
-    grouped_matmul_swiglu,
-    grouped_matmul_swiglu_fp8,
-    problem_of,
-    recording,
-)
-from moetune.kernels.lookup import LOOKUP, Resolution, Winner
-from moetune.kernels.moe import moe_mlp
-from moetune.kernels.moe.reference import moe_mlp_reference
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from moetune.kernels.api import (
+        Explanation,
+        call_op,
+        call_scaled_op,
+        explain,
+        grouped_matmul,
+        grouped_matmul_fp8,
+        grouped_matmul_swiglu,
+        grouped_matmul_swiglu_fp8,
+        problem_of,
+        recording,
+    )
+    from moetune.kernels.lookup import LOOKUP, Resolution, Winner
+    from moetune.kernels.moe import moe_mlp
+    from moetune.kernels.moe.reference import moe_mlp_reference
+
+# Each public name -> the module it lives in.
+_HOMES = {
+    **dict.fromkeys(
+        (
+            "Explanation",
+            "call_op",
+            "call_scaled_op",
+            "explain",
+            "grouped_matmul",
+            "grouped_matmul_fp8",
+            "grouped_matmul_swiglu",
+            "grouped_matmul_swiglu_fp8",
+            "problem_of",
+            "recording",
+        ),
+        "api",
+    ),
+    **dict.fromkeys(("LOOKUP", "Resolution", "Winner"), "lookup"),
+    "moe_mlp": "moe",
+    "moe_mlp_reference": "moe.reference",
+}
 
 __all__ = [
     "LOOKUP",
@@ -41,3 +71,15 @@ __all__ = [
     "problem_of",
     "recording",
 ]
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value  # later reads skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -49,6 +49,31 @@ def test_import_and_a_call_without_a_database_load_no_heavy_package(tmp_path):
     assert "after a call: []" in output
 
 
+def test_the_database_layer_and_the_cli_load_no_kernel_and_every_public_name_resolves(tmp_path):
+    """moetune.kernels's public names load on first use, so a process that only reads the database (the
+    CLI, the service) loads none of the kernels' modules or Pallas's lowerings."""
+    output = run_python(
+        """
+        import importlib, sys
+        import moetune.cli, moetune.db, moetune.kernels.errors
+        print("kernels:", sorted(m for m in sys.modules if m.startswith(("moetune.kernels.api",
+              "moetune.kernels.moe", "moetune.kernels.backends", "jax._src.pallas"))))
+        import moetune.kernels as kernels
+        assert sorted(kernels.__all__) == sorted(kernels._HOMES) and set(kernels.__all__) <= set(dir(kernels))
+        for name in kernels.__all__:
+            home = importlib.import_module(f"moetune.kernels.{kernels._HOMES[name]}")
+            assert getattr(kernels, name) is getattr(home, name), name
+        try:
+            kernels.no_such_name
+        except AttributeError as e:
+            print("missing:", e)
+        """,
+        tmp_path,
+    )
+    assert "kernels: []" in output
+    assert "missing: module 'moetune.kernels' has no attribute 'no_such_name'" in output
+
+
 def test_packs_load_with_jax_and_pydantic_alone(tmp_path):
     output = run_python(
         f"""
