@@ -14,11 +14,18 @@ from moetune.kernels.errors import ConfigInvalid
 from moetune.kernels.moe import decode_block as db
 from moetune.kernels.moe.reference import moe_mlp_reference
 from tests.kernels.test_decode_block import SMALL, _inputs
+from tests.tiers import each_value_fast
 
 
-@pytest.mark.parametrize("up_programs", [0, 3], ids=["per_tile", "shares"])
-@pytest.mark.parametrize("k_major", [False, True], ids=["kn", "k_major"])
-@pytest.mark.parametrize("layout", ["tensor", "row_channel", "block_1x128_128x128"])
+@pytest.mark.parametrize(
+    *each_value_fast(
+        {
+            "layout": ["tensor", "row_channel", "block_1x128_128x128"],
+            "k_major": {"kn": False, "k_major": True},
+            "up_programs": {"per_tile": 0, "shares": 3},
+        }
+    )
+)
 def test_fp8_weights_are_widened_on_chip_and_scaled_per_block(layout, k_major, up_programs):
     x, logits, w_gate_up, w_down = _inputs(3, 4, 128, 64 if layout != "block_1x128_128x128" else 128, seed=5)
     config = db.DecodeConfig(

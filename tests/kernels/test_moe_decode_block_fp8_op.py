@@ -22,6 +22,7 @@ from moetune.kernels.ops import fp8_scales
 from moetune.kernels.ops import moe_decode_block_fp8 as op
 from moetune.kernels.problem import Problem
 from moetune.kernels.reference import reference_of, relative_error
+from tests.tiers import each_value_fast
 
 SPEC = ops.get("moe_decode_block_fp8")
 H200 = DeviceFingerprint("NVIDIA H200", "gpu", 132, 150 << 30, "9.0", "", "", "", "")
@@ -89,8 +90,9 @@ def test_the_op_takes_fp8_weights_x_in_its_dtype_and_whole_scale_blocks():
     assert op.problem_of(x, logits, w, **layout) == _problem()
 
 
-@pytest.mark.parametrize("transpose_rhs", [False, True], ids=["kn", "k_major"])
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(
+    *each_value_fast({"layout": LAYOUTS, "transpose_rhs": {"kn": False, "k_major": True}})
+)
 def test_the_block_and_its_baseline_meet_the_tolerance_in_the_interpreter(monkeypatch, layout, transpose_rhs):
     problem = _problem(layout, transpose_rhs)
     backend = registry.get("mosaic_gpu")

@@ -72,6 +72,7 @@ def test_mixtral_compiles_for_both_archs(toolchain_in_use, arch):
     assert len({r.binary_hash for r in results.values()}) == 4
 
 
+@pytest.mark.slow  # a sweep's compiles: tens of seconds
 def test_sweep_prunes_spills_and_lds_overflow_and_dedupes_binaries(toolchain_in_use):
     configs = [
         FlyDSLConfig(),
@@ -105,6 +106,7 @@ def test_fp8_operands_compile_with_the_archs_own_e4m3(toolchain_in_use, arch, dt
     assert not plan_for(problem, heuristic, arch).violations()
 
 
+@pytest.mark.slow  # a sweep's compiles: tens of seconds
 def test_compile_only_sweep_stores_binary_facts_as_trial_details(toolchain_in_use, tmp_path):
     """`moetune tune --backend flydsl --compile-only --arch gfx942`, in-process: trials are recorded
     under the arch's stand-in device with the binary's facts as details and no routing."""

@@ -24,6 +24,7 @@ from moetune.kernels.moe import decode_block
 from moetune.kernels.ops.moe_decode_block import touched_experts
 from moetune.kernels.problem import Problem
 from moetune.kernels.reference import reference_of, relative_error
+from tests.tiers import each_value_fast
 
 H200 = DeviceFingerprint("NVIDIA H200", "gpu", 132, 150 << 30, "9.0", "", "", "", "")
 CPU = DeviceFingerprint("cpu", "cpu", 2, 0, "", "", "", "", "")
@@ -137,8 +138,7 @@ def test_problems_no_tiling_runs_are_declined_with_the_kernels_reason():
     backend.check(_block(32, 512, 10, 2048, 512))
 
 
-@pytest.mark.parametrize("tokens", [1, 8, 32])
-@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize(*each_value_fast({"model": list(MODELS), "tokens": [1, 8, 32]}))
 def test_the_heuristic_picks_a_fitting_fused_config_for_each_development_model(model, tokens):
     problem = _block(tokens, *MODELS[model])
     backend = registry.get("mosaic_gpu")
