@@ -12,8 +12,9 @@ than that module needs, not the kernels' Pallas lowerings.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from moetune.kernels import lazy_exports
 
 if TYPE_CHECKING:
     from moetune.kernels.api import (
@@ -73,13 +74,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
-    globals()[name] = value  # later reads skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports.exports(__name__, _HOMES)

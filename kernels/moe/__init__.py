@@ -7,22 +7,52 @@ routing_kernel.py  decode-sized routing and sort in one Pallas Triton kernel
 decode_block.py    the whole block at decode sizes in two Pallas Triton kernels (routing included)
 """
 
-from moetune.kernels.moe.fp8 import moe_mlp_fp8, quantize_weights
-from moetune.kernels.moe.layer import (
-    Routing,
-    SortedRows,
-    decode_choice,
-    moe_mlp,
-    moe_mlp_sorted,
-    moe_mlp_using,
-    moe_problems,
-    permuted_rows,
-    route,
-    route_rows,
-    serves,
-    sort_by_expert,
-)
-from moetune.kernels.moe.reference import moe_mlp_reference
+from typing import TYPE_CHECKING
+
+from moetune.kernels import lazy_exports
+
+if TYPE_CHECKING:
+    from moetune.kernels.moe.fp8 import moe_mlp_fp8, quantize_weights
+    from moetune.kernels.moe.layer import (
+        Routing,
+        SortedRows,
+        decode_choice,
+        moe_mlp,
+        moe_mlp_sorted,
+        moe_mlp_using,
+        moe_problems,
+        permuted_rows,
+        route,
+        route_rows,
+        serves,
+        sort_by_expert,
+    )
+    from moetune.kernels.moe.reference import moe_mlp_reference
+
+# Each public name -> the module it lives in. They load on first use, so that an op's spec importing
+# reference.py's functions loads neither the layer nor its Pallas kernels.
+_HOMES = {
+    "moe_mlp_fp8": "fp8",
+    "quantize_weights": "fp8",
+    **dict.fromkeys(
+        (
+            "Routing",
+            "SortedRows",
+            "decode_choice",
+            "moe_mlp",
+            "moe_mlp_sorted",
+            "moe_mlp_using",
+            "moe_problems",
+            "permuted_rows",
+            "route",
+            "route_rows",
+            "serves",
+            "sort_by_expert",
+        ),
+        "layer",
+    ),
+    "moe_mlp_reference": "reference",
+}
 
 __all__ = [
     "Routing",
@@ -41,3 +71,5 @@ __all__ = [
     "serves",
     "sort_by_expert",
 ]
+
+__getattr__, __dir__ = lazy_exports.exports(__name__, _HOMES)

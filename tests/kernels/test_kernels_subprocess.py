@@ -50,14 +50,24 @@ def test_import_and_a_call_without_a_database_load_no_heavy_package(tmp_path):
 
 
 def test_the_database_layer_and_the_cli_load_no_kernel_and_every_public_name_resolves(tmp_path):
-    """moetune.kernels's public names load on first use, so a process that only reads the database (the
-    CLI, the service) loads none of the kernels' modules or Pallas's lowerings."""
+    """moetune.kernels's and moetune.kernels.moe's public names load on first use, so a process that only
+    reads the database and problems' keys (every CLI command's module, the service) loads none of the
+    kernels' modules or Pallas's lowerings."""
     output = run_python(
         """
-        import importlib, sys
-        import moetune.cli, moetune.db, moetune.kernels.errors
-        print("kernels:", sorted(m for m in sys.modules if m.startswith(("moetune.kernels.api",
-              "moetune.kernels.moe", "moetune.kernels.backends", "jax._src.pallas"))))
+        import importlib, pkgutil, sys
+        import moetune.cli, moetune.db, moetune.kernels.errors, moetune.kernels.problem, moetune.service
+        for command in pkgutil.iter_modules(moetune.cli.__path__):
+            if command.name != "__main__":
+                importlib.import_module(f"moetune.cli.{command.name}")
+        from moetune.kernels import ops
+        from moetune.kernels.problem import Problem
+        problem = Problem("grouped_matmul_swiglu", 8, 128, 256, 4)  # checked by its op's spec
+        assert ops.get(problem.op).flops(problem) > 0 and len(ops.names()) > 1
+        heavy = ("moetune.kernels.api", "moetune.kernels.moe.", "moetune.kernels.backends.")
+        heavy += ("jax._src.pallas.",)
+        reference = "moetune.kernels.moe.reference"  # the dense reference the ops' specs compute with
+        print("kernels:", sorted(m for m in sys.modules if m.startswith(heavy) and m != reference))
         import moetune.kernels as kernels
         assert sorted(kernels.__all__) == sorted(kernels._HOMES) and set(kernels.__all__) <= set(dir(kernels))
         for name in kernels.__all__:
