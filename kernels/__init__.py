@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from moetune.kernels import lazy_exports
 
-if TYPE_CHECKING:
-    from moetune.kernels.api import (
+if TYPE_CHECKING:  # the names as type checkers see them
+    from moetune.kernels.api import (  # noqa: F401
         Explanation,
         call_op,
         call_scaled_op,
@@ -29,9 +29,9 @@ if TYPE_CHECKING:
         problem_of,
         recording,
     )
-    from moetune.kernels.lookup import LOOKUP, Resolution, Winner
-    from moetune.kernels.moe import moe_mlp
-    from moetune.kernels.moe.reference import moe_mlp_reference
+    from moetune.kernels.lookup import LOOKUP, Resolution, Winner  # noqa: F401
+    from moetune.kernels.moe import moe_mlp  # noqa: F401
+    from moetune.kernels.moe.reference import moe_mlp_reference  # noqa: F401
 
 # Each public name -> the module it lives in.
 _HOMES = {
@@ -55,23 +55,7 @@ _HOMES = {
     "moe_mlp_reference": "moe.reference",
 }
 
-__all__ = [
-    "LOOKUP",
-    "Explanation",
-    "Resolution",
-    "Winner",
-    "call_op",
-    "call_scaled_op",
-    "explain",
-    "grouped_matmul",
-    "grouped_matmul_fp8",
-    "grouped_matmul_swiglu",
-    "grouped_matmul_swiglu_fp8",
-    "moe_mlp",
-    "moe_mlp_reference",
-    "problem_of",
-    "recording",
-]
+__all__ = sorted(_HOMES)
 
 
 __getattr__, __dir__ = lazy_exports.exports(__name__, _HOMES)

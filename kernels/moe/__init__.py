@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 from moetune.kernels import lazy_exports
 
-if TYPE_CHECKING:
-    from moetune.kernels.moe.fp8 import moe_mlp_fp8, quantize_weights
-    from moetune.kernels.moe.layer import (
+if TYPE_CHECKING:  # the names as type checkers see them
+    from moetune.kernels.moe.fp8 import moe_mlp_fp8, quantize_weights  # noqa: F401
+    from moetune.kernels.moe.layer import (  # noqa: F401
         Routing,
         SortedRows,
         decode_choice,
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
         serves,
         sort_by_expert,
     )
-    from moetune.kernels.moe.reference import moe_mlp_reference
+    from moetune.kernels.moe.reference import moe_mlp_reference  # noqa: F401
 
 # Each public name -> the module it lives in. They load on first use, so that an op's spec importing
 # reference.py's functions loads neither the layer nor its Pallas kernels.
@@ -54,22 +54,6 @@ _HOMES = {
     "moe_mlp_reference": "reference",
 }
 
-__all__ = [
-    "Routing",
-    "SortedRows",
-    "decode_choice",
-    "moe_mlp",
-    "moe_mlp_fp8",
-    "moe_mlp_reference",
-    "moe_mlp_sorted",
-    "moe_mlp_using",
-    "moe_problems",
-    "permuted_rows",
-    "quantize_weights",
-    "route",
-    "route_rows",
-    "serves",
-    "sort_by_expert",
-]
+__all__ = sorted(_HOMES)
 
 __getattr__, __dir__ = lazy_exports.exports(__name__, _HOMES)
