@@ -19,13 +19,13 @@ def each_value_fast(axes: Mapping[str, Sequence[Any] | Mapping[str, Any]]) -> tu
     names = list(axes)
     columns = [_ided(axes[name]) for name in names]
     rows = list(itertools.product(*columns))
-    untaken = {(axis, id_) for axis, column in enumerate(columns) for id_, _ in column}
+    takes = [{(axis, id_) for axis, (id_, _) in enumerate(row)} for row in rows]  # each row's values
+    untaken = set().union(*takes)
     fast = set()
     while untaken:
-        gains = [len(untaken & {(axis, id_) for axis, (id_, _) in enumerate(row)}) for row in rows]
-        best = max(range(len(rows)), key=lambda i: (gains[i], -i))
+        best = max(range(len(rows)), key=lambda i: (len(untaken & takes[i]), -i))
         fast.add(best)
-        untaken -= {(axis, id_) for axis, (id_, _) in enumerate(rows[best])}
+        untaken -= takes[best]
     params = [
         pytest.param(
             *(value for _, value in row),
