@@ -9,6 +9,7 @@ problem (e.g. block_m a multiple of 64). Rules that need the problem or the devi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Any, Self
 
@@ -18,10 +19,10 @@ from moetune.kernels.errors import ConfigInvalid
 @dataclasses.dataclass(frozen=True, slots=True)
 class KernelConfig:
     def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
+        for name in _field_names(type(self)):
+            value = getattr(self, name)
             if not isinstance(value, (int, str, bool, float)) or value is None:
-                raise ConfigInvalid(f"{field.name}={value!r}: config fields must be int, float, bool or str")
+                raise ConfigInvalid(f"{name}={value!r}: config fields must be int, float, bool or str")
         self.validate()
 
     def validate(self) -> None:
@@ -48,3 +49,10 @@ class KernelConfig:
     def __str__(self) -> str:
         # key=value pairs: also used as the kernel name, so a profiler trace shows which config ran.
         return ",".join(f"{k}={v}" for k, v in self.to_dict().items())
+
+
+# Once per class: a heuristic's ranking builds tens of thousands of configs, and dataclasses.fields
+# filters a class's fields anew at every call.
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))

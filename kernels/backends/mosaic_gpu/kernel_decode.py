@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from typing import Any
 
 from moetune.kernels.config import KernelConfig
 from moetune.kernels.moe import decode_block
 
 TILING = dataclasses.fields(decode_block.DecodeConfig)
+_tiling_values = operator.attrgetter(*(f.name for f in TILING))
 
 
 # Memoized: the space's constraints and the cost model ask each candidate for its tiling in turn, and
@@ -26,7 +28,7 @@ TILING = dataclasses.fields(decode_block.DecodeConfig)
 @functools.lru_cache(maxsize=1024)
 def _decode_config(self: Any) -> decode_block.DecodeConfig:
     """The block's tiling (DecodeConfig, which checks its own rules)."""
-    return decode_block.DecodeConfig(**{f.name: getattr(self, f.name) for f in TILING})
+    return decode_block.DecodeConfig(*_tiling_values(self))
 
 
 def _validate(self: Any) -> None:

@@ -266,6 +266,10 @@ PRUNING_CONSTRAINTS: tuple[Constraint, ...] = (
     smem_fits,
 )
 CONSTRAINTS: tuple[Constraint, ...] = VALIDITY_CONSTRAINTS + PRUNING_CONSTRAINTS
+# The ranking asks only whether a point passes them all: the cheap pruning checks that drop the most
+# points first (tiles, pipeline depth), so a dropped point costs one or two calls, not eleven.
+_PRUNE_MOST = (tiles_within_dims, pipeline_depth_useful)
+_CHEAP_FIRST = _PRUNE_MOST + tuple(c for c in CONSTRAINTS if c not in _PRUNE_MOST)
 RESOURCE_CONSTRAINTS: frozenset[Constraint] = frozenset()
 
 
@@ -300,14 +304,15 @@ def _ranked(
     other kernel's fields are `base`'s: by default their smallest values, which every shape the space
     serves takes."""
     names = list(domains)
+    fixed = base.to_dict()  # once: dataclasses.replace would list base's fields at every point
     rows = []
     for values in itertools.product(*(domains[name] for name in names)):
         params = dict(zip(names, values, strict=True))
         try:
-            config = dataclasses.replace(base, **params)
+            config = DecodeBlockConfig(**(fixed | params))
         except ConfigInvalid:  # a rule of the tiling's own
             continue
-        if any(c(problem, config, device) for c in CONSTRAINTS):
+        if any(c(problem, config, device) for c in _CHEAP_FIRST):
             continue
         rows.append((params, kernel(problem, config.decode_config(), device)))
     if not rows:
