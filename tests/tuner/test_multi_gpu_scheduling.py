@@ -27,14 +27,25 @@ WORKERS = 4  # two per GPU: each holds half of one, so compiling overlaps timing
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[int, dict]:
-    """GPU count -> what the sweep on a cluster with that many GPUs did."""
+    """GPU count -> what the sweep on a cluster with that many GPUs did. The two clusters run at once,
+    each in a process of its own: most of a run is Ray and its workers starting, which waits more than it
+    computes."""
     folder = tmp_path_factory.mktemp("fake_gpus")
-    out = folder / "result.json"
-    command = [sys.executable, "-m", "tests.tuner.fake_gpu_sweep", "--gpus", "1", "2"]
-    command += ["--workers", str(WORKERS), "--db-dir", str(folder), "--out", str(out)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {int(gpus): result for gpus, result in json.loads(out.read_text()).items()}
+    started = {}
+    for gpus in (1, 2):
+        command = [sys.executable, "-m", "tests.tuner.fake_gpu_sweep", "--gpus", str(gpus)]
+        command += ["--workers", str(WORKERS), "--db-dir", str(folder), "--out", str(folder / f"{gpus}.json")]
+        log = (folder / f"{gpus}.log").open("w")
+        started[gpus] = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+    results = {}
+    for gpus, process in started.items():
+        try:
+            code = process.wait(timeout=300)
+        finally:
+            process.kill()
+        assert code == 0, (folder / f"{gpus}.log").read_text()[-3000:]
+        results[gpus] = json.loads((folder / f"{gpus}.json").read_text())[str(gpus)]
+    return results
 
 
 def lane_of(run: dict) -> dict[str, str]:
@@ -97,7 +108,6 @@ def test_the_two_lanes_time_in_parallel_but_each_lane_one_candidate_at_a_time(ru
 
 def test_a_sweep_on_one_or_two_gpus_records_every_trial_once(runs):
     expected = {(p, v) for p in range(len(fake_gpu_sweep.PROBLEMS)) for v in slow_device_backend.VARIANTS}
-    throughput = {}
     for gpus, run in runs.items():
         sweep = run["sweep"]
         assert sweep["status"] == "done" and sweep["winners"] == len(fake_gpu_sweep.PROBLEMS)
@@ -105,9 +115,6 @@ def test_a_sweep_on_one_or_two_gpus_records_every_trial_once(runs):
         recorded = [(problems.index(t["problem"]), t["config"]["variant"]) for t in sweep["trials"]]
         assert sorted(recorded) == sorted(expected), f"{gpus} GPU(s): trials missing or repeated"
         assert {t["status"] for t in sweep["trials"]} == {"ok"}
-        throughput[gpus] = len(sweep["candidates"]) / sweep["wall_s"]
-    # Printed, not asserted: wall-clock throughput on a shared 2-core machine is a measurement
-    # (lab/device/multi_gpu.sh measures it on GPUs); that the two lanes work at the same time is
-    # asserted from their busy intervals above.
-    ratio = throughput[2] / throughput[1]
-    print(f"candidates per second: 1 GPU {throughput[1]:.2f}, 2 GPUs {throughput[2]:.2f}, ratio {ratio:.2f}")
+    # Throughput is not compared: the two clusters share two cores at once here (lab/device/multi_gpu.sh
+    # measures it on GPUs); that the two lanes work at the same time is asserted from their busy
+    # intervals above.
