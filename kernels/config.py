@@ -36,7 +36,7 @@ class KernelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = set(_field_names(cls))
         unknown = sorted(set(data) - names)
         if unknown:
             raise ConfigInvalid(f"unknown {cls.__qualname__} fields: {', '.join(unknown)}")

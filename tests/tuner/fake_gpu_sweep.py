@@ -12,8 +12,8 @@ CUDA_VISIBLE_DEVICES, as on a GPU host.
 For each GPU count, on one cluster and one set of workers: a warm-up sweep (every worker makes each
 problem's inputs and compiles its verification once: CPU work that more lanes do not speed up on a
 2-core machine), then the measured sweep of every config. Writes one JSON object to --out, per GPU
-count: the workers and their lanes, how much of the device resource they hold, the measured sweep (wall
-time, each candidate's device interval, the trials recorded) and every timing call the workers logged.
+count: the workers and their lanes, how much of the device resource they hold, the measured sweep (each
+candidate's device interval, the trials recorded) and every timing call the workers logged.
 """
 
 from __future__ import annotations
@@ -91,13 +91,10 @@ def sweep(executor: ray_pool.RayExecutor, db_url: str, budget: int | None, backe
             backend=spec.backend, strategy=spec.strategy, spec={}, host="h", user="u"
         )
         driver = SweepDriver(store, recording, spec, backend=spec.backend)
-        t0 = time.monotonic()
         outcome = driver.run([parse_problem(p) for p in PROBLEMS], sweep_id=sweep_id)
-        wall_s = time.monotonic() - t0
         trials = store.trials(sweep_id=sweep_id)
     return {
         "status": outcome.status,
-        "wall_s": wall_s,
         "candidates": [
             {
                 "worker": r.worker,

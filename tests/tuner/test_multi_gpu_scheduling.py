@@ -9,6 +9,7 @@ cluster at a time, and the session's CPU-only cluster stays up for the other tes
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import json
 import subprocess
@@ -31,21 +32,23 @@ def runs(tmp_path_factory) -> dict[int, dict]:
     each in a process of its own: most of a run is Ray and its workers starting, which waits more than it
     computes."""
     folder = tmp_path_factory.mktemp("fake_gpus")
-    started = {}
-    for gpus in (1, 2):
-        command = [sys.executable, "-m", "tests.tuner.fake_gpu_sweep", "--gpus", str(gpus)]
-        command += ["--workers", str(WORKERS), "--db-dir", str(folder), "--out", str(folder / f"{gpus}.json")]
-        log = (folder / f"{gpus}.log").open("w")
-        started[gpus] = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
-    results = {}
-    for gpus, process in started.items():
-        try:
-            code = process.wait(timeout=300)
-        finally:
-            process.kill()
+    codes = {}
+    with contextlib.ExitStack() as stack:
+        started = {}
+        for gpus in (1, 2):
+            out = folder / f"{gpus}.json"
+            command = [sys.executable, "-m", "tests.tuner.fake_gpu_sweep", "--gpus", str(gpus)]
+            command += ["--workers", str(WORKERS), "--db-dir", str(folder), "--out", str(out)]
+            log = stack.enter_context((folder / f"{gpus}.log").open("w"))
+            started[gpus] = stack.enter_context(
+                subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            )
+            stack.callback(started[gpus].kill)  # on the way out, also when the other one fails or hangs
+        for gpus, process in started.items():
+            codes[gpus] = process.wait(timeout=300)
+    for gpus, code in codes.items():
         assert code == 0, (folder / f"{gpus}.log").read_text()[-3000:]
-        results[gpus] = json.loads((folder / f"{gpus}.json").read_text())[str(gpus)]
-    return results
+    return {gpus: json.loads((folder / f"{gpus}.json").read_text())[str(gpus)] for gpus in codes}
 
 
 def lane_of(run: dict) -> dict[str, str]:
