@@ -28,6 +28,34 @@ _FAST_COMPILE = "--xla_backend_optimization_level=0"
 if not os.path.exists("/dev/nvidia0") and _FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
 
+
+def _build_cli_commands_once() -> None:
+    """typer.testing's CliRunner turns the Typer app into a click command on every invoke: about 0.2 s for
+    moetune's commands on a 2-core machine, paid by every CLI invocation of every test. The command depends
+    only on what the app has registered, so it is built again only when that changed."""
+    import typer.main
+    import typer.testing
+
+    build = typer.main.get_command
+    built: dict[int, tuple] = {}
+
+    def registered(app) -> tuple:
+        groups = tuple(registered(group.typer_instance) for group in app.registered_groups)
+        return len(app.registered_commands), app.registered_callback is not None, groups
+
+    def get_command(app):
+        state = registered(app)
+        hit = built.get(id(app))
+        if hit is None or hit[0] is not app or hit[1] != state:
+            hit = built[id(app)] = (app, state, build(app))
+        return hit[2]
+
+    assert typer.testing._get_command is build, "typer.testing no longer builds through get_command"
+    typer.testing._get_command = get_command
+
+
+_build_cli_commands_once()
+
 POSTGRES_ENV = "MOETUNE_TEST_POSTGRES_URL"
 # Shared by every PostgreSQL test of this machine's test processes; the test that restarts the server
 # converts its hold to exclusive. The open file of this process's current test: flock locks belong to it.
