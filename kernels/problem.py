@@ -10,7 +10,6 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import jax.numpy as jnp
 import numpy as np
 
 from moetune.kernels import ops
@@ -253,6 +252,8 @@ def problem_of(
     ValueError naming the first shape that does not fit (ConfigInvalid, a ValueError, for the op's rules).
     The output dtype is `preferred_element_type`, else the operands' promoted dtype (bfloat16 for FP8
     operands, which no output takes)."""
+    import jax.numpy as jnp
+
     m, k, n, g = ops.get(op).dims_of(lhs, rhs, group_sizes, transpose_rhs)
     if preferred_element_type is not None:
         out_dtype = preferred_element_type

@@ -15,16 +15,16 @@ blocks, a repeat): the reference, the xla kernels and the tuner's draws all call
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from moetune.kernels.deferred_jit import deferred_jit
 from moetune.kernels.errors import ConfigInvalid
 
 if TYPE_CHECKING:
+    import jax
+
     from moetune.kernels.problem import Problem
 
 BLOCK = 128  # the K (and N) width of one block-scale block
@@ -96,6 +96,9 @@ def check_scale(problem: Problem, side: str, scale: Any, name: str) -> None:
 def expand(scale: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """`scale` stretched over the operand shape `shape`: broadcast where it has one entry, repeated over
     each block elsewhere (a last partial block is cut)."""
+    import jax
+    import jax.numpy as jnp
+
     for axis, (size, dim) in enumerate(zip(scale.shape, shape, strict=True)):
         if size not in (1, dim):
             repeated = jnp.repeat(scale, -(-dim // size), axis=axis)
@@ -105,6 +108,8 @@ def expand(scale: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 
 def dequantize(values: jax.Array, scale: jax.Array) -> jax.Array:
     """values * scale in float32 (the FP8 values are exact in float32)."""
+    import jax.numpy as jnp
+
     return values.astype(jnp.float32) * expand(scale.astype(jnp.float32), values.shape)
 
 
@@ -112,6 +117,8 @@ def quantize(x: jax.Array, block: tuple[int, ...], dtype: Any) -> tuple[jax.Arra
     """(values in `dtype`, float32 scales) with one scale per `block` of x: each block's largest magnitude
     maps to the dtype's largest finite value (an all-zero block gets scale 1). Values are clipped before
     the cast: float8_e4m3fn has no infinity and would turn an overflow into NaN."""
+    import jax.numpy as jnp
+
     x = x.astype(jnp.float32)
     interleaved = []
     for dim, b in zip(x.shape, block, strict=True):
@@ -125,7 +132,7 @@ def quantize(x: jax.Array, block: tuple[int, ...], dtype: Any) -> tuple[jax.Arra
     return values, scale
 
 
-@functools.partial(jax.jit, static_argnames=("shape", "block", "dtype", "stddev", "spread_axis"))
+@deferred_jit(static_argnames=("shape", "block", "dtype", "stddev", "spread_axis"))
 def draw_quantized(
     key: jax.Array,
     shape: tuple[int, ...],
@@ -138,6 +145,9 @@ def draw_quantized(
     ops on. Each slice along `spread_axis` (lhs rows, rhs output columns) is scaled by a log-normal factor
     (spread e^+-1), as activations have louder tokens and weights louder channels: the scales then differ
     across rows and blocks, as real ones do, instead of all being nearly equal."""
+    import jax
+    import jax.numpy as jnp
+
     values_key, spread_key = jax.random.split(key)
     spread_shape = [1] * len(shape)
     spread_shape[spread_axis] = shape[spread_axis]

@@ -9,23 +9,41 @@ sum(group_sizes) contribute nothing. In its Problem, n is dout's columns and rhs
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
-from jax import lax
+import ml_dtypes
+import numpy as np
 
-from moetune.kernels import reference as grouped_reference
 from moetune.kernels.ops.grouped_matmul import GROUP_SIZES, LHS, flops
 from moetune.kernels.ops.spec import Operand, OpSpec
 
-# Contract lhs [M, K] with dout [M, N] over their rows, the ragged dimension -> [G, K, N].
-RAGGED_CONTRACTION = lax.RaggedDotDimensionNumbers(
-    dot_dimension_numbers=(((0,), (0,)), ((), ())),
-    lhs_ragged_dimensions=(0,),
-    rhs_group_dimensions=(),
-)
-_HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+if TYPE_CHECKING:
+    import jax
+    from jax import lax
+
+_HALF_DTYPES = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
+
+
+@functools.cache
+def ragged_contraction() -> lax.RaggedDotDimensionNumbers:
+    """Contract lhs [M, K] with dout [M, N] over their rows, the ragged dimension -> [G, K, N]."""
+    from jax import lax
+
+    return lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(((0,), (0,)), ((), ())),
+        lhs_ragged_dimensions=(0,),
+        rhs_group_dimensions=(),
+    )
+
+
+def __getattr__(name: str) -> Any:
+    # RAGGED_CONTRACTION, as the xla backend's kernel imports it: built when first read (it is jax's), so
+    # the spec imports without jax.
+    if name == "RAGGED_CONTRACTION":
+        return ragged_contraction()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # An output gradient of unit size, like the forward's output the rhs draw is scaled for.
 DOUT = Operand("dout", lambda p: (p.m, p.n), lambda p: p.rhs_dtype, stddev=lambda p: 1.0)
@@ -40,7 +58,7 @@ def dims_of(lhs: Any, dout: Any, group_sizes: Any, transpose_rhs: bool) -> tuple
         raise ValueError(f"dout must be [M, N] with lhs's M={lhs.shape[0]}; got shape {tuple(dout.shape)}")
     if group_sizes is None or len(group_sizes.shape) != 1:
         raise ValueError("the weight gradient needs group_sizes [G] (they give the expert count G)")
-    if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+    if not np.issubdtype(group_sizes.dtype, np.integer):
         raise ValueError(f"group_sizes must be integers (int32); got dtype {group_sizes.dtype}")
     return int(lhs.shape[0]), int(lhs.shape[1]), int(dout.shape[1]), int(group_sizes.shape[0])
 
@@ -49,6 +67,11 @@ def reference(lhs: jax.Array, dout: jax.Array, group_sizes: jax.Array, *, transp
     """jax.lax.ragged_dot_general over the ragged rows in float32; 16-bit operands of one dtype go in as
     they are (their products are exact in float32), as in kernels.reference.reference_grouped_matmul.
     Past kernels.reference's bound on ragged_dot's [G, M, K] expansion it walks row chunks instead."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    from moetune.kernels import reference as grouped_reference
+
     same_half = jnp.dtype(lhs.dtype) == jnp.dtype(dout.dtype) and jnp.dtype(lhs.dtype) in _HALF_DTYPES
     if not same_half:
         lhs, dout = jnp.asarray(lhs, jnp.float32), jnp.asarray(dout, jnp.float32)
@@ -58,7 +81,7 @@ def reference(lhs: jax.Array, dout: jax.Array, group_sizes: jax.Array, *, transp
         out = grouped_reference.chunked_weight_gradient(lhs, dout, sizes, precision=precision)
     else:
         out = lax.ragged_dot_general(
-            lhs, dout, sizes, RAGGED_CONTRACTION, precision=precision, preferred_element_type=jnp.float32
+            lhs, dout, sizes, ragged_contraction(), precision=precision, preferred_element_type=jnp.float32
         )
     return out.transpose(0, 2, 1) if transpose_rhs else out
 

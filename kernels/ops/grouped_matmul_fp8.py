@@ -26,17 +26,16 @@ their own rounding (2^-11; 2^-24 plus accumulation order), as the 16-bit ops all
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
-import jax
+from typing import TYPE_CHECKING, Any
 
 from moetune.kernels.errors import ConfigInvalid
-from moetune.kernels.moe.reference import gated_activation
 from moetune.kernels.ops import fp8_scales
 from moetune.kernels.ops.grouped_matmul import GROUP_SIZES, LHS, RHS, _even_n, dims_of, flops
 from moetune.kernels.ops.spec import Operand, OpSpec
 from moetune.kernels.problem import DTYPES, FP8_DTYPES, Problem
-from moetune.kernels.reference import reference_grouped_matmul
+
+if TYPE_CHECKING:
+    import jax
 
 TOLERANCE = {"bfloat16": 8e-3, "float16": 1e-3, "float32": 1e-5}
 LHS_SCALE = Operand(
@@ -85,6 +84,8 @@ def reference(
     transpose_rhs: bool,
 ) -> jax.Array:
     """The float32 grouped GEMM of the dequantized operands (float32 products at HIGHEST precision)."""
+    from moetune.kernels.reference import reference_grouped_matmul  # jax: imported where a reference runs
+
     return reference_grouped_matmul(
         fp8_scales.dequantize(lhs, lhs_scale),
         fp8_scales.dequantize(rhs, rhs_scale),
@@ -98,6 +99,8 @@ def quantized(name: str, summary: str, activation: str = "") -> QuantizedOpSpec:
     its float32 product when given, as the 16-bit gated ops (grouped_matmul.gated)."""
 
     def op_reference(*operands: jax.Array, transpose_rhs: bool) -> jax.Array:
+        from moetune.kernels.moe.reference import gated_activation
+
         product = reference(*operands, transpose_rhs=transpose_rhs)
         return gated_activation(activation, product) if activation else product
 

@@ -35,16 +35,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
+import ml_dtypes  # noqa: F401 - numpy then knows bfloat16 and the float8 dtypes by name
 import numpy as np
 
 from moetune.kernels.errors import ConfigInvalid
-from moetune.kernels.moe.reference import moe_mlp_reference
 from moetune.kernels.ops.spec import Operand, OpSpec
 from moetune.kernels.problem import DTYPES, Problem
+
+if TYPE_CHECKING:
+    import jax
 
 NAME = "moe_decode_block"
 # A router's logits: the chosen experts of each token lie in [CHOSEN_LOW, CHOSEN_HIGH), every other in
@@ -75,6 +76,8 @@ def router_logits(problem: Problem, group_sizes: Sequence[int], seed: int) -> ja
     token_of_row = draw.permutation(tokens)[np.arange(tokens * top_k) % tokens]
     logits = draw.uniform(OTHER_LOW, OTHER_HIGH, (tokens, experts))
     logits[token_of_row, expert_of_row] = draw.uniform(CHOSEN_LOW, CHOSEN_HIGH, tokens * top_k)
+    import jax.numpy as jnp
+
     return jnp.asarray(logits.astype(LOGITS_DTYPE))
 
 
@@ -143,6 +146,10 @@ def reference(
     """The float32 block: moe_mlp_reference on float32 copies (every product exact, nothing rounded
     between the GEMMs), the weights renormalized over each token's top_k; K-major weights are transposed
     back to [E, H, 2F] and [E, F, H] first."""
+    import jax.numpy as jnp
+
+    from moetune.kernels.moe.reference import moe_mlp_reference
+
     if transpose_rhs:
         w_gate_up, w_down = (jnp.swapaxes(w, 1, 2) for w in (w_gate_up, w_down))
     f32 = [jnp.asarray(a, jnp.float32) for a in (x, router_logits, w_gate_up, w_down)]
@@ -162,12 +169,12 @@ def touched_experts(problem: Problem) -> float:
 
 def touched_bytes(problem: Problem) -> int:
     """x, the logits and the output, plus the weights of the touched experts (`touched_experts`)."""
-    item = jnp.dtype(problem.rhs_dtype).itemsize
+    item = np.dtype(problem.rhs_dtype).itemsize
     per_expert = (problem.k * problem.n + problem.n // 2 * problem.k) * item
     rows = problem.m * (
-        problem.k * (jnp.dtype(problem.lhs_dtype).itemsize + jnp.dtype(problem.out_dtype).itemsize)
+        problem.k * (np.dtype(problem.lhs_dtype).itemsize + np.dtype(problem.out_dtype).itemsize)
     )
-    logits = problem.m * problem.g * jnp.dtype(LOGITS_DTYPE).itemsize
+    logits = problem.m * problem.g * np.dtype(LOGITS_DTYPE).itemsize
     return int(round(touched_experts(problem) * per_expert)) + rows + logits
 
 

@@ -31,15 +31,17 @@ block is off by the size of the output itself.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
 
 from moetune.kernels.ops import fp8_scales
 from moetune.kernels.ops import moe_decode_block as block
 from moetune.kernels.ops.spec import Operand, OpSpec
 from moetune.kernels.problem import DTYPES, Problem
+
+if TYPE_CHECKING:
+    import jax
 
 NAME = "moe_decode_block_fp8"
 WEIGHT_DTYPE = "float8_e4m3fn"

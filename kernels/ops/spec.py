@@ -31,17 +31,19 @@ a row-per-row output, K indices of every expert's slice for an `out_grouped` one
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
+import ml_dtypes  # noqa: F401 - numpy then knows bfloat16 and the float8 dtypes by name
+import numpy as np
 
+from moetune.kernels.deferred_jit import deferred_jit
 from moetune.kernels.errors import ConfigInvalid
 
 if TYPE_CHECKING:
+    import jax
+
     from moetune.kernels.problem import Problem
 
 # Relative error ||out - ref|| / ||ref|| a result may have, by output dtype: a few units of the dtype's
@@ -205,8 +207,10 @@ class OpSpec:
 
     def shape_dtypes(self, problem: Problem) -> tuple[jax.ShapeDtypeStruct, ...]:
         """The argument shapes a kernel of `problem` is compiled for, in call order."""
+        import jax
+
         return tuple(
-            jax.ShapeDtypeStruct(o.shape(problem), jnp.dtype(o.dtype(problem))) for o in self.operands
+            jax.ShapeDtypeStruct(o.shape(problem), np.dtype(o.dtype(problem))) for o in self.operands
         )
 
     def bytes_touched(self, problem: Problem) -> int:
@@ -216,7 +220,7 @@ class OpSpec:
             return self.touched_bytes(problem)
 
         def nbytes(shape: tuple[int, ...], dtype: str) -> int:
-            return math.prod(shape) * jnp.dtype(dtype).itemsize
+            return math.prod(shape) * np.dtype(dtype).itemsize
 
         total = sum(nbytes(o.shape(problem), o.dtype(problem)) for o in self.operands)
         return total + nbytes(self.out_shape(problem), problem.out_dtype)
@@ -230,6 +234,8 @@ class OpSpec:
         return _normal(key, operand.shape(problem), operand.dtype(problem), float(operand.stddev(problem)))
 
 
-@functools.partial(jax.jit, static_argnames=("shape", "dtype", "stddev"))
+@deferred_jit(static_argnames=("shape", "dtype", "stddev"))
 def _normal(key: jax.Array, shape: tuple[int, ...], dtype: str, stddev: float) -> jax.Array:
-    return (jax.random.normal(key, shape, jnp.float32) * stddev).astype(dtype)
+    import jax
+
+    return (jax.random.normal(key, shape, np.float32) * stddev).astype(dtype)

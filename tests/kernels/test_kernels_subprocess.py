@@ -52,7 +52,8 @@ def test_import_and_a_call_without_a_database_load_no_heavy_package(tmp_path):
 def test_the_database_layer_and_the_cli_load_no_kernel_and_every_public_name_resolves(tmp_path):
     """moetune.kernels's and moetune.kernels.moe's public names load on first use, so a process that only
     reads the database and problems' keys (every CLI command's module, the service) loads none of the
-    kernels' modules or Pallas's lowerings."""
+    kernels' modules or Pallas's lowerings, and reading the ops' specs (operands, shapes, FLOPs, bytes)
+    loads no jax: jax comes with the first reference or kernel a process computes."""
     output = run_python(
         """
         import importlib, pkgutil, sys
@@ -64,6 +65,9 @@ def test_the_database_layer_and_the_cli_load_no_kernel_and_every_public_name_res
         from moetune.kernels.problem import Problem
         problem = Problem("grouped_matmul_swiglu", 8, 128, 256, 4)  # checked by its op's spec
         assert ops.get(problem.op).flops(problem) > 0 and len(ops.names()) > 1
+        block = Problem("moe_decode_block", 4, 128, 256, 8, top_k=2)
+        assert all(ops.get(p.op).bytes_touched(p) > 0 for p in (problem, block))
+        print("jax:", sorted({m.split(".")[0] for m in sys.modules} & {"jax", "jaxlib"}))
         heavy = ("moetune.kernels.api", "moetune.kernels.moe.", "moetune.kernels.backends.")
         heavy += ("jax._src.pallas.",)
         reference = "moetune.kernels.moe.reference"  # the dense reference the ops' specs compute with
@@ -80,18 +84,18 @@ def test_the_database_layer_and_the_cli_load_no_kernel_and_every_public_name_res
         """,
         tmp_path,
     )
-    assert "kernels: []" in output
+    assert "kernels: []" in output and "jax: []" in output
     assert "missing: module 'moetune.kernels' has no attribute 'no_such_name'" in output
 
 
-def test_packs_load_with_jax_and_pydantic_alone(tmp_path):
+def test_packs_load_without_jax_or_the_tuners_packages(tmp_path):
     output = run_python(
         f"""
         import importlib.resources, sys
         from moetune.kernels import pack_schema, packs
         shipped = importlib.resources.files("moetune.configs") / "tuned" / "nvidia_h200__mosaic_gpu.json"
         assert packs.load(shipped).entries and pack_schema.json_schema()
-        print("loaded:", sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r})))
+        print("loaded:", sorted({{m.split(".")[0] for m in sys.modules}} & {{"jax", *{HEAVY!r}}}))
         """,
         tmp_path,
     )
