@@ -287,12 +287,14 @@ def test_moe_mlp_chooses_the_block_by_mode_and_bound_and_says_why():
     out = layer.moe_mlp(x, logits, w_gate_up, w_down, top_k=2, decode_mode="interpret")
     want = moe_mlp_reference(x, logits, w_gate_up, w_down, top_k=2)
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-4, atol=1e-5)
-    # Its backward is the unfused path's.
-    grad = jax.grad(
-        lambda x: layer.moe_mlp(x, logits, w_gate_up, w_down, top_k=2, decode_mode="interpret").sum()
+    # Its backward is the unfused path's (under jit: one program to compile, not one per operation).
+    grad = jax.jit(
+        jax.grad(
+            lambda x: layer.moe_mlp(x, logits, w_gate_up, w_down, top_k=2, decode_mode="interpret").sum()
+        )
     )
-    unfused = jax.grad(
-        lambda x: layer.moe_mlp(x, logits, w_gate_up, w_down, top_k=2, decode_mode="xla").sum()
+    unfused = jax.jit(
+        jax.grad(lambda x: layer.moe_mlp(x, logits, w_gate_up, w_down, top_k=2, decode_mode="xla").sum())
     )
     np.testing.assert_allclose(np.asarray(grad(x)), np.asarray(unfused(x)), rtol=1e-5, atol=1e-6)
 

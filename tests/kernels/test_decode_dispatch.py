@@ -80,16 +80,20 @@ def test_k_major_weights_are_decided_by_the_blocks_t1_winners():
     want = moe_mlp_reference(x, logits, w_gate_up, w_down, top_k=TOP_K)
     cpu = current_fingerprint()
     winner = Winner("mosaic_gpu", _problem(transpose_rhs=True), FUSED.to_dict(), fingerprint_hash=cpu.hash)
+    # Under jit, as a model calls it: one program to compile rather than one per operation.
+    block = jax.jit(
+        lambda w_gu, w_d: layer.moe_mlp(
+            x, logits, w_gu, w_d, top_k=TOP_K, transpose_weights=True, decode_mode="interpret"
+        )
+    )
     with LOOKUP.overlay(winners=[winner], db=None, packs_dir=None), recording() as calls:
-        out = layer.moe_mlp(x, logits, *k_major, top_k=TOP_K, transpose_weights=True, decode_mode="interpret")
+        out = block(*k_major)
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-4, atol=1e-5)
     assert [(c.problem, c.config) for c in calls] == [(_problem(transpose_rhs=True), FUSED)]
-    grad = jax.grad(
-        lambda w: layer.moe_mlp(
-            x, logits, w, k_major[1], top_k=TOP_K, transpose_weights=True, decode_mode="interpret"
-        ).sum()
-    )(k_major[0])
-    want_grad = jax.grad(lambda w: moe_mlp_reference(x, logits, w, w_down, top_k=TOP_K).sum())(w_gate_up)
+    grad = jax.jit(jax.grad(lambda w: block(w, k_major[1]).sum()))(k_major[0])
+    want_grad = jax.jit(jax.grad(lambda w: moe_mlp_reference(x, logits, w, w_down, top_k=TOP_K).sum()))(
+        w_gate_up
+    )
     np.testing.assert_allclose(
         np.asarray(grad), np.swapaxes(np.asarray(want_grad), 1, 2), rtol=1e-4, atol=1e-5
     )
