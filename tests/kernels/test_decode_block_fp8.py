@@ -5,6 +5,7 @@ divide, the scales' checks, and moe_mlp's choice of the FP8 block."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +41,14 @@ def _fp8_block_error(x, logits, w_gate_up, w_down, layout, k_major, config) -> f
     """The FP8 block's relative error (bf16 x, the weights quantized in `layout`) against the reference on
     the weights the FP8 values and scales stand for: the hidden rows and out are rounded to bf16 once
     each, within 1e-2."""
+    out, want = _fp8_block_and_reference(x, logits, w_gate_up, w_down, layout, k_major, config)
+    return float(
+        np.linalg.norm(np.asarray(out, np.float32) - np.asarray(want)) / np.linalg.norm(np.asarray(want))
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5, 6))  # one program to compile, not one per operation
+def _fp8_block_and_reference(x, logits, w_gate_up, w_down, layout, k_major, config):
     from moetune.kernels.moe.fp8 import quantize_weights
     from moetune.kernels.ops.fp8_scales import expand
 
@@ -54,9 +63,7 @@ def _fp8_block_error(x, logits, w_gate_up, w_down, layout, k_major, config) -> f
         w = values.astype(jnp.float32) * expand(scale, values.shape)
         dequantized.append(jnp.swapaxes(w, 1, 2) if k_major else w)
     want = moe_mlp_reference(x.astype(jnp.bfloat16).astype(jnp.float32), logits, *dequantized, top_k=2)
-    return float(
-        np.linalg.norm(np.asarray(out, np.float32) - np.asarray(want)) / np.linalg.norm(np.asarray(want))
-    )
+    return out, want
 
 
 @pytest.mark.parametrize(
@@ -102,16 +109,17 @@ def test_fp8_weights_read_as_f16_with_x_scaled_per_row_give_the_same_block(layou
     quantized = [quantize_weights(w, layout, transpose=True) for w in (w_gate_up, w_down)]
     base = db.DecodeConfig(block_f=16, block_k=32, block_h=32, block_fd=32, down_split=2, up_programs=3)
     scales = dict(w_gate_up_scale=quantized[0][1], w_down_scale=quantized[1][1])
+    block = jax.jit(  # one program to compile, not one per operation
+        lambda config: db.decode_block(
+            x, logits, quantized[0][0], quantized[1][0], top_k=2, transpose_weights=True, interpret=True,
+            config=config, **scales,
+        ),
+        static_argnums=0,
+    )  # fmt: skip
     outs = [
-        np.asarray(
-            db.decode_block(
-                x, logits, quantized[0][0], quantized[1][0], top_k=2, transpose_weights=True, interpret=True,
-                config=dataclasses.replace(base, widen_up=mode, widen_down=mode), **scales,
-            ),
-            np.float32,
-        )
+        np.asarray(block(dataclasses.replace(base, widen_up=mode, widen_down=mode)), np.float32)
         for mode in ("convert", "f16")
-    ]  # fmt: skip
+    ]
     for row in range(3):
         error = np.linalg.norm(outs[1][row] - outs[0][row]) / np.linalg.norm(outs[0][row])
         assert error < 1e-3, (row, error)
