@@ -22,7 +22,7 @@ from moetune.kernels.problem import Problem, dtype_name
 # costs seconds per new shape and buys nothing for a program that runs once per draw. Never for the
 # kernels or the XLA baseline being timed. Ignored where there is nothing to autotune (CPU).
 UNTUNED_COMPILE = {"xla_gpu_autotune_level": 0}
-_HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # jax.lax.ragged_dot outside TPUs is one dense dot of lhs expanded to [G, M, K] (jax's
 # _ragged_dot_general_impl): G times the bytes and FLOPs of the grouped GEMM, 256 GiB for Qwen3-Next's 512
 # experts at 16384 tokens. Past this expansion the reference walks row chunks instead (a loop of small
@@ -48,7 +48,7 @@ def reference_grouped_matmul(
     tensor cores. Casting them to float32 first would force a full-precision float32 GEMM, an order of
     magnitude slower on Hopper, which a tuner pays for every new problem while it holds the GPU. Other
     operands are cast to float32 and multiplied at HIGHEST precision."""
-    same_half = jnp.dtype(lhs.dtype) == jnp.dtype(rhs.dtype) and jnp.dtype(lhs.dtype) in _HALF_DTYPES
+    same_half = jnp.dtype(lhs.dtype) == jnp.dtype(rhs.dtype) and jnp.dtype(lhs.dtype) in HALF_DTYPES
     if not same_half:
         lhs, rhs = jnp.asarray(lhs, jnp.float32), jnp.asarray(rhs, jnp.float32)
     precision = lax.Precision.DEFAULT if same_half else lax.Precision.HIGHEST

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-import ml_dtypes
 import numpy as np
 
 from moetune.kernels.ops.grouped_matmul import GROUP_SIZES, LHS, flops
@@ -21,8 +20,6 @@ from moetune.kernels.ops.spec import Operand, OpSpec
 if TYPE_CHECKING:
     import jax
     from jax import lax
-
-_HALF_DTYPES = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
 
 
 @functools.cache
@@ -72,7 +69,8 @@ def reference(lhs: jax.Array, dout: jax.Array, group_sizes: jax.Array, *, transp
 
     from moetune.kernels import reference as grouped_reference
 
-    same_half = jnp.dtype(lhs.dtype) == jnp.dtype(dout.dtype) and jnp.dtype(lhs.dtype) in _HALF_DTYPES
+    dtype = jnp.dtype(lhs.dtype)
+    same_half = dtype == jnp.dtype(dout.dtype) and dtype in grouped_reference.HALF_DTYPES
     if not same_half:
         lhs, dout = jnp.asarray(lhs, jnp.float32), jnp.asarray(dout, jnp.float32)
     precision = lax.Precision.DEFAULT if same_half else lax.Precision.HIGHEST

@@ -64,6 +64,8 @@ def router_logits(problem: Problem, group_sizes: Sequence[int], seed: int) -> ja
     order[i % T] (order a random permutation), so an expert's consecutive rows, at most T of them, meet
     each token once, and each token gets top_k rows. Example: T=2, top_k=2, sizes [1, 2, 1] -> rows'
     experts [0, 1, 1, 2], order [1, 0]: token 1 takes experts 0 and 1, token 0 experts 1 and 2."""
+    import jax.numpy as jnp
+
     tokens, experts, top_k = problem.m, problem.g, problem.top_k
     sizes = np.asarray(group_sizes, dtype=np.int64)
     if sizes.shape != (experts,) or sizes.sum() != tokens * top_k or sizes.min() < 0 or sizes.max() > tokens:
@@ -76,8 +78,6 @@ def router_logits(problem: Problem, group_sizes: Sequence[int], seed: int) -> ja
     token_of_row = draw.permutation(tokens)[np.arange(tokens * top_k) % tokens]
     logits = draw.uniform(OTHER_LOW, OTHER_HIGH, (tokens, experts))
     logits[token_of_row, expert_of_row] = draw.uniform(CHOSEN_LOW, CHOSEN_HIGH, tokens * top_k)
-    import jax.numpy as jnp
-
     return jnp.asarray(logits.astype(LOGITS_DTYPE))
 
 
